@@ -1,0 +1,1 @@
+#%Module moetrain 0.1.0

@@ -1,0 +1,1 @@
+libmoetrain_la_SOURCES += src/util/error.c src/util/error.h
