@@ -493,7 +493,7 @@ MANIFEST_TOOL = :
 MKDIR_P = /usr/bin/mkdir -p
 MPICC = 
 MPIRUN = /usr/bin/mpirun
-MT_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Werror
+MT_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes -Wno-unused-parameter -Wno-format-truncation -Werror
 MT_LDFLAGS = 
 NM = /usr/bin/nm -B
 NMEDIT = 
