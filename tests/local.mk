@@ -1,0 +1,19 @@
+# Test harness: cmocka programs speak TAP (one result per test case, through
+# tap-driver.sh); *.sh tests use the exit-status driver (0 pass, 77 skip).
+TEST_EXTENSIONS = .sh
+LOG_DRIVER = env AM_TAP_AWK='$(AWK)' $(SHELL) $(top_srcdir)/build-aux/tap-driver.sh
+SH_LOG_DRIVER = $(SHELL) $(top_srcdir)/build-aux/test-driver
+SH_LOG_COMPILER = $(SHELL)
+AM_TESTS_ENVIRONMENT = \
+	CMOCKA_MESSAGE_OUTPUT=TAP; export CMOCKA_MESSAGE_OUTPUT; \
+	MT_TOP_SRCDIR='$(abs_top_srcdir)'; export MT_TOP_SRCDIR; \
+	MT_TOP_BUILDDIR='$(abs_top_builddir)'; export MT_TOP_BUILDDIR; \
+	MOETRAIN='$(abs_top_builddir)/moetrain'; export MOETRAIN; \
+	MOETRAIN_DATADIR='$(abs_top_builddir)'; export MOETRAIN_DATADIR; \
+	GFORTRAN='$(GFORTRAN)'; export GFORTRAN; \
+	PYTHON3='$(PYTHON3)'; export PYTHON3; \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2}; export OMP_NUM_THREADS;
+
+# cmocka unit tests: link the library and cmocka.
+TEST_LDADD = libmoetrain.la $(MT_LIBS) $(cmocka_LIBS)
+TEST_CPPFLAGS = $(AM_CPPFLAGS) $(cmocka_CFLAGS)

@@ -1,1 +1,1 @@
-libmoetrain_la_SOURCES += src/util/error.c src/util/error.h
+libmoetrain_la_SOURCES += src/util/error.c src/util/error.h src/util/rng.c src/util/rng.h
