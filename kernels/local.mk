@@ -1,5 +1,6 @@
 # kernels/: the op table (kernels.h), the CPU reference and the CUDA backend.
 noinst_HEADERS += kernels/kernels.h
+include kernels/cpu/local.mk
 
 if HAVE_CUDA
 # .cu -> .lo through libtool, so CUDA objects link like any other object.
@@ -11,8 +12,10 @@ SUFFIXES = .cu
 .cu.lo:
 	$(AM_V_GEN)$(LTNVCCCOMPILE) -c -o $@ $<
 
-libmoetrain_la_SOURCES += kernels/cuda/probe.cu kernels/cuda/cuda_backend.h
-libmoetrain_la_LIBADD += $(cuda_LIBS) $(nccl_LIBS)
+noinst_LTLIBRARIES += libmt_cuda.la
+MT_MODULE_LIBS += libmt_cuda.la
+libmt_cuda_la_SOURCES = kernels/cuda/probe.cu kernels/cuda/cuda_backend.h
+libmt_cuda_la_LIBADD = $(cuda_LIBS) $(nccl_LIBS)
 AM_CPPFLAGS += $(cuda_CFLAGS) $(nccl_CFLAGS)
 else
 EXTRA_DIST += kernels/cuda/probe.cu kernels/cuda/cuda_backend.h

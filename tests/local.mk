@@ -15,5 +15,5 @@ AM_TESTS_ENVIRONMENT = \
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2}; export OMP_NUM_THREADS;
 
 # cmocka unit tests: link the library and cmocka.
-TEST_LDADD = libmoetrain.la $(MT_LIBS) $(cmocka_LIBS)
+TEST_LDADD = $(MT_MODULE_LIBS) $(MT_LIBS) $(cmocka_LIBS)
 TEST_CPPFLAGS = $(AM_CPPFLAGS) $(cmocka_CFLAGS)
