@@ -17,3 +17,9 @@ AM_TESTS_ENVIRONMENT = \
 # cmocka unit tests: link the library and cmocka.
 TEST_LDADD = $(MT_MODULE_LIBS) $(MT_LIBS) $(cmocka_LIBS)
 TEST_CPPFLAGS = $(AM_CPPFLAGS) $(cmocka_CFLAGS)
+
+# The unit tests alone (the cmocka programs), e.g. for the sanitizer CI leg.
+UNIT_TESTS = $(filter-out %.sh,$(TESTS))
+check-unit:
+	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(UNIT_TESTS)'
+.PHONY: check-unit

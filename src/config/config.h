@@ -70,7 +70,7 @@ struct mt_config_training {
     int global_batch_size;           /* resolved: micro_batch_size * dp if 0 */
     int seq_length;
     int train_iters;
-    long long seed;
+    int seed;
     int eval_interval;
     int eval_iters;
     int exit_interval;               /* 0: never */
@@ -79,7 +79,7 @@ struct mt_config_training {
 struct mt_config_optimizer {
     double lr;
     double min_lr;
-    char lr_decay_style[16];         /* constant | linear | cosine | WSD */
+    char lr_decay_style[16];         /* constant | linear | cosine */
     int lr_warmup_iters;
     int lr_decay_iters;              /* resolved: train_iters if 0 */
     double weight_decay;

@@ -1,0 +1,681 @@
+/* Namelist files and overrides -> struct mt_config, through the schema table. */
+#include "config/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config/schema.h"
+#include "nml/nml.h"
+
+#define FIELD(cfg, k) ((char *)(cfg) + (k)->offset)
+
+void mt_config_defaults(struct mt_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (const struct mt_key *k = mt_schema; k->name; k++) {
+        char *f = FIELD(cfg, k);
+        switch (k->type) {
+        case MT_KEY_INT: *(int *)f = (int)k->idef; break;
+        case MT_KEY_REAL: *(double *)f = k->rdef; break;
+        case MT_KEY_BOOL: *(bool *)f = k->idef != 0; break;
+        case MT_KEY_ENUM:
+        case MT_KEY_STRING: snprintf(f, k->size, "%s", k->sdef); break;
+        case MT_KEY_INT_ARRAY:
+            for (size_t i = 0; i < k->size; i++) ((int *)f)[i] = (int)k->idef;
+            *(int *)((char *)cfg + k->len_offset) = 0;
+            break;
+        case MT_KEY_STRING_ARRAY: *(int *)((char *)cfg + k->len_offset) = 0; break;
+        }
+    }
+}
+
+/* ---- "did you mean" ---------------------------------------------------- */
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64 || lb > 64) return 99;
+    size_t prev[65], cur[65];
+    for (size_t j = 0; j <= lb; j++) prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(size_t) * (lb + 1));
+    }
+    return prev[lb];
+}
+
+/* Closest candidate within a distance that scales with the word, or NULL. */
+static const char *closest(const char *word, const char *const *cands, size_t n)
+{
+    const char *best = NULL;
+    size_t bestd = (size_t)-1, limit = strlen(word) / 3 + 2;
+    for (size_t i = 0; i < n; i++) {
+        size_t d = edit_distance(word, cands[i]);
+        /* a key that contains the word (or the reverse) is a good guess too */
+        if (d > 1 && (strstr(cands[i], word) || strstr(word, cands[i]))) d = limit;
+        if (d < bestd) { bestd = d; best = cands[i]; }
+    }
+    return bestd <= limit ? best : NULL;
+}
+
+static size_t group_count(void)
+{
+    size_t n = 0;
+    while (mt_schema_groups[n]) n++;
+    return n;
+}
+
+static bool group_exists(const char *g)
+{
+    for (size_t i = 0; mt_schema_groups[i]; i++)
+        if (strcmp(mt_schema_groups[i], g) == 0) return true;
+    return false;
+}
+
+static int unknown_group(const struct mt_nml_file *f, const struct mt_nml_group *g,
+                         struct mt_err *err)
+{
+    const char *s = closest(g->name, mt_schema_groups, group_count());
+    char hint[256] = "";
+    if (s) snprintf(hint, sizeof hint, "; did you mean '&%s'?", s);
+    return mt_nml_error_at(f, g->line, g->col, err, MT_EINVAL,
+                           "unknown namelist group '&%s'%s (groups: &model &moe &parallel "
+                           "&training &optimizer &precision &data &checkpoint &logging)",
+                           g->name, hint);
+}
+
+static int unknown_key(const struct mt_nml_file *f, const char *group,
+                       const struct mt_nml_assign *a, struct mt_err *err)
+{
+    const char *names[256];
+    size_t n = 0;
+    for (const struct mt_key *k = mt_schema; k->name && n < 256; k++)
+        if (strcmp(k->group, group) == 0) names[n++] = k->name;
+    const char *s = closest(a->name, names, n);
+    char hint[512] = "";
+    if (s) {
+        snprintf(hint, sizeof hint, "; did you mean '%s'?", s);
+    } else {
+        for (const struct mt_key *k = mt_schema; k->name; k++)
+            if (strcmp(k->name, a->name) == 0) {
+                snprintf(hint, sizeof hint, "; '%s' belongs in &%s", k->name, k->group);
+                break;
+            }
+    }
+    return mt_nml_error_at(f, a->line, a->col, err, MT_EINVAL,
+                           "unknown key '%s' in &%s%s (moetrain --help-config lists every key)",
+                           a->name, group, hint);
+}
+
+/* ---- assigning values -------------------------------------------------- */
+
+static const char *value_type_name(enum mt_nml_type t)
+{
+    switch (t) {
+    case MT_NML_NULL: return "a null value";
+    case MT_NML_INT: return "an integer";
+    case MT_NML_REAL: return "a real";
+    case MT_NML_LOGICAL: return "a logical";
+    case MT_NML_STRING: return "a string";
+    }
+    return "a value";
+}
+
+static int type_error(const struct mt_nml_file *f, const char *group, const struct mt_key *k,
+                      const struct mt_nml_value *v, struct mt_err *err)
+{
+    const char *want = "a value";
+    switch (k->type) {
+    case MT_KEY_INT: want = "an integer"; break;
+    case MT_KEY_REAL: want = "a number"; break;
+    case MT_KEY_BOOL: want = "a logical (.true. or .false.)"; break;
+    case MT_KEY_ENUM:
+    case MT_KEY_STRING: want = "a string in quotes"; break;
+    case MT_KEY_INT_ARRAY: want = "integers"; break;
+    case MT_KEY_STRING_ARRAY: want = "strings in quotes"; break;
+    }
+    return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL, "&%s %s expects %s, got %s",
+                           group, k->name, want, value_type_name(v->type));
+}
+
+/* Copies s into dst (capacity cap) with trailing blanks removed (Fortran
+ * character semantics: blank padding is not part of the value). */
+static int store_string(const struct mt_nml_file *f, const char *group, const struct mt_key *k,
+                        const struct mt_nml_value *v, char *dst, size_t cap, struct mt_err *err)
+{
+    size_t len = strlen(v->s);
+    while (len > 0 && v->s[len - 1] == ' ') len--;
+    if (len >= cap)
+        return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                               "&%s %s: string of %zu characters is too long (at most %zu)",
+                               group, k->name, len, cap - 1);
+    memcpy(dst, v->s, len);
+    dst[len] = '\0';
+    return MT_OK;
+}
+
+static int store_enum(const struct mt_nml_file *f, const char *group, const struct mt_key *k,
+                      const struct mt_nml_value *v, char *dst, struct mt_err *err)
+{
+    char val[128];
+    int rc = store_string(f, group, k, v, val, sizeof val, err);
+    if (rc == MT_EINVAL)
+        return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                               "&%s %s: unknown value (allowed: %s)", group, k->name,
+                               k->choices);
+    const char *p = k->choices;
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == strlen(val) && strncasecmp(p, val, n) == 0) {
+            memcpy(dst, p, n);
+            dst[n] = '\0';
+            return MT_OK;
+        }
+        p += n + (bar ? 1 : 0);
+    }
+    return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                           "&%s %s = '%s' is not allowed (allowed: %s)", group, k->name, val,
+                           k->choices);
+}
+
+static int store_int(const struct mt_nml_file *f, const char *group, const struct mt_key *k,
+                     const struct mt_nml_value *v, int *dst, struct mt_err *err)
+{
+    if (v->type != MT_NML_INT) return type_error(f, group, k, v, err);
+    if (v->i < k->imin || v->i > k->imax) {
+        if (k->imax == INT32_MAX)
+            return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                                   "&%s %s = %lld is out of range (must be >= %lld)", group,
+                                   k->name, v->i, k->imin);
+        return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                               "&%s %s = %lld is out of range (allowed %lld..%lld)", group,
+                               k->name, v->i, k->imin, k->imax);
+    }
+    *dst = (int)v->i;
+    return MT_OK;
+}
+
+static int store_real(const struct mt_nml_file *f, const char *group, const struct mt_key *k,
+                      const struct mt_nml_value *v, double *dst, struct mt_err *err)
+{
+    double x;
+    if (v->type == MT_NML_INT) x = (double)v->i;
+    else if (v->type == MT_NML_REAL) x = v->r;
+    else return type_error(f, group, k, v, err);
+    if (!isfinite(x) || x < k->rmin || x > k->rmax) {
+        if (k->rmax >= 1e300)
+            return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                                   "&%s %s = %g is out of range (must be >= %g)", group,
+                                   k->name, x, k->rmin);
+        return mt_nml_error_at(f, v->line, v->col, err, MT_EINVAL,
+                               "&%s %s = %g is out of range (allowed %g..%g)", group, k->name,
+                               x, k->rmin, k->rmax);
+    }
+    *dst = x;
+    return MT_OK;
+}
+
+static int store_scalar(struct mt_config *cfg, const struct mt_nml_file *f, const char *group,
+                        const struct mt_key *k, const struct mt_nml_assign *a,
+                        struct mt_err *err)
+{
+    if (a->has_index)
+        return mt_nml_error_at(f, a->line, a->col, err, MT_EINVAL,
+                               "&%s %s is a scalar and cannot take an index", group, k->name);
+    if (a->nvalues > 1)
+        return mt_nml_error_at(f, a->values[1].line, a->values[1].col, err, MT_EINVAL,
+                               "&%s %s takes one value, got %zu", group, k->name, a->nvalues);
+    if (a->nvalues == 0 || a->values[0].type == MT_NML_NULL) return MT_OK; /* null: keep */
+    const struct mt_nml_value *v = &a->values[0];
+    char *fld = FIELD(cfg, k);
+    switch (k->type) {
+    case MT_KEY_INT: return store_int(f, group, k, v, (int *)fld, err);
+    case MT_KEY_REAL: return store_real(f, group, k, v, (double *)fld, err);
+    case MT_KEY_BOOL:
+        if (v->type != MT_NML_LOGICAL) return type_error(f, group, k, v, err);
+        *(bool *)fld = v->l;
+        return MT_OK;
+    case MT_KEY_ENUM:
+        if (v->type != MT_NML_STRING) return type_error(f, group, k, v, err);
+        return store_enum(f, group, k, v, fld, err);
+    case MT_KEY_STRING:
+        if (v->type != MT_NML_STRING) return type_error(f, group, k, v, err);
+        return store_string(f, group, k, v, fld, k->size, err);
+    default: return MT_EINVAL;
+    }
+}
+
+static int store_array(struct mt_config *cfg, const struct mt_nml_file *f, const char *group,
+                       const struct mt_key *k, const struct mt_nml_assign *a,
+                       struct mt_err *err)
+{
+    long long start = a->has_index ? a->start : 1;
+    long long stride = a->has_index ? a->stride : 1;
+    long long cap = (long long)k->size;
+    long long count_limit = (long long)a->nvalues;
+    if (a->has_index && a->end != -1) {
+        long long n = (a->end - start) / stride + 1;
+        if (n < count_limit)
+            return mt_nml_error_at(f, a->values[n].line, a->values[n].col, err, MT_EINVAL,
+                                   "&%s %s(%lld:%lld:%lld) has %lld elements but %zu values "
+                                   "were given",
+                                   group, k->name, a->start, a->end, a->stride, n, a->nvalues);
+    }
+    int *len = (int *)((char *)cfg + k->len_offset);
+    for (long long j = 0; j < count_limit; j++) {
+        long long idx = start + j * stride; /* 1-based */
+        const struct mt_nml_value *v = &a->values[j];
+        if (idx < 1 || idx > cap)
+            return mt_nml_error_at(f, a->has_index ? a->line : v->line,
+                                   a->has_index ? a->col : v->col, err, MT_EINVAL,
+                                   "&%s %s(%lld) is out of bounds (valid indices 1..%lld)", group,
+                                   k->name, idx, cap);
+        if (v->type == MT_NML_NULL) continue;
+        if (k->type == MT_KEY_INT_ARRAY) {
+            MT_CHECK(store_int(f, group, k, v, (int *)FIELD(cfg, k) + (idx - 1), err));
+        } else {
+            if (v->type != MT_NML_STRING) return type_error(f, group, k, v, err);
+            char *dst = FIELD(cfg, k) + (size_t)(idx - 1) * MT_STR_MAX;
+            MT_CHECK(store_string(f, group, k, v, dst, MT_STR_MAX, err));
+        }
+        if (idx > *len) *len = (int)idx;
+    }
+    if (k->type == MT_KEY_STRING_ARRAY) {
+        /* Fortran character arrays are blank-filled: trailing empty entries are absent */
+        char (*arr)[MT_STR_MAX] = (char (*)[MT_STR_MAX])FIELD(cfg, k);
+        while (*len > 0 && arr[*len - 1][0] == '\0') (*len)--;
+    }
+    return MT_OK;
+}
+
+static int apply_file(struct mt_config *cfg, const struct mt_nml_file *f, struct mt_err *err)
+{
+    for (size_t gi = 0; gi < f->ngroups; gi++) {
+        const struct mt_nml_group *g = &f->groups[gi];
+        if (!group_exists(g->name)) return unknown_group(f, g, err);
+        for (size_t ai = 0; ai < g->nassign; ai++) {
+            const struct mt_nml_assign *a = &g->assigns[ai];
+            const struct mt_key *k = mt_schema_find(g->name, a->name);
+            if (!k) return unknown_key(f, g->name, a, err);
+            if (k->type == MT_KEY_INT_ARRAY || k->type == MT_KEY_STRING_ARRAY)
+                MT_CHECK(store_array(cfg, f, g->name, k, a, err));
+            else
+                MT_CHECK(store_scalar(cfg, f, g->name, k, a, err));
+        }
+    }
+    return MT_OK;
+}
+
+/* "group%key=value" -> "&group key=value /" */
+static int parse_override(const char *ov, struct mt_nml_file **out, struct mt_err *err)
+{
+    const char *pct = strchr(ov, '%');
+    const char *eq = strchr(ov, '=');
+    if (!pct || !eq || pct > eq || pct == ov)
+        return mt_err_set(err, MT_EINVAL,
+                          "command-line override '%s' is not of the form group%%key=value "
+                          "(e.g. training%%train_iters=10 or moe%%layer_freq=4*1)",
+                          ov);
+    size_t n = strlen(ov);
+    char *text = malloc(n + 8);
+    if (!text) return mt_err_set(err, MT_ENOMEM, "out of memory");
+    size_t glen = (size_t)(pct - ov);
+    snprintf(text, n + 8, "&%.*s %s /", (int)glen, ov, pct + 1);
+    char name[64];
+    snprintf(name, sizeof name, "command-line override");
+    int rc = mt_nml_parse_string(name, text, strlen(text), out, err);
+    free(text);
+    return rc;
+}
+
+int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[], int noverrides,
+                   char *const overrides[], struct mt_err *err)
+{
+    for (int i = 0; i < nfiles + noverrides; i++) {
+        struct mt_nml_file *f = NULL;
+        int rc = i < nfiles ? mt_nml_parse_file(files[i], &f, err)
+                            : parse_override(overrides[i - nfiles], &f, err);
+        if (rc != MT_OK) return rc;
+        rc = apply_file(cfg, f, err);
+        mt_nml_free(f);
+        if (rc != MT_OK) return rc;
+    }
+    return MT_OK;
+}
+
+/* ---- cross-field rules ------------------------------------------------- */
+
+static int check_order(const char *order, const struct mt_layout *l, struct mt_err *err)
+{
+    static const char *const dims[] = { "tp", "cp", "ep", "dp", "pp" };
+    bool seen[5] = { false };
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", order);
+    for (char *save = NULL, *tok = strtok_r(buf, "-", &save); tok;
+         tok = strtok_r(NULL, "-", &save)) {
+        int d = -1;
+        for (int j = 0; j < 5; j++)
+            if (strcasecmp(tok, dims[j]) == 0) d = j;
+        if (d < 0)
+            return mt_err_set(err, MT_EINVAL,
+                              "&parallel order = '%s': unknown dimension '%s' (use tp, cp, ep, "
+                              "dp, pp joined by '-', e.g. 'tp-cp-ep-dp-pp')",
+                              order, tok);
+        if (seen[d])
+            return mt_err_set(err, MT_EINVAL, "&parallel order = '%s': '%s' appears twice",
+                              order, dims[d]);
+        seen[d] = true;
+    }
+    const int sizes[5] = { l->tp, l->cp, l->ep, l->dp, l->pp };
+    for (int j = 0; j < 5; j++)
+        if (!seen[j] && sizes[j] > 1)
+            return mt_err_set(err, MT_EINVAL,
+                              "&parallel order = '%s' does not name '%s', whose size is %d",
+                              order, dims[j], sizes[j]);
+    return MT_OK;
+}
+
+static bool is_number(const char *s)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    return end != s && *end == '\0' && isfinite(x);
+}
+
+static int check_data(const struct mt_config *c, struct mt_err *err)
+{
+    const struct mt_config_data *d = &c->data;
+    if (!d->mock_data && d->data_path_len == 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "&data: no data_path and mock_data = .false.; set data_path = "
+                          "'PREFIX' (a .bin/.idx pair from moetrain-preprocess) or mock_data = "
+                          ".true.");
+    if (d->data_path_len > 1) {
+        if (d->data_path_len % 2)
+            return mt_err_set(err, MT_EINVAL,
+                              "&data data_path has %d entries; a blend is pairs of weight and "
+                              "prefix: '0.3','prefix1','0.7','prefix2'",
+                              d->data_path_len);
+        for (int i = 0; i < d->data_path_len; i += 2)
+            if (!is_number(d->data_path[i]) || strtod(d->data_path[i], NULL) < 0)
+                return mt_err_set(err, MT_EINVAL,
+                                  "&data data_path(%d) = '%s' should be a non-negative weight "
+                                  "(blends are weight, prefix pairs)",
+                                  i + 1, d->data_path[i]);
+    }
+    for (int i = 0; i < d->data_path_len; i++)
+        if (d->data_path[i][0] == '\0')
+            return mt_err_set(err, MT_EINVAL, "&data data_path(%d) is empty", i + 1);
+    double parts[3] = { 0, 0, 0 };
+    int n = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", d->split);
+    for (char *save = NULL, *tok = strtok_r(buf, ",/", &save); tok;
+         tok = strtok_r(NULL, ",/", &save)) {
+        if (n == 3 || !is_number(tok) || strtod(tok, NULL) < 0)
+            return mt_err_set(err, MT_EINVAL,
+                              "&data split = '%s': expected up to three non-negative numbers "
+                              "such as '969,30,1'",
+                              d->split);
+        parts[n++] = strtod(tok, NULL);
+    }
+    if (parts[0] + parts[1] + parts[2] <= 0)
+        return mt_err_set(err, MT_EINVAL, "&data split = '%s' sums to zero", d->split);
+    return MT_OK;
+}
+
+int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
+{
+    struct mt_config_model *m = &c->model;
+    struct mt_config_moe *e = &c->moe;
+    struct mt_config_parallel *p = &c->parallel;
+    struct mt_config_training *t = &c->training;
+
+    if (world < 1) return mt_err_set(err, MT_EINVAL, "world size %d must be >= 1", world);
+
+    /* derived defaults */
+    if (m->num_query_groups == 0) m->num_query_groups = m->num_attention_heads;
+    if (m->kv_channels == 0) {
+        if (m->hidden_size % m->num_attention_heads)
+            return mt_err_set(err, MT_EINVAL,
+                              "&model hidden_size = %d is not divisible by num_attention_heads "
+                              "= %d; change one, or set kv_channels (the head dimension) "
+                              "explicitly",
+                              m->hidden_size, m->num_attention_heads);
+        m->kv_channels = m->hidden_size / m->num_attention_heads;
+    }
+    if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
+    if (e->moe_ffn_hidden_size == 0) e->moe_ffn_hidden_size = m->ffn_hidden_size;
+    if (p->expert_tensor_parallel_size == 0)
+        p->expert_tensor_parallel_size = p->tensor_model_parallel_size;
+    if (c->optimizer.lr_decay_iters == 0) c->optimizer.lr_decay_iters = t->train_iters;
+
+    /* model shape */
+    if (m->num_attention_heads % m->num_query_groups)
+        return mt_err_set(err, MT_EINVAL,
+                          "&model num_query_groups = %d must divide num_attention_heads = %d",
+                          m->num_query_groups, m->num_attention_heads);
+    if (t->seq_length > m->max_position_embeddings)
+        return mt_err_set(err, MT_EINVAL,
+                          "&training seq_length = %d exceeds &model max_position_embeddings = "
+                          "%d; raise max_position_embeddings",
+                          t->seq_length, m->max_position_embeddings);
+    if (m->kv_channels % 2)
+        return mt_err_set(err, MT_EINVAL,
+                          "&model kv_channels = %d must be even (RoPE rotates pairs)",
+                          m->kv_channels);
+
+    /* MoE */
+    if (e->num_experts > 0) {
+        if (e->router_topk > e->num_experts)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe router_topk = %d exceeds num_experts = %d", e->router_topk,
+                              e->num_experts);
+        if (e->layer_freq_len == 0) {
+            for (int i = 0; i < m->num_layers; i++) e->layer_freq[i] = 1;
+            e->layer_freq_len = m->num_layers;
+        } else if (e->layer_freq_len != m->num_layers) {
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe layer_freq has %d entries but &model num_layers = %d; give "
+                              "one 0/1 per layer (e.g. layer_freq = %d*1)",
+                              e->layer_freq_len, m->num_layers, m->num_layers);
+        }
+    } else {
+        for (int i = 0; i < e->layer_freq_len; i++)
+            if (e->layer_freq[i])
+                return mt_err_set(err, MT_EINVAL,
+                                  "&moe layer_freq(%d) = 1 asks for an MoE layer but "
+                                  "num_experts = 0; set num_experts",
+                                  i + 1);
+        for (int i = 0; i < m->num_layers; i++) e->layer_freq[i] = 0;
+        e->layer_freq_len = m->num_layers;
+    }
+    if (e->pad_expert_input_to_capacity && e->expert_capacity_factor <= 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "&moe pad_expert_input_to_capacity = .true. needs "
+                          "expert_capacity_factor > 0 (it is %g)",
+                          e->expert_capacity_factor);
+
+    /* layout */
+    l->world_size = world;
+    l->tp = p->tensor_model_parallel_size;
+    l->cp = p->context_parallel_size;
+    l->pp = p->pipeline_model_parallel_size;
+    l->vpp = p->virtual_pipeline_model_parallel_size;
+    l->ep = p->expert_model_parallel_size;
+    l->etp = p->expert_tensor_parallel_size;
+    long long attn = (long long)l->tp * l->cp * l->pp;
+    long long expert = (long long)l->etp * l->ep * l->pp;
+    if (world % attn)
+        return mt_err_set(err, MT_EINVAL,
+                          "world size %d is not divisible by tensor_model_parallel_size (%d) x "
+                          "context_parallel_size (%d) x pipeline_model_parallel_size (%d) = "
+                          "%lld",
+                          world, l->tp, l->cp, l->pp, attn);
+    if (world % expert)
+        return mt_err_set(err, MT_EINVAL,
+                          "world size %d is not divisible by expert_tensor_parallel_size (%d) x "
+                          "expert_model_parallel_size (%d) x pipeline_model_parallel_size (%d) "
+                          "= %lld",
+                          world, l->etp, l->ep, l->pp, expert);
+    l->dp = (int)(world / attn);
+    l->edp = (int)(world / expert);
+    MT_CHECK(check_order(p->order, l, err));
+    if (m->num_attention_heads % l->tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "&model num_attention_heads = %d is not divisible by "
+                          "tensor_model_parallel_size = %d",
+                          m->num_attention_heads, l->tp);
+    if (m->num_query_groups % l->tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "&model num_query_groups = %d is not divisible by "
+                          "tensor_model_parallel_size = %d",
+                          m->num_query_groups, l->tp);
+    if (m->ffn_hidden_size % l->tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "&model ffn_hidden_size = %d is not divisible by "
+                          "tensor_model_parallel_size = %d",
+                          m->ffn_hidden_size, l->tp);
+    if (e->num_experts > 0) {
+        if (e->num_experts % l->ep)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe num_experts = %d is not divisible by "
+                              "expert_model_parallel_size = %d",
+                              e->num_experts, l->ep);
+        if (e->moe_ffn_hidden_size % l->etp)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe moe_ffn_hidden_size = %d is not divisible by "
+                              "expert_tensor_parallel_size = %d",
+                              e->moe_ffn_hidden_size, l->etp);
+    } else if (l->ep > 1) {
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel expert_model_parallel_size = %d needs an MoE model "
+                          "(&moe num_experts > 0)",
+                          l->ep);
+    }
+    if (l->vpp > 1 && l->pp == 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel virtual_pipeline_model_parallel_size = %d needs "
+                          "pipeline_model_parallel_size > 1",
+                          l->vpp);
+    if (m->num_layers % ((long long)l->pp * l->vpp))
+        return mt_err_set(err, MT_EINVAL,
+                          "&model num_layers = %d is not divisible by "
+                          "pipeline_model_parallel_size (%d) x "
+                          "virtual_pipeline_model_parallel_size (%d)",
+                          m->num_layers, l->pp, l->vpp);
+    if (l->cp > 1)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&parallel context_parallel_size = %d: context parallelism is not "
+                          "implemented in this version of moetrain; use 1",
+                          l->cp);
+
+    /* batch */
+    if (t->global_batch_size == 0) t->global_batch_size = t->micro_batch_size * l->dp;
+    long long per_step = (long long)t->micro_batch_size * l->dp;
+    if (t->global_batch_size % per_step)
+        return mt_err_set(err, MT_EINVAL,
+                          "&training global_batch_size = %d is not divisible by "
+                          "micro_batch_size (%d) x data-parallel size (%d) = %lld",
+                          t->global_batch_size, t->micro_batch_size, l->dp, per_step);
+    l->num_micro_batches = (int)(t->global_batch_size / per_step);
+
+    /* optimizer */
+    struct mt_config_optimizer *o = &c->optimizer;
+    if (o->min_lr > o->lr)
+        return mt_err_set(err, MT_EINVAL, "&optimizer min_lr = %g exceeds lr = %g", o->min_lr,
+                          o->lr);
+    if (o->lr_warmup_iters > o->lr_decay_iters && strcmp(o->lr_decay_style, "constant"))
+        return mt_err_set(err, MT_EINVAL,
+                          "&optimizer lr_warmup_iters = %d exceeds lr_decay_iters = %d",
+                          o->lr_warmup_iters, o->lr_decay_iters);
+
+    /* checkpoint */
+    if (c->checkpoint.save_interval > 0 && c->checkpoint.save[0] == '\0')
+        return mt_err_set(err, MT_EINVAL,
+                          "&checkpoint save_interval = %d but save is empty; set save = 'DIR'",
+                          c->checkpoint.save_interval);
+    return check_data(c, err);
+}
+
+/* ---- printing ---------------------------------------------------------- */
+
+/* Shortest decimal that reads back to the same double, always with a '.' or
+ * an exponent so that it is a Fortran real literal. */
+static void format_real(double x, char *buf, size_t n)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    if (!strpbrk(buf, ".eE")) {
+        size_t len = strlen(buf);
+        if (len + 3 <= n) memcpy(buf + len, ".0", 3);
+    }
+}
+
+static void print_string(FILE *out, const char *s)
+{
+    fputc('\'', out);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', out);
+        fputc(*s, out);
+    }
+    fputc('\'', out);
+}
+
+int mt_config_print(const struct mt_config *cfg, FILE *out)
+{
+    for (size_t gi = 0; mt_schema_groups[gi]; gi++) {
+        const char *g = mt_schema_groups[gi];
+        fprintf(out, "&%s\n", g);
+        for (const struct mt_key *k = mt_schema; k->name; k++) {
+            if (strcmp(k->group, g)) continue;
+            const char *f = (const char *)cfg + k->offset;
+            char buf[64];
+            fprintf(out, "  %s = ", k->name);
+            switch (k->type) {
+            case MT_KEY_INT: fprintf(out, "%d", *(const int *)f); break;
+            case MT_KEY_REAL:
+                format_real(*(const double *)f, buf, sizeof buf);
+                fputs(buf, out);
+                break;
+            case MT_KEY_BOOL: fputs(*(const bool *)f ? ".true." : ".false.", out); break;
+            case MT_KEY_ENUM:
+            case MT_KEY_STRING: print_string(out, f); break;
+            case MT_KEY_INT_ARRAY: {
+                int len = *(const int *)((const char *)cfg + k->len_offset);
+                if (len == 0) fputs(",", out); /* a null value: keeps the default */
+                for (int i = 0; i < len; i++)
+                    fprintf(out, "%s%d", i ? (i % 32 ? ", " : ",\n    ") : "",
+                            ((const int *)f)[i]);
+                break;
+            }
+            case MT_KEY_STRING_ARRAY: {
+                int len = *(const int *)((const char *)cfg + k->len_offset);
+                if (len == 0) fputs("''", out);
+                for (int i = 0; i < len; i++) {
+                    if (i) fputs(",\n    ", out);
+                    print_string(out, f + (size_t)i * MT_STR_MAX);
+                }
+                break;
+            }
+            }
+            fputc('\n', out);
+        }
+        fputs("/\n", out);
+    }
+    return ferror(out) ? MT_EIO : MT_OK;
+}

@@ -1,0 +1,174 @@
+#include "config/schema.h"
+
+#include <float.h>
+#include <limits.h>
+#include <string.h>
+
+#include "config/config.h"
+
+#define OFF(g, k) offsetof(struct mt_config, g.k)
+#define SZ(g, k) sizeof(((struct mt_config *)0)->g.k)
+
+#define KINT(g, k, def, lo, hi, d)                                                       \
+    { #g, #k, MT_KEY_INT, OFF(g, k), 0, 0, def, 0, NULL, lo, hi, 0, 0, NULL, d }
+#define KREAL(g, k, def, lo, hi, d)                                                      \
+    { #g, #k, MT_KEY_REAL, OFF(g, k), 0, 0, 0, def, NULL, 0, 0, lo, hi, NULL, d }
+#define KBOOL(g, k, def, d)                                                              \
+    { #g, #k, MT_KEY_BOOL, OFF(g, k), 0, 0, def, 0, NULL, 0, 1, 0, 0, NULL, d }
+#define KENUM(g, k, def, ch, d)                                                          \
+    { #g, #k, MT_KEY_ENUM, OFF(g, k), SZ(g, k), 0, 0, 0, def, 0, 0, 0, 0, ch, d }
+#define KSTR(g, k, def, d)                                                               \
+    { #g, #k, MT_KEY_STRING, OFF(g, k), SZ(g, k), 0, 0, 0, def, 0, 0, 0, 0, NULL, d }
+#define KIARR(g, k, fill, lo, hi, d)                                                     \
+    { #g, #k, MT_KEY_INT_ARRAY, OFF(g, k), SZ(g, k) / sizeof(int), OFF(g, k##_len), fill, \
+      0, NULL, lo, hi, 0, 0, NULL, d }
+#define KSARR(g, k, d)                                                                   \
+    { #g, #k, MT_KEY_STRING_ARRAY, OFF(g, k), SZ(g, k) / MT_STR_MAX, OFF(g, k##_len), 0, \
+      0, "", 0, 0, 0, 0, NULL, d }
+
+#define IMAX INT_MAX
+#define RMAX DBL_MAX
+
+const struct mt_key mt_schema[] = {
+    /* &model */
+    KINT(model, num_layers, 2, 1, MT_MAX_LAYERS, "number of transformer layers"),
+    KINT(model, hidden_size, 64, 1, IMAX, "model width (H)"),
+    KINT(model, num_attention_heads, 4, 1, IMAX, "query heads"),
+    KINT(model, num_query_groups, 0, 0, IMAX,
+         "key/value heads for GQA; 0 = num_attention_heads (plain multi-head)"),
+    KINT(model, kv_channels, 0, 0, IMAX,
+         "head dimension; 0 = hidden_size / num_attention_heads"),
+    KINT(model, ffn_hidden_size, 0, 0, IMAX,
+         "dense SwiGLU MLP width; 0 = 4 * hidden_size"),
+    KINT(model, vocab_size, 257, 2, IMAX,
+         "vocabulary size (257 for moetrain-preprocess's byte tokenizer)"),
+    KINT(model, max_position_embeddings, 4096, 1, IMAX,
+         "longest sequence RoPE is set up for; seq_length must not exceed it"),
+    KREAL(model, rotary_base, 10000.0, 1.0, RMAX, "RoPE theta"),
+    KREAL(model, norm_epsilon, 1e-5, 0.0, 1.0, "RMSNorm epsilon"),
+    KBOOL(model, qk_layernorm, 0, "per-head RMSNorm on queries and keys before RoPE (Qwen3)"),
+    KBOOL(model, untie_embeddings_and_output_weights, 1,
+          "separate LM head; .false. ties it to the input embedding"),
+    KREAL(model, init_method_std, 0.02, 0.0, RMAX,
+          "std of the normal init; output projections use std/sqrt(2*num_layers)"),
+
+    /* &moe */
+    KINT(moe, num_experts, 0, 0, IMAX, "routed experts per MoE layer; 0 = dense model"),
+    KINT(moe, moe_ffn_hidden_size, 0, 0, IMAX, "expert SwiGLU width; 0 = ffn_hidden_size"),
+    KINT(moe, router_topk, 2, 1, IMAX, "experts per token"),
+    KENUM(moe, router_score_function, "softmax", "softmax|sigmoid", "router score function"),
+    KBOOL(moe, router_pre_softmax, 0,
+          "softmax over all experts before top-k (no renormalisation); .false. renormalises "
+          "the top-k probabilities"),
+    KREAL(moe, router_topk_scaling_factor, 1.0, 0.0, RMAX,
+          "multiplies the routing weights of the selected experts"),
+    KENUM(moe, router_dtype, "fp32", "fp32", "precision of router logits and scores"),
+    KIARR(moe, layer_freq, 1, 0, 1,
+          "per layer: 1 = MoE, 0 = dense MLP; empty = every layer MoE; length num_layers"),
+    KENUM(moe, router_load_balancing_type, "aux_loss", "aux_loss|seq_aux_loss|none",
+          "load-balancing loss"),
+    KREAL(moe, aux_loss_coeff, 0.0, 0.0, RMAX, "weight of the load-balancing loss"),
+    KREAL(moe, z_loss_coeff, 0.0, 0.0, RMAX, "weight of the router z-loss"),
+    KBOOL(moe, router_enable_expert_bias, 0,
+          "aux-loss-free balancing: a per-expert bias added to scores for selection only"),
+    KREAL(moe, router_bias_update_rate, 1e-3, 0.0, RMAX,
+          "step of the expert-bias update after each iteration"),
+    KBOOL(moe, router_force_load_balancing, 0,
+          "benchmarks only: route tokens evenly regardless of the router"),
+    KREAL(moe, expert_capacity_factor, 0.0, 0.0, RMAX,
+          "0 = dropless; else capacity per expert = factor * tokens * topk / num_experts"),
+    KBOOL(moe, pad_expert_input_to_capacity, 0,
+          "pad every expert's input to its capacity (needs expert_capacity_factor)"),
+    KENUM(moe, token_drop_policy, "probs", "probs|position",
+          "which tokens are dropped over capacity: lowest probability or latest position"),
+    KINT(moe, shared_expert_intermediate_size, 0, 0, IMAX,
+         "width of the shared expert applied to every token; 0 = none"),
+
+    /* &parallel */
+    KINT(parallel, tensor_model_parallel_size, 1, 1, IMAX, "tensor parallel size (TP)"),
+    KINT(parallel, pipeline_model_parallel_size, 1, 1, IMAX, "pipeline stages (PP)"),
+    KINT(parallel, virtual_pipeline_model_parallel_size, 1, 1, IMAX,
+         "model chunks per pipeline stage (VPP)"),
+    KINT(parallel, context_parallel_size, 1, 1, IMAX, "context parallel size (CP)"),
+    KINT(parallel, expert_model_parallel_size, 1, 1, IMAX, "expert parallel size (EP)"),
+    KINT(parallel, expert_tensor_parallel_size, 0, 0, IMAX,
+         "tensor parallel size inside each expert (ETP); 0 = tensor_model_parallel_size"),
+    KSTR(parallel, order, "tp-cp-ep-dp-pp",
+         "rank order of the parallel dimensions, fastest first"),
+
+    /* &training */
+    KINT(training, micro_batch_size, 1, 1, IMAX, "sequences per micro-batch"),
+    KINT(training, global_batch_size, 0, 0, IMAX,
+         "sequences per iteration; 0 = micro_batch_size * data-parallel size"),
+    KINT(training, seq_length, 128, 1, IMAX, "tokens per sequence"),
+    KINT(training, train_iters, 100, 1, IMAX, "iterations to train"),
+    KINT(training, seed, 1234, 0, IMAX, "seed for init, data order and routing noise"),
+    KINT(training, eval_interval, 1000, 1, IMAX, "iterations between evaluations"),
+    KINT(training, eval_iters, 100, 0, IMAX, "validation batches per evaluation; 0 = none"),
+    KINT(training, exit_interval, 0, 0, IMAX,
+         "stop (after saving, if save is set) when iteration % exit_interval == 0; 0 = never"),
+
+    /* &optimizer */
+    KREAL(optimizer, lr, 1e-4, 0.0, RMAX, "peak learning rate"),
+    KREAL(optimizer, min_lr, 0.0, 0.0, RMAX, "learning rate at the end of decay"),
+    KENUM(optimizer, lr_decay_style, "linear", "constant|linear|cosine",
+          "learning-rate decay after warmup"),
+    KINT(optimizer, lr_warmup_iters, 0, 0, IMAX, "linear warmup iterations"),
+    KINT(optimizer, lr_decay_iters, 0, 0, IMAX, "iterations over which lr decays; 0 = train_iters"),
+    KREAL(optimizer, weight_decay, 0.01, 0.0, RMAX,
+          "decoupled (AdamW) weight decay; never applied to norms and biases"),
+    KREAL(optimizer, adam_beta1, 0.9, 0.0, 1.0, "Adam beta1"),
+    KREAL(optimizer, adam_beta2, 0.999, 0.0, 1.0, "Adam beta2"),
+    KREAL(optimizer, adam_eps, 1e-8, 0.0, RMAX, "Adam epsilon"),
+    KREAL(optimizer, clip_grad, 1.0, 0.0, RMAX, "clip the global gradient norm to this; 0 = off"),
+
+    /* &precision */
+    KENUM(precision, params_dtype, "fp32", "fp32|bf16",
+          "working precision of parameters and activations (fp32 master weights always)"),
+
+    /* &data */
+    KSARR(data, data_path,
+          "dataset prefixes, optionally weighted: 'prefix' or '0.3','p1','0.7','p2'"),
+    KSTR(data, split, "969,30,1", "train,valid,test proportions of the documents"),
+    KBOOL(data, mock_data, 0, "random tokens instead of a dataset (benchmarks)"),
+    KSTR(data, data_cache_path, "", "directory for cached sample indices; '' = no cache"),
+
+    /* &checkpoint */
+    KSTR(checkpoint, save, "", "directory to save checkpoints into; '' = never save"),
+    KSTR(checkpoint, load, "", "checkpoint directory to resume from; '' = start fresh"),
+    KINT(checkpoint, save_interval, 0, 0, IMAX, "iterations between saves; 0 = only at the end"),
+    KINT(checkpoint, keep_last, 0, 0, IMAX, "keep only the newest N checkpoints; 0 = keep all"),
+
+    /* &logging */
+    KINT(logging, log_interval, 10, 1, IMAX, "iterations between log lines"),
+    KSTR(logging, metrics_file, "", "JSON-lines metrics file; '' = none"),
+    KBOOL(logging, log_memory, 0, "print the exact bytes held per category at startup"),
+
+    { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
+};
+
+const char *const mt_schema_groups[] = {
+    "model", "moe", "parallel", "training", "optimizer", "precision",
+    "data", "checkpoint", "logging", NULL,
+};
+
+const struct mt_key *mt_schema_find(const char *group, const char *name)
+{
+    for (const struct mt_key *k = mt_schema; k->name; k++)
+        if (strcmp(k->group, group) == 0 && strcmp(k->name, name) == 0) return k;
+    return NULL;
+}
+
+const char *mt_key_type_name(enum mt_key_type t)
+{
+    switch (t) {
+    case MT_KEY_INT: return "integer";
+    case MT_KEY_REAL: return "real";
+    case MT_KEY_BOOL: return "logical";
+    case MT_KEY_ENUM: return "string";
+    case MT_KEY_STRING: return "string";
+    case MT_KEY_INT_ARRAY: return "integer array";
+    case MT_KEY_STRING_ARRAY: return "string array";
+    }
+    return "?";
+}
