@@ -14,8 +14,6 @@ AM_TESTS_ENVIRONMENT = \
 	PYTHON3='$(PYTHON3)'; export PYTHON3; \
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2}; export OMP_NUM_THREADS;
 
-# cmocka unit tests: link the library and cmocka.
-TEST_LDADD = $(MT_MODULE_LIBS) $(MT_LIBS) $(cmocka_LIBS)
 TEST_CPPFLAGS = $(AM_CPPFLAGS) $(cmocka_CFLAGS)
 
 # The unit tests alone (the cmocka programs), e.g. for the sanitizer CI leg.
@@ -23,3 +21,4 @@ UNIT_TESTS = $(filter-out %.sh,$(TESTS))
 check-unit:
 	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(UNIT_TESTS)'
 .PHONY: check-unit
+include tests/train/local.mk

@@ -1,0 +1,9 @@
+# Manual pages: moetrain.nml(5) is generated from the schema table.
+dist_man1_MANS = doc/moetrain.1
+man5_MANS = doc/moetrain.nml.5
+noinst_PROGRAMS = doc/gen_nml_man
+doc_gen_nml_man_SOURCES = doc/gen_nml_man.c
+doc_gen_nml_man_LDADD = libmt_config.la libmt_nml.la libmt_util.la -lm
+doc/moetrain.nml.5: doc/gen_nml_man$(EXEEXT)
+	$(AM_V_GEN)$(MKDIR_P) doc && doc/gen_nml_man$(EXEEXT) > $@.tmp && mv $@.tmp $@
+CLEANFILES += doc/moetrain.nml.5

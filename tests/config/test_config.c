@@ -1,0 +1,283 @@
+/* Schema, loader, validation and printing of the typed configuration. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config/config.h"
+#include "config/schema.h"
+
+/* Writes text to a temporary file; returns its path (static buffer per slot). */
+static const char *tmpfile_with(const char *text, int slot)
+{
+    static char paths[4][64];
+    snprintf(paths[slot], sizeof paths[slot], "/tmp/mt_test_config_%d_%d.nml", (int)getpid(),
+             slot);
+    FILE *f = fopen(paths[slot], "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return paths[slot];
+}
+
+static const char *minimal = "&data mock_data = .true. /\n";
+
+/* Loads text (plus overrides) and resolves for world; returns rc, fills err. */
+static int load_text(struct mt_config *c, const char *text, int nov, char *const ov[], int world,
+                     struct mt_err *err)
+{
+    mt_config_defaults(c);
+    char *files[2] = { (char *)tmpfile_with(minimal, 0), (char *)tmpfile_with(text, 1) };
+    int rc = mt_config_load(c, 2, files, nov, ov, err);
+    unlink(files[0]);
+    unlink(files[1]);
+    if (rc) return rc;
+    struct mt_layout l;
+    return mt_config_resolve(c, world, &l, err);
+}
+
+static void expect_error(const char *text, const char *needle)
+{
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    int rc = load_text(c, text, 0, NULL, 1, &err);
+    if (rc == 0 || !strstr(err.msg, needle)) {
+        print_error("input:\n%s\nexpected an error containing: %s\ngot rc=%d: %s\n", text,
+                    needle, rc, err.msg);
+        free(c);
+        fail();
+    }
+    free(c);
+}
+
+static void test_defaults_resolve(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    assert_int_equal(load_text(c, "&model hidden_size = 96, num_attention_heads = 6 /\n", 0,
+                               NULL, 1, &err),
+                     0);
+    assert_int_equal(c->model.kv_channels, 16);
+    assert_int_equal(c->model.num_query_groups, 6);
+    assert_int_equal(c->model.ffn_hidden_size, 384);
+    assert_int_equal(c->moe.moe_ffn_hidden_size, 384);
+    assert_int_equal(c->training.global_batch_size, 1);
+    assert_int_equal(c->optimizer.lr_decay_iters, c->training.train_iters);
+    assert_string_equal(c->parallel.order, "tp-cp-ep-dp-pp");
+    assert_int_equal(c->moe.layer_freq_len, c->model.num_layers);
+    free(c);
+}
+
+static void test_values_and_types(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    const char *text = "&MODEL num_layers = 4, qk_layernorm = T, rotary_base = 1d6 /\n"
+                       "&moe num_experts = 8, router_topk = 2, layer_freq(2:4:2) = 2*0,\n"
+                       "     router_score_function = 'SIGMOID' /\n"
+                       "&optimizer lr = 3, lr_decay_style = \"cosine\" /\n"
+                       "&data data_path = '0.3', 'a', '0.7', 'b' /\n";
+    assert_int_equal(load_text(c, text, 0, NULL, 1, &err), 0);
+    assert_int_equal(c->model.num_layers, 4);
+    assert_true(c->model.qk_layernorm);
+    assert_true(c->model.rotary_base == 1e6);
+    assert_int_equal(c->moe.layer_freq[0], 1);
+    assert_int_equal(c->moe.layer_freq[1], 0);
+    assert_int_equal(c->moe.layer_freq[2], 1);
+    assert_int_equal(c->moe.layer_freq[3], 0);
+    assert_string_equal(c->moe.router_score_function, "sigmoid"); /* canonical spelling */
+    assert_true(c->optimizer.lr == 3.0);                          /* integer into a real */
+    assert_int_equal(c->data.data_path_len, 4);
+    assert_string_equal(c->data.data_path[3], "b");
+    free(c);
+}
+
+static void test_later_wins_and_overrides(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    char *ov[] = { "training%train_iters=7", "moe%layer_freq=1,0", "data%split='90,5,5'" };
+    const char *text = "&training train_iters = 3 /\n&training train_iters = 5 /\n"
+                       "&model num_layers = 2 /\n&moe num_experts = 4 /\n";
+    assert_int_equal(load_text(c, text, 3, ov, 1, &err), 0);
+    assert_int_equal(c->training.train_iters, 7);
+    assert_int_equal(c->moe.layer_freq[1], 0);
+    assert_string_equal(c->data.split, "90,5,5");
+    free(c);
+}
+
+static void test_null_keeps_default(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    assert_int_equal(load_text(c, "&training seq_length = , train_iters = 9 /\n", 0, NULL, 1,
+                               &err),
+                     0);
+    assert_int_equal(c->training.seq_length, 128);
+    assert_int_equal(c->training.train_iters, 9);
+    free(c);
+}
+
+static void test_unknown_names(void **state)
+{
+    (void)state;
+    expect_error("&moe router_top_k = 2 /\n", "did you mean 'router_topk'");
+    expect_error("&modle num_layers = 2 /\n", "did you mean '&model'");
+    expect_error("&training lr = 0.1 /\n", "'lr' belongs in &optimizer");
+    expect_error("&moe router_top_k = 2 /\n", ":1:6: error:");
+}
+
+static void test_type_and_range(void **state)
+{
+    (void)state;
+    expect_error("&model num_layers = 'two' /\n", "num_layers expects an integer, got a string");
+    expect_error("&model num_layers = 0 /\n", "num_layers = 0 is out of range");
+    expect_error("&model qk_layernorm = 1 /\n", "expects a logical");
+    expect_error("&moe router_score_function = 'relu' /\n", "allowed: softmax|sigmoid");
+    expect_error("&optimizer adam_beta1 = 1.5 /\n", "allowed 0..1");
+    expect_error("&model num_layers = 2, 3 /\n", "takes one value, got 2");
+    expect_error("&model num_layers(1) = 2 /\n", "is a scalar");
+    expect_error("&moe layer_freq(2000) = 1 /\n", "out of bounds");
+    expect_error("&moe layer_freq(1:2) = 1, 1, 1 /\n", "has 2 elements but 3 values");
+    expect_error("&moe layer_freq = 2 /\n", "out of range (allowed 0..1)");
+}
+
+static void test_cross_field(void **state)
+{
+    (void)state;
+    expect_error("&model hidden_size = 100, num_attention_heads = 3 /\n",
+                 "hidden_size = 100 is not divisible by num_attention_heads = 3");
+    expect_error("&model num_attention_heads = 4, num_query_groups = 3 /\n",
+                 "num_query_groups = 3 must divide num_attention_heads = 4");
+    expect_error("&moe num_experts = 2, router_topk = 3 /\n",
+                 "router_topk = 3 exceeds num_experts = 2");
+    expect_error("&model num_layers = 3 /\n&moe num_experts = 2, layer_freq = 1, 1 /\n",
+                 "layer_freq has 2 entries but &model num_layers = 3");
+    expect_error("&moe layer_freq = 1, 1 /\n", "num_experts = 0");
+    expect_error("&training seq_length = 8192 /\n", "exceeds &model max_position_embeddings");
+    expect_error("&training micro_batch_size = 2, global_batch_size = 3 /\n",
+                 "global_batch_size = 3 is not divisible by micro_batch_size (2)");
+    expect_error("&parallel tensor_model_parallel_size = 2 /\n",
+                 "world size 1 is not divisible by tensor_model_parallel_size (2)");
+    expect_error("&moe pad_expert_input_to_capacity = T, num_experts = 2 /\n",
+                 "needs expert_capacity_factor > 0");
+    expect_error("&optimizer lr = 1e-3, min_lr = 1e-2 /\n", "min_lr = 0.01 exceeds lr = 0.001");
+    expect_error("&data data_path = 'a', 'b' /\n", "should be a non-negative weight");
+    expect_error("&data split = '1,x' /\n", "&data split = '1,x'");
+    expect_error("&checkpoint save_interval = 5 /\n", "save is empty");
+    expect_error("&parallel order = 'tp-xx' /\n", "unknown dimension 'xx'");
+    expect_error("&parallel context_parallel_size = 1, virtual_pipeline_model_parallel_size "
+                 "= 2 /\n",
+                 "needs pipeline_model_parallel_size > 1");
+}
+
+static void test_world_layout(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    mt_config_defaults(c);
+    char *files[2] = { (char *)tmpfile_with(minimal, 0),
+                       (char *)tmpfile_with("&model num_layers = 4 /\n&moe num_experts = 8 /\n"
+                                            "&parallel tensor_model_parallel_size = 2,\n"
+                                            " expert_model_parallel_size = 4,\n"
+                                            " expert_tensor_parallel_size = 1,\n"
+                                            " pipeline_model_parallel_size = 2 /\n"
+                                            "&training micro_batch_size = 1,"
+                                            " global_batch_size = 16 /\n",
+                                            1) };
+    assert_int_equal(mt_config_load(c, 2, files, 0, NULL, &err), 0);
+    struct mt_layout l;
+    assert_int_equal(mt_config_resolve(c, 16, &l, &err), 0);
+    assert_int_equal(l.dp, 4);
+    assert_int_equal(l.edp, 2);
+    assert_int_equal(l.num_micro_batches, 4);
+    unlink(files[0]);
+    unlink(files[1]);
+    free(c);
+}
+
+/* print -> parse -> print is a fixed point, and the struct is identical */
+static void test_print_round_trip(void **state)
+{
+    (void)state;
+    struct mt_config *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    struct mt_err err = { 0 };
+    const char *text = "&model num_layers = 3, rotary_base = 1e6, norm_epsilon = 1e-6 /\n"
+                       "&moe num_experts = 4, layer_freq = 1, 0, 1 /\n"
+                       "&optimizer lr = 0.1, min_lr = 1.5e-5 /\n"
+                       "&data data_path = 'it''s', split = '98,1,1' /\n"
+                       "&logging metrics_file = 'm.jsonl' /\n";
+    assert_int_equal(load_text(a, text, 0, NULL, 1, &err), 0);
+    char *buf1 = NULL, *buf2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    FILE *f = open_memstream(&buf1, &n1);
+    assert_int_equal(mt_config_print(a, f), 0);
+    fclose(f);
+    mt_config_defaults(b);
+    char *files[1] = { (char *)tmpfile_with(buf1, 2) };
+    assert_int_equal(mt_config_load(b, 1, files, 0, NULL, &err), 0);
+    struct mt_layout l;
+    assert_int_equal(mt_config_resolve(b, 1, &l, &err), 0);
+    f = open_memstream(&buf2, &n2);
+    assert_int_equal(mt_config_print(b, f), 0);
+    fclose(f);
+    assert_string_equal(buf1, buf2);
+    assert_true(a->optimizer.min_lr == b->optimizer.min_lr);
+    assert_string_equal(b->data.data_path[0], "it's");
+    unlink(files[0]);
+    free(buf1);
+    free(buf2);
+    free(a);
+    free(b);
+}
+
+static void test_schema_table(void **state)
+{
+    (void)state;
+    /* every key has a doc line and a known group; names are unique per group */
+    for (const struct mt_key *k = mt_schema; k->name; k++) {
+        assert_non_null(k->doc);
+        assert_true(strlen(k->doc) > 5);
+        bool found = false;
+        for (size_t g = 0; mt_schema_groups[g]; g++)
+            if (!strcmp(mt_schema_groups[g], k->group)) found = true;
+        assert_true(found);
+        for (const struct mt_key *j = k + 1; j->name; j++)
+            assert_false(!strcmp(j->group, k->group) && !strcmp(j->name, k->name));
+    }
+}
+
+static void test_bad_override(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    char *ov[] = { "training%train_iters=abc" };
+    assert_int_not_equal(load_text(c, "", 1, ov, 1, &err), 0);
+    assert_non_null(strstr(err.msg, "command-line override"));
+    free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_resolve),   cmocka_unit_test(test_values_and_types),
+        cmocka_unit_test(test_later_wins_and_overrides), cmocka_unit_test(test_null_keeps_default),
+        cmocka_unit_test(test_unknown_names),      cmocka_unit_test(test_type_and_range),
+        cmocka_unit_test(test_cross_field),        cmocka_unit_test(test_world_layout),
+        cmocka_unit_test(test_print_round_trip),   cmocka_unit_test(test_schema_table),
+        cmocka_unit_test(test_bad_override),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
