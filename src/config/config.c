@@ -97,7 +97,7 @@ static int unknown_group(const struct mt_nml_file *f, const struct mt_nml_group 
 static int unknown_key(const struct mt_nml_file *f, const char *group,
                        const struct mt_nml_assign *a, struct mt_err *err)
 {
-    const char *names[256];
+    const char *names[256] = { 0 };
     size_t n = 0;
     for (const struct mt_key *k = mt_schema; k->name && n < 256; k++)
         if (strcmp(k->group, group) == 0) names[n++] = k->name;

@@ -371,8 +371,8 @@ int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state 
         snprintf(iter_dir, sizeof iter_dir, "%s/iter_%07lld", dir, it);
         snprintf(path, sizeof path, "%s/state.bin", iter_dir);
     }
-    unsigned char *data;
-    size_t n;
+    unsigned char *data = NULL;
+    size_t n = 0;
     MT_CHECK(read_file(path, &data, &n, err));
     int rc = parse_state(path, data, n, v, st, err);
     free(data);
