@@ -1,0 +1,262 @@
+/* moetrain: the op table every compute backend fills (DESIGN.md section 3).
+ *
+ * Model and training code call compute only through a `const struct mt_kernels *`:
+ * a table of function pointers plus a backend context. kernels/cpu/ is the
+ * reference (the definition of truth); kernels/cuda/ fills the same table.
+ *
+ * Conventions, for every op:
+ * - Pointers are backend memory (from alloc); row-major; fp32 unless stated.
+ * - Shapes are given in a one-line comment, llm.c style: `// out is (N,C)`.
+ *   N is a token count (B*T), C a channel count.
+ * - "+=" marks outputs that are accumulated into (gradients of parameters and of
+ *   tensors with several consumers); "=" marks outputs that are overwritten.
+ * - Results are deterministic run to run: reductions have a fixed order and no
+ *   result depends on atomics or on thread scheduling.
+ * - Index arrays are int32; -1 means "none" (dropped slot, padding row,
+ *   ignored target).
+ * - Scalar results (a loss through `float *loss`, the dropped count returned by
+ *   dispatch_plan) are host values; a device backend synchronises to produce them.
+ *
+ * Adding an op: add its enum value and name, its slot in struct mt_kernel_ops (same
+ * position), the CPU reference, the CUDA version, and the parity test. The static
+ * assertions below catch a slot or a name that was forgotten. */
+#ifndef MT_KERNELS_KERNELS_H
+#define MT_KERNELS_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum mt_op {
+    /* memory and streams */
+    MT_OP_ALLOC,
+    MT_OP_FREE,
+    MT_OP_MEMSET,
+    MT_OP_COPY,
+    MT_OP_SYNC,
+    /* dense algebra */
+    MT_OP_GEMM,
+    MT_OP_GROUPED_GEMM,
+    /* layers */
+    MT_OP_EMBEDDING_FWD,
+    MT_OP_EMBEDDING_BWD,
+    MT_OP_RMSNORM_FWD,
+    MT_OP_RMSNORM_BWD,
+    MT_OP_ROPE_FWD,
+    MT_OP_ROPE_BWD,
+    MT_OP_ATTENTION_FWD,
+    MT_OP_ATTENTION_BWD,
+    MT_OP_SWIGLU_FWD,
+    MT_OP_SWIGLU_BWD,
+    MT_OP_ADD,
+    /* mixture of experts */
+    MT_OP_ROUTER_FWD,
+    MT_OP_ROUTER_BWD,
+    MT_OP_AUX_LOSS_FWD,
+    MT_OP_AUX_LOSS_BWD,
+    MT_OP_Z_LOSS_FWD,
+    MT_OP_Z_LOSS_BWD,
+    MT_OP_DISPATCH_PLAN,
+    MT_OP_PERMUTE_FWD,
+    MT_OP_PERMUTE_BWD,
+    MT_OP_UNPERMUTE_FWD,
+    MT_OP_UNPERMUTE_BWD,
+    /* loss, optimizer, precision */
+    MT_OP_CROSS_ENTROPY_FWD,
+    MT_OP_CROSS_ENTROPY_BWD,
+    MT_OP_ADAMW,
+    MT_OP_BF16_ROUND,
+    MT_OP_COUNT
+};
+
+/* "gemm", "grouped_gemm", ...: indexed by enum mt_op. */
+extern const char *const mt_op_names[MT_OP_COUNT];
+
+/* Router score function (moe%router_score_function). */
+enum mt_score_fn { MT_SCORE_SOFTMAX = 0, MT_SCORE_SIGMOID = 1 };
+
+/* Which token-expert assignments survive when an expert is over capacity
+ * (moe%token_drop_policy). */
+enum mt_drop_policy { MT_DROP_PROBS = 0, MT_DROP_POSITION = 1 };
+
+/* Top-k routing, Megatron's topk_routing_with_score_function:
+ *   softmax, pre_softmax:   p = softmax(logits); pick top-k of p (+bias); prob = p[idx]
+ *   softmax, !pre_softmax:  pick top-k of logits (+bias); prob = softmax over the k
+ *                           logits (= HF norm_topk_prob renormalisation)
+ *   sigmoid:                s = sigmoid(logits); pick top-k of s + bias;
+ *                           prob = s[idx] / (sum_k s[idx] + 1e-20) when topk > 1, else s[idx]
+ * then prob *= scaling_factor (0 means none). Ties pick the lower expert index. The
+ * expert bias only changes which experts are picked, never prob. */
+struct mt_router_args {
+    int num_tokens;
+    int num_experts;
+    int topk;
+    enum mt_score_fn score_fn;
+    bool pre_softmax;
+    float scaling_factor;
+};
+
+/* Output of dispatch_plan: where each token-expert assignment ("slot" s = n*topk + j)
+ * goes in the expert-sorted ("permuted") row order. Rows of expert e are
+ * offsets[e]..offsets[e+1]-1, in increasing token order. */
+struct mt_dispatch_plan {
+    int32_t *offsets;    /* (E+1) row offsets per expert; offsets[E] = rows */
+    int32_t *row_slot;   /* (rows_max) slot feeding each row, -1 for a padding row */
+    int32_t *slot_row;   /* (N*topk) row of each slot, -1 when the slot was dropped */
+    int64_t *kept;       /* (E) real (non-padding) rows per expert */
+};
+
+struct mt_kernel_ops {
+    /* ---- memory and streams (CPU: host memory; CUDA: device memory, stream order) ---- */
+    void *(*alloc)(void *ctx, size_t bytes);              /* 64-byte aligned; NULL on failure */
+    void (*free)(void *ctx, void *p);
+    void (*memset)(void *ctx, void *p, int byte, size_t bytes);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* any direction */
+    void (*sync)(void *ctx);                              /* wait for all queued work */
+
+    /* ---- dense algebra ---- */
+    /* C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N);
+     * A is stored (M,K) or, transposed, (K,M); likewise B; leading dimensions in
+     * elements. beta = 0 ignores what C held (NaN included). */
+    void (*gemm)(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+    /* One gemm per group g (an expert); m_g = offsets[g+1] - offsets[g] token rows,
+     * taken from the token-sorted tensors at row offsets[g]; per-expert weight slabs
+     * are contiguous, slab g at g*(slab size).
+     *   !trans_a: C_g (m_g,N) = alpha A_g (m_g,K) op(W_g) + beta C_g, W = B holds slabs
+     *             of (N,K) if trans_b (x W^T: Linear forward) else (K,N) (dgrad); M unused.
+     *   trans_a:  C_g (M,N) = alpha A_g^T (M,m_g) B_g (m_g,N) + beta C_g, C holds the
+     *             (M,N) slabs (weight gradients), A is (rows,M), B is (rows,N); K unused,
+     *             trans_b must be false. A group with m_g = 0 leaves C_g = beta C_g. */
+    void (*grouped_gemm)(void *ctx, bool trans_a, bool trans_b, int num_groups,
+                         const int32_t *offsets, int M, int N, int K, float alpha,
+                         const float *A, const float *B, float beta, float *C);
+
+    /* ---- layers ---- */
+    // out is (N,C) = wte[tokens]; tokens (N) in [0,V); wte is (V,C)
+    void (*embedding_fwd)(void *ctx, float *out, const int32_t *tokens, const float *wte,
+                          int N, int C);
+    // dwte (V,C) += scatter of dout (N,C) by tokens (N)
+    void (*embedding_bwd)(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
+                          int N, int C);
+    // out (N,C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) saved; x, w (C). Used per head
+    // for QK-norm with N = tokens*heads, C = head_dim.
+    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w,
+                        int N, int C, float eps);
+    // dx (N,C) +=, dw (C) +=; dout, x (N,C); rstd (N) from the forward
+    void (*rmsnorm_bwd)(void *ctx, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C);
+    // out (B,T,H,D) = rope(x) (HF rotate-half; angle t * theta^(-2i/D), t = 0..T-1);
+    // out may alias x; D even
+    void (*rope_fwd)(void *ctx, float *out, const float *x, int B, int T, int H, int D,
+                     float theta);
+    // dx (B,T,H,D) = rope^T(dout); dx may alias dout
+    void (*rope_bwd)(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
+                     float theta);
+    // Causal GQA attention, softmax(q k^T / sqrt(D)) v in fp32, head h uses KV group
+    // h / (Hq/Hkv). out (B,T,Hq,D); att (B,Hq,T,T) saves the probabilities (zero above
+    // the diagonal); q (B,T,Hq,D); k, v (B,T,Hkv,D)
+    void (*attention_fwd)(void *ctx, float *out, float *att, const float *q, const float *k,
+                          const float *v, int B, int T, int Hq, int Hkv, int D);
+    // dq (B,T,Hq,D) =, dk, dv (B,T,Hkv,D) =; dout (B,T,Hq,D); att from the forward
+    void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *att,
+                          int B, int T, int Hq, int Hkv, int D);
+    // out (N,F) = silu(gate) * up; gate, up (N,F)
+    void (*swiglu_fwd)(void *ctx, float *out, const float *gate, const float *up, int N, int F);
+    // dgate, dup (N,F) =; dout, gate, up (N,F)
+    void (*swiglu_bwd)(void *ctx, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, int N, int F);
+    // out (n) = a + b; out may alias a or b (residual connections)
+    void (*add)(void *ctx, float *out, const float *a, const float *b, size_t n);
+
+    /* ---- mixture of experts ---- */
+    // Top-k routing (see struct mt_router_args). logits (N,E); expert_bias (E) or NULL;
+    // topk_idx (N,k) = expert ids, best first; topk_prob (N,k) = routing weights
+    void (*router_fwd)(void *ctx, const struct mt_router_args *a, const float *logits,
+                       const float *expert_bias, int32_t *topk_idx, float *topk_prob);
+    // dlogits (N,E) += d topk_prob (N,k) through the score function and normalisation
+    // (the selection itself is piecewise constant)
+    void (*router_bwd)(void *ctx, const struct mt_router_args *a, float *dlogits,
+                       const float *dprob, const float *logits, const int32_t *topk_idx);
+    // Megatron load-balancing loss over num_seqs equal sequences of S = N/num_seqs tokens:
+    //   p = softmax(logits) (softmax) or sigmoid(logits)/sum(sigmoid) (sigmoid);
+    //   count[s,e] = tokens of sequence s whose top-k of p contains e;
+    //   loss = coeff * mean_s sum_e (E * count[s,e] / (S*k)) * (sum_{n in s} p[n,e] / S).
+    // num_seqs = 1 is switch_load_balancing_loss_func ('aux_loss'); num_seqs = B is
+    // sequence_load_balancing_loss_func ('seq_aux_loss'). counts (num_seqs,E) = saved.
+    void (*aux_loss_fwd)(void *ctx, float *loss, float *counts, const float *logits, int N,
+                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff);
+    // dlogits (N,E) += dloss * d loss / d logits (counts are constants, as in Megatron)
+    void (*aux_loss_bwd)(void *ctx, float *dlogits, float dloss, const float *counts,
+                         const float *logits, int N, int E, enum mt_score_fn score_fn,
+                         int num_seqs, int topk, float coeff);
+    // z-loss = coeff * mean_n logsumexp(logits[n])^2; lse (N) saved
+    void (*z_loss_fwd)(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+                       float coeff);
+    // dlogits (N,E) += dloss * coeff * 2 lse[n] / N * softmax(logits[n])
+    void (*z_loss_bwd)(void *ctx, float *dlogits, float dloss, const float *lse,
+                       const float *logits, int N, int E, float coeff);
+    // Sorts the N*k assignments by expert (Megatron's permute order: expert-major, tokens
+    // ascending). capacity <= 0: dropless, rows = N*k. Otherwise an expert keeps at
+    // most `capacity` assignments: the highest topk_prob (MT_DROP_PROBS; ties: lower
+    // token) or the earliest tokens (MT_DROP_POSITION); with pad, every expert gets
+    // exactly `capacity` rows, padding rows have row_slot -1. Returns the number of
+    // dropped assignments. Non-differentiable bookkeeping.
+    long long (*dispatch_plan)(void *ctx, struct mt_dispatch_plan *plan,
+                               const int32_t *topk_idx, const float *topk_prob, int N, int E,
+                               int topk, int capacity, enum mt_drop_policy policy, bool pad);
+    // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
+    void (*permute_fwd)(void *ctx, float *xp, const float *x, const int32_t *row_slot,
+                        int rows, int topk, int C);
+    // dx (N,C) += sum over the kept slots of token n of dxp[slot_row]; dxp (rows,C)
+    void (*permute_bwd)(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
+                        int N, int topk, int C);
+    // out (N,C) = sum_j prob[n,j] * yp[slot_row[n,j]] over kept slots; yp (rows,C);
+    // prob, slot_row (N,k)
+    void (*unpermute_fwd)(void *ctx, float *out, const float *yp, const int32_t *slot_row,
+                          const float *prob, int N, int topk, int C);
+    // dyp (rows,C) = (padding rows 0); dprob (N,k) = (dropped slots 0); dout (N,C)
+    void (*unpermute_bwd)(void *ctx, float *dyp, float *dprob, const float *dout,
+                          const float *yp, const int32_t *slot_row, const float *prob,
+                          int N, int topk, int C, int rows);
+
+    /* ---- loss, optimizer, precision ---- */
+    // loss (N) = logsumexp(logits[n]) - logits[n, target[n]] (0 where target < 0);
+    // lse (N) saved; logits (N,V)
+    void (*cross_entropy_fwd)(void *ctx, float *loss, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V);
+    // dlogits (N,V) = scale * (softmax(logits) - onehot(target)) (0 rows where target < 0);
+    // dlogits may alias logits. Mean over valid tokens: scale = 1 / count.
+    void (*cross_entropy_bwd)(void *ctx, float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, int N, int V, float scale);
+    // AdamW (torch.optim.AdamW semantics) on n fp32 master values, step t >= 1:
+    //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    //   param *= 1 - lr*wd;  param -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+    void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, long long t);
+    // out (n) = x rounded to bfloat16 (round to nearest, ties to even; NaN stays NaN,
+    // sign kept; +-Inf kept), stored widened to fp32; out may alias x
+    void (*bf16_round)(void *ctx, float *out, const float *x, size_t n);
+};
+
+struct mt_kernels {
+    const char *name;          /* "cpu", "cuda" */
+    void *ctx;                 /* backend state, passed to every op */
+    struct mt_kernel_ops op;
+};
+
+/* Every op has exactly one slot, in enum order, and one name. */
+_Static_assert(sizeof(struct mt_kernel_ops) == MT_OP_COUNT * sizeof(void (*)(void)),
+               "struct mt_kernel_ops must have one function pointer per enum mt_op");
+
+/* The C reference backend (kernels/cpu). Never NULL. It runs OpenBLAS single-threaded
+ * (process-wide) and parallelises with OpenMP itself (OMP_NUM_THREADS). */
+const struct mt_kernels *mt_kernels_cpu(void);
+
+/* Number of non-NULL slots in k (a complete backend has MT_OP_COUNT); when one is
+ * missing and missing is not NULL, *missing is the first such op. */
+int mt_kernels_count_ops(const struct mt_kernels *k, enum mt_op *missing);
+
+#endif

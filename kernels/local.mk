@@ -15,7 +15,7 @@ SUFFIXES = .cu
 noinst_LTLIBRARIES += libmt_cuda.la
 MT_MODULE_LIBS += libmt_cuda.la
 libmt_cuda_la_SOURCES = kernels/cuda/probe.cu kernels/cuda/cuda_backend.h
-libmt_cuda_la_LIBADD = $(cuda_LIBS) $(nccl_LIBS)
+libmt_cuda_la_LIBADD = $(cuda_LIBS) $(nccl_LIBS) -lstdc++
 AM_CPPFLAGS += $(cuda_CFLAGS) $(nccl_CFLAGS)
 else
 EXTRA_DIST += kernels/cuda/probe.cu kernels/cuda/cuda_backend.h

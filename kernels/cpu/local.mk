@@ -1,0 +1,13 @@
+# kernels/cpu: the C reference backend (BLAS for GEMM, OpenMP loops, fp32 math,
+# bf16 emulated bit-exactly).
+noinst_LTLIBRARIES += libmt_kernels.la
+MT_MODULE_LIBS += libmt_kernels.la
+libmt_kernels_la_SOURCES = \
+	kernels/cpu/cpu_backend.c \
+	kernels/cpu/cpu_dense.c \
+	kernels/cpu/cpu_layers.c \
+	kernels/cpu/cpu_loss.c \
+	kernels/cpu/cpu_moe.c \
+	kernels/cpu/cpu_ops.h
+
+include tests/kernels/local.mk

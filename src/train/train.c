@@ -302,7 +302,7 @@ static int setup(struct trainer *t, struct mt_err *err)
     MT_CHECK(mt_data_open(c, &t->data, err));
     char desc[1024];
     mt_data_describe(t->data, desc, sizeof desc);
-    fprintf(t->log, "data: %s\n", desc);
+    fprintf(t->log, "%s\n", desc);
 
     MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, &t->model, err));
     mt_model_init(t->model, (unsigned long long)c->training.seed);

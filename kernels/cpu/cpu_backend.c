@@ -1,0 +1,147 @@
+/* CPU reference backend: the op table, its names, and host memory. */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <stdlib.h>
+
+const char *const mt_op_names[] = {
+    "alloc", "free", "memset", "copy", "sync",
+    "gemm", "grouped_gemm",
+    "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
+    "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
+    "router_fwd", "router_bwd", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
+    "dispatch_plan", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
+    "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round",
+};
+_Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
+               "mt_op_names must name every enum mt_op");
+
+static void *cpu_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void cpu_memset(void *ctx, void *p, int byte, size_t bytes)
+{
+    (void)ctx;
+    if (bytes) memset(p, byte, bytes);
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    if (bytes && dst != src) memmove(dst, src, bytes);
+}
+
+static void cpu_sync(void *ctx) { (void)ctx; }
+
+static const struct mt_kernels cpu_kernels = {
+    .name = "cpu",
+    .ctx = NULL,
+    .op = {
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .memset = cpu_memset,
+        .copy = cpu_copy,
+        .sync = cpu_sync,
+        .gemm = mt_cpu_gemm,
+        .grouped_gemm = mt_cpu_grouped_gemm,
+        .embedding_fwd = mt_cpu_embedding_fwd,
+        .embedding_bwd = mt_cpu_embedding_bwd,
+        .rmsnorm_fwd = mt_cpu_rmsnorm_fwd,
+        .rmsnorm_bwd = mt_cpu_rmsnorm_bwd,
+        .rope_fwd = mt_cpu_rope_fwd,
+        .rope_bwd = mt_cpu_rope_bwd,
+        .attention_fwd = mt_cpu_attention_fwd,
+        .attention_bwd = mt_cpu_attention_bwd,
+        .swiglu_fwd = mt_cpu_swiglu_fwd,
+        .swiglu_bwd = mt_cpu_swiglu_bwd,
+        .add = mt_cpu_add,
+        .router_fwd = mt_cpu_router_fwd,
+        .router_bwd = mt_cpu_router_bwd,
+        .aux_loss_fwd = mt_cpu_aux_loss_fwd,
+        .aux_loss_bwd = mt_cpu_aux_loss_bwd,
+        .z_loss_fwd = mt_cpu_z_loss_fwd,
+        .z_loss_bwd = mt_cpu_z_loss_bwd,
+        .dispatch_plan = mt_cpu_dispatch_plan,
+        .permute_fwd = mt_cpu_permute_fwd,
+        .permute_bwd = mt_cpu_permute_bwd,
+        .unpermute_fwd = mt_cpu_unpermute_fwd,
+        .unpermute_bwd = mt_cpu_unpermute_bwd,
+        .cross_entropy_fwd = mt_cpu_cross_entropy_fwd,
+        .cross_entropy_bwd = mt_cpu_cross_entropy_bwd,
+        .adamw = mt_cpu_adamw,
+        .bf16_round = mt_cpu_bf16_round,
+    },
+};
+
+const struct mt_kernels *mt_kernels_cpu(void)
+{
+    mt_cpu_blas_init();
+    return &cpu_kernels;
+}
+
+/* One case per op and no default: -Wswitch (in -Wall) flags an op added to the enum
+ * but not here. */
+static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
+{
+    switch (op) {
+    case MT_OP_ALLOC: return o->alloc != NULL;
+    case MT_OP_FREE: return o->free != NULL;
+    case MT_OP_MEMSET: return o->memset != NULL;
+    case MT_OP_COPY: return o->copy != NULL;
+    case MT_OP_SYNC: return o->sync != NULL;
+    case MT_OP_GEMM: return o->gemm != NULL;
+    case MT_OP_GROUPED_GEMM: return o->grouped_gemm != NULL;
+    case MT_OP_EMBEDDING_FWD: return o->embedding_fwd != NULL;
+    case MT_OP_EMBEDDING_BWD: return o->embedding_bwd != NULL;
+    case MT_OP_RMSNORM_FWD: return o->rmsnorm_fwd != NULL;
+    case MT_OP_RMSNORM_BWD: return o->rmsnorm_bwd != NULL;
+    case MT_OP_ROPE_FWD: return o->rope_fwd != NULL;
+    case MT_OP_ROPE_BWD: return o->rope_bwd != NULL;
+    case MT_OP_ATTENTION_FWD: return o->attention_fwd != NULL;
+    case MT_OP_ATTENTION_BWD: return o->attention_bwd != NULL;
+    case MT_OP_SWIGLU_FWD: return o->swiglu_fwd != NULL;
+    case MT_OP_SWIGLU_BWD: return o->swiglu_bwd != NULL;
+    case MT_OP_ADD: return o->add != NULL;
+    case MT_OP_ROUTER_FWD: return o->router_fwd != NULL;
+    case MT_OP_ROUTER_BWD: return o->router_bwd != NULL;
+    case MT_OP_AUX_LOSS_FWD: return o->aux_loss_fwd != NULL;
+    case MT_OP_AUX_LOSS_BWD: return o->aux_loss_bwd != NULL;
+    case MT_OP_Z_LOSS_FWD: return o->z_loss_fwd != NULL;
+    case MT_OP_Z_LOSS_BWD: return o->z_loss_bwd != NULL;
+    case MT_OP_DISPATCH_PLAN: return o->dispatch_plan != NULL;
+    case MT_OP_PERMUTE_FWD: return o->permute_fwd != NULL;
+    case MT_OP_PERMUTE_BWD: return o->permute_bwd != NULL;
+    case MT_OP_UNPERMUTE_FWD: return o->unpermute_fwd != NULL;
+    case MT_OP_UNPERMUTE_BWD: return o->unpermute_bwd != NULL;
+    case MT_OP_CROSS_ENTROPY_FWD: return o->cross_entropy_fwd != NULL;
+    case MT_OP_CROSS_ENTROPY_BWD: return o->cross_entropy_bwd != NULL;
+    case MT_OP_ADAMW: return o->adamw != NULL;
+    case MT_OP_BF16_ROUND: return o->bf16_round != NULL;
+    case MT_OP_COUNT: break;
+    }
+    return false;
+}
+
+int mt_kernels_count_ops(const struct mt_kernels *k, enum mt_op *missing)
+{
+    int n = 0;
+    bool reported = false;
+    for (int i = 0; i < MT_OP_COUNT; i++) {
+        if (op_present(&k->op, (enum mt_op)i)) {
+            n++;
+        } else if (!reported && missing) {
+            *missing = (enum mt_op)i;
+            reported = true;
+        }
+    }
+    return n;
+}

@@ -1,0 +1,58 @@
+/* CPU reference backend: cross-entropy, AdamW, bf16 rounding. */
+#include "kernels/cpu/cpu_ops.h"
+
+void mt_cpu_cross_entropy_fwd(void *ctx, float *loss, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * V;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < V; v++) sum += expf(l[v] - mx);
+        lse[n] = mx + logf(sum);
+        loss[n] = targets[n] < 0 ? 0.0f : lse[n] - l[targets[n]];
+    }
+}
+
+void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, int N, int V, float scale)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * V;
+        float *d = dlogits + (size_t)n * V;
+        if (targets[n] < 0) {
+            for (int v = 0; v < V; v++) d[v] = 0.0f;
+            continue;
+        }
+        for (int v = 0; v < V; v++) d[v] = scale * expf(l[v] - lse[n]);
+        d[targets[n]] -= scale;
+    }
+}
+
+void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, long long t)
+{
+    (void)ctx;
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+    const float step = lr / bc1, decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        param[i] = param[i] * decay - step * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = mt_cpu_bf16(x[i]);
+}

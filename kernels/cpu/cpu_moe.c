@@ -1,0 +1,374 @@
+/* CPU reference backend: router top-k, load-balancing and z losses, and the
+ * token dispatch (plan, permute, unpermute) of a dropless or capacity-bounded MoE. */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <stdlib.h>
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) abort(); /* small per-call scratch; the op table has no error channel */
+    return p;
+}
+
+/* p (E) = softmax(l) */
+static void softmax_row(float *p, const float *l, int E)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    for (int e = 0; e < E; e++) {
+        p[e] = expf(l[e] - mx);
+        sum += p[e];
+    }
+    float inv = 1.0f / sum;
+    for (int e = 0; e < E; e++) p[e] *= inv;
+}
+
+/* idx (k) = the k largest keys (E), best first; ties pick the lower index. */
+static void topk_row(int32_t *idx, const float *key, int E, int k)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken = taken || idx[i] == e;
+            if (taken) continue;
+            if (best < 0 || key[e] > key[best]) best = e;
+        }
+        idx[j] = best;
+    }
+}
+
+void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
+                       const float *expert_bias, int32_t *topk_idx, float *topk_prob)
+{
+    (void)ctx;
+    const int E = a->num_experts, k = a->topk;
+    const float sf = a->scaling_factor != 0.0f ? a->scaling_factor : 1.0f;
+#pragma omp parallel
+    {
+        float *score = xmalloc(sizeof(float) * (size_t)E);
+        float *key = xmalloc(sizeof(float) * (size_t)E);
+#pragma omp for schedule(static)
+        for (int n = 0; n < a->num_tokens; n++) {
+            const float *l = logits + (size_t)n * E;
+            int32_t *idx = topk_idx + (size_t)n * k;
+            float *prob = topk_prob + (size_t)n * k;
+            if (a->score_fn == MT_SCORE_SOFTMAX && a->pre_softmax)
+                softmax_row(score, l, E);
+            else if (a->score_fn == MT_SCORE_SOFTMAX)
+                memcpy(score, l, sizeof(float) * (size_t)E);
+            else
+                for (int e = 0; e < E; e++) score[e] = mt_cpu_sigmoid(l[e]);
+            for (int e = 0; e < E; e++) key[e] = score[e] + (expert_bias ? expert_bias[e] : 0.0f);
+            topk_row(idx, key, E, k);
+            for (int j = 0; j < k; j++) prob[j] = score[idx[j]];
+            if (a->score_fn == MT_SCORE_SOFTMAX && !a->pre_softmax) {
+                softmax_row(key, prob, k);
+                memcpy(prob, key, sizeof(float) * (size_t)k);
+            } else if (a->score_fn == MT_SCORE_SIGMOID && k > 1) {
+                float sum = 0.0f;
+                for (int j = 0; j < k; j++) sum += prob[j];
+                for (int j = 0; j < k; j++) prob[j] /= sum + 1e-20f;
+            }
+            for (int j = 0; j < k; j++) prob[j] *= sf;
+        }
+        free(score);
+        free(key);
+    }
+}
+
+void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
+                       const float *dprob, const float *logits, const int32_t *topk_idx)
+{
+    (void)ctx;
+    const int E = a->num_experts, k = a->topk;
+    const float sf = a->scaling_factor != 0.0f ? a->scaling_factor : 1.0f;
+#pragma omp parallel
+    {
+        float *p = xmalloc(sizeof(float) * (size_t)E);
+        float *g = xmalloc(sizeof(float) * (size_t)E);
+#pragma omp for schedule(static)
+        for (int n = 0; n < a->num_tokens; n++) {
+            const float *l = logits + (size_t)n * E;
+            const int32_t *idx = topk_idx + (size_t)n * k;
+            const float *dp = dprob + (size_t)n * k;
+            float *dl = dlogits + (size_t)n * E;
+            if (a->score_fn == MT_SCORE_SOFTMAX && a->pre_softmax) {
+                /* prob_j = sf p[idx_j], p = softmax(l) */
+                softmax_row(p, l, E);
+                for (int e = 0; e < E; e++) g[e] = 0.0f;
+                for (int j = 0; j < k; j++) g[idx[j]] += sf * dp[j];
+                float dot = 0.0f;
+                for (int e = 0; e < E; e++) dot += g[e] * p[e];
+                for (int e = 0; e < E; e++) dl[e] += p[e] * (g[e] - dot);
+            } else if (a->score_fn == MT_SCORE_SOFTMAX) {
+                /* prob = sf softmax(l[idx]) over the k picked */
+                for (int j = 0; j < k; j++) g[j] = l[idx[j]];
+                softmax_row(p, g, k);
+                float dot = 0.0f;
+                for (int j = 0; j < k; j++) dot += sf * dp[j] * p[j];
+                for (int j = 0; j < k; j++) dl[idx[j]] += p[j] * (sf * dp[j] - dot);
+            } else {
+                /* prob_j = sf s_j / (sum s + 1e-20) (k > 1) or sf s_j, s = sigmoid(l[idx]) */
+                float z = 0.0f, dot = 0.0f;
+                for (int j = 0; j < k; j++) {
+                    p[j] = mt_cpu_sigmoid(l[idx[j]]);
+                    z += p[j];
+                }
+                z += 1e-20f;
+                for (int j = 0; j < k; j++) dot += sf * dp[j] * p[j] / z;
+                for (int j = 0; j < k; j++) {
+                    float ds = k > 1 ? (sf * dp[j] - dot) / z : sf * dp[j];
+                    dl[idx[j]] += ds * p[j] * (1.0f - p[j]);
+                }
+            }
+        }
+        free(p);
+        free(g);
+    }
+}
+
+/* p (E) = the scores the balancing loss sees: softmax, or sigmoid normalised to sum 1;
+ * returns the normaliser sum(sigmoid) + 1e-20 (1 for softmax). */
+static float aux_scores(float *p, const float *l, int E, enum mt_score_fn fn)
+{
+    if (fn == MT_SCORE_SOFTMAX) {
+        softmax_row(p, l, E);
+        return 1.0f;
+    }
+    float z = 0.0f;
+    for (int e = 0; e < E; e++) {
+        p[e] = mt_cpu_sigmoid(l[e]);
+        z += p[e];
+    }
+    z += 1e-20f;
+    for (int e = 0; e < E; e++) p[e] /= z;
+    return z;
+}
+
+void mt_cpu_aux_loss_fwd(void *ctx, float *loss, float *counts, const float *logits, int N,
+                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff)
+{
+    (void)ctx;
+    const int S = N / num_seqs;
+    float *p = xmalloc(sizeof(float) * (size_t)E);
+    double *psum = xmalloc(sizeof(double) * (size_t)E);
+    int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)topk);
+    double total = 0.0;
+    for (int s = 0; s < num_seqs; s++) {
+        float *cnt = counts + (size_t)s * E;
+        for (int e = 0; e < E; e++) {
+            cnt[e] = 0.0f;
+            psum[e] = 0.0;
+        }
+        for (int n = s * S; n < (s + 1) * S; n++) {
+            aux_scores(p, logits + (size_t)n * E, E, score_fn);
+            topk_row(idx, p, E, topk);
+            for (int j = 0; j < topk; j++) cnt[idx[j]] += 1.0f;
+            for (int e = 0; e < E; e++) psum[e] += p[e];
+        }
+        double seq = 0.0;
+        for (int e = 0; e < E; e++) seq += (double)cnt[e] * psum[e];
+        total += seq * E / ((double)S * S * topk);
+    }
+    *loss = (float)(coeff * total / num_seqs);
+    free(p);
+    free(psum);
+    free(idx);
+}
+
+void mt_cpu_aux_loss_bwd(void *ctx, float *dlogits, float dloss, const float *counts,
+                         const float *logits, int N, int E, enum mt_score_fn score_fn,
+                         int num_seqs, int topk, float coeff)
+{
+    (void)ctx;
+    const int S = N / num_seqs;
+    /* d loss / d p[n,e] = c * count[s(n),e] with c = coeff E / (S^2 k num_seqs) */
+    const float c = (float)((double)dloss * coeff * E / ((double)S * S * topk * num_seqs));
+#pragma omp parallel
+    {
+        float *p = xmalloc(sizeof(float) * (size_t)E);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *cnt = counts + (size_t)(n / S) * E;
+            const float *l = logits + (size_t)n * E;
+            float *dl = dlogits + (size_t)n * E;
+            float z = aux_scores(p, l, E, score_fn);
+            float dot = 0.0f;
+            for (int e = 0; e < E; e++) dot += c * cnt[e] * p[e];
+            if (score_fn == MT_SCORE_SOFTMAX) {
+                for (int e = 0; e < E; e++) dl[e] += p[e] * (c * cnt[e] - dot);
+            } else {
+                /* p = s / z, s = sigmoid(l): dL/ds_e = (g_e - <g,p>) / z */
+                for (int e = 0; e < E; e++) {
+                    float s = p[e] * z;
+                    dl[e] += (c * cnt[e] - dot) / z * s * (1.0f - s);
+                }
+            }
+        }
+        free(p);
+    }
+}
+
+static float logsumexp_row(const float *l, int E)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    for (int e = 0; e < E; e++) sum += expf(l[e] - mx);
+    return mx + logf(sum);
+}
+
+void mt_cpu_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+                       float coeff)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) lse[n] = logsumexp_row(logits + (size_t)n * E, E);
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += (double)lse[n] * lse[n];
+    *loss = (float)(coeff * sum / N);
+}
+
+void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
+                       const float *logits, int N, int E, float coeff)
+{
+    (void)ctx;
+    const float c = dloss * coeff * 2.0f / (float)N;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * E;
+        float *dl = dlogits + (size_t)n * E;
+        for (int e = 0; e < E; e++) dl[e] += c * lse[n] * expf(l[e] - lse[n]);
+    }
+}
+
+/* Candidates of one over-full expert, ordered best first by the drop policy. */
+struct cand {
+    int32_t slot;
+    float prob;
+};
+
+static int cand_by_prob(const void *pa, const void *pb)
+{
+    const struct cand *a = pa, *b = pb;
+    if (a->prob != b->prob) return a->prob > b->prob ? -1 : 1;
+    return (a->slot > b->slot) - (a->slot < b->slot);
+}
+
+long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
+                               const int32_t *topk_idx, const float *topk_prob, int N, int E,
+                               int topk, int capacity, enum mt_drop_policy policy, bool pad)
+{
+    (void)ctx;
+    const int S = N * topk;
+    int32_t *fill = xmalloc(sizeof(int32_t) * (size_t)E);
+    struct cand *cands = xmalloc(sizeof(struct cand) * (size_t)(N > 0 ? N : 1));
+    long long dropped = 0;
+    for (int s = 0; s < S; s++) plan->slot_row[s] = 0; /* 0 = kept, -1 = dropped, for now */
+    for (int e = 0; e < E; e++) plan->kept[e] = 0;
+    for (int s = 0; s < S; s++) plan->kept[topk_idx[s]]++;
+    if (capacity > 0) {
+        for (int e = 0; e < E; e++) {
+            if (plan->kept[e] <= capacity) continue;
+            int nc = 0; /* slots ascend with the token, so candidates are in token order */
+            for (int s = 0; s < S; s++)
+                if (topk_idx[s] == e) cands[nc++] = (struct cand){s, topk_prob[s]};
+            if (policy == MT_DROP_PROBS) qsort(cands, (size_t)nc, sizeof *cands, cand_by_prob);
+            for (int i = capacity; i < nc; i++) plan->slot_row[cands[i].slot] = -1;
+            dropped += nc - capacity;
+            plan->kept[e] = capacity;
+        }
+    }
+    plan->offsets[0] = 0;
+    for (int e = 0; e < E; e++) {
+        plan->offsets[e + 1] = plan->offsets[e] + (int32_t)(pad ? capacity : plan->kept[e]);
+        fill[e] = plan->offsets[e];
+    }
+    for (int s = 0; s < S; s++) {
+        if (plan->slot_row[s] < 0) continue;
+        int e = topk_idx[s];
+        plan->slot_row[s] = fill[e];
+        plan->row_slot[fill[e]++] = s;
+    }
+    for (int e = 0; e < E; e++)
+        for (int r = fill[e]; r < plan->offsets[e + 1]; r++) plan->row_slot[r] = -1;
+    free(fill);
+    free(cands);
+    return dropped;
+}
+
+void mt_cpu_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
+                        int rows, int topk, int C)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *dst = xp + (size_t)r * C;
+        if (row_slot[r] < 0)
+            memset(dst, 0, sizeof(float) * (size_t)C);
+        else
+            memcpy(dst, x + (size_t)(row_slot[r] / topk) * C, sizeof(float) * (size_t)C);
+    }
+}
+
+void mt_cpu_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
+                        int N, int topk, int C)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *d = dx + (size_t)n * C;
+        for (int j = 0; j < topk; j++) {
+            int r = slot_row[(size_t)n * topk + j];
+            if (r < 0) continue;
+            const float *src = dxp + (size_t)r * C;
+            for (int c = 0; c < C; c++) d[c] += src[c];
+        }
+    }
+}
+
+void mt_cpu_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
+                          const float *prob, int N, int topk, int C)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        memset(o, 0, sizeof(float) * (size_t)C);
+        for (int j = 0; j < topk; j++) {
+            size_t s = (size_t)n * topk + j;
+            if (slot_row[s] < 0) continue;
+            const float *y = yp + (size_t)slot_row[s] * C;
+            for (int c = 0; c < C; c++) o[c] += prob[s] * y[c];
+        }
+    }
+}
+
+void mt_cpu_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                          const float *yp, const int32_t *slot_row, const float *prob,
+                          int N, int topk, int C, int rows)
+{
+    (void)ctx;
+    memset(dyp, 0, sizeof(float) * (size_t)rows * C);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * C;
+        for (int j = 0; j < topk; j++) {
+            size_t s = (size_t)n * topk + j;
+            int r = slot_row[s];
+            if (r < 0) {
+                dprob[s] = 0.0f;
+                continue;
+            }
+            const float *y = yp + (size_t)r * C;
+            float *dy = dyp + (size_t)r * C;
+            float dot = 0.0f;
+            for (int c = 0; c < C; c++) {
+                dy[c] = prob[s] * d[c];
+                dot += d[c] * y[c];
+            }
+            dprob[s] = dot;
+        }
+    }
+}

@@ -1,0 +1,96 @@
+/* CPU reference backend: the functions that fill struct mt_kernel_ops.
+ * Private to kernels/cpu; everything else goes through mt_kernels_cpu(). */
+#ifndef MT_KERNELS_CPU_OPS_H
+#define MT_KERNELS_CPU_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* bfloat16 round to nearest even of one value, widened back to fp32. NaNs are made
+ * quiet first so that dropping the low mantissa bits cannot turn them into Inf. */
+static inline float mt_cpu_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u = (u | 0x00400000u) & 0xffff0000u;
+    else
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static inline float mt_cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* cpu_dense.c */
+void mt_cpu_blas_init(void); /* OpenBLAS single-threaded: OpenMP owns the cores */
+void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
+                         const int32_t *offsets, int M, int N, int K, float alpha,
+                         const float *A, const float *B, float beta, float *C);
+
+/* cpu_layers.c */
+void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
+                          int N, int C);
+void mt_cpu_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
+                          int N, int C);
+void mt_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
+                        int N, int C, float eps);
+void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
+                        const float *w, const float *rstd, int N, int C);
+void mt_cpu_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
+                     float theta);
+void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
+                     float theta);
+void mt_cpu_attention_fwd(void *ctx, float *out, float *att, const float *q, const float *k,
+                          const float *v, int B, int T, int Hq, int Hkv, int D);
+void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                          const float *q, const float *k, const float *v, const float *att,
+                          int B, int T, int Hq, int Hkv, int D);
+void mt_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F);
+void mt_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, int N, int F);
+void mt_cpu_add(void *ctx, float *out, const float *a, const float *b, size_t n);
+
+/* cpu_moe.c */
+void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
+                       const float *expert_bias, int32_t *topk_idx, float *topk_prob);
+void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
+                       const float *dprob, const float *logits, const int32_t *topk_idx);
+void mt_cpu_aux_loss_fwd(void *ctx, float *loss, float *counts, const float *logits, int N,
+                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff);
+void mt_cpu_aux_loss_bwd(void *ctx, float *dlogits, float dloss, const float *counts,
+                         const float *logits, int N, int E, enum mt_score_fn score_fn,
+                         int num_seqs, int topk, float coeff);
+void mt_cpu_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+                       float coeff);
+void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
+                       const float *logits, int N, int E, float coeff);
+long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
+                               const int32_t *topk_idx, const float *topk_prob, int N, int E,
+                               int topk, int capacity, enum mt_drop_policy policy, bool pad);
+void mt_cpu_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
+                        int rows, int topk, int C);
+void mt_cpu_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
+                        int N, int topk, int C);
+void mt_cpu_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
+                          const float *prob, int N, int topk, int C);
+void mt_cpu_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                          const float *yp, const int32_t *slot_row, const float *prob,
+                          int N, int topk, int C, int rows);
+
+/* cpu_loss.c */
+void mt_cpu_cross_entropy_fwd(void *ctx, float *loss, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V);
+void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, int N, int V, float scale);
+void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float grad_scale, long long t);
+void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n);
+
+#endif

@@ -1,0 +1,576 @@
+/* Qwen3-MoE model: configuration checks, the parameter table, memory layout,
+ * initialisation, expert-bias bookkeeping and FLOP accounting. The passes are in
+ * model_pass.c. */
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/rng.h"
+
+#define NAME_MAX_LEN 96
+
+/* ------------------------------------------------------------ config checks */
+
+static bool streq(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+static bool layer_is_moe(const struct mt_config *cfg, int l)
+{
+    if (cfg->moe.num_experts <= 0) return false;
+    if (cfg->moe.layer_freq_len == 0) return true; /* no pattern: every layer */
+    return cfg->moe.layer_freq[l] != 0;
+}
+
+static int check_config(const struct mt_config *cfg, int max_micro_batch, struct mt_err *err)
+{
+    const struct mt_config_model *md = &cfg->model;
+    const struct mt_config_moe *mo = &cfg->moe;
+    if (max_micro_batch < 1)
+        return mt_err_set(err, MT_EINVAL, "model: max_micro_batch = %d must be >= 1", max_micro_batch);
+    if (md->num_layers < 1 || md->num_layers > MT_MAX_LAYERS)
+        return mt_err_set(err, MT_EINVAL, "model%%num_layers = %d must be in [1, %d]",
+                          md->num_layers, MT_MAX_LAYERS);
+    if (md->hidden_size < 1 || md->num_attention_heads < 1 || md->vocab_size < 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "model%%hidden_size = %d, num_attention_heads = %d and vocab_size = %d must be >= 1",
+                          md->hidden_size, md->num_attention_heads, md->vocab_size);
+    if (md->num_query_groups < 1 || md->num_attention_heads % md->num_query_groups != 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "model%%num_query_groups = %d must divide model%%num_attention_heads = %d",
+                          md->num_query_groups, md->num_attention_heads);
+    if (md->kv_channels < 2 || md->kv_channels % 2 != 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "model%%kv_channels = %d must be even and >= 2 (RoPE rotates pairs)",
+                          md->kv_channels);
+    if (!(md->rotary_base > 0.0))
+        return mt_err_set(err, MT_EINVAL, "model%%rotary_base = %g must be > 0", md->rotary_base);
+    if (!(md->norm_epsilon >= 0.0))
+        return mt_err_set(err, MT_EINVAL, "model%%norm_epsilon = %g must be >= 0", md->norm_epsilon);
+    if (!(md->init_method_std >= 0.0))
+        return mt_err_set(err, MT_EINVAL, "model%%init_method_std = %g must be >= 0",
+                          md->init_method_std);
+    if (cfg->training.seq_length < 1 || cfg->training.seq_length > md->max_position_embeddings)
+        return mt_err_set(err, MT_EINVAL,
+                          "training%%seq_length = %d must be in [1, model%%max_position_embeddings = %d]",
+                          cfg->training.seq_length, md->max_position_embeddings);
+    if (!streq(cfg->precision.params_dtype, "fp32") && !streq(cfg->precision.params_dtype, "bf16"))
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "precision%%params_dtype = '%s' is not supported (use 'fp32' or 'bf16')",
+                          cfg->precision.params_dtype);
+    bool any_dense = false, any_moe = false;
+    for (int l = 0; l < md->num_layers; l++) {
+        if (layer_is_moe(cfg, l)) any_moe = true;
+        else any_dense = true;
+    }
+    if (any_dense && md->ffn_hidden_size < 1)
+        return mt_err_set(err, MT_EINVAL, "model%%ffn_hidden_size = %d must be >= 1 (dense MLP layers)",
+                          md->ffn_hidden_size);
+    if (mo->num_experts < 0)
+        return mt_err_set(err, MT_EINVAL, "moe%%num_experts = %d must be >= 0", mo->num_experts);
+    if (!any_moe) return MT_OK;
+    if (mo->layer_freq_len != 0 && mo->layer_freq_len != md->num_layers)
+        return mt_err_set(err, MT_EINVAL, "moe%%layer_freq has %d entries, model%%num_layers = %d",
+                          mo->layer_freq_len, md->num_layers);
+    if (mo->moe_ffn_hidden_size < 1)
+        return mt_err_set(err, MT_EINVAL, "moe%%moe_ffn_hidden_size = %d must be >= 1",
+                          mo->moe_ffn_hidden_size);
+    if (mo->router_topk < 1 || mo->router_topk > mo->num_experts)
+        return mt_err_set(err, MT_EINVAL, "moe%%router_topk = %d must be in [1, moe%%num_experts = %d]",
+                          mo->router_topk, mo->num_experts);
+    bool sigmoid = streq(mo->router_score_function, "sigmoid");
+    if (!sigmoid && !streq(mo->router_score_function, "softmax"))
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%router_score_function = '%s' (use 'softmax' or 'sigmoid')",
+                          mo->router_score_function);
+    if (sigmoid && mo->router_pre_softmax)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%router_pre_softmax = .true. has no effect with router_score_function = 'sigmoid'");
+    if (!sigmoid && !mo->router_pre_softmax && mo->router_topk == 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%router_topk = 1 with softmax scores needs moe%%router_pre_softmax = .true. "
+                          "(a softmax over one expert is constant, as Megatron also rejects)");
+    if (!streq(mo->router_dtype, "fp32"))
+        return mt_err_set(err, MT_EUNSUPPORTED, "moe%%router_dtype = '%s' is not supported (use 'fp32')",
+                          mo->router_dtype);
+    if (!(mo->router_topk_scaling_factor >= 0.0))
+        return mt_err_set(err, MT_EINVAL, "moe%%router_topk_scaling_factor = %g must be >= 0 (0: none)",
+                          mo->router_topk_scaling_factor);
+    const char *lb = mo->router_load_balancing_type;
+    if (streq(lb, "sinkhorn"))
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "moe%%router_load_balancing_type = 'sinkhorn' is not supported "
+                          "(use 'aux_loss', 'seq_aux_loss' or 'none')");
+    if (!streq(lb, "aux_loss") && !streq(lb, "seq_aux_loss") && !streq(lb, "none"))
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%router_load_balancing_type = '%s' (use 'aux_loss', 'seq_aux_loss' or 'none')", lb);
+    if (!(mo->aux_loss_coeff >= 0.0) || !(mo->z_loss_coeff >= 0.0))
+        return mt_err_set(err, MT_EINVAL, "moe%%aux_loss_coeff = %g and moe%%z_loss_coeff = %g must be >= 0",
+                          mo->aux_loss_coeff, mo->z_loss_coeff);
+    if (streq(lb, "none") && mo->aux_loss_coeff > 0.0)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%aux_loss_coeff = %g has no effect with router_load_balancing_type = 'none'",
+                          mo->aux_loss_coeff);
+    if (mo->router_enable_expert_bias && !sigmoid)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%router_enable_expert_bias needs router_score_function = 'sigmoid' (as in Megatron)");
+    if (!(mo->expert_capacity_factor >= 0.0))
+        return mt_err_set(err, MT_EINVAL, "moe%%expert_capacity_factor = %g must be >= 0 (0: dropless)",
+                          mo->expert_capacity_factor);
+    if (mo->pad_expert_input_to_capacity && mo->expert_capacity_factor <= 0.0)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%pad_expert_input_to_capacity needs moe%%expert_capacity_factor > 0");
+    if (!streq(mo->token_drop_policy, "probs") && !streq(mo->token_drop_policy, "position"))
+        return mt_err_set(err, MT_EINVAL, "moe%%token_drop_policy = '%s' (use 'probs' or 'position')",
+                          mo->token_drop_policy);
+    if (mo->shared_expert_intermediate_size < 0)
+        return mt_err_set(err, MT_EINVAL, "moe%%shared_expert_intermediate_size = %d must be >= 0",
+                          mo->shared_expert_intermediate_size);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ parameter table */
+
+static int add_tensor(struct mt_model *m, float std, bool no_wd, int ndim, const long long *shape,
+                      const char *fmt, int layer, const char *leaf)
+{
+    int id = m->ntensors++;
+    struct mt_param_info *t = &m->tensors[id];
+    char *name = m->names + (size_t)id * NAME_MAX_LEN;
+    if (layer >= 0)
+        snprintf(name, NAME_MAX_LEN, fmt, layer, leaf);
+    else
+        snprintf(name, NAME_MAX_LEN, "%s", fmt);
+    t->name = name;
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int d = 0; d < 4; d++) t->shape[d] = d < ndim ? shape[d] : 0;
+    for (int d = 0; d < ndim; d++) t->numel *= (size_t)shape[d];
+    t->offset = m->nparams;
+    t->no_weight_decay = no_wd;
+    m->std_of[id] = std;
+    m->nparams += t->numel;
+    return id;
+}
+
+#define SHAPE(...) ((const long long[]){__VA_ARGS__})
+#define LAYER_FMT "model.layers.%d.%s"
+
+static void build_tensors(struct mt_model *m)
+{
+    const float std = (float)m->cfg.model.init_method_std;
+    const float out_std = std / sqrtf(2.0f * (float)m->L);
+    const long long H = m->H, Q = m->Q, KV = m->KV, D = m->hd;
+    m->embed = add_tensor(m, std, false, 2, SHAPE(m->V, H), "model.embed_tokens.weight", -1, NULL);
+    for (int l = 0; l < m->L; l++) {
+        struct mt_layer_tensors *t = &m->lt[l];
+        *t = (struct mt_layer_tensors){MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR,
+                                       MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR,
+                                       MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR,
+                                       MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR,
+                                       MT_NO_TENSOR, MT_NO_TENSOR};
+        t->ln1 = add_tensor(m, 0, true, 1, SHAPE(H), LAYER_FMT, l, "input_layernorm.weight");
+        t->wq = add_tensor(m, std, false, 2, SHAPE(Q, H), LAYER_FMT, l, "self_attn.q_proj.weight");
+        t->wk = add_tensor(m, std, false, 2, SHAPE(KV, H), LAYER_FMT, l, "self_attn.k_proj.weight");
+        t->wv = add_tensor(m, std, false, 2, SHAPE(KV, H), LAYER_FMT, l, "self_attn.v_proj.weight");
+        t->wo = add_tensor(m, out_std, false, 2, SHAPE(H, Q), LAYER_FMT, l, "self_attn.o_proj.weight");
+        if (m->qk_norm) {
+            t->q_norm = add_tensor(m, 0, true, 1, SHAPE(D), LAYER_FMT, l, "self_attn.q_norm.weight");
+            t->k_norm = add_tensor(m, 0, true, 1, SHAPE(D), LAYER_FMT, l, "self_attn.k_norm.weight");
+        }
+        t->ln2 = add_tensor(m, 0, true, 1, SHAPE(H), LAYER_FMT, l, "post_attention_layernorm.weight");
+        if (m->moe_of_layer[l] >= 0) {
+            const long long E = m->E, Fe = m->Fe, Fs = m->Fs;
+            t->router = add_tensor(m, std, false, 2, SHAPE(E, H), LAYER_FMT, l, "mlp.gate.weight");
+            t->exp_gate = add_tensor(m, std, false, 3, SHAPE(E, Fe, H), LAYER_FMT, l, "mlp.experts.gate_proj");
+            t->exp_up = add_tensor(m, std, false, 3, SHAPE(E, Fe, H), LAYER_FMT, l, "mlp.experts.up_proj");
+            t->exp_down = add_tensor(m, out_std, false, 3, SHAPE(E, H, Fe), LAYER_FMT, l,
+                                     "mlp.experts.down_proj");
+            if (Fs > 0) {
+                t->sh_gate = add_tensor(m, std, false, 2, SHAPE(Fs, H), LAYER_FMT, l,
+                                        "mlp.shared_expert.gate_proj.weight");
+                t->sh_up = add_tensor(m, std, false, 2, SHAPE(Fs, H), LAYER_FMT, l,
+                                      "mlp.shared_expert.up_proj.weight");
+                t->sh_down = add_tensor(m, out_std, false, 2, SHAPE(H, Fs), LAYER_FMT, l,
+                                        "mlp.shared_expert.down_proj.weight");
+            }
+        } else {
+            const long long F = m->F;
+            t->gate = add_tensor(m, std, false, 2, SHAPE(F, H), LAYER_FMT, l, "mlp.gate_proj.weight");
+            t->up = add_tensor(m, std, false, 2, SHAPE(F, H), LAYER_FMT, l, "mlp.up_proj.weight");
+            t->down = add_tensor(m, out_std, false, 2, SHAPE(H, F), LAYER_FMT, l, "mlp.down_proj.weight");
+        }
+    }
+    m->final_norm = add_tensor(m, 0, true, 1, SHAPE(H), "model.norm.weight", -1, NULL);
+    m->lm_head = m->tied ? m->embed
+                         : add_tensor(m, std, false, 2, SHAPE(m->V, H), "lm_head.weight", -1, NULL);
+}
+
+/* ------------------------------------------------------------ memory layout */
+
+/* Bump allocator over one allocation: a first pass with base NULL measures. */
+struct arena {
+    char *base;
+    size_t off;
+};
+
+static void *take(struct arena *a, size_t bytes)
+{
+    size_t at = (a->off + 63) / 64 * 64;
+    a->off = at + bytes;
+    return a->base ? a->base + at : NULL;
+}
+
+#define TAKE_F(a, n) ((float *)take((a), sizeof(float) * (size_t)(n)))
+#define TAKE_I(a, n) ((int32_t *)take((a), sizeof(int32_t) * (size_t)(n)))
+
+static void layout_acts(struct mt_model *m, struct arena *a)
+{
+    const size_t N = (size_t)m->Bmax * m->T, R = (size_t)m->rows_max;
+    for (int l = 0; l <= m->L; l++) m->res[l] = TAKE_F(a, N * m->H);
+    for (int l = 0; l < m->L; l++) {
+        struct mt_layer_acts *x = &m->la[l];
+        memset(x, 0, sizeof *x);
+        x->ln1 = TAKE_F(a, N * m->H);
+        x->ln1_rstd = TAKE_F(a, N);
+        x->q = TAKE_F(a, N * m->Q);
+        x->k = TAKE_F(a, N * m->KV);
+        x->v = TAKE_F(a, N * m->KV);
+        if (m->qk_norm) {
+            x->q_rstd = TAKE_F(a, N * m->nh);
+            x->k_rstd = TAKE_F(a, N * m->ng);
+        }
+        x->qr = TAKE_F(a, N * m->Q);
+        x->kr = TAKE_F(a, N * m->KV);
+        x->att = TAKE_F(a, (size_t)m->Bmax * m->nh * m->T * m->T);
+        x->y = TAKE_F(a, N * m->Q);
+        x->res_mid = TAKE_F(a, N * m->H);
+        x->ln2 = TAKE_F(a, N * m->H);
+        x->ln2_rstd = TAKE_F(a, N);
+        if (m->moe_of_layer[l] < 0) {
+            x->gate = TAKE_F(a, N * m->F);
+            x->up = TAKE_F(a, N * m->F);
+            x->act = TAKE_F(a, N * m->F);
+            continue;
+        }
+        x->logits = TAKE_F(a, N * m->E);
+        if (m->balance != MT_BALANCE_NONE && m->aux_coeff > 0.0f)
+            x->aux_counts = TAKE_F(a, (size_t)m->Bmax * m->E);
+        if (m->z_coeff > 0.0f) x->z_lse = TAKE_F(a, N);
+        x->topk_idx = TAKE_I(a, N * m->topk);
+        x->topk_prob = TAKE_F(a, N * m->topk);
+        x->plan.offsets = TAKE_I(a, (size_t)m->E + 1);
+        x->plan.row_slot = TAKE_I(a, R);
+        x->plan.slot_row = TAKE_I(a, N * m->topk);
+        x->plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
+        x->xp = TAKE_F(a, R * m->H);
+        x->eg = TAKE_F(a, R * m->Fe);
+        x->eu = TAKE_F(a, R * m->Fe);
+        x->ea = TAKE_F(a, R * m->Fe);
+        x->ey = TAKE_F(a, R * m->H);
+        if (m->Fs > 0) {
+            x->sg = TAKE_F(a, N * m->Fs);
+            x->su = TAKE_F(a, N * m->Fs);
+            x->sa = TAKE_F(a, N * m->Fs);
+        }
+    }
+    m->lnf = TAKE_F(a, N * m->H);
+    m->lnf_rstd = TAKE_F(a, N);
+    m->lm_logits = TAKE_F(a, N * m->V);
+    m->ce_lse = TAKE_F(a, N);
+    m->ce_loss = TAKE_F(a, N);
+    m->inputs = TAKE_I(a, N);
+    m->targets = TAKE_I(a, N);
+}
+
+static void layout_scratch(struct mt_model *m, struct arena *a)
+{
+    const size_t N = (size_t)m->Bmax * m->T, R = (size_t)m->rows_max;
+    size_t ff = 0;
+    if (m->nmoe < m->L) ff = N * m->F;
+    if (m->nmoe > 0) {
+        ff = ff > N * m->Fs ? ff : N * m->Fs;
+        ff = ff > R * m->Fe ? ff : R * m->Fe;
+    }
+    m->tmp = TAKE_F(a, N * m->H);
+    m->tmp2 = TAKE_F(a, N * m->H);
+    m->d_res = TAKE_F(a, N * m->H);
+    m->d_ln = TAKE_F(a, N * m->H);
+    m->dq = TAKE_F(a, N * m->Q);
+    m->dk = TAKE_F(a, N * m->KV);
+    m->dv = TAKE_F(a, N * m->KV);
+    m->dy = TAKE_F(a, N * m->Q);
+    if (m->qk_norm) {
+        m->dq2 = TAKE_F(a, N * m->Q);
+        m->dk2 = TAKE_F(a, N * m->KV);
+    }
+    if (m->nmoe > 0) {
+        m->d_logits = TAKE_F(a, N * m->E);
+        m->d_prob = TAKE_F(a, N * m->topk);
+        m->d_rows = TAKE_F(a, R * m->H);
+        m->d_rows2 = TAKE_F(a, R * m->H);
+    }
+    m->d_f1 = TAKE_F(a, ff);
+    m->d_f2 = TAKE_F(a, ff);
+    m->d_f3 = TAKE_F(a, ff);
+}
+
+/* Megatron's get_capacity(num_tokens * topk, E, factor) for N tokens. */
+static int capacity_for(const struct mt_model *m, long long N)
+{
+    return (int)ceil((double)(N * m->topk) / m->E * m->capacity_factor);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int max_micro_batch,
+                    struct mt_model **out, struct mt_err *err)
+{
+    *out = NULL;
+    MT_CHECK(check_config(cfg, max_micro_batch, err));
+    enum mt_op missing;
+    if (mt_kernels_count_ops(k, &missing) != MT_OP_COUNT)
+        return mt_err_set(err, MT_EUNSUPPORTED, "kernel backend '%s' lacks op '%s'", k->name,
+                          mt_op_names[missing]);
+    struct mt_model *m = calloc(1, sizeof *m);
+    if (!m) return mt_err_set(err, MT_ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->k = k;
+    m->Bmax = max_micro_batch;
+    m->T = cfg->training.seq_length;
+    m->L = cfg->model.num_layers;
+    m->H = cfg->model.hidden_size;
+    m->nh = cfg->model.num_attention_heads;
+    m->ng = cfg->model.num_query_groups;
+    m->hd = cfg->model.kv_channels;
+    m->Q = m->nh * m->hd;
+    m->KV = m->ng * m->hd;
+    m->F = cfg->model.ffn_hidden_size;
+    m->V = cfg->model.vocab_size;
+    m->bf16 = streq(cfg->precision.params_dtype, "bf16");
+    m->tied = !cfg->model.untie_embeddings_and_output_weights;
+    m->qk_norm = cfg->model.qk_layernorm;
+    m->eps = (float)cfg->model.norm_epsilon;
+    m->theta = (float)cfg->model.rotary_base;
+
+    int rc = MT_ENOMEM;
+    m->moe_of_layer = calloc((size_t)m->L, sizeof(int));
+    m->lt = calloc((size_t)m->L, sizeof *m->lt);
+    m->la = calloc((size_t)m->L, sizeof *m->la);
+    m->res = calloc((size_t)m->L + 1, sizeof(float *));
+    if (!m->moe_of_layer || !m->lt || !m->la || !m->res) goto fail;
+    for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
+    if (m->nmoe > 0) {
+        const struct mt_config_moe *mo = &cfg->moe;
+        m->E = mo->num_experts;
+        m->Fe = mo->moe_ffn_hidden_size;
+        m->Fs = mo->shared_expert_intermediate_size;
+        m->topk = mo->router_topk;
+        m->router = (struct mt_router_args){
+            .num_tokens = 0, .num_experts = m->E, .topk = m->topk,
+            .score_fn = streq(mo->router_score_function, "sigmoid") ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX,
+            .pre_softmax = mo->router_pre_softmax,
+            .scaling_factor = (float)mo->router_topk_scaling_factor};
+        m->balance = streq(mo->router_load_balancing_type, "aux_loss")       ? MT_BALANCE_AUX
+                     : streq(mo->router_load_balancing_type, "seq_aux_loss") ? MT_BALANCE_SEQ_AUX
+                                                                             : MT_BALANCE_NONE;
+        m->aux_coeff = (float)mo->aux_loss_coeff;
+        m->z_coeff = (float)mo->z_loss_coeff;
+        m->capacity_factor = mo->expert_capacity_factor;
+        m->pad_to_capacity = mo->pad_expert_input_to_capacity;
+        m->drop_policy = streq(mo->token_drop_policy, "position") ? MT_DROP_POSITION : MT_DROP_PROBS;
+        m->force_balance = mo->router_force_load_balancing;
+        m->expert_bias_on = mo->router_enable_expert_bias;
+        m->bias_rate = (float)mo->router_bias_update_rate;
+        long long nk = (long long)m->Bmax * m->T * m->topk;
+        m->rows_max = (int)nk;
+        if (m->capacity_factor > 0.0) {
+            long long padded = (long long)m->E * capacity_for(m, (long long)m->Bmax * m->T);
+            if (padded > m->rows_max) m->rows_max = (int)padded;
+        }
+        m->expert_bias = calloc((size_t)m->nmoe * m->E, sizeof(float));
+        m->expert_counts = calloc((size_t)m->nmoe * m->E, sizeof(long long));
+        m->host_kept = calloc((size_t)m->E, sizeof(int64_t));
+        if (!m->expert_bias || !m->expert_counts || !m->host_kept) goto fail;
+    }
+    m->host_tokens = calloc((size_t)2 * m->Bmax * m->T, sizeof(int32_t));
+    if (!m->host_tokens) goto fail;
+
+    int max_tensors = 3 + m->L * 16;
+    m->tensors = calloc((size_t)max_tensors, sizeof *m->tensors);
+    m->names = calloc((size_t)max_tensors, NAME_MAX_LEN);
+    m->std_of = calloc((size_t)max_tensors, sizeof(float));
+    if (!m->tensors || !m->names || !m->std_of) goto fail;
+    build_tensors(m);
+
+    const struct mt_kernel_ops *o = &k->op;
+    m->params = o->alloc(k->ctx, sizeof(float) * m->nparams);
+    m->grads = o->alloc(k->ctx, sizeof(float) * m->nparams);
+    m->work = m->bf16 ? o->alloc(k->ctx, sizeof(float) * m->nparams) : m->params;
+    if (!m->params || !m->grads || !m->work) goto fail;
+    o->memset(k->ctx, m->params, 0, sizeof(float) * m->nparams);
+    o->memset(k->ctx, m->grads, 0, sizeof(float) * m->nparams);
+
+    struct arena a = {NULL, 0};
+    layout_acts(m, &a);
+    m->acts_bytes = a.off;
+    struct arena s = {NULL, 0};
+    layout_scratch(m, &s);
+    m->scratch_bytes = s.off;
+    m->acts = o->alloc(k->ctx, m->acts_bytes);
+    m->scratch = o->alloc(k->ctx, m->scratch_bytes);
+    if (!m->acts || !m->scratch) goto fail;
+    a = (struct arena){m->acts, 0};
+    layout_acts(m, &a);
+    s = (struct arena){m->scratch, 0};
+    layout_scratch(m, &s);
+    mt_model_params_updated(m);
+    *out = m;
+    return MT_OK;
+fail:
+    mt_model_destroy(m);
+    return mt_err_set(err, rc, "model: out of memory (%zu parameters, batch %d x %d tokens)",
+                      m ? m->nparams : 0, max_micro_batch, cfg->training.seq_length);
+}
+
+void mt_model_destroy(struct mt_model *m)
+{
+    if (!m) return;
+    const struct mt_kernel_ops *o = &m->k->op;
+    if (m->work && m->work != m->params) o->free(m->k->ctx, m->work);
+    if (m->params) o->free(m->k->ctx, m->params);
+    if (m->grads) o->free(m->k->ctx, m->grads);
+    if (m->acts) o->free(m->k->ctx, m->acts);
+    if (m->scratch) o->free(m->k->ctx, m->scratch);
+    free(m->moe_of_layer);
+    free(m->lt);
+    free(m->la);
+    free(m->res);
+    free(m->expert_bias);
+    free(m->expert_counts);
+    free(m->host_kept);
+    free(m->host_tokens);
+    free(m->tensors);
+    free(m->names);
+    free(m->std_of);
+    free(m);
+}
+
+size_t mt_model_num_params(const struct mt_model *m) { return m->nparams; }
+int mt_model_num_tensors(const struct mt_model *m) { return m->ntensors; }
+
+const struct mt_param_info *mt_model_tensor(const struct mt_model *m, int i)
+{
+    return i >= 0 && i < m->ntensors ? &m->tensors[i] : NULL;
+}
+
+float *mt_model_params(struct mt_model *m) { return m->params; }
+float *mt_model_grads(struct mt_model *m) { return m->grads; }
+
+float *mt_model_buffers(struct mt_model *m, size_t *n)
+{
+    *n = m->expert_bias_on ? (size_t)m->nmoe * m->E : 0;
+    return m->expert_bias_on ? m->expert_bias : NULL;
+}
+
+/* ------------------------------------------------------------ init and updates */
+
+void mt_model_init(struct mt_model *m, unsigned long long seed)
+{
+    float *host = malloc(sizeof(float) * m->nparams);
+    if (!host) abort(); /* same size as the params buffer that create() already holds */
+    for (int i = 0; i < m->ntensors; i++) {
+        const struct mt_param_info *t = &m->tensors[i];
+        float *p = host + t->offset;
+        const float std = m->std_of[i];
+        const uint64_t key = mt_rng_key(seed, (uint64_t)i);
+        const long long n = (long long)t->numel;
+        if (t->no_weight_decay) { /* RMSNorm weights */
+            for (long long j = 0; j < n; j++) p[j] = 1.0f;
+            continue;
+        }
+#pragma omp parallel for schedule(static)
+        for (long long j = 0; j < n; j++) p[j] = std * mt_rng_normal(key, 0, (uint64_t)j);
+    }
+    m->k->op.copy(m->k->ctx, m->params, host, sizeof(float) * m->nparams);
+    free(host);
+    if (m->nmoe > 0) {
+        memset(m->expert_bias, 0, sizeof(float) * (size_t)m->nmoe * m->E);
+        mt_model_reset_expert_counts(m);
+    }
+    mt_model_params_updated(m);
+}
+
+void mt_model_params_updated(struct mt_model *m)
+{
+    if (m->bf16) m->k->op.bf16_round(m->k->ctx, m->work, m->params, m->nparams);
+}
+
+void mt_model_zero_grad(struct mt_model *m)
+{
+    m->k->op.memset(m->k->ctx, m->grads, 0, sizeof(float) * m->nparams);
+}
+
+int mt_model_forward_backward(struct mt_model *m, const int32_t *tokens, int B, float loss_scale,
+                              struct mt_model_stats *st, struct mt_err *err)
+{
+    return mt_model_run(m, tokens, B, true, loss_scale, st, err);
+}
+
+int mt_model_forward(struct mt_model *m, const int32_t *tokens, int B, struct mt_model_stats *st,
+                     struct mt_err *err)
+{
+    return mt_model_run(m, tokens, B, false, 0.0f, st, err);
+}
+
+int mt_model_num_moe_layers(const struct mt_model *m) { return m->nmoe; }
+
+const long long *mt_model_expert_counts(const struct mt_model *m) { return m->expert_counts; }
+
+void mt_model_reset_expert_counts(struct mt_model *m)
+{
+    if (m->nmoe > 0) memset(m->expert_counts, 0, sizeof(long long) * (size_t)m->nmoe * m->E);
+}
+
+void mt_model_update_expert_bias(struct mt_model *m)
+{
+    if (!m->expert_bias_on) return;
+    for (int i = 0; i < m->nmoe; i++) {
+        const long long *c = m->expert_counts + (size_t)i * m->E;
+        float *b = m->expert_bias + (size_t)i * m->E;
+        long long total = 0;
+        for (int e = 0; e < m->E; e++) total += c[e];
+        const double mean = (double)total / m->E;
+        for (int e = 0; e < m->E; e++) {
+            double off = mean - (double)c[e];
+            b[e] += m->bias_rate * (float)((off > 0) - (off < 0));
+        }
+    }
+}
+
+void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
+{
+    r->params = sizeof(float) * m->nparams;
+    r->grads = sizeof(float) * m->nparams;
+    r->working_copy = m->bf16 ? sizeof(float) * m->nparams : 0;
+    r->activations = m->acts_bytes;
+    r->scratch = m->scratch_bytes;
+    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E;
+}
+
+double mt_model_flops_per_token(const struct mt_model *m)
+{
+    /* 3 (forward, wgrad, dgrad) x 2 (FMA) x per-token GEMM sizes; SwiGLU stacks 3
+     * matrices per MLP; causal attention counts half of the T x T scores. */
+    const double H = m->H, Q = m->Q, KV = m->KV, T = m->T;
+    const double dense = (double)(m->L - m->nmoe), moe = m->nmoe;
+    const double mlp = H * (m->F * 3.0 * dense + (m->Fe * (double)m->topk * 3.0 + m->Fs * 3.0) * moe);
+    const double attn = H * (Q + 2.0 * KV) + Q * T / 2.0 * 2.0 + Q * H;
+    return 6.0 * (mlp + attn * m->L + H * m->V);
+}
+
+int mt_model_capacity(const struct mt_model *m, long long N)
+{
+    return m->capacity_factor > 0.0 ? capacity_for(m, N) : 0;
+}

@@ -1,0 +1,14 @@
+# tests/kernels: the CPU reference backend, op by op (included from kernels/cpu/local.mk).
+KERNEL_TEST_LIBS = libmt_kernels.la libmt_util.la $(MT_LIBS) $(cmocka_LIBS)
+
+check_PROGRAMS += tests/kernels/test_ops_fd tests/kernels/test_bf16
+TESTS += tests/kernels/test_ops_fd tests/kernels/test_bf16
+noinst_HEADERS += tests/kernels/fd.h
+
+tests_kernels_test_ops_fd_SOURCES = tests/kernels/test_ops_fd.c
+tests_kernels_test_ops_fd_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_kernels_test_ops_fd_LDADD = $(KERNEL_TEST_LIBS)
+
+tests_kernels_test_bf16_SOURCES = tests/kernels/test_bf16.c
+tests_kernels_test_bf16_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_kernels_test_bf16_LDADD = $(KERNEL_TEST_LIBS)

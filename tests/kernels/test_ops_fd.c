@@ -1,0 +1,658 @@
+/* Every op's backward against central finite differences (tests/kernels/fd.h), on
+ * small random shapes that are never square or symmetric, so a transposed or
+ * mis-strided gradient cannot pass by accident.
+ *
+ * Error bounds (norm-based relative error, see fd.h). The forward runs in fp32 and the
+ * loss is summed in double, so a central difference with step h carries
+ *   roundoff   ~ eps32 * |L| / h   (eps32 = 6e-8; |L| = O(1..10) here)
+ *   truncation ~ h^2 * |L'''| / 6.
+ * Ops linear in the checked input (gemm, grouped_gemm, embedding, rope, permute,
+ * unpermute) have no truncation error: h = 1e-2 gives ~1e-5, bound 1e-3.
+ * Smooth nonlinear ops (rmsnorm, attention, swiglu, router, losses) use h = 1e-3:
+ * roundoff ~1e-4 relative and truncation ~1e-6, bound 5e-3. The balancing and z
+ * losses return a single fp32 scalar of O(0.1) with small gradients, so their roundoff
+ * is relatively larger: h = 1e-2 (truncation ~1e-4), same bound. A wrong sign, a
+ * missing term or a transposition gives errors of order 1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/kernels.h"
+#include "tests/kernels/fd.h"
+
+#define TOL_LINEAR 1e-3
+#define TOL_SMOOTH 5e-3
+#define H_LINEAR 1e-2f
+#define H_SMOOTH 1e-3f
+#define H_LOSS 1e-2f
+#define SAMPLES 60
+
+static const struct mt_kernels *K;
+static struct mt_kernel_ops O;
+
+static float *fnew(size_t n, float scale, uint64_t stream)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    assert_non_null(p);
+    if (scale != 0.0f) fd_randn(p, n, scale, stream);
+    return p;
+}
+
+static void check(const char *what, fd_loss_fn f, void *st, float *x, const float *g, size_t n,
+                  float h, double tol)
+{
+    int checked = 0;
+    double err = fd_rel_error(f, st, x, g, n, h, SAMPLES, &checked);
+    printf("# %-40s rel err %.2e over %d elements (bound %.0e)\n", what, err, checked, tol);
+    assert_true(checked > 0);
+    assert_true(err < tol);
+}
+
+/* ------------------------------------------------------------------ gemm */
+struct gemm_st {
+    bool ta, tb;
+    int M, N, K;
+    float *A, *B, *C, *W, alpha, beta, *C0;
+};
+
+static double gemm_loss(void *p)
+{
+    struct gemm_st *s = p;
+    memcpy(s->C, s->C0, sizeof(float) * (size_t)s->M * s->N);
+    O.gemm(K->ctx, s->ta, s->tb, s->M, s->N, s->K, s->alpha, s->A, s->ta ? s->M : s->K, s->B,
+           s->tb ? s->K : s->N, s->beta, s->C, s->N);
+    return fd_dot(s->W, s->C, (size_t)s->M * s->N);
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        struct gemm_st s = {.ta = mode & 1, .tb = mode & 2, .M = 5, .N = 7, .K = 3,
+                            .alpha = 0.7f, .beta = 0.3f};
+        s.A = fnew(15, 1, 1);
+        s.B = fnew(21, 1, 2);
+        s.C0 = fnew(35, 1, 3);
+        s.C = fnew(35, 0, 0);
+        s.W = fnew(35, 1, 4);
+        /* backward of C = alpha op(A) op(B): dop(A) = alpha dC op(B)^T, dop(B) = alpha op(A)^T dC,
+         * written with gemm itself in the layout A and B are stored in */
+        float *dA = fnew(15, 0, 0), *dB = fnew(21, 0, 0);
+        if (!s.ta) /* A (M,K): dA = dC op(B)^T */
+            O.gemm(K->ctx, false, !s.tb, 5, 3, 7, s.alpha, s.W, 7, s.B, s.tb ? 3 : 7, 0, dA, 3);
+        else /* A (K,M): dA = op(B) dC^T */
+            O.gemm(K->ctx, s.tb, true, 3, 5, 7, s.alpha, s.B, s.tb ? 3 : 7, s.W, 7, 0, dA, 5);
+        if (!s.tb) /* B (K,N): dB = op(A)^T dC */
+            O.gemm(K->ctx, !s.ta, false, 3, 7, 5, s.alpha, s.A, s.ta ? 5 : 3, s.W, 7, 0, dB, 7);
+        else /* B (N,K): dB = dC^T op(A) */
+            O.gemm(K->ctx, true, s.ta, 7, 3, 5, s.alpha, s.W, 7, s.A, s.ta ? 5 : 3, 0, dB, 3);
+        check("gemm dA", gemm_loss, &s, s.A, dA, 15, H_LINEAR, TOL_LINEAR);
+        check("gemm dB", gemm_loss, &s, s.B, dB, 21, H_LINEAR, TOL_LINEAR);
+        /* dC_in = beta W */
+        float *dC0 = fnew(35, 0, 0);
+        for (int i = 0; i < 35; i++) dC0[i] = s.beta * s.W[i];
+        check("gemm dC(beta)", gemm_loss, &s, s.C0, dC0, 35, H_LINEAR, TOL_LINEAR);
+        free(s.A); free(s.B); free(s.C0); free(s.C); free(s.W); free(dA); free(dB); free(dC0);
+    }
+}
+
+/* ---------------------------------------------------------- grouped gemm */
+struct gg_st {
+    int G, N, K, rows;
+    int32_t off[5];
+    float *X, *Wt, *Y, *Wo;
+};
+
+static double gg_loss(void *p)
+{
+    struct gg_st *s = p;
+    O.grouped_gemm(K->ctx, false, true, s->G, s->off, 0, s->N, s->K, 1.0f, s->X, s->Wt, 0.0f, s->Y);
+    return fd_dot(s->Wo, s->Y, (size_t)s->rows * s->N);
+}
+
+static void test_grouped_gemm(void **state)
+{
+    (void)state;
+    /* 4 experts with 3, 0, 5, 1 rows (one empty group); slabs (N,K) = (6,4) */
+    struct gg_st s = {.G = 4, .N = 6, .K = 4, .rows = 9, .off = {0, 3, 3, 8, 9}};
+    s.X = fnew(9 * 4, 1, 10);
+    s.Wt = fnew(4 * 6 * 4, 1, 11);
+    s.Y = fnew(9 * 6, 0, 0);
+    s.Wo = fnew(9 * 6, 1, 12);
+    float *dX = fnew(9 * 4, 0, 0), *dW = fnew(4 * 6 * 4, 1, 13), *dW0 = fnew(4 * 6 * 4, 0, 0);
+    memcpy(dW0, dW, sizeof(float) * 96);
+    /* dgrad: dX_g (m,K) = dY_g (m,N) W_g (N,K) */
+    O.grouped_gemm(K->ctx, false, false, s.G, s.off, 0, s.K, s.N, 1.0f, s.Wo, s.Wt, 0.0f, dX);
+    /* wgrad accumulates: dW_g (N,K) += dY_g^T X_g */
+    O.grouped_gemm(K->ctx, true, false, s.G, s.off, s.N, s.K, 0, 1.0f, s.Wo, s.X, 1.0f, dW);
+    for (int i = 0; i < 96; i++) dW[i] -= dW0[i];
+    /* the empty expert's slab got no gradient and kept its accumulator */
+    for (int i = 24; i < 48; i++) assert_true(dW[i] == 0.0f);
+    check("grouped_gemm dX", gg_loss, &s, s.X, dX, 36, H_LINEAR, TOL_LINEAR);
+    check("grouped_gemm dW", gg_loss, &s, s.Wt, dW, 96, H_LINEAR, TOL_LINEAR);
+    free(s.X); free(s.Wt); free(s.Y); free(s.Wo); free(dX); free(dW); free(dW0);
+}
+
+/* ------------------------------------------------------------- embedding */
+struct emb_st {
+    int N, C;
+    int32_t tok[7];
+    float *wte, *out, *w;
+};
+
+static double emb_loss(void *p)
+{
+    struct emb_st *s = p;
+    O.embedding_fwd(K->ctx, s->out, s->tok, s->wte, s->N, s->C);
+    return fd_dot(s->w, s->out, (size_t)s->N * s->C);
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    struct emb_st s = {.N = 7, .C = 5, .tok = {3, 0, 3, 8, 1, 3, 0}};
+    s.wte = fnew(9 * 5, 1, 20);
+    s.out = fnew(35, 0, 0);
+    s.w = fnew(35, 1, 21);
+    float *dwte = fnew(45, 0, 0);
+    O.embedding_bwd(K->ctx, dwte, s.w, s.tok, s.N, s.C);
+    check("embedding dwte", emb_loss, &s, s.wte, dwte, 45, H_LINEAR, TOL_LINEAR);
+    free(s.wte); free(s.out); free(s.w); free(dwte);
+}
+
+/* --------------------------------------------------------------- rmsnorm */
+struct rms_st {
+    int N, C;
+    float *x, *wt, *out, *rstd, *w;
+};
+
+static double rms_loss(void *p)
+{
+    struct rms_st *s = p;
+    O.rmsnorm_fwd(K->ctx, s->out, s->rstd, s->x, s->wt, s->N, s->C, 1e-6f);
+    return fd_dot(s->w, s->out, (size_t)s->N * s->C);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    int shapes[][2] = {{6, 5}, {3, 16}};
+    for (int i = 0; i < 2; i++) {
+        struct rms_st s = {.N = shapes[i][0], .C = shapes[i][1]};
+        size_t n = (size_t)s.N * s.C;
+        s.x = fnew(n, 1, 30);
+        s.wt = fnew((size_t)s.C, 0.5f, 31);
+        for (int c = 0; c < s.C; c++) s.wt[c] += 1.0f;
+        s.out = fnew(n, 0, 0);
+        s.rstd = fnew((size_t)s.N, 0, 0);
+        s.w = fnew(n, 1, 32);
+        float *dx = fnew(n, 0, 0), *dw = fnew((size_t)s.C, 0, 0);
+        rms_loss(&s);
+        O.rmsnorm_bwd(K->ctx, dx, dw, s.w, s.x, s.wt, s.rstd, s.N, s.C);
+        check("rmsnorm dx", rms_loss, &s, s.x, dx, n, H_SMOOTH, TOL_SMOOTH);
+        check("rmsnorm dw", rms_loss, &s, s.wt, dw, (size_t)s.C, H_SMOOTH, TOL_SMOOTH);
+        free(s.x); free(s.wt); free(s.out); free(s.rstd); free(s.w); free(dx); free(dw);
+    }
+}
+
+/* ------------------------------------------------------------------ rope */
+struct rope_st {
+    int B, T, H, D;
+    float *x, *out, *w;
+};
+
+static double rope_loss(void *p)
+{
+    struct rope_st *s = p;
+    O.rope_fwd(K->ctx, s->out, s->x, s->B, s->T, s->H, s->D, 100.0f);
+    return fd_dot(s->w, s->out, (size_t)s->B * s->T * s->H * s->D);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    struct rope_st s = {.B = 2, .T = 5, .H = 3, .D = 6};
+    size_t n = 2 * 5 * 3 * 6;
+    s.x = fnew(n, 1, 40);
+    s.out = fnew(n, 0, 0);
+    s.w = fnew(n, 1, 41);
+    float *dx = fnew(n, 0, 0);
+    memcpy(dx, s.w, sizeof(float) * n);
+    O.rope_bwd(K->ctx, dx, dx, s.B, s.T, s.H, s.D, 100.0f); /* in place, as documented */
+    check("rope dx", rope_loss, &s, s.x, dx, n, H_LINEAR, TOL_LINEAR);
+    /* position 0 is the identity; rotate-half pairs element i with i + D/2 */
+    rope_loss(&s);
+    for (int i = 0; i < 18; i++) assert_true(s.out[i] == s.x[i]);
+    float xt[6] = {1, 0, 0, 0, 0, 0}, ot[6];
+    float *big = fnew(2 * 6, 0, 0);
+    memcpy(big + 6, xt, sizeof xt); /* T = 2, position 1 */
+    O.rope_fwd(K->ctx, big, big, 1, 2, 1, 6, 100.0f);
+    memcpy(ot, big + 6, sizeof ot);
+    assert_true(fabsf(ot[0] - cosf(1.0f)) < 1e-6f && fabsf(ot[3] - sinf(1.0f)) < 1e-6f);
+    free(s.x); free(s.out); free(s.w); free(dx); free(big);
+}
+
+/* ------------------------------------------------------------- attention */
+struct att_st {
+    int B, T, Hq, Hkv, D;
+    float *q, *k, *v, *out, *att, *w;
+};
+
+static double att_loss(void *p)
+{
+    struct att_st *s = p;
+    O.attention_fwd(K->ctx, s->out, s->att, s->q, s->k, s->v, s->B, s->T, s->Hq, s->Hkv, s->D);
+    return fd_dot(s->w, s->out, (size_t)s->B * s->T * s->Hq * s->D);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    /* GQA with 2 groups of 2, head_dim 3; MQA (3 heads, 1 group) with D 4; MHA */
+    int shapes[][5] = {{2, 5, 4, 2, 3}, {1, 4, 3, 1, 4}, {2, 3, 2, 2, 5}};
+    for (int i = 0; i < 3; i++) {
+        struct att_st s = {shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4],
+                           0, 0, 0, 0, 0, 0};
+        size_t nq = (size_t)s.B * s.T * s.Hq * s.D, nk = (size_t)s.B * s.T * s.Hkv * s.D;
+        s.q = fnew(nq, 1, 50);
+        s.k = fnew(nk, 1, 51);
+        s.v = fnew(nk, 1, 52);
+        s.out = fnew(nq, 0, 0);
+        s.att = fnew((size_t)s.B * s.Hq * s.T * s.T, 0, 0);
+        s.w = fnew(nq, 1, 53);
+        float *dq = fnew(nq, 1, 0), *dk = fnew(nk, 1, 0), *dv = fnew(nk, 1, 0);
+        att_loss(&s);
+        O.attention_bwd(K->ctx, dq, dk, dv, s.w, s.q, s.k, s.v, s.att, s.B, s.T, s.Hq, s.Hkv, s.D);
+        check("attention dq", att_loss, &s, s.q, dq, nq, H_SMOOTH, TOL_SMOOTH);
+        check("attention dk", att_loss, &s, s.k, dk, nk, H_SMOOTH, TOL_SMOOTH);
+        check("attention dv", att_loss, &s, s.v, dv, nk, H_SMOOTH, TOL_SMOOTH);
+        /* causal: the first query sees only the first key, so out = v[0] of its group */
+        att_loss(&s);
+        for (int d = 0; d < s.D; d++) assert_true(fabsf(s.out[d] - s.v[d]) < 1e-6f);
+        free(s.q); free(s.k); free(s.v); free(s.out); free(s.att); free(s.w);
+        free(dq); free(dk); free(dv);
+    }
+}
+
+/* ---------------------------------------------------------------- swiglu */
+struct swi_st {
+    int N, F;
+    float *g, *u, *out, *w;
+};
+
+static double swi_loss(void *p)
+{
+    struct swi_st *s = p;
+    O.swiglu_fwd(K->ctx, s->out, s->g, s->u, s->N, s->F);
+    return fd_dot(s->w, s->out, (size_t)s->N * s->F);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    struct swi_st s = {.N = 4, .F = 7};
+    s.g = fnew(28, 2, 60);
+    s.u = fnew(28, 1, 61);
+    s.out = fnew(28, 0, 0);
+    s.w = fnew(28, 1, 62);
+    float *dg = fnew(28, 0, 0), *du = fnew(28, 0, 0);
+    O.swiglu_bwd(K->ctx, dg, du, s.w, s.g, s.u, s.N, s.F);
+    check("swiglu dgate", swi_loss, &s, s.g, dg, 28, H_SMOOTH, TOL_SMOOTH);
+    check("swiglu dup", swi_loss, &s, s.u, du, 28, H_SMOOTH, TOL_SMOOTH);
+    free(s.g); free(s.u); free(s.out); free(s.w); free(dg); free(du);
+}
+
+/* ---------------------------------------------------------------- router */
+struct router_st {
+    struct mt_router_args a;
+    float *logits, *bias, *prob, *w;
+    int32_t *idx, *idx0;
+};
+
+static double router_loss(void *p)
+{
+    struct router_st *s = p;
+    size_t nk = (size_t)s->a.num_tokens * s->a.topk;
+    O.router_fwd(K->ctx, &s->a, s->logits, s->bias, s->idx, s->prob);
+    if (memcmp(s->idx, s->idx0, sizeof(int32_t) * nk) != 0) fd_unstable = 1;
+    return fd_dot(s->w, s->prob, nk);
+}
+
+static void test_router(void **state)
+{
+    (void)state;
+    struct { enum mt_score_fn fn; bool pre; int k; float sf; bool bias; } cases[] = {
+        {MT_SCORE_SOFTMAX, true, 2, 0.0f, false},
+        {MT_SCORE_SOFTMAX, false, 3, 2.5f, false},
+        {MT_SCORE_SOFTMAX, true, 1, 1.0f, false},
+        {MT_SCORE_SIGMOID, false, 2, 0.0f, true},
+        {MT_SCORE_SIGMOID, false, 1, 1.5f, true},
+        {MT_SCORE_SIGMOID, false, 3, 0.0f, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int N = 6, E = 5, k = cases[c].k;
+        struct router_st s = {.a = {N, E, k, cases[c].fn, cases[c].pre, cases[c].sf}};
+        s.logits = fnew((size_t)N * E, 1.5f, 70 + c);
+        s.bias = cases[c].bias ? fnew((size_t)E, 0.3f, 80) : NULL;
+        s.prob = fnew((size_t)N * k, 0, 0);
+        s.w = fnew((size_t)N * k, 1, 81);
+        s.idx = calloc((size_t)N * k, sizeof(int32_t));
+        s.idx0 = calloc((size_t)N * k, sizeof(int32_t));
+        O.router_fwd(K->ctx, &s.a, s.logits, s.bias, s.idx0, s.prob);
+        /* selection is by score (+ bias), best first */
+        for (int n = 0; n < N; n++)
+            for (int j = 1; j < k; j++) {
+                const float *l = s.logits + n * E;
+                int a0 = s.idx0[n * k + j - 1], a1 = s.idx0[n * k + j];
+                float b0 = s.bias ? s.bias[a0] : 0, b1 = s.bias ? s.bias[a1] : 0;
+                float k0 = cases[c].fn == MT_SCORE_SIGMOID ? 1 / (1 + expf(-l[a0])) + b0 : l[a0];
+                float k1 = cases[c].fn == MT_SCORE_SIGMOID ? 1 / (1 + expf(-l[a1])) + b1 : l[a1];
+                assert_true(k0 >= k1);
+            }
+        float *dl = fnew((size_t)N * E, 0, 0);
+        O.router_bwd(K->ctx, &s.a, dl, s.w, s.logits, s.idx0);
+        char name[64];
+        snprintf(name, sizeof name, "router case %zu dlogits", c);
+        check(name, router_loss, &s, s.logits, dl, (size_t)N * E, H_SMOOTH, TOL_SMOOTH);
+        free(s.logits); free(s.bias); free(s.prob); free(s.w); free(s.idx); free(s.idx0); free(dl);
+    }
+}
+
+/* ------------------------------------------------------- aux and z losses */
+struct aux_st {
+    int N, E, k, nseq;
+    enum mt_score_fn fn;
+    float *logits, *counts, *counts0, coeff;
+};
+
+static double aux_loss(void *p)
+{
+    struct aux_st *s = p;
+    float loss;
+    O.aux_loss_fwd(K->ctx, &loss, s->counts, s->logits, s->N, s->E, s->k, s->fn, s->nseq, s->coeff);
+    if (memcmp(s->counts, s->counts0, sizeof(float) * (size_t)s->nseq * s->E) != 0) fd_unstable = 1;
+    return loss;
+}
+
+static void test_aux_loss(void **state)
+{
+    (void)state;
+    for (int c = 0; c < 4; c++) {
+        struct aux_st s = {.N = 8, .E = 6, .k = 2, .nseq = c & 1 ? 2 : 1,
+                           .fn = c & 2 ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX, .coeff = 0.3f};
+        s.logits = fnew(48, 1.5f, 90 + c);
+        s.counts = fnew((size_t)s.nseq * 6, 0, 0);
+        s.counts0 = fnew((size_t)s.nseq * 6, 0, 0);
+        float loss;
+        O.aux_loss_fwd(K->ctx, &loss, s.counts0, s.logits, s.N, s.E, s.k, s.fn, s.nseq, s.coeff);
+        /* every token picks k experts in its sequence */
+        for (int q = 0; q < s.nseq; q++) {
+            float tot = 0;
+            for (int e = 0; e < 6; e++) tot += s.counts0[q * 6 + e];
+            assert_true(tot == (float)(s.N / s.nseq * s.k));
+        }
+        float *dl = fnew(48, 0, 0);
+        O.aux_loss_bwd(K->ctx, dl, 1.0f, s.counts0, s.logits, s.N, s.E, s.fn, s.nseq, s.k, s.coeff);
+        char name[64];
+        snprintf(name, sizeof name, "aux_loss %s seqs=%d", c & 2 ? "sigmoid" : "softmax", s.nseq);
+        check(name, aux_loss, &s, s.logits, dl, 48, H_LOSS, TOL_SMOOTH);
+        free(s.logits); free(s.counts); free(s.counts0); free(dl);
+    }
+    /* uniform scores and perfectly balanced counts give loss = coeff (Switch's optimum) */
+    float lg[8 * 4] = {0}, cnt[4], loss;
+    for (int n = 0; n < 8; n++) lg[n * 4 + (n % 4)] = 1e-4f; /* top-1 spreads evenly */
+    O.aux_loss_fwd(K->ctx, &loss, cnt, lg, 8, 4, 1, MT_SCORE_SOFTMAX, 1, 0.5f);
+    assert_true(fabsf(loss - 0.5f) < 1e-4f);
+}
+
+struct z_st {
+    int N, E;
+    float *logits, *lse;
+};
+
+static double z_loss(void *p)
+{
+    struct z_st *s = p;
+    float loss;
+    O.z_loss_fwd(K->ctx, &loss, s->lse, s->logits, s->N, s->E, 0.01f);
+    return loss;
+}
+
+static void test_z_loss(void **state)
+{
+    (void)state;
+    struct z_st s = {.N = 7, .E = 5};
+    s.logits = fnew(35, 2, 95);
+    s.lse = fnew(7, 0, 0);
+    z_loss(&s);
+    float *dl = fnew(35, 0, 0);
+    O.z_loss_bwd(K->ctx, dl, 1.0f, s.lse, s.logits, s.N, s.E, 0.01f);
+    check("z_loss dlogits", z_loss, &s, s.logits, dl, 35, H_LOSS, TOL_SMOOTH);
+    free(s.logits); free(s.lse); free(dl);
+}
+
+/* ------------------------------------------- dispatch: plan, permute, unpermute */
+static void plan_alloc(struct mt_dispatch_plan *p, int N, int E, int k, int rows_max)
+{
+    p->offsets = calloc((size_t)E + 1, sizeof(int32_t));
+    p->row_slot = calloc((size_t)rows_max, sizeof(int32_t));
+    p->slot_row = calloc((size_t)N * k, sizeof(int32_t));
+    p->kept = calloc((size_t)E, sizeof(int64_t));
+}
+
+static void plan_free(struct mt_dispatch_plan *p)
+{
+    free(p->offsets); free(p->row_slot); free(p->slot_row); free(p->kept);
+}
+
+static void test_dispatch_plan(void **state)
+{
+    (void)state;
+    /* 5 tokens, 3 experts, top-2. Expert 0 is picked by tokens 0,1,3,4. */
+    const int32_t idx[10] = {0, 1, 0, 2, 1, 2, 2, 0, 0, 1};
+    const float prob[10] = {.3f, .7f, .9f, .1f, .6f, .4f, .5f, .5f, .8f, .2f};
+    struct mt_dispatch_plan p;
+    plan_alloc(&p, 5, 3, 2, 12); /* up to 3 experts x capacity 4 rows */
+    /* dropless: rows expert-major, tokens ascending */
+    assert_int_equal(O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 0, MT_DROP_PROBS, false), 0);
+    const int32_t want_rows[10] = {0, 2, 7, 8, 1, 4, 9, 3, 5, 6};
+    assert_memory_equal(p.row_slot, want_rows, sizeof want_rows);
+    assert_int_equal(p.offsets[1], 4);
+    assert_int_equal(p.offsets[3], 10);
+    for (int s = 0; s < 10; s++) assert_int_equal(p.row_slot[p.slot_row[s]], s);
+    /* capacity 2, probs: expert 0 (tokens 0 .3, 1 .9, 3 .5, 4 .8) keeps tokens 1 and 4 */
+    long long dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 2, MT_DROP_PROBS, false);
+    /* expert 1 (tokens 0 .7, 2 .6, 4 .2) keeps 0, 2; expert 2 (1 .1, 2 .4, 3 .5) keeps 2, 3 */
+    assert_int_equal(dropped, 4);
+    const int32_t want_probs[6] = {2, 8, 1, 4, 5, 6};
+    assert_memory_equal(p.row_slot, want_probs, sizeof want_probs);
+    assert_int_equal(p.slot_row[0], -1);
+    assert_int_equal(p.slot_row[9], -1);
+    /* capacity 2, position: earliest tokens win */
+    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 2, MT_DROP_POSITION, false);
+    assert_int_equal(dropped, 4);
+    const int32_t want_pos[6] = {0, 2, 1, 4, 3, 5};
+    assert_memory_equal(p.row_slot, want_pos, sizeof want_pos);
+    /* capacity 3 with padding: every expert gets 3 rows, expert 0 drops token 4 (pos) */
+    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 3, MT_DROP_POSITION, true);
+    assert_int_equal(dropped, 1);
+    const int32_t want_pad[9] = {0, 2, 7, 1, 4, 9, 3, 5, 6};
+    assert_memory_equal(p.row_slot, want_pad, sizeof want_pad);
+    /* capacity 4 with padding: expert 1 and 2 get a padding row */
+    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 4, MT_DROP_PROBS, true);
+    assert_int_equal(dropped, 0);
+    assert_int_equal(p.offsets[3], 12);
+    assert_int_equal(p.row_slot[7], -1);
+    assert_int_equal(p.row_slot[11], -1);
+    assert_int_equal(p.kept[1], 3);
+    plan_free(&p);
+}
+
+/* permute -> per-row nonsymmetric map -> unpermute, with the plan fixed */
+struct disp_st {
+    int N, E, k, C, rows;
+    struct mt_dispatch_plan p;
+    float *x, *prob, *xp, *yp, *scale, *out, *w;
+};
+
+static double disp_loss(void *ps)
+{
+    struct disp_st *s = ps;
+    O.permute_fwd(K->ctx, s->xp, s->x, s->p.row_slot, s->rows, s->k, s->C);
+    for (int r = 0; r < s->rows; r++)
+        for (int c = 0; c < s->C; c++)
+            s->yp[r * s->C + c] = s->xp[r * s->C + c] * s->scale[r * s->C + c] + s->xp[r * s->C];
+    O.unpermute_fwd(K->ctx, s->out, s->yp, s->p.slot_row, s->prob, s->N, s->k, s->C);
+    return fd_dot(s->w, s->out, (size_t)s->N * s->C);
+}
+
+static void test_permute_unpermute(void **state)
+{
+    (void)state;
+    struct { int cap; enum mt_drop_policy pol; bool pad; } cases[] = {
+        {0, MT_DROP_PROBS, false}, {3, MT_DROP_PROBS, false}, {3, MT_DROP_POSITION, true},
+        {5, MT_DROP_PROBS, true},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct disp_st s = {.N = 7, .E = 4, .k = 2, .C = 3};
+        int32_t *idx = calloc(14, sizeof(int32_t));
+        s.prob = fnew(14, 0, 0);
+        for (int n = 0; n < 7; n++) { /* experts (n, n+1) mod 4 ... skewed towards 0 */
+            idx[n * 2] = n % 2 ? 0 : n % 4;
+            idx[n * 2 + 1] = (idx[n * 2] + 1 + n % 3) % 4;
+            s.prob[n * 2] = 0.6f + 0.01f * n;
+            s.prob[n * 2 + 1] = 0.4f - 0.02f * n;
+        }
+        int rows_max = 14 > 4 * cases[c].cap ? 14 : 4 * cases[c].cap;
+        plan_alloc(&s.p, 7, 4, 2, rows_max);
+        long long dropped = O.dispatch_plan(K->ctx, &s.p, idx, s.prob, 7, 4, 2, cases[c].cap,
+                                            cases[c].pol, cases[c].pad);
+        if (cases[c].cap == 3) assert_true(dropped > 0);
+        s.rows = s.p.offsets[4];
+        s.x = fnew(21, 1, 100);
+        s.xp = fnew((size_t)s.rows * 3, 0, 0);
+        s.yp = fnew((size_t)s.rows * 3, 0, 0);
+        s.scale = fnew((size_t)s.rows * 3, 1, 101);
+        s.out = fnew(21, 0, 0);
+        s.w = fnew(21, 1, 102);
+        disp_loss(&s);
+        /* backward by hand through the row map, then permute_bwd */
+        float *dyp = fnew((size_t)s.rows * 3, 0, 0), *dprob = fnew(14, 0, 0);
+        float *dxp = fnew((size_t)s.rows * 3, 0, 0), *dx = fnew(21, 0, 0);
+        O.unpermute_bwd(K->ctx, dyp, dprob, s.w, s.yp, s.p.slot_row, s.prob, 7, 2, 3, s.rows);
+        for (int r = 0; r < s.rows; r++)
+            for (int cc = 0; cc < 3; cc++) {
+                dxp[r * 3 + cc] += dyp[r * 3 + cc] * s.scale[r * 3 + cc];
+                dxp[r * 3] += dyp[r * 3 + cc];
+            }
+        O.permute_bwd(K->ctx, dx, dxp, s.p.slot_row, 7, 2, 3);
+        for (int r = 0; r < s.rows; r++)
+            if (s.p.row_slot[r] < 0)
+                for (int cc = 0; cc < 3; cc++) assert_true(dyp[r * 3 + cc] == 0.0f);
+        check("permute+unpermute dx", disp_loss, &s, s.x, dx, 21, H_LINEAR, TOL_LINEAR);
+        check("unpermute dprob", disp_loss, &s, s.prob, dprob, 14, H_LINEAR, TOL_LINEAR);
+        free(idx); free(s.prob); free(s.x); free(s.xp); free(s.yp); free(s.scale); free(s.out);
+        free(s.w); free(dyp); free(dprob); free(dxp); free(dx);
+        plan_free(&s.p);
+    }
+}
+
+/* ---------------------------------------------------------- cross entropy */
+struct ce_st {
+    int N, V;
+    int32_t tgt[6];
+    float *logits, *loss, *lse;
+};
+
+static double ce_loss(void *p)
+{
+    struct ce_st *s = p;
+    O.cross_entropy_fwd(K->ctx, s->loss, s->lse, s->logits, s->tgt, s->N, s->V);
+    double sum = 0;
+    for (int n = 0; n < s->N; n++) sum += s->loss[n];
+    return sum / 5.0; /* 5 valid targets */
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    struct ce_st s = {.N = 6, .V = 9, .tgt = {3, 8, -1, 0, 3, 5}};
+    s.logits = fnew(54, 2, 110);
+    s.loss = fnew(6, 0, 0);
+    s.lse = fnew(6, 0, 0);
+    ce_loss(&s);
+    assert_true(s.loss[2] == 0.0f);
+    float *dl = fnew(54, 0, 0), *inplace = fnew(54, 0, 0);
+    O.cross_entropy_bwd(K->ctx, dl, s.logits, s.lse, s.tgt, s.N, s.V, 1.0f / 5.0f);
+    memcpy(inplace, s.logits, sizeof(float) * 54);
+    O.cross_entropy_bwd(K->ctx, inplace, inplace, s.lse, s.tgt, s.N, s.V, 1.0f / 5.0f);
+    assert_memory_equal(dl, inplace, sizeof(float) * 54);
+    check("cross_entropy dlogits", ce_loss, &s, s.logits, dl, 54, H_SMOOTH, TOL_SMOOTH);
+    free(s.logits); free(s.loss); free(s.lse); free(dl); free(inplace);
+}
+
+/* ----------------------------------------------------------------- adamw */
+static void test_adamw(void **state)
+{
+    (void)state;
+    /* three steps against the torch.optim.AdamW update written in double */
+    float p[5], m[5] = {0}, v[5] = {0}, g[5];
+    double pd[5], md[5] = {0}, vd[5] = {0};
+    fd_randn(p, 5, 1, 120);
+    for (int i = 0; i < 5; i++) pd[i] = p[i];
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+    for (int t = 1; t <= 3; t++) {
+        fd_randn(g, 5, 1, 121 + t);
+        O.adamw(K->ctx, p, g, m, v, 5, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
+                (float)gs, t);
+        for (int i = 0; i < 5; i++) {
+            double gi = g[i] * gs;
+            md[i] = b1 * md[i] + (1 - b1) * gi;
+            vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+            pd[i] *= 1 - lr * wd;
+            pd[i] -= lr / (1 - pow(b1, t)) * md[i] / (sqrt(vd[i]) / sqrt(1 - pow(b2, t)) + eps);
+        }
+    }
+    for (int i = 0; i < 5; i++) assert_true(fabs(p[i] - pd[i]) < 1e-6 * (1 + fabs(pd[i])));
+}
+
+static void test_table_complete(void **state)
+{
+    (void)state;
+    enum mt_op missing = MT_OP_COUNT;
+    assert_int_equal(mt_kernels_count_ops(K, &missing), MT_OP_COUNT);
+    for (int i = 0; i < MT_OP_COUNT; i++) {
+        assert_non_null(mt_op_names[i]);
+        for (int j = 0; j < i; j++) assert_string_not_equal(mt_op_names[i], mt_op_names[j]);
+    }
+    assert_string_equal(mt_op_names[MT_OP_GEMM], "gemm");
+    assert_string_equal(mt_op_names[MT_OP_BF16_ROUND], "bf16_round");
+}
+
+int main(void)
+{
+    K = mt_kernels_cpu();
+    O = K->op;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_table_complete),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_grouped_gemm),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_aux_loss),
+        cmocka_unit_test(test_z_loss),
+        cmocka_unit_test(test_dispatch_plan),
+        cmocka_unit_test(test_permute_unpermute),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_adamw),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
