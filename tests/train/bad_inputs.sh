@@ -7,7 +7,7 @@ expect_fail() { # expect_fail NEEDLE ARGS...: moetrain must exit 1 with NEEDLE o
     needle=$1; shift
     "$MOETRAIN" "$@" > out.log 2> err.log && { cat out.log err.log; fail "expected failure: $*"; }
     grep -q -- "$needle" err.log || { cat err.log; fail "message lacks '$needle'"; }
-    [ "$(wc -l < err.log)" -le 3 ] || { cat err.log; fail "more than one error message"; }
+    [ "$(grep -c 'error: ' err.log)" -eq 1 ] || { cat err.log; fail "expected exactly one error message"; }
 }
 "$MOETRAIN" "$small" training%train_iters=3 "checkpoint%save='ck'" > /dev/null 2>&1 || fail "setup run"
 state=ck/iter_0000003/state.bin
