@@ -1,1 +1,0 @@
-#%Module moetrain 0.1.0
