@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "config/schema.h"
+#include "model/model.h"
 #include "train/train.h"
 #include "util/error.h"
 #ifdef HAVE_CUDA
@@ -189,7 +190,7 @@ int main(int argc, char **argv)
     mt_config_defaults(cfg);
     struct mt_layout layout;
     if (mt_config_load(cfg, nfiles, files, noverrides, overrides, &err) ||
-        mt_config_resolve(cfg, world, &layout, &err))
+        mt_config_resolve(cfg, world, &layout, &err) || mt_model_check_config(cfg, &err))
         return fail(&err);
 
     int rc = 0;

@@ -23,12 +23,10 @@ static bool layer_is_moe(const struct mt_config *cfg, int l)
     return cfg->moe.layer_freq[l] != 0;
 }
 
-static int check_config(const struct mt_config *cfg, int max_micro_batch, struct mt_err *err)
+int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
 {
     const struct mt_config_model *md = &cfg->model;
     const struct mt_config_moe *mo = &cfg->moe;
-    if (max_micro_batch < 1)
-        return mt_err_set(err, MT_EINVAL, "model: max_micro_batch = %d must be >= 1", max_micro_batch);
     if (md->num_layers < 1 || md->num_layers > MT_MAX_LAYERS)
         return mt_err_set(err, MT_EINVAL, "model%%num_layers = %d must be in [1, %d]",
                           md->num_layers, MT_MAX_LAYERS);
@@ -328,7 +326,9 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
                     struct mt_model **out, struct mt_err *err)
 {
     *out = NULL;
-    MT_CHECK(check_config(cfg, max_micro_batch, err));
+    if (max_micro_batch < 1)
+        return mt_err_set(err, MT_EINVAL, "model: max_micro_batch = %d must be >= 1", max_micro_batch);
+    MT_CHECK(mt_model_check_config(cfg, err));
     enum mt_op missing;
     if (mt_kernels_count_ops(k, &missing) != MT_OP_COUNT)
         return mt_err_set(err, MT_EUNSUPPORTED, "kernel backend '%s' lacks op '%s'", k->name,

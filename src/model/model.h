@@ -63,6 +63,11 @@ struct mt_model_stats {          /* filled by forward(+backward); sums over the 
 /* cfg is already resolved and validated by the config module; the model still
  * rejects what it cannot run (MT_EINVAL / MT_EUNSUPPORTED, naming the key).
  * Activations are sized for up to max_micro_batch sequences of training%seq_length. */
+/* The model's own rules on a resolved configuration (routing combinations,
+ * supported dtypes, ...), without allocating; mt_model_create applies them too.
+ * The CLI calls this for --check and before training starts. */
+int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err);
+
 int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int max_micro_batch,
                     struct mt_model **out, struct mt_err *err);
 void mt_model_destroy(struct mt_model *m);

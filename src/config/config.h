@@ -1,0 +1,153 @@
+/* moetrain: the typed configuration, filled from namelists by the schema table
+ * (config.c). Every field here is a namelist key `&group key`; see
+ * doc/moetrain.nml.5 or `moetrain --help-keys` for meaning, defaults and ranges.
+ *
+ * After mt_config_resolve() every "derived" default (0 in the table's doc) holds
+ * its resolved value, so the struct is complete and --print-config round-trips. */
+#ifndef MT_CONFIG_CONFIG_H
+#define MT_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "util/error.h"
+
+#define MT_MAX_LAYERS 1024
+#define MT_MAX_DATA_PATHS 64
+#define MT_STR_MAX 1024
+
+struct mt_config_model {
+    int num_layers;
+    int hidden_size;
+    int num_attention_heads;
+    int num_query_groups;      /* KV heads (GQA); resolved: num_attention_heads if 0 */
+    int kv_channels;           /* head dim; resolved: hidden_size / heads if 0 */
+    int ffn_hidden_size;       /* dense MLP width; resolved: 4*hidden_size if 0 */
+    int vocab_size;
+    int max_position_embeddings;
+    double rotary_base;
+    double norm_epsilon;
+    bool qk_layernorm;
+    bool untie_embeddings_and_output_weights;
+    double init_method_std;
+};
+
+struct mt_config_moe {
+    int num_experts;                 /* 0: every layer is a dense MLP */
+    int moe_ffn_hidden_size;         /* resolved: ffn_hidden_size if 0 */
+    int router_topk;
+    char router_score_function[16];  /* softmax | sigmoid */
+    bool router_pre_softmax;
+    double router_topk_scaling_factor;
+    char router_dtype[8];            /* fp32 */
+    int layer_freq[MT_MAX_LAYERS];   /* 1 = MoE layer, 0 = dense; resolved length num_layers */
+    int layer_freq_len;
+    char router_load_balancing_type[16]; /* aux_loss | seq_aux_loss | none */
+    double aux_loss_coeff;
+    double z_loss_coeff;
+    bool router_enable_expert_bias;
+    double router_bias_update_rate;
+    bool router_force_load_balancing;
+    double expert_capacity_factor;   /* 0: dropless */
+    bool pad_expert_input_to_capacity;
+    char token_drop_policy[16];      /* probs | position */
+    int shared_expert_intermediate_size; /* 0: no shared expert */
+};
+
+struct mt_config_parallel {
+    int tensor_model_parallel_size;
+    int pipeline_model_parallel_size;
+    int virtual_pipeline_model_parallel_size;
+    int context_parallel_size;
+    int expert_model_parallel_size;
+    int expert_tensor_parallel_size; /* resolved: tensor_model_parallel_size if 0 */
+    char order[32];                  /* e.g. tp-cp-ep-dp-pp */
+};
+
+struct mt_config_training {
+    int micro_batch_size;
+    int global_batch_size;           /* resolved: micro_batch_size * dp if 0 */
+    int seq_length;
+    int train_iters;
+    int seed;
+    int eval_interval;
+    int eval_iters;
+    int exit_interval;               /* 0: never */
+};
+
+struct mt_config_optimizer {
+    double lr;
+    double min_lr;
+    char lr_decay_style[16];         /* constant | linear | cosine */
+    int lr_warmup_iters;
+    int lr_decay_iters;              /* resolved: train_iters if 0 */
+    double weight_decay;
+    double adam_beta1;
+    double adam_beta2;
+    double adam_eps;
+    double clip_grad;                /* 0: no clipping */
+};
+
+struct mt_config_precision {
+    char params_dtype[8];            /* fp32 | bf16 */
+};
+
+struct mt_config_data {
+    char data_path[MT_MAX_DATA_PATHS][MT_STR_MAX]; /* [weight] prefix [weight prefix ...] */
+    int data_path_len;
+    char split[64];                  /* e.g. 969,30,1 */
+    bool mock_data;
+    char data_cache_path[MT_STR_MAX];
+};
+
+struct mt_config_checkpoint {
+    char save[MT_STR_MAX];
+    char load[MT_STR_MAX];
+    int save_interval;
+    int keep_last;                   /* 0: keep all */
+};
+
+struct mt_config_logging {
+    int log_interval;
+    char metrics_file[MT_STR_MAX];
+    bool log_memory;
+};
+
+struct mt_config {
+    struct mt_config_model model;
+    struct mt_config_moe moe;
+    struct mt_config_parallel parallel;
+    struct mt_config_training training;
+    struct mt_config_optimizer optimizer;
+    struct mt_config_precision precision;
+    struct mt_config_data data;
+    struct mt_config_checkpoint checkpoint;
+    struct mt_config_logging logging;
+};
+
+/* Derived layout facts, computed by mt_config_resolve for a world size. */
+struct mt_layout {
+    int world_size;
+    int tp, cp, pp, vpp, ep, etp;
+    int dp;          /* world / (tp*cp*pp) */
+    int edp;         /* world / (etp*ep*pp) */
+    int num_micro_batches; /* global_batch / (micro_batch * dp) */
+};
+
+/* Fills cfg with every default. */
+void mt_config_defaults(struct mt_config *cfg);
+
+/* Loads namelist files in order, then overrides ("group%key=value"), into cfg
+ * (which should hold defaults first). Errors name file:line:col or the override. */
+int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[],
+                   int noverrides, char *const overrides[], struct mt_err *err);
+
+/* Resolves derived defaults and checks every cross-field rule for world_size
+ * processes; fills layout. Errors name the keys and the numbers involved. */
+int mt_config_resolve(struct mt_config *cfg, int world_size, struct mt_layout *layout,
+                      struct mt_err *err);
+
+/* Writes the whole configuration as namelist groups (gfortran-readable). */
+int mt_config_print(const struct mt_config *cfg, FILE *out);
+#endif
