@@ -8,6 +8,7 @@
 #include "config/config.h"
 #include "config/schema.h"
 #include "model/model.h"
+#include "runtime/groups.h"
 #include "train/train.h"
 #include "util/error.h"
 #ifdef HAVE_CUDA
@@ -200,6 +201,13 @@ int main(int argc, char **argv)
         printf("moetrain: configuration is valid for %d process%s\n", world,
                world == 1 ? "" : "es");
         print_layout(cfg, &layout);
+        {
+            struct mt_rank_layout rl;
+            if (mt_groups_build(&cfg->parallel, &layout, &rl, &err)) return fail(&err);
+            printf("groups (logical ranks):\n");
+            mt_groups_print(&rl, stdout);
+            mt_groups_free(&rl);
+        }
         break;
     case TRAIN:
         if (mt_train_run(cfg, &layout, stdout, &err)) rc = fail(&err);
