@@ -1,0 +1,30 @@
+/* moetrain: this process's place in the parallel layout, and its communicators.
+ *
+ * Built once at startup from the world, the resolved config and the placement
+ * (which logical rank each process plays; identity unless topology placement
+ * says otherwise). Model and training code reach every collective through the
+ * communicators here. With one process every communicator is a self comm. */
+#ifndef MT_RUNTIME_PARALLEL_H
+#define MT_RUNTIME_PARALLEL_H
+
+#include "config/config.h"
+#include "runtime/comm.h"
+#include "runtime/groups.h"
+
+struct mt_parallel {
+    struct mt_world *world;
+    struct mt_rank_layout layout;   /* every group, in logical ranks */
+    int rank;                       /* this process's logical rank */
+    /* coordinates: position of this rank in its group of each kind */
+    int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
+    int tp, cp, dp, pp, ep, etp, edp;
+    struct mt_comm *comm[MT_GROUP_COUNT]; /* this rank's group of each kind */
+};
+
+/* logical_of_process[p] = logical rank played by process p (NULL: identity). */
+int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const struct mt_layout *l,
+                     const int *logical_of_process, struct mt_parallel **out,
+                     struct mt_err *err);
+void mt_parallel_destroy(struct mt_parallel *p);
+
+#endif
