@@ -90,7 +90,8 @@ static int unknown_group(const struct mt_nml_file *f, const struct mt_nml_group 
     if (s) snprintf(hint, sizeof hint, "; did you mean '&%s'?", s);
     return mt_nml_error_at(f, g->line, g->col, err, MT_EINVAL,
                            "unknown namelist group '&%s'%s (groups: &model &moe &parallel "
-                           "&training &optimizer &precision &data &checkpoint &logging)",
+                           "&training &optimizer &precision &data &checkpoint &logging "
+                           "&topology &host)",
                            g->name, hint);
 }
 

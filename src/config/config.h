@@ -52,6 +52,7 @@ struct mt_config_moe {
     double expert_capacity_factor;   /* 0: dropless */
     bool pad_expert_input_to_capacity;
     char token_drop_policy[16];      /* probs | position */
+    char token_dispatcher_type[16];  /* alltoall | allgather */
     int shared_expert_intermediate_size; /* 0: no shared expert */
 };
 
@@ -63,6 +64,9 @@ struct mt_config_parallel {
     int expert_model_parallel_size;
     int expert_tensor_parallel_size; /* resolved: tensor_model_parallel_size if 0 */
     char order[32];                  /* e.g. tp-cp-ep-dp-pp */
+    bool sequence_parallel;
+    bool use_distributed_optimizer;
+    double distributed_timeout_minutes; /* bound on every collective */
 };
 
 struct mt_config_training {
@@ -114,6 +118,18 @@ struct mt_config_logging {
     bool log_memory;
 };
 
+struct mt_config_topology {
+    char nvlink_domain_source[16];   /* auto | nvml | slurm | host | file */
+    char placement[24];              /* nvlink | nvlink-besteffort | linear */
+    char domain_map_file[MT_STR_MAX];
+    char hwloc_xml[MT_STR_MAX];
+};
+
+struct mt_config_host {
+    char cpu_affinity[8];            /* gpu | numa | none */
+    bool numa_membind;
+};
+
 struct mt_config {
     struct mt_config_model model;
     struct mt_config_moe moe;
@@ -124,6 +140,8 @@ struct mt_config {
     struct mt_config_data data;
     struct mt_config_checkpoint checkpoint;
     struct mt_config_logging logging;
+    struct mt_config_topology topology;
+    struct mt_config_host host;
 };
 
 /* Derived layout facts, computed by mt_config_resolve for a world size. */

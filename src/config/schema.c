@@ -81,6 +81,8 @@ const struct mt_key mt_schema[] = {
           "pad every expert's input to its capacity (needs expert_capacity_factor)"),
     KENUM(moe, token_drop_policy, "probs", "probs|position",
           "which tokens are dropped over capacity: lowest probability or latest position"),
+    KENUM(moe, token_dispatcher_type, "alltoall", "alltoall|allgather",
+          "how tokens reach experts on other expert-parallel ranks"),
     KINT(moe, shared_expert_intermediate_size, 0, 0, IMAX,
          "width of the shared expert applied to every token; 0 = none"),
 
@@ -95,6 +97,14 @@ const struct mt_key mt_schema[] = {
          "tensor parallel size inside each expert (ETP); 0 = tensor_model_parallel_size"),
     KSTR(parallel, order, "tp-cp-ep-dp-pp",
          "rank order of the parallel dimensions, fastest first"),
+    KBOOL(parallel, sequence_parallel, 0,
+          "split norms, residuals and dropout-free regions along the sequence across TP ranks "
+          "(required with TP > 1 and MoE)"),
+    KBOOL(parallel, use_distributed_optimizer, 0,
+          "ZeRO-1: shard fp32 master weights and Adam state over data-parallel ranks"),
+    KREAL(parallel, distributed_timeout_minutes, 10.0, 0.0, RMAX,
+          "a collective waiting longer than this fails the job with a message naming it; 0 = "
+          "wait forever"),
 
     /* &training */
     KINT(training, micro_batch_size, 1, 1, IMAX, "sequences per micro-batch"),
@@ -144,12 +154,29 @@ const struct mt_key mt_schema[] = {
     KSTR(logging, metrics_file, "", "JSON-lines metrics file; '' = none"),
     KBOOL(logging, log_memory, 0, "print the exact bytes held per category at startup"),
 
+    /* &topology */
+    KENUM(topology, nvlink_domain_source, "auto", "auto|nvml|slurm|host|file",
+          "where each GPU's NVLink domain comes from: NVML fabric info, the Slurm topology "
+          "address, one domain per host, or domain_map_file; auto = nvml, else host"),
+    KENUM(topology, placement, "nvlink", "nvlink|nvlink-besteffort|linear",
+          "map logical ranks to processes so TP x CP and ETP x EP groups stay inside NVLink "
+          "domains (nvlink), accept split groups with a report (nvlink-besteffort), or use "
+          "launch order (linear)"),
+    KSTR(topology, domain_map_file, "",
+         "file of 'hostname domain_key' lines for nvlink_domain_source = 'file'"),
+    KSTR(topology, hwloc_xml, "", "load this hwloc XML topology instead of the live machine"),
+
+    /* &host */
+    KENUM(host, cpu_affinity, "gpu", "gpu|numa|none",
+          "bind each rank to the cores local to its GPU, to its NUMA node, or not at all"),
+    KBOOL(host, numa_membind, 1, "bind memory to the NUMA node local to the rank's cores"),
+
     { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
 };
 
 const char *const mt_schema_groups[] = {
     "model", "moe", "parallel", "training", "optimizer", "precision",
-    "data", "checkpoint", "logging", NULL,
+    "data", "checkpoint", "logging", "topology", "host", NULL,
 };
 
 const struct mt_key *mt_schema_find(const char *group, const char *name)
