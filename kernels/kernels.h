@@ -52,6 +52,7 @@ enum mt_op {
     /* mixture of experts */
     MT_OP_ROUTER_FWD,
     MT_OP_ROUTER_BWD,
+    MT_OP_AUX_COUNTS,
     MT_OP_AUX_LOSS_FWD,
     MT_OP_AUX_LOSS_BWD,
     MT_OP_Z_LOSS_FWD,
@@ -96,6 +97,26 @@ struct mt_router_args {
     float scaling_factor;
 };
 
+/* Megatron's load-balancing loss over the tokens of num_seqs equal sequences of
+ * seq_len tokens (num_seqs = 1, seq_len = all tokens: switch_load_balancing_loss_func,
+ * 'aux_loss'; num_seqs = B, seq_len = T: sequence_load_balancing_loss_func,
+ * 'seq_aux_loss'). A call sees num_tokens of them, starting at token `first` of the
+ * whole (a sequence-parallel shard); with p = softmax(logits) (softmax) or
+ * sigmoid(logits)/sum(sigmoid) (sigmoid), and count[s,e] the tokens of sequence s
+ * whose top-k of p contains e, summed over every shard:
+ *   loss = coeff / num_seqs * sum_s E / (seq_len^2 k) * sum_e count[s,e] * sum_{n in s} p[n,e]
+ * Each shard's call returns its own tokens' part of the sum; the parts add up to the loss. */
+struct mt_aux_args {
+    int num_tokens;     /* tokens of this call */
+    int num_experts;
+    int topk;
+    enum mt_score_fn score_fn;
+    int num_seqs;       /* sequences of the whole */
+    int seq_len;        /* tokens per sequence of the whole */
+    long long first;    /* index of this call's first token in the whole */
+    float coeff;
+};
+
 /* Output of dispatch_plan: where each token-expert assignment ("slot" s = n*topk + j)
  * goes in the expert-sorted ("permuted") row order. Rows of expert e are
  * offsets[e]..offsets[e+1]-1, in increasing token order. */
@@ -133,10 +154,11 @@ struct mt_kernel_ops {
                          const float *A, const float *B, float beta, float *C);
 
     /* ---- layers ---- */
-    // out is (N,C) = wte[tokens]; tokens (N) in [0,V); wte is (V,C)
+    // out is (N,C) = wte[tokens]; tokens (N) in [0,V) or -1 (a token of another vocabulary
+    // shard: a zero row); wte is (V,C)
     void (*embedding_fwd)(void *ctx, float *out, const int32_t *tokens, const float *wte,
                           int N, int C);
-    // dwte (V,C) += scatter of dout (N,C) by tokens (N)
+    // dwte (V,C) += scatter of dout (N,C) by tokens (N); tokens < 0 are skipped
     void (*embedding_bwd)(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
                           int N, int C);
     // out (N,C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) saved; x, w (C). Used per head
@@ -179,18 +201,16 @@ struct mt_kernel_ops {
     // (the selection itself is piecewise constant)
     void (*router_bwd)(void *ctx, const struct mt_router_args *a, float *dlogits,
                        const float *dprob, const float *logits, const int32_t *topk_idx);
-    // Megatron load-balancing loss over num_seqs equal sequences of S = N/num_seqs tokens:
-    //   p = softmax(logits) (softmax) or sigmoid(logits)/sum(sigmoid) (sigmoid);
-    //   count[s,e] = tokens of sequence s whose top-k of p contains e;
-    //   loss = coeff * mean_s sum_e (E * count[s,e] / (S*k)) * (sum_{n in s} p[n,e] / S).
-    // num_seqs = 1 is switch_load_balancing_loss_func ('aux_loss'); num_seqs = B is
-    // sequence_load_balancing_loss_func ('seq_aux_loss'). counts (num_seqs,E) = saved.
-    void (*aux_loss_fwd)(void *ctx, float *loss, float *counts, const float *logits, int N,
-                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff);
+    // counts (num_seqs,E) = per sequence, the tokens of this call whose top-k of p contains
+    // e (see struct mt_aux_args; tokens of other shards count 0); logits (N,E)
+    void (*aux_counts)(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits);
+    // loss = this call's part of the balancing loss, given the counts of the whole (summed
+    // over shards); logits (N,E), counts (num_seqs,E)
+    void (*aux_loss_fwd)(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+                         const float *logits);
     // dlogits (N,E) += dloss * d loss / d logits (counts are constants, as in Megatron)
-    void (*aux_loss_bwd)(void *ctx, float *dlogits, float dloss, const float *counts,
-                         const float *logits, int N, int E, enum mt_score_fn score_fn,
-                         int num_seqs, int topk, float coeff);
+    void (*aux_loss_bwd)(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
+                         const float *counts, const float *logits);
     // z-loss = coeff * mean_n logsumexp(logits[n])^2; lse (N) saved
     void (*z_loss_fwd)(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
                        float coeff);
@@ -198,7 +218,8 @@ struct mt_kernel_ops {
     void (*z_loss_bwd)(void *ctx, float *dlogits, float dloss, const float *lse,
                        const float *logits, int N, int E, float coeff);
     // Sorts the N*k assignments by expert (Megatron's permute order: expert-major, tokens
-    // ascending). capacity <= 0: dropless, rows = N*k. Otherwise an expert keeps at
+    // ascending); an assignment with topk_idx -1 (dropped or routed elsewhere beforehand)
+    // gets no row and is not counted as dropped. capacity <= 0: dropless, rows = N*k. Otherwise an expert keeps at
     // most `capacity` assignments: the highest topk_prob (MT_DROP_PROBS; ties: lower
     // token) or the earliest tokens (MT_DROP_POSITION); with pad, every expert gets
     // exactly `capacity` rows, padding rows have row_slot -1. Returns the number of
@@ -222,14 +243,18 @@ struct mt_kernel_ops {
                           int N, int topk, int C, int rows);
 
     /* ---- loss, optimizer, precision ---- */
-    // loss (N) = logsumexp(logits[n]) - logits[n, target[n]] (0 where target < 0);
-    // lse (N) saved; logits (N,V)
-    void (*cross_entropy_fwd)(void *ctx, float *loss, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V);
-    // dlogits (N,V) = scale * (softmax(logits) - onehot(target)) (0 rows where target < 0);
-    // dlogits may alias logits. Mean over valid tokens: scale = 1 / count.
+    // Cross-entropy over a vocabulary shard: logits (N,V) hold the columns of vocabulary
+    // ids v0..v0+V-1 (the whole vocabulary: v0 = 0). lse (N) = logsumexp over these columns;
+    // tlogit (N) = logits[n, targets[n] - v0] when the target lies in the shard, else 0.
+    // A token's loss is (logsumexp over all shards) - (sum of tlogit over shards); a
+    // negative target is ignored (loss 0).
+    void (*cross_entropy_fwd)(void *ctx, float *lse, float *tlogit, const float *logits,
+                              const int32_t *targets, int N, int V, int v0);
+    // dlogits (N,V) = scale * (exp(logits - lse) - onehot(target - v0)), the onehot only when
+    // the target lies in the shard; lse (N) is over the whole vocabulary; rows with
+    // target < 0 are 0; dlogits may alias logits. Mean over valid tokens: scale = 1 / count.
     void (*cross_entropy_bwd)(void *ctx, float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, int N, int V, float scale);
+                              const int32_t *targets, int N, int V, int v0, float scale);
     // AdamW (torch.optim.AdamW semantics) on n fp32 master values, step t >= 1:
     //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   param *= 1 - lr*wd;  param -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)

@@ -1,6 +1,17 @@
-/* moetrain: the command-line entry. Only this file prints errors and exits. */
+/* moetrain: the command-line entry. Only this file prints errors and exits.
+ *
+ * A training run is one process of a job (srun --mpi=pmix, mpirun) or a job of
+ * one (started plainly). Startup: the world first, then every process loads
+ * and resolves the configuration for the world size; the processes agree on
+ * the outcome, so an error every process hits (a bad namelist, a layout that
+ * does not divide the world) is printed once, by rank 0, and a rank-local one
+ * (a file only one node cannot read) by the rank that saw it. After world
+ * init every failure ends the whole job through mt_world_abort: no process is
+ * left waiting for a dead peer. --check, --print-config and --help never start
+ * the world and need no launcher. */
 #include "config.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,16 +19,25 @@
 #include "config/config.h"
 #include "config/schema.h"
 #include "model/model.h"
+#include "runtime/comm.h"
 #include "runtime/groups.h"
+#include "topo/topo.h"
+#include "runtime/parallel.h"
 #include "train/train.h"
 #include "util/error.h"
 #ifdef HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
+/* How long a process that failed waits for the others to agree on the outcome
+ * before it reports alone and aborts the job: peers blocked in a collective
+ * with it never arrive. */
+#define MT_FAIL_GRACE_S 10.0
+
 static void usage(FILE *out)
 {
     fputs("usage: moetrain [options] FILE.nml [FILE.nml ...] [group%key=value ...]\n"
+          "       moetrain topo [--json] [--dry-run --nodes-file F --gpus-per-node G] FILE.nml ...\n"
           "\n"
           "Trains a Mixture-of-Experts language model configured by Fortran namelist files.\n"
           "Later files override earlier ones; group%key=value overrides (namelist value\n"
@@ -117,13 +137,139 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
            (long long)c->training.global_batch_size * c->training.seq_length);
 }
 
-static int fail(const struct mt_err *err)
+static void print_error(const struct mt_err *err, const char *who)
 {
     if (strstr(err->msg, ": error: "))
-        fprintf(stderr, "%s\n", err->msg);
+        fprintf(stderr, "%s%s%s\n", who, *who ? ": " : "", err->msg);
     else
-        fprintf(stderr, "moetrain: error: %s\n", err->msg);
+        fprintf(stderr, "moetrain: error: %s%s%s\n", who, *who ? ": " : "", err->msg);
+}
+
+static int fail(const struct mt_err *err)
+{
+    print_error(err, "");
     return 1;
+}
+
+/* Prints err as this process's error: with several processes, its rank and
+ * node come first unless it is rank 0 (which speaks for everybody). */
+static void print_rank_error(const struct mt_world *w, const struct mt_err *err)
+{
+    char who[320] = "";
+    if (w->size > 1 && w->rank != 0)
+        snprintf(who, sizeof who, "rank %d (%s)", w->rank, w->hostname);
+    print_error(err, who);
+}
+
+/* After a step every process may have failed: agree, print once, end the
+ * job on any failure. A failing process waits only MT_FAIL_GRACE_S for the
+ * others; if they do not come it reports alone. */
+static void agree_or_abort(struct mt_world *w, int rc, const struct mt_err *err)
+{
+    double wait = w->timeout_s;
+    if (rc && (wait <= 0 || wait > MT_FAIL_GRACE_S)) wait = MT_FAIL_GRACE_S;
+    int nfailed = 0;
+    bool report = false;
+    struct mt_err aerr = { 0 };
+    if (mt_world_agree(w, rc ? err : NULL, wait, &nfailed, &report, &aerr)) {
+        print_rank_error(w, rc ? err : &aerr);
+        mt_world_abort(w);
+    }
+    if (nfailed == 0) return;
+    if (report) print_rank_error(w, err);
+    fflush(stdout);
+    fflush(stderr);
+    /* Everybody knows of the failure: wait for the reporter to have printed
+     * before the job ends (an abort would kill it mid-message), then leave
+     * cleanly. A barrier that cannot complete falls back to the abort. */
+    struct mt_err berr = { 0 };
+    if (w->size > 1 && mt_barrier(w->comm, &berr) == MT_OK) {
+        mt_world_finalize(w);
+        exit(1);
+    }
+    mt_world_abort(w);
+}
+
+/* What the command line asks for. */
+struct cli {
+    enum { TRAIN, CHECK, PRINT } action;
+    int world;         /* --world-size (default 1) */
+    bool world_given;
+    char **files, **overrides;
+    int nfiles, noverrides;
+};
+
+/* Loads, resolves and checks the configuration for world processes. */
+static int load_config(struct mt_config *cfg, const struct cli *cli, int world,
+                       struct mt_layout *layout, struct mt_err *err)
+{
+    MT_CHECK(mt_config_load(cfg, cli->nfiles, cli->files, cli->noverrides, cli->overrides, err));
+    MT_CHECK(mt_config_resolve(cfg, world, layout, err));
+    return mt_model_check_config(cfg, err);
+}
+
+static void print_startup(const struct mt_world *w, const struct mt_config *c,
+                          const struct mt_layout *l)
+{
+    printf("moetrain: launcher %s, %d process%s on %d node%s; layout TP %d x CP %d x PP %d x "
+           "DP %d, experts ETP %d x EP %d x EDP %d, order %s\n",
+           w->launcher, w->size, w->size == 1 ? "" : "es", w->num_nodes,
+           w->num_nodes == 1 ? "" : "s", l->tp, l->cp, l->pp, l->dp, l->etp, l->ep, l->edp,
+           c->parallel.order);
+    fflush(stdout);
+}
+
+/* A training run: the world, the config on every process, the groups, the
+ * loop. Returns the exit status (failures after world init do not return). */
+static int train(struct mt_config *cfg, const struct cli *cli)
+{
+    struct mt_err err = { 0 };
+    struct mt_world *w;
+    /* Until the config is read, the default bound on collectives applies. */
+    if (mt_world_init(&w, cfg->parallel.distributed_timeout_minutes * 60.0, &err)) {
+        /* MT_EUNSUPPORTED (launcher, build) is the same everywhere: say it once. */
+        int r = mt_world_launcher_rank();
+        if (err.code != MT_EUNSUPPORTED || r == 0) {
+            char who[32] = "";
+            if (r != 0) snprintf(who, sizeof who, "rank %d", r);
+            print_error(&err, who);
+        }
+        return 1;
+    }
+    struct mt_layout layout;
+    int rc = load_config(cfg, cli, w->size, &layout, &err);
+    if (rc == MT_OK && cli->world_given && cli->world != w->size)
+        rc = mt_err_set(&err, MT_EINVAL,
+                        "--world-size %d: a training run has the size its launcher gives "
+                        "(here %d process%s); --world-size is for --check and --print-config",
+                        cli->world, w->size, w->size == 1 ? "" : "es");
+    agree_or_abort(w, rc, &err);
+    mt_world_set_timeout(w, cfg->parallel.distributed_timeout_minutes * 60.0);
+    if (w->rank == 0) print_startup(w, cfg, &layout);
+
+    /* Discovery, binding and placement come before anything starts threads. */
+    struct mt_topo_setup *topo = NULL;
+    rc = mt_topo_startup(w, cfg, &topo, &err);
+    agree_or_abort(w, rc, &err);
+    rc = mt_topo_setup_place(topo, w, cfg, &layout, &err);
+    agree_or_abort(w, rc, &err);
+
+    struct mt_parallel *par = NULL;
+    rc = mt_parallel_init(w, cfg, &layout, topo->plan.logical_of_process, &par, &err);
+    agree_or_abort(w, rc, &err);
+    if (w->rank == 0) {
+        rc = mt_topo_print_report(topo, &par->layout, 64, stdout, &err);
+        fflush(stdout);
+    }
+    agree_or_abort(w, rc, &err);
+
+    /* Only rank 0 writes the training log. */
+    rc = mt_train_run(cfg, &layout, par, w->rank == 0 ? stdout : NULL, &err);
+    agree_or_abort(w, rc, &err);
+    mt_parallel_destroy(par);
+    mt_topo_setup_free(topo);
+    mt_world_finalize(w);
+    return 0;
 }
 
 static int is_override(const char *a)
@@ -132,18 +278,9 @@ static int is_override(const char *a)
     return pct && eq && pct < eq;
 }
 
-int main(int argc, char **argv)
+/* Returns -1 to go on, else the exit status (--help, --version, bad usage). */
+static int parse_args(int argc, char **argv, struct cli *cli)
 {
-    enum { TRAIN, CHECK, PRINT } action = TRAIN;
-    int world = 1;
-    char **files = calloc((size_t)argc, sizeof *files);
-    char **overrides = calloc((size_t)argc, sizeof *overrides);
-    int nfiles = 0, noverrides = 0;
-    struct mt_err err = { 0 };
-    if (!files || !overrides) {
-        fprintf(stderr, "moetrain: error: out of memory\n");
-        return 1;
-    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -156,9 +293,9 @@ int main(int argc, char **argv)
             help_config();
             return 0;
         } else if (!strcmp(a, "--check")) {
-            action = CHECK;
+            cli->action = CHECK;
         } else if (!strcmp(a, "--print-config")) {
-            action = PRINT;
+            cli->action = PRINT;
         } else if (!strcmp(a, "--world-size") || !strncmp(a, "--world-size=", 13)) {
             const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
             char *end;
@@ -167,54 +304,60 @@ int main(int argc, char **argv)
                 fprintf(stderr, "moetrain: error: --world-size needs a positive integer\n");
                 return 1;
             }
-            world = (int)n;
+            cli->world = (int)n;
+            cli->world_given = true;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "moetrain: error: unknown option '%s' (see moetrain --help)\n", a);
             return 1;
         } else if (is_override(a)) {
-            overrides[noverrides++] = argv[i];
+            cli->overrides[cli->noverrides++] = argv[i];
         } else {
-            files[nfiles++] = argv[i];
+            cli->files[cli->nfiles++] = argv[i];
         }
     }
-    if (nfiles == 0 && noverrides == 0) {
+    if (cli->nfiles == 0 && cli->noverrides == 0) {
         usage(stderr);
         fprintf(stderr, "\nmoetrain: error: no namelist file given (try namelists/tiny_moe.nml)\n");
         return 1;
     }
+    return -1;
+}
 
-    struct mt_config *cfg = malloc(sizeof *cfg);
-    if (!cfg) {
-        fprintf(stderr, "moetrain: error: out of memory\n");
-        return 1;
-    }
-    mt_config_defaults(cfg);
+/* --check and --print-config: this process alone, no launcher needed. */
+static int check_or_print(struct mt_config *cfg, const struct cli *cli)
+{
+    struct mt_err err = { 0 };
     struct mt_layout layout;
-    if (mt_config_load(cfg, nfiles, files, noverrides, overrides, &err) ||
-        mt_config_resolve(cfg, world, &layout, &err) || mt_model_check_config(cfg, &err))
-        return fail(&err);
+    if (load_config(cfg, cli, cli->world, &layout, &err)) return fail(&err);
+    if (cli->action == PRINT) return mt_config_print(cfg, stdout) ? 1 : 0;
+    printf("moetrain: configuration is valid for %d process%s\n", cli->world,
+           cli->world == 1 ? "" : "es");
+    print_layout(cfg, &layout);
+    struct mt_rank_layout rl;
+    if (mt_groups_build(&cfg->parallel, &layout, &rl, &err)) return fail(&err);
+    printf("groups (logical ranks):\n");
+    mt_groups_print(&rl, stdout);
+    mt_groups_free(&rl);
+    return 0;
+}
 
-    int rc = 0;
-    switch (action) {
-    case PRINT: rc = mt_config_print(cfg, stdout) ? 1 : 0; break;
-    case CHECK:
-        printf("moetrain: configuration is valid for %d process%s\n", world,
-               world == 1 ? "" : "es");
-        print_layout(cfg, &layout);
-        {
-            struct mt_rank_layout rl;
-            if (mt_groups_build(&cfg->parallel, &layout, &rl, &err)) return fail(&err);
-            printf("groups (logical ranks):\n");
-            mt_groups_print(&rl, stdout);
-            mt_groups_free(&rl);
-        }
-        break;
-    case TRAIN:
-        if (mt_train_run(cfg, &layout, stdout, &err)) rc = fail(&err);
-        break;
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "topo")) return mt_topo_cli(argc - 1, argv + 1);
+    struct cli cli = { .action = TRAIN, .world = 1 };
+    cli.files = calloc((size_t)argc, sizeof *cli.files);
+    cli.overrides = calloc((size_t)argc, sizeof *cli.overrides);
+    struct mt_config *cfg = malloc(sizeof *cfg);
+    int rc;
+    if (!cli.files || !cli.overrides || !cfg) {
+        fprintf(stderr, "moetrain: error: out of memory\n");
+        rc = 1;
+    } else if ((rc = parse_args(argc, argv, &cli)) < 0) {
+        mt_config_defaults(cfg);
+        rc = cli.action == TRAIN ? train(cfg, &cli) : check_or_print(cfg, &cli);
     }
     free(cfg);
-    free(files);
-    free(overrides);
+    free(cli.files);
+    free(cli.overrides);
     return rc;
 }

@@ -8,7 +8,7 @@ const char *const mt_op_names[] = {
     "gemm", "grouped_gemm",
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
-    "router_fwd", "router_bwd", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
+    "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
     "dispatch_plan", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
     "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round",
 };
@@ -66,6 +66,7 @@ static const struct mt_kernels cpu_kernels = {
         .add = mt_cpu_add,
         .router_fwd = mt_cpu_router_fwd,
         .router_bwd = mt_cpu_router_bwd,
+        .aux_counts = mt_cpu_aux_counts,
         .aux_loss_fwd = mt_cpu_aux_loss_fwd,
         .aux_loss_bwd = mt_cpu_aux_loss_bwd,
         .z_loss_fwd = mt_cpu_z_loss_fwd,
@@ -113,6 +114,7 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_ADD: return o->add != NULL;
     case MT_OP_ROUTER_FWD: return o->router_fwd != NULL;
     case MT_OP_ROUTER_BWD: return o->router_bwd != NULL;
+    case MT_OP_AUX_COUNTS: return o->aux_counts != NULL;
     case MT_OP_AUX_LOSS_FWD: return o->aux_loss_fwd != NULL;
     case MT_OP_AUX_LOSS_BWD: return o->aux_loss_bwd != NULL;
     case MT_OP_Z_LOSS_FWD: return o->z_loss_fwd != NULL;

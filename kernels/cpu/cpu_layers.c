@@ -11,8 +11,12 @@ void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const fl
 {
     (void)ctx;
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, sizeof(float) * (size_t)C);
+    for (int n = 0; n < N; n++) {
+        if (tokens[n] < 0)
+            memset(out + (size_t)n * C, 0, sizeof(float) * (size_t)C);
+        else
+            memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, sizeof(float) * (size_t)C);
+    }
 }
 
 void mt_cpu_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
@@ -22,7 +26,7 @@ void mt_cpu_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++)
         for (int n = 0; n < N; n++)
-            dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+            if (tokens[n] >= 0) dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
 }
 
 void mt_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,

@@ -1,8 +1,8 @@
 /* CPU reference backend: cross-entropy, AdamW, bf16 rounding. */
 #include "kernels/cpu/cpu_ops.h"
 
-void mt_cpu_cross_entropy_fwd(void *ctx, float *loss, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V)
+void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
+                              const int32_t *targets, int N, int V, int v0)
 {
     (void)ctx;
 #pragma omp parallel for schedule(static)
@@ -12,12 +12,13 @@ void mt_cpu_cross_entropy_fwd(void *ctx, float *loss, float *lse, const float *l
         for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
         for (int v = 0; v < V; v++) sum += expf(l[v] - mx);
         lse[n] = mx + logf(sum);
-        loss[n] = targets[n] < 0 ? 0.0f : lse[n] - l[targets[n]];
+        int t = targets[n] - v0;
+        tlogit[n] = targets[n] >= 0 && t >= 0 && t < V ? l[t] : 0.0f;
     }
 }
 
 void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, int N, int V, float scale)
+                              const int32_t *targets, int N, int V, int v0, float scale)
 {
     (void)ctx;
 #pragma omp parallel for schedule(static)
@@ -29,7 +30,8 @@ void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, co
             continue;
         }
         for (int v = 0; v < V; v++) d[v] = scale * expf(l[v] - lse[n]);
-        d[targets[n]] -= scale;
+        int t = targets[n] - v0;
+        if (t >= 0 && t < V) d[t] -= scale;
     }
 }
 

@@ -147,57 +147,75 @@ static float aux_scores(float *p, const float *l, int E, enum mt_score_fn fn)
     return z;
 }
 
-void mt_cpu_aux_loss_fwd(void *ctx, float *loss, float *counts, const float *logits, int N,
-                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff)
+/* The sequence (of the whole, see struct mt_aux_args) of a call's token n. */
+static int aux_seq(const struct mt_aux_args *a, int n)
+{
+    return (int)((a->first + n) / a->seq_len);
+}
+
+void mt_cpu_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits)
 {
     (void)ctx;
-    const int S = N / num_seqs;
+    const int E = a->num_experts, k = a->topk;
     float *p = xmalloc(sizeof(float) * (size_t)E);
-    double *psum = xmalloc(sizeof(double) * (size_t)E);
-    int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)topk);
-    double total = 0.0;
-    for (int s = 0; s < num_seqs; s++) {
-        float *cnt = counts + (size_t)s * E;
-        for (int e = 0; e < E; e++) {
-            cnt[e] = 0.0f;
-            psum[e] = 0.0;
-        }
-        for (int n = s * S; n < (s + 1) * S; n++) {
-            aux_scores(p, logits + (size_t)n * E, E, score_fn);
-            topk_row(idx, p, E, topk);
-            for (int j = 0; j < topk; j++) cnt[idx[j]] += 1.0f;
-            for (int e = 0; e < E; e++) psum[e] += p[e];
-        }
-        double seq = 0.0;
-        for (int e = 0; e < E; e++) seq += (double)cnt[e] * psum[e];
-        total += seq * E / ((double)S * S * topk);
+    int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)k);
+    memset(counts, 0, sizeof(float) * (size_t)a->num_seqs * E);
+    for (int n = 0; n < a->num_tokens; n++) {
+        float *cnt = counts + (size_t)aux_seq(a, n) * E;
+        aux_scores(p, logits + (size_t)n * E, E, a->score_fn);
+        topk_row(idx, p, E, k);
+        for (int j = 0; j < k; j++) cnt[idx[j]] += 1.0f;
     }
-    *loss = (float)(coeff * total / num_seqs);
     free(p);
-    free(psum);
     free(idx);
 }
 
-void mt_cpu_aux_loss_bwd(void *ctx, float *dlogits, float dloss, const float *counts,
-                         const float *logits, int N, int E, enum mt_score_fn score_fn,
-                         int num_seqs, int topk, float coeff)
+void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+                         const float *logits)
 {
     (void)ctx;
-    const int S = N / num_seqs;
+    const int E = a->num_experts;
+    const double S = a->seq_len;
+    float *p = xmalloc(sizeof(float) * (size_t)E);
+    double *psum = xmalloc(sizeof(double) * (size_t)a->num_seqs * E);
+    for (size_t i = 0; i < (size_t)a->num_seqs * E; i++) psum[i] = 0.0;
+    for (int n = 0; n < a->num_tokens; n++) {
+        double *ps = psum + (size_t)aux_seq(a, n) * E;
+        aux_scores(p, logits + (size_t)n * E, E, a->score_fn);
+        for (int e = 0; e < E; e++) ps[e] += p[e];
+    }
+    double total = 0.0;
+    for (int s = 0; s < a->num_seqs; s++) {
+        double seq = 0.0;
+        for (int e = 0; e < E; e++)
+            seq += (double)counts[(size_t)s * E + e] * psum[(size_t)s * E + e];
+        total += seq * E / (S * S * a->topk);
+    }
+    *loss = (float)(a->coeff * total / a->num_seqs);
+    free(p);
+    free(psum);
+}
+
+void mt_cpu_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
+                         const float *counts, const float *logits)
+{
+    (void)ctx;
+    const int E = a->num_experts;
+    const double S = a->seq_len;
     /* d loss / d p[n,e] = c * count[s(n),e] with c = coeff E / (S^2 k num_seqs) */
-    const float c = (float)((double)dloss * coeff * E / ((double)S * S * topk * num_seqs));
+    const float c = (float)((double)dloss * a->coeff * E / (S * S * a->topk * a->num_seqs));
 #pragma omp parallel
     {
         float *p = xmalloc(sizeof(float) * (size_t)E);
 #pragma omp for schedule(static)
-        for (int n = 0; n < N; n++) {
-            const float *cnt = counts + (size_t)(n / S) * E;
+        for (int n = 0; n < a->num_tokens; n++) {
+            const float *cnt = counts + (size_t)aux_seq(a, n) * E;
             const float *l = logits + (size_t)n * E;
             float *dl = dlogits + (size_t)n * E;
-            float z = aux_scores(p, l, E, score_fn);
+            float z = aux_scores(p, l, E, a->score_fn);
             float dot = 0.0f;
             for (int e = 0; e < E; e++) dot += c * cnt[e] * p[e];
-            if (score_fn == MT_SCORE_SOFTMAX) {
+            if (a->score_fn == MT_SCORE_SOFTMAX) {
                 for (int e = 0; e < E; e++) dl[e] += p[e] * (c * cnt[e] - dot);
             } else {
                 /* p = s / z, s = sigmoid(l): dL/ds_e = (g_e - <g,p>) / z */
@@ -265,9 +283,10 @@ long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
     int32_t *fill = xmalloc(sizeof(int32_t) * (size_t)E);
     struct cand *cands = xmalloc(sizeof(struct cand) * (size_t)(N > 0 ? N : 1));
     long long dropped = 0;
-    for (int s = 0; s < S; s++) plan->slot_row[s] = 0; /* 0 = kept, -1 = dropped, for now */
+    for (int s = 0; s < S; s++) plan->slot_row[s] = topk_idx[s] < 0 ? -1 : 0; /* 0 = kept, for now */
     for (int e = 0; e < E; e++) plan->kept[e] = 0;
-    for (int s = 0; s < S; s++) plan->kept[topk_idx[s]]++;
+    for (int s = 0; s < S; s++)
+        if (topk_idx[s] >= 0) plan->kept[topk_idx[s]]++;
     if (capacity > 0) {
         for (int e = 0; e < E; e++) {
             if (plan->kept[e] <= capacity) continue;

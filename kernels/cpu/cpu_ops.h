@@ -61,11 +61,11 @@ void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *l
                        const float *expert_bias, int32_t *topk_idx, float *topk_prob);
 void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
                        const float *dprob, const float *logits, const int32_t *topk_idx);
-void mt_cpu_aux_loss_fwd(void *ctx, float *loss, float *counts, const float *logits, int N,
-                         int E, int topk, enum mt_score_fn score_fn, int num_seqs, float coeff);
-void mt_cpu_aux_loss_bwd(void *ctx, float *dlogits, float dloss, const float *counts,
-                         const float *logits, int N, int E, enum mt_score_fn score_fn,
-                         int num_seqs, int topk, float coeff);
+void mt_cpu_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits);
+void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+                         const float *logits);
+void mt_cpu_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
+                         const float *counts, const float *logits);
 void mt_cpu_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
                        float coeff);
 void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
@@ -84,10 +84,10 @@ void mt_cpu_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout
                           int N, int topk, int C, int rows);
 
 /* cpu_loss.c */
-void mt_cpu_cross_entropy_fwd(void *ctx, float *loss, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V);
+void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
+                              const int32_t *targets, int N, int V, int v0);
 void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, int N, int V, float scale);
+                              const int32_t *targets, int N, int V, int v0, float scale);
 void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t);

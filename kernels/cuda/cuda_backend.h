@@ -1,4 +1,18 @@
-/* CUDA backend entry points callable from C. Compiled only when configure found CUDA. */
+/* CUDA backend entry points callable from C. Compiled only when configure found CUDA.
+ *
+ * mt_kernels_cuda() fills the op table of kernels/kernels.h with CUDA kernels, cuBLASLt
+ * and a fused (flash) attention; every tensor pointer an op takes is device memory, and
+ * the memory ops allocate device memory through a caching allocator. All work is
+ * queued on one stream owned by the backend, in call order; ops that return host
+ * values (losses, the dropped count) and copies to or from host memory synchronise it.
+ *
+ * Differences a caller can see from the CPU reference, all within its contract:
+ * - GEMMs (dense and grouped) and attention multiply in bf16 on tensor cores with fp32
+ *   sums (MT_CUDA_GEMM_COMPUTE=tf32 or fp32, read once, changes the dense GEMMs).
+ * - attention_fwd writes no probabilities: att keeps the per-row logsumexp (B,Hq,T)
+ *   and, when it has room (T > D), a copy of the output; attention_bwd reads them.
+ * - A failing CUDA call inside an op (the table has no error channel) prints the call,
+ *   the place and a hint, and aborts; only alloc reports failure, by returning NULL. */
 #ifndef MT_KERNELS_CUDA_BACKEND_H
 #define MT_KERNELS_CUDA_BACKEND_H
 
@@ -7,6 +21,39 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+struct mt_err;
+struct mt_kernels;
+struct mt_kernel_ops;
+
+/* The CUDA backend on the current device (cudaSetDevice first to pick another). Built
+ * once per process, on the first call: stream, cuBLASLt handle and workspace, allocator.
+ * Returns NULL with a message in err when there is no usable device. */
+const struct mt_kernels *mt_kernels_cuda(struct mt_err *err);
+
+/* The backend's function table alone: needs no device (completeness checks). */
+const struct mt_kernel_ops *mt_kernels_cuda_ops(void);
+
+/* Device memory held by the backend's caching allocator, in bytes. */
+struct mt_cuda_mem_stats {
+    size_t in_use;      /* handed out by alloc (rounded sizes) and not freed */
+    size_t cached;      /* freed, kept for reuse */
+    size_t peak_in_use; /* high-water mark of in_use */
+    size_t reserved;    /* everything obtained from cudaMalloc, cuBLASLt workspace included */
+    long long device_allocs; /* cudaMalloc calls so far: flat once training is warm */
+};
+void mt_cuda_mem_stats(const struct mt_kernels *k, struct mt_cuda_mem_stats *s);
+
+/* Device facts for benchmarks: name, multiprocessors, peak SM clock, and the dense
+ * bf16 tensor-core peak derived from them (0 when the architecture is not known). */
+struct mt_cuda_device_info {
+    char name[256];
+    int cc_major, cc_minor, sm_count;
+    double clock_ghz;
+    double bf16_dense_tflops;
+    double mem_gib;
+};
+int mt_cuda_device_info(struct mt_cuda_device_info *info);
 
 /* Writes a one-line description of the visible CUDA devices (or why there are none)
  * into buf. Returns the number of devices (0 when none or no driver). */

@@ -5,6 +5,7 @@ libmt_model_la_SOURCES = \
 	src/model/model.c \
 	src/model/model.h \
 	src/model/model_internal.h \
-	src/model/model_pass.c
+	src/model/model_pass.c \
+	src/model/model_moe.c
 
 include tests/model/local.mk

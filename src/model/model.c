@@ -23,7 +23,7 @@ static bool layer_is_moe(const struct mt_config *cfg, int l)
     return cfg->moe.layer_freq[l] != 0;
 }
 
-int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
+static int check_model(const struct mt_config *cfg, struct mt_err *err)
 {
     const struct mt_config_model *md = &cfg->model;
     const struct mt_config_moe *mo = &cfg->moe;
@@ -125,7 +125,47 @@ int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
     if (mo->shared_expert_intermediate_size < 0)
         return mt_err_set(err, MT_EINVAL, "moe%%shared_expert_intermediate_size = %d must be >= 0",
                           mo->shared_expert_intermediate_size);
+    if (!streq(mo->token_dispatcher_type, "alltoall") && !streq(mo->token_dispatcher_type, "allgather"))
+        return mt_err_set(err, MT_EINVAL, "moe%%token_dispatcher_type = '%s' (use 'alltoall' or 'allgather')",
+                          mo->token_dispatcher_type);
     return MT_OK;
+}
+
+/* The rules of the parallel layouts the model implements (sizes < 1 mean 1: a config
+ * filled by hand for one process). */
+static int check_parallel(const struct mt_config *cfg, struct mt_err *err)
+{
+    const struct mt_config_parallel *pa = &cfg->parallel;
+    const int tp = pa->tensor_model_parallel_size > 1 ? pa->tensor_model_parallel_size : 1;
+    const int T = cfg->training.seq_length;
+    if (tp == 1) return MT_OK;
+    if (!pa->sequence_parallel)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "parallel%%tensor_model_parallel_size = %d needs parallel%%sequence_parallel = "
+                          ".true. (tensor parallelism is implemented with sequence parallelism; "
+                          "Megatron requires it too for MoE models)",
+                          tp);
+    if (T % tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "training%%seq_length = %d must be divisible by "
+                          "parallel%%tensor_model_parallel_size = %d (sequence parallelism splits it)",
+                          T, tp);
+    if (cfg->model.vocab_size < tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "model%%vocab_size = %d is smaller than parallel%%tensor_model_parallel_size = %d",
+                          cfg->model.vocab_size, tp);
+    if (cfg->moe.num_experts > 0 && cfg->moe.shared_expert_intermediate_size % tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "moe%%shared_expert_intermediate_size = %d is not divisible by "
+                          "parallel%%tensor_model_parallel_size = %d",
+                          cfg->moe.shared_expert_intermediate_size, tp);
+    return MT_OK;
+}
+
+int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
+{
+    MT_CHECK(check_model(cfg, err));
+    return check_parallel(cfg, err);
 }
 
 /* ------------------------------------------------------------ parameter table */
@@ -142,14 +182,95 @@ static int add_tensor(struct mt_model *m, float std, bool no_wd, int ndim, const
         snprintf(name, NAME_MAX_LEN, "%s", fmt);
     t->name = name;
     t->ndim = ndim;
-    t->numel = 1;
-    for (int d = 0; d < 4; d++) t->shape[d] = d < ndim ? shape[d] : 0;
-    for (int d = 0; d < ndim; d++) t->numel *= (size_t)shape[d];
-    t->offset = m->nparams;
+    t->global_numel = 1;
+    for (int d = 0; d < 4; d++) {
+        t->shape[d] = d < ndim ? shape[d] : 0;
+        t->split[d] = MT_SPLIT_NONE;
+    }
+    for (int d = 0; d < ndim; d++) t->global_numel *= (size_t)shape[d];
     t->no_weight_decay = no_wd;
     m->std_of[id] = std;
-    m->nparams += t->numel;
     return id;
+}
+
+/* Marks dimension dim of tensor id as split by kind. */
+static void split(struct mt_model *m, int id, int dim, enum mt_split_dim kind)
+{
+    m->tensors[id].split[dim] = kind;
+    if (kind == MT_SPLIT_ETP || kind == MT_SPLIT_EP) m->tensors[id].expert = true;
+}
+
+/* Part i of n near-equal contiguous parts of size `size`: its start and length. */
+static void part_of(long long size, int n, int i, long long *start, long long *len)
+{
+    long long base = size / n, extra = size % n;
+    *start = i * base + (i < extra ? i : extra);
+    *len = base + (i < extra ? 1 : 0);
+}
+
+void mt_param_shard(const struct mt_param_info *t, const struct mt_shard_coords *c,
+                    long long local_shape[4], long long start[4])
+{
+    for (int d = 0; d < 4; d++) {
+        int n = 1, i = 0;
+        switch (t->split[d]) {
+        case MT_SPLIT_NONE: break;
+        case MT_SPLIT_TP: n = c->tp; i = c->tp_rank; break;
+        case MT_SPLIT_EP: n = c->ep; i = c->ep_rank; break;
+        case MT_SPLIT_ETP: n = c->etp; i = c->etp_rank; break;
+        }
+        if (d >= t->ndim) {
+            local_shape[d] = 0;
+            start[d] = 0;
+        } else {
+            part_of(t->shape[d], n, i, &start[d], &local_shape[d]);
+        }
+    }
+}
+
+/* Calls f(whole_index, shard_index, run) for every contiguous run of a shard: the
+ * innermost dimension is contiguous in both. */
+static void for_each_run(const struct mt_param_info *t, const long long ls[4],
+                         const long long st[4], void (*f)(void *, size_t, size_t, size_t),
+                         void *ctx)
+{
+    const int nd = t->ndim;
+    long long outer = 1;
+    for (int d = 0; d < nd - 1; d++) outer *= ls[d];
+    const long long run = ls[nd - 1];
+    for (long long o = 0; o < outer; o++) {
+        /* decompose o over the shard's outer dimensions, map to the whole tensor */
+        long long rem = o, whole = 0, stride = t->shape[nd - 1];
+        for (int d = nd - 2; d >= 0; d--) {
+            long long i = rem % ls[d];
+            rem /= ls[d];
+            whole += (st[d] + i) * stride;
+            stride *= t->shape[d];
+        }
+        whole += st[nd - 1];
+        f(ctx, (size_t)whole, (size_t)(o * run), (size_t)run);
+    }
+}
+
+struct copy_ctx {
+    float *whole, *shard;
+    bool to_shard;
+};
+
+static void copy_run(void *p, size_t whole, size_t shard, size_t n)
+{
+    struct copy_ctx *c = p;
+    if (c->to_shard)
+        memcpy(c->shard + shard, c->whole + whole, sizeof(float) * n);
+    else
+        memcpy(c->whole + whole, c->shard + shard, sizeof(float) * n);
+}
+
+void mt_param_copy_shard(const struct mt_param_info *t, const long long local_shape[4],
+                         const long long start[4], float *whole, float *shard, bool to_shard)
+{
+    struct copy_ctx c = {whole, shard, to_shard};
+    for_each_run(t, local_shape, start, copy_run, &c);
 }
 
 #define SHAPE(...) ((const long long[]){__VA_ARGS__})
@@ -161,6 +282,7 @@ static void build_tensors(struct mt_model *m)
     const float out_std = std / sqrtf(2.0f * (float)m->L);
     const long long H = m->H, Q = m->Q, KV = m->KV, D = m->hd;
     m->embed = add_tensor(m, std, false, 2, SHAPE(m->V, H), "model.embed_tokens.weight", -1, NULL);
+    split(m, m->embed, 0, MT_SPLIT_TP); /* vocabulary-parallel */
     for (int l = 0; l < m->L; l++) {
         struct mt_layer_tensors *t = &m->lt[l];
         *t = (struct mt_layer_tensors){MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR, MT_NO_TENSOR,
@@ -173,6 +295,10 @@ static void build_tensors(struct mt_model *m)
         t->wk = add_tensor(m, std, false, 2, SHAPE(KV, H), LAYER_FMT, l, "self_attn.k_proj.weight");
         t->wv = add_tensor(m, std, false, 2, SHAPE(KV, H), LAYER_FMT, l, "self_attn.v_proj.weight");
         t->wo = add_tensor(m, out_std, false, 2, SHAPE(H, Q), LAYER_FMT, l, "self_attn.o_proj.weight");
+        split(m, t->wq, 0, MT_SPLIT_TP); /* column-parallel: heads */
+        split(m, t->wk, 0, MT_SPLIT_TP); /* KV groups */
+        split(m, t->wv, 0, MT_SPLIT_TP);
+        split(m, t->wo, 1, MT_SPLIT_TP); /* row-parallel */
         if (m->qk_norm) {
             t->q_norm = add_tensor(m, 0, true, 1, SHAPE(D), LAYER_FMT, l, "self_attn.q_norm.weight");
             t->k_norm = add_tensor(m, 0, true, 1, SHAPE(D), LAYER_FMT, l, "self_attn.k_norm.weight");
@@ -185,6 +311,12 @@ static void build_tensors(struct mt_model *m)
             t->exp_up = add_tensor(m, std, false, 3, SHAPE(E, Fe, H), LAYER_FMT, l, "mlp.experts.up_proj");
             t->exp_down = add_tensor(m, out_std, false, 3, SHAPE(E, H, Fe), LAYER_FMT, l,
                                      "mlp.experts.down_proj");
+            split(m, t->exp_gate, 0, MT_SPLIT_EP);
+            split(m, t->exp_gate, 1, MT_SPLIT_ETP);
+            split(m, t->exp_up, 0, MT_SPLIT_EP);
+            split(m, t->exp_up, 1, MT_SPLIT_ETP);
+            split(m, t->exp_down, 0, MT_SPLIT_EP);
+            split(m, t->exp_down, 2, MT_SPLIT_ETP);
             if (Fs > 0) {
                 t->sh_gate = add_tensor(m, std, false, 2, SHAPE(Fs, H), LAYER_FMT, l,
                                         "mlp.shared_expert.gate_proj.weight");
@@ -192,17 +324,40 @@ static void build_tensors(struct mt_model *m)
                                       "mlp.shared_expert.up_proj.weight");
                 t->sh_down = add_tensor(m, out_std, false, 2, SHAPE(H, Fs), LAYER_FMT, l,
                                         "mlp.shared_expert.down_proj.weight");
+                split(m, t->sh_gate, 0, MT_SPLIT_TP);
+                split(m, t->sh_up, 0, MT_SPLIT_TP);
+                split(m, t->sh_down, 1, MT_SPLIT_TP);
             }
         } else {
             const long long F = m->F;
             t->gate = add_tensor(m, std, false, 2, SHAPE(F, H), LAYER_FMT, l, "mlp.gate_proj.weight");
             t->up = add_tensor(m, std, false, 2, SHAPE(F, H), LAYER_FMT, l, "mlp.up_proj.weight");
             t->down = add_tensor(m, out_std, false, 2, SHAPE(H, F), LAYER_FMT, l, "mlp.down_proj.weight");
+            split(m, t->gate, 0, MT_SPLIT_TP);
+            split(m, t->up, 0, MT_SPLIT_TP);
+            split(m, t->down, 1, MT_SPLIT_TP);
         }
     }
     m->final_norm = add_tensor(m, 0, true, 1, SHAPE(H), "model.norm.weight", -1, NULL);
-    m->lm_head = m->tied ? m->embed
-                         : add_tensor(m, std, false, 2, SHAPE(m->V, H), "lm_head.weight", -1, NULL);
+    if (m->tied) {
+        m->lm_head = m->embed;
+    } else {
+        m->lm_head = add_tensor(m, std, false, 2, SHAPE(m->V, H), "lm_head.weight", -1, NULL);
+        split(m, m->lm_head, 0, MT_SPLIT_TP);
+    }
+    /* this rank's shards, contiguous in table order */
+    for (int i = 0; i < m->ntensors; i++) {
+        struct mt_param_info *t = &m->tensors[i];
+        bool whole_on_tp = true;
+        for (int d = 0; d < t->ndim; d++) whole_on_tp = whole_on_tp && t->split[d] != MT_SPLIT_TP;
+        t->tp_replicated = whole_on_tp && !t->expert;
+        mt_param_shard(t, &m->sc, t->local_shape, t->start);
+        t->numel = 1;
+        for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->local_shape[d];
+        t->offset = m->nparams;
+        m->nparams += t->numel;
+        m->nparams_global += t->global_numel;
+    }
 }
 
 /* ------------------------------------------------------------ memory layout */
@@ -223,95 +378,162 @@ static void *take(struct arena *a, size_t bytes)
 #define TAKE_F(a, n) ((float *)take((a), sizeof(float) * (size_t)(n)))
 #define TAKE_I(a, n) ((int32_t *)take((a), sizeof(int32_t) * (size_t)(n)))
 
+/* Token counts of a micro-batch of Bmax sequences: the whole (N), this rank's part (Nl),
+ * and the tokens gathered over the ETP x EP group by the allgather dispatcher (G*Nl). */
+static size_t tokens_all(const struct mt_model *m) { return (size_t)m->Bmax * m->T; }
+static size_t tokens_local(const struct mt_model *m) { return tokens_all(m) / (size_t)m->sc.tp; }
+static size_t tokens_gathered(const struct mt_model *m)
+{
+    return m->dispatch == MT_DISPATCH_ALLGATHER ? tokens_local(m) * (size_t)m->xg : 0;
+}
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer_acts *x)
+{
+    const size_t Nl = tokens_local(m), R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max;
+    const size_t G = tokens_gathered(m), k = (size_t)m->topk;
+    x->logits = TAKE_F(a, Nl * m->E);
+    if (m->balance != MT_BALANCE_NONE && m->aux_coeff > 0.0f)
+        x->aux_counts = TAKE_F(a, (size_t)(m->balance == MT_BALANCE_SEQ_AUX ? m->Bmax : 1) * m->E);
+    if (m->z_coeff > 0.0f) x->z_lse = TAKE_F(a, Nl);
+    x->topk_idx = TAKE_I(a, Nl * k);
+    x->topk_prob = TAKE_F(a, Nl * k);
+    x->plan.offsets = TAKE_I(a, (size_t)m->E + 1);
+    x->plan.row_slot = TAKE_I(a, R);
+    x->plan.slot_row = TAKE_I(a, Nl * k);
+    x->plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
+    if (m->dispatch != MT_DISPATCH_ALLGATHER) {
+        x->xp = TAKE_F(a, R * m->H);
+        x->ey = TAKE_F(a, R * m->H);
+    }
+    if (m->dispatch == MT_DISPATCH_LOCAL) {
+        x->x_offsets = x->plan.offsets;
+        x->xs = x->xp;
+    } else {
+        x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
+        x->xs = TAKE_F(a, Rx * m->H);
+        x->sort_map = TAKE_I(a, Rx);
+    }
+    if (m->dispatch == MT_DISPATCH_ALLTOALL) x->unsort_map = TAKE_I(a, Rx);
+    if (m->dispatch == MT_DISPATCH_ALLGATHER) {
+        x->eys = TAKE_F(a, Rx * m->H);
+        x->g_slot_row = TAKE_I(a, G * k);
+        x->g_prob = TAKE_F(a, G * k);
+    }
+    x->eg = TAKE_F(a, Rx * m->Fe_l);
+    x->eu = TAKE_F(a, Rx * m->Fe_l);
+    x->ea = TAKE_F(a, Rx * m->Fe_l);
+    if (m->Fs > 0) {
+        const size_t N = tokens_all(m);
+        x->sg = TAKE_F(a, N * m->Fs_l);
+        x->su = TAKE_F(a, N * m->Fs_l);
+        x->sa = TAKE_F(a, N * m->Fs_l);
+    }
+}
+
 static void layout_acts(struct mt_model *m, struct arena *a)
 {
-    const size_t N = (size_t)m->Bmax * m->T, R = (size_t)m->rows_max;
-    for (int l = 0; l <= m->L; l++) m->res[l] = TAKE_F(a, N * m->H);
+    const size_t N = tokens_all(m), Nl = tokens_local(m);
+    const bool tp = m->sc.tp > 1;
+    for (int l = 0; l <= m->L; l++) m->res[l] = TAKE_F(a, Nl * m->H);
     for (int l = 0; l < m->L; l++) {
         struct mt_layer_acts *x = &m->la[l];
+        long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
         memset(x, 0, sizeof *x);
-        x->ln1 = TAKE_F(a, N * m->H);
-        x->ln1_rstd = TAKE_F(a, N);
-        x->q = TAKE_F(a, N * m->Q);
-        x->k = TAKE_F(a, N * m->KV);
-        x->v = TAKE_F(a, N * m->KV);
+        x->h_offsets = h_offsets;
+        x->recv_counts = recv_counts;
+        x->ln1 = TAKE_F(a, Nl * m->H);
+        x->ln1_rstd = TAKE_F(a, Nl);
+        x->ln1_full = tp ? TAKE_F(a, N * m->H) : x->ln1;
+        x->q = TAKE_F(a, N * m->Q_l);
+        x->k = TAKE_F(a, N * m->KV_l);
+        x->v = TAKE_F(a, N * m->KV_l);
         if (m->qk_norm) {
-            x->q_rstd = TAKE_F(a, N * m->nh);
-            x->k_rstd = TAKE_F(a, N * m->ng);
+            x->q_rstd = TAKE_F(a, N * m->nh_l);
+            x->k_rstd = TAKE_F(a, N * m->ng_l);
         }
-        x->qr = TAKE_F(a, N * m->Q);
-        x->kr = TAKE_F(a, N * m->KV);
-        x->att = TAKE_F(a, (size_t)m->Bmax * m->nh * m->T * m->T);
-        x->y = TAKE_F(a, N * m->Q);
-        x->res_mid = TAKE_F(a, N * m->H);
-        x->ln2 = TAKE_F(a, N * m->H);
-        x->ln2_rstd = TAKE_F(a, N);
-        if (m->moe_of_layer[l] < 0) {
-            x->gate = TAKE_F(a, N * m->F);
-            x->up = TAKE_F(a, N * m->F);
-            x->act = TAKE_F(a, N * m->F);
+        x->qr = TAKE_F(a, N * m->Q_l);
+        x->kr = TAKE_F(a, N * m->KV_l);
+        x->att = TAKE_F(a, (size_t)m->Bmax * m->nh_l * m->T * m->T);
+        x->y = TAKE_F(a, N * m->Q_l);
+        x->res_mid = TAKE_F(a, Nl * m->H);
+        x->ln2 = TAKE_F(a, Nl * m->H);
+        x->ln2_rstd = TAKE_F(a, Nl);
+        bool moe = m->moe_of_layer[l] >= 0;
+        x->ln2_full = tp && (!moe || m->Fs > 0) ? TAKE_F(a, N * m->H) : x->ln2;
+        if (!moe) {
+            x->gate = TAKE_F(a, N * m->F_l);
+            x->up = TAKE_F(a, N * m->F_l);
+            x->act = TAKE_F(a, N * m->F_l);
             continue;
         }
-        x->logits = TAKE_F(a, N * m->E);
-        if (m->balance != MT_BALANCE_NONE && m->aux_coeff > 0.0f)
-            x->aux_counts = TAKE_F(a, (size_t)m->Bmax * m->E);
-        if (m->z_coeff > 0.0f) x->z_lse = TAKE_F(a, N);
-        x->topk_idx = TAKE_I(a, N * m->topk);
-        x->topk_prob = TAKE_F(a, N * m->topk);
-        x->plan.offsets = TAKE_I(a, (size_t)m->E + 1);
-        x->plan.row_slot = TAKE_I(a, R);
-        x->plan.slot_row = TAKE_I(a, N * m->topk);
-        x->plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
-        x->xp = TAKE_F(a, R * m->H);
-        x->eg = TAKE_F(a, R * m->Fe);
-        x->eu = TAKE_F(a, R * m->Fe);
-        x->ea = TAKE_F(a, R * m->Fe);
-        x->ey = TAKE_F(a, R * m->H);
-        if (m->Fs > 0) {
-            x->sg = TAKE_F(a, N * m->Fs);
-            x->su = TAKE_F(a, N * m->Fs);
-            x->sa = TAKE_F(a, N * m->Fs);
-        }
+        layout_moe_acts(m, a, x);
     }
-    m->lnf = TAKE_F(a, N * m->H);
-    m->lnf_rstd = TAKE_F(a, N);
-    m->lm_logits = TAKE_F(a, N * m->V);
+    m->lnf = TAKE_F(a, Nl * m->H);
+    m->lnf_rstd = TAKE_F(a, Nl);
+    m->lnf_full = tp ? TAKE_F(a, N * m->H) : m->lnf;
+    m->lm_logits = TAKE_F(a, N * m->V_l);
     m->ce_lse = TAKE_F(a, N);
-    m->ce_loss = TAKE_F(a, N);
+    m->ce_tl = TAKE_F(a, N);
     m->inputs = TAKE_I(a, N);
     m->targets = TAKE_I(a, N);
+    m->inputs_v = tp ? TAKE_I(a, N) : m->inputs;
 }
 
 static void layout_scratch(struct mt_model *m, struct arena *a)
 {
-    const size_t N = (size_t)m->Bmax * m->T, R = (size_t)m->rows_max;
+    const size_t N = tokens_all(m), Nl = tokens_local(m), G = tokens_gathered(m);
+    const size_t R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max, k = (size_t)m->topk;
+    const bool tp = m->sc.tp > 1, remote = m->dispatch != MT_DISPATCH_LOCAL;
+    const bool drop_over_tp = tp && m->nmoe > 0 && m->capacity_factor > 0.0;
     size_t ff = 0;
-    if (m->nmoe < m->L) ff = N * m->F;
-    if (m->nmoe > 0) {
-        ff = ff > N * m->Fs ? ff : N * m->Fs;
-        ff = ff > R * m->Fe ? ff : R * m->Fe;
-    }
-    m->tmp = TAKE_F(a, N * m->H);
-    m->tmp2 = TAKE_F(a, N * m->H);
-    m->d_res = TAKE_F(a, N * m->H);
-    m->d_ln = TAKE_F(a, N * m->H);
-    m->dq = TAKE_F(a, N * m->Q);
-    m->dk = TAKE_F(a, N * m->KV);
-    m->dv = TAKE_F(a, N * m->KV);
-    m->dy = TAKE_F(a, N * m->Q);
+    if (m->nmoe < m->L) ff = N * m->F_l;
+    if (m->nmoe > 0) ff = max_z(max_z(ff, N * m->Fs_l), Rx * m->Fe_l);
+    m->tmp = TAKE_F(a, Nl * m->H);
+    m->tmp2 = TAKE_F(a, Nl * m->H);
+    m->full = tp ? TAKE_F(a, N * m->H) : m->tmp;
+    m->full2 = tp ? TAKE_F(a, N * m->H) : m->tmp2;
+    m->d_res = TAKE_F(a, Nl * m->H);
+    m->d_ln = TAKE_F(a, Nl * m->H);
+    m->dq = TAKE_F(a, N * m->Q_l);
+    m->dk = TAKE_F(a, N * m->KV_l);
+    m->dv = TAKE_F(a, N * m->KV_l);
+    m->dy = TAKE_F(a, N * m->Q_l);
     if (m->qk_norm) {
-        m->dq2 = TAKE_F(a, N * m->Q);
-        m->dk2 = TAKE_F(a, N * m->KV);
+        m->dq2 = TAKE_F(a, N * m->Q_l);
+        m->dk2 = TAKE_F(a, N * m->KV_l);
     }
     if (m->nmoe > 0) {
-        m->d_logits = TAKE_F(a, N * m->E);
-        m->d_prob = TAKE_F(a, N * m->topk);
+        m->d_logits = TAKE_F(a, Nl * m->E);
+        m->d_prob = TAKE_F(a, Nl * k);
         m->d_rows = TAKE_F(a, R * m->H);
         m->d_rows2 = TAKE_F(a, R * m->H);
+        if (remote) {
+            m->d_x = TAKE_F(a, Rx * m->H);
+            m->d_x2 = TAKE_F(a, Rx * m->H);
+            m->stage = TAKE_F(a, max_z(Rx, G) * m->H);
+            m->stage2 = TAKE_F(a, max_z(Rx, G) * m->H);
+        }
+        if (m->dispatch == MT_DISPATCH_ALLGATHER) {
+            m->g_dprob = TAKE_F(a, G * k);
+            m->x_kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E_l);
+        }
+        if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) {
+            m->idx_full = TAKE_I(a, max_z(N, G) * k);
+            m->prob_full = TAKE_F(a, max_z(N, G) * k);
+        }
+        if (drop_over_tp) {
+            m->full_plan.offsets = TAKE_I(a, (size_t)m->E + 1);
+            m->full_plan.row_slot = TAKE_I(a, N * k);
+            m->full_plan.slot_row = TAKE_I(a, N * k);
+            m->full_plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
+        }
+        if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) m->route_idx = TAKE_I(a, Nl * k);
     }
     m->d_f1 = TAKE_F(a, ff);
     m->d_f2 = TAKE_F(a, ff);
     m->d_f3 = TAKE_F(a, ff);
+    if (tp) m->lse_all = TAKE_F(a, (size_t)m->sc.tp * N);
 }
 
 /* Megatron's get_capacity(num_tokens * topk, E, factor) for N tokens. */
@@ -320,10 +542,88 @@ static int capacity_for(const struct mt_model *m, long long N)
     return (int)ceil((double)(N * m->topk) / m->E * m->capacity_factor);
 }
 
+/* Plan rows (R) and expert-side rows (Rx) for Bmax sequences: R is what one rank's
+ * tokens fill (N*k, or E*capacity rows when padded); Rx what its experts receive from
+ * the G = ETP x EP sources, each sending at most min(k, E_l) rows per token and, with a
+ * capacity, at most capacity rows per expert (exactly that many when padded). */
+static void size_rows(struct mt_model *m)
+{
+    const long long N = (long long)tokens_all(m), Nl = (long long)tokens_local(m);
+    const long long cap = m->capacity_factor > 0.0 ? capacity_for(m, N) : 0;
+    const long long R = Nl * m->topk, padded = (long long)m->E * cap;
+    m->rows_max = (int)(R > padded ? R : padded);
+    if (m->dispatch == MT_DISPATCH_LOCAL) {
+        m->x_rows_max = m->rows_max;
+        return;
+    }
+    const long long kmin = m->topk < m->E_l ? m->topk : m->E_l;
+    long long per_source = Nl * kmin;
+    if (cap > 0) {
+        long long capped = (long long)m->E_l * cap;
+        per_source = m->pad_to_capacity || capped < per_source ? capped : per_source;
+    }
+    m->x_rows_max = (int)(per_source * m->xg);
+}
+
 /* ------------------------------------------------------------ lifecycle */
 
+/* This rank's coordinates and communicators from par (NULL: one process). */
+static int take_layout(struct mt_model *m, const struct mt_parallel *par, struct mt_err *err)
+{
+    m->sc = (struct mt_shard_coords){1, 0, 1, 0, 1, 0};
+    m->xg = 1;
+    if (!par) return MT_OK;
+    if (par->pp > 1 || par->cp > 1)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "model: pipeline_model_parallel_size = %d and context_parallel_size = %d "
+                          "are not implemented (use 1)",
+                          par->pp, par->cp);
+    m->sc = (struct mt_shard_coords){par->tp, par->tp_rank, par->ep, par->ep_rank, par->etp,
+                                     par->etp_rank};
+    m->tp_comm = par->comm[MT_GROUP_TP];
+    m->ep_comm = par->comm[MT_GROUP_EP];
+    m->etp_comm = par->comm[MT_GROUP_ETP];
+    m->xg_comm = par->comm[MT_GROUP_ETP_EP];
+    m->xg = par->ep * par->etp;
+    return MT_OK;
+}
+
+/* Host memory that lives as long as the model: per MoE layer the plan offsets and the
+ * rows received from each source, and the routing bookkeeping. */
+static int alloc_host(struct mt_model *m)
+{
+    const size_t N = tokens_all(m), G = tokens_gathered(m), k = (size_t)m->topk;
+    const size_t E = (size_t)m->E, S = (size_t)m->sc.ep * (size_t)m->E_l;
+    const size_t Rx = (size_t)m->x_rows_max, P = (size_t)(m->sc.ep > m->sc.etp ? m->sc.ep : m->sc.etp);
+    const size_t nk = max_z(N, G) * k;
+    for (int l = 0; l < m->L; l++) {
+        if (m->moe_of_layer[l] < 0) continue;
+        m->la[l].h_offsets = calloc(E + 1, sizeof(long long));
+        m->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
+        if (!m->la[l].h_offsets || !m->la[l].recv_counts) return MT_ENOMEM;
+    }
+    struct arena a = {NULL, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        m->h_idx = TAKE_I(&a, nk);
+        m->h_idx2 = TAKE_I(&a, nk);
+        m->h_sort = TAKE_I(&a, Rx);
+        m->h_unsort = TAKE_I(&a, Rx);
+        m->h_offs = TAKE_I(&a, E + 1);
+        m->h_send = (long long *)take(&a, sizeof(long long) * E);
+        m->h_recv = (long long *)take(&a, sizeof(long long) * S);
+        m->h_start = (long long *)take(&a, sizeof(long long) * (size_t)m->sc.etp * S);
+        m->h_cnt = (size_t *)take(&a, sizeof(size_t) * 8 * P);
+        if (pass == 0) {
+            m->host_scratch = malloc(a.off);
+            if (!m->host_scratch) return MT_ENOMEM;
+            a = (struct arena){m->host_scratch, 0};
+        }
+    }
+    return MT_OK;
+}
+
 int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int max_micro_batch,
-                    struct mt_model **out, struct mt_err *err)
+                    const struct mt_parallel *par, struct mt_model **out, struct mt_err *err)
 {
     *out = NULL;
     if (max_micro_batch < 1)
@@ -335,6 +635,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
                           mt_op_names[missing]);
     struct mt_model *m = calloc(1, sizeof *m);
     if (!m) return mt_err_set(err, MT_ENOMEM, "model: out of memory");
+    int rc = take_layout(m, par, err);
+    if (rc) {
+        free(m);
+        return rc;
+    }
     m->cfg = *cfg;
     m->k = k;
     m->Bmax = max_micro_batch;
@@ -353,20 +658,56 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->qk_norm = cfg->model.qk_layernorm;
     m->eps = (float)cfg->model.norm_epsilon;
     m->theta = (float)cfg->model.rotary_base;
+    const int tp = m->sc.tp;
+    if (m->nh % tp || m->ng % tp || m->F % tp || (m->T * max_micro_batch) % tp) {
+        mt_model_destroy(m);
+        return mt_err_set(err, MT_EINVAL,
+                          "model: heads %d, KV groups %d, ffn_hidden_size %d and the %d tokens of "
+                          "a micro-batch must divide by tensor_model_parallel_size = %d",
+                          cfg->model.num_attention_heads, cfg->model.num_query_groups,
+                          cfg->model.ffn_hidden_size, cfg->training.seq_length * max_micro_batch,
+                          tp);
+    }
+    m->nh_l = m->nh / tp;
+    m->ng_l = m->ng / tp;
+    m->Q_l = m->nh_l * m->hd;
+    m->KV_l = m->ng_l * m->hd;
+    m->F_l = m->F / tp;
+    long long vlen, v0;
+    part_of(m->V, tp, m->sc.tp_rank, &v0, &vlen);
+    m->v0 = (int)v0;
+    m->V_l = (int)vlen;
 
-    int rc = MT_ENOMEM;
+    rc = MT_ENOMEM;
     m->moe_of_layer = calloc((size_t)m->L, sizeof(int));
     m->lt = calloc((size_t)m->L, sizeof *m->lt);
     m->la = calloc((size_t)m->L, sizeof *m->la);
     m->res = calloc((size_t)m->L + 1, sizeof(float *));
     if (!m->moe_of_layer || !m->lt || !m->la || !m->res) goto fail;
     for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
+    m->dispatch = MT_DISPATCH_LOCAL;
     if (m->nmoe > 0) {
         const struct mt_config_moe *mo = &cfg->moe;
         m->E = mo->num_experts;
         m->Fe = mo->moe_ffn_hidden_size;
         m->Fs = mo->shared_expert_intermediate_size;
         m->topk = mo->router_topk;
+        if (m->E % m->sc.ep || m->Fe % m->sc.etp || m->Fs % tp) {
+            mt_model_destroy(m);
+            return mt_err_set(err, MT_EINVAL,
+                              "model: num_experts %d must divide by expert_model_parallel_size %d, "
+                              "moe_ffn_hidden_size %d by expert_tensor_parallel_size %d, and "
+                              "shared_expert_intermediate_size %d by tensor_model_parallel_size %d",
+                              mo->num_experts, m->sc.ep, mo->moe_ffn_hidden_size, m->sc.etp,
+                              mo->shared_expert_intermediate_size, tp);
+        }
+        m->E_l = m->E / m->sc.ep;
+        m->e0 = m->E_l * m->sc.ep_rank;
+        m->Fe_l = m->Fe / m->sc.etp;
+        m->Fs_l = m->Fs / tp;
+        if (m->xg > 1)
+            m->dispatch = streq(mo->token_dispatcher_type, "allgather") ? MT_DISPATCH_ALLGATHER
+                                                                        : MT_DISPATCH_ALLTOALL;
         m->router = (struct mt_router_args){
             .num_tokens = 0, .num_experts = m->E, .topk = m->topk,
             .score_fn = streq(mo->router_score_function, "sigmoid") ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX,
@@ -383,19 +724,14 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         m->force_balance = mo->router_force_load_balancing;
         m->expert_bias_on = mo->router_enable_expert_bias;
         m->bias_rate = (float)mo->router_bias_update_rate;
-        long long nk = (long long)m->Bmax * m->T * m->topk;
-        m->rows_max = (int)nk;
-        if (m->capacity_factor > 0.0) {
-            long long padded = (long long)m->E * capacity_for(m, (long long)m->Bmax * m->T);
-            if (padded > m->rows_max) m->rows_max = (int)padded;
-        }
+        size_rows(m);
         m->expert_bias = calloc((size_t)m->nmoe * m->E, sizeof(float));
         m->expert_counts = calloc((size_t)m->nmoe * m->E, sizeof(long long));
         m->host_kept = calloc((size_t)m->E, sizeof(int64_t));
         if (!m->expert_bias || !m->expert_counts || !m->host_kept) goto fail;
     }
-    m->host_tokens = calloc((size_t)2 * m->Bmax * m->T, sizeof(int32_t));
-    if (!m->host_tokens) goto fail;
+    m->host_tokens = calloc((size_t)3 * m->Bmax * m->T, sizeof(int32_t));
+    if (!m->host_tokens || alloc_host(m) != MT_OK) goto fail;
 
     int max_tensors = 3 + m->L * 16;
     m->tensors = calloc((size_t)max_tensors, sizeof *m->tensors);
@@ -428,10 +764,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     mt_model_params_updated(m);
     *out = m;
     return MT_OK;
-fail:
+fail:;
+    size_t nparams = m->nparams;
     mt_model_destroy(m);
     return mt_err_set(err, rc, "model: out of memory (%zu parameters, batch %d x %d tokens)",
-                      m ? m->nparams : 0, max_micro_batch, cfg->training.seq_length);
+                      nparams, max_micro_batch, cfg->training.seq_length);
 }
 
 void mt_model_destroy(struct mt_model *m)
@@ -443,6 +780,11 @@ void mt_model_destroy(struct mt_model *m)
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
+    for (int l = 0; m->la && l < m->L; l++) {
+        free(m->la[l].h_offsets);
+        free(m->la[l].recv_counts);
+    }
+    free(m->host_scratch);
     free(m->moe_of_layer);
     free(m->lt);
     free(m->la);
@@ -458,6 +800,8 @@ void mt_model_destroy(struct mt_model *m)
 }
 
 size_t mt_model_num_params(const struct mt_model *m) { return m->nparams; }
+size_t mt_model_num_global_params(const struct mt_model *m) { return m->nparams_global; }
+void mt_model_shard_coords(const struct mt_model *m, struct mt_shard_coords *c) { *c = m->sc; }
 int mt_model_num_tensors(const struct mt_model *m) { return m->ntensors; }
 
 const struct mt_param_info *mt_model_tensor(const struct mt_model *m, int i)
@@ -476,6 +820,19 @@ float *mt_model_buffers(struct mt_model *m, size_t *n)
 
 /* ------------------------------------------------------------ init and updates */
 
+struct init_ctx {
+    float *p;
+    float std;
+    uint64_t key;
+};
+
+static void init_run(void *ctx, size_t whole, size_t shard, size_t n)
+{
+    const struct init_ctx *c = ctx;
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) c->p[shard + j] = c->std * mt_rng_normal(c->key, 0, whole + j);
+}
+
 void mt_model_init(struct mt_model *m, unsigned long long seed)
 {
     float *host = malloc(sizeof(float) * m->nparams);
@@ -483,15 +840,13 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
     for (int i = 0; i < m->ntensors; i++) {
         const struct mt_param_info *t = &m->tensors[i];
         float *p = host + t->offset;
-        const float std = m->std_of[i];
-        const uint64_t key = mt_rng_key(seed, (uint64_t)i);
-        const long long n = (long long)t->numel;
         if (t->no_weight_decay) { /* RMSNorm weights */
-            for (long long j = 0; j < n; j++) p[j] = 1.0f;
+            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
             continue;
         }
-#pragma omp parallel for schedule(static)
-        for (long long j = 0; j < n; j++) p[j] = std * mt_rng_normal(key, 0, (uint64_t)j);
+        /* element j of the whole tensor draws counter j, whichever rank holds it */
+        struct init_ctx c = {p, m->std_of[i], mt_rng_key(seed, (uint64_t)i)};
+        for_each_run(t, t->local_shape, t->start, init_run, &c);
     }
     m->k->op.copy(m->k->ctx, m->params, host, sizeof(float) * m->nparams);
     free(host);
@@ -527,6 +882,7 @@ int mt_model_forward(struct mt_model *m, const int32_t *tokens, int B, struct mt
 int mt_model_num_moe_layers(const struct mt_model *m) { return m->nmoe; }
 
 const long long *mt_model_expert_counts(const struct mt_model *m) { return m->expert_counts; }
+long long *mt_model_expert_counts_mut(struct mt_model *m) { return m->expert_counts; }
 
 void mt_model_reset_expert_counts(struct mt_model *m)
 {

@@ -8,6 +8,10 @@
 
 enum mt_balance { MT_BALANCE_NONE, MT_BALANCE_AUX, MT_BALANCE_SEQ_AUX };
 
+/* How routed tokens reach the experts of other ranks (moe%token_dispatcher_type);
+ * LOCAL when this rank holds every expert whole (EP = ETP = 1). */
+enum mt_dispatch { MT_DISPATCH_LOCAL, MT_DISPATCH_ALLTOALL, MT_DISPATCH_ALLGATHER };
+
 /* Tensor ids (index into m->tensors) of one layer's weights; MT_NO_TENSOR if absent. */
 struct mt_layer_tensors {
     int ln1, wq, wk, wv, wo, q_norm, k_norm, ln2;
@@ -16,39 +20,61 @@ struct mt_layer_tensors {
     int gate, up, down;                     /* dense MLP */
 };
 
-/* What one layer's forward saves for its backward (views into m->acts). */
+/* What one layer's forward saves for its backward (views into m->acts). Token counts:
+ * N = B*T (the micro-batch), Nl = N/tp (this rank's sequence-parallel part); widths
+ * with _l are this rank's shards (heads, F/tp, ...). */
 struct mt_layer_acts {
-    float *ln1, *ln1_rstd;      /* (N,H), (N) */
-    float *q, *k, *v;           /* projections (N,Q), (N,KV), (N,KV) */
-    float *q_rstd, *k_rstd;     /* QK-norm statistics (N*heads), (N*groups) */
+    float *ln1, *ln1_rstd;      /* (Nl,H), (Nl) */
+    float *ln1_full;            /* (N,H): ln1 gathered over TP (== ln1 when tp = 1) */
+    float *q, *k, *v;           /* projections (N,Q_l), (N,KV_l), (N,KV_l) */
+    float *q_rstd, *k_rstd;     /* QK-norm statistics (N*heads_l), (N*groups_l) */
     float *qr, *kr;             /* normed + rotated q, k */
-    float *att;                 /* (B,heads,T,T) */
-    float *y;                   /* attention output (N,Q) */
-    float *res_mid;             /* residual after attention (N,H) */
-    float *ln2, *ln2_rstd;      /* (N,H), (N) */
+    float *att;                 /* (B,heads_l,T,T) */
+    float *y;                   /* attention output (N,Q_l) */
+    float *res_mid;             /* residual after attention (Nl,H) */
+    float *ln2, *ln2_rstd;      /* (Nl,H), (Nl) */
+    float *ln2_full;            /* (N,H) gathered for the dense MLP / shared expert */
     /* dense MLP */
-    float *gate, *up, *act;     /* (N,F) */
-    /* MoE */
-    float *logits;              /* router logits (N,E), forced ones when force-balancing */
-    float *aux_counts;          /* (B,E) */
-    float *z_lse;               /* (N) */
-    int32_t *topk_idx;          /* (N,k) */
-    float *topk_prob;           /* (N,k) */
-    struct mt_dispatch_plan plan;
+    float *gate, *up, *act;     /* (N,F_l) */
+    /* MoE: routing of this rank's Nl tokens */
+    float *logits;              /* router logits (Nl,E), forced ones when force-balancing */
+    float *aux_counts;          /* (seqs,E), summed over the TP group */
+    float *z_lse;               /* (Nl) */
+    int32_t *topk_idx;          /* (Nl,k) */
+    float *topk_prob;           /* (Nl,k) */
+    struct mt_dispatch_plan plan; /* of the Nl tokens over all E experts */
     float *xp;                  /* permuted input (R,H) */
-    float *eg, *eu, *ea;        /* expert gate, up, SwiGLU (R,Fe) */
-    float *ey;                  /* expert output (R,H) */
-    float *sg, *su, *sa;        /* shared expert (N,Fs) */
-    int rows;                   /* permuted rows of the last forward */
+    float *ey;                  /* expert output in plan order (R,H) */
+    /* expert side: rows this rank's experts compute, grouped by local expert */
+    int32_t *x_offsets;         /* (E_l+1) */
+    float *xs;                  /* (Rx,H) expert input (== xp for LOCAL) */
+    float *eg, *eu, *ea;        /* expert gate, up, SwiGLU (Rx,Fe_l) */
+    float *eys;                 /* (Rx,H) expert output rows (ALLGATHER) */
+    int32_t *sort_map, *unsort_map; /* (Rx) ALLTOALL: received order <-> expert order */
+    long long *recv_counts;     /* ALLTOALL host: [etp][ep][E_l] rows from each source */
+    int32_t *g_slot_row;        /* ALLGATHER: (G*Nl,k) slot -> expert row of the gathered tokens */
+    float *g_prob;              /* ALLGATHER: (G*Nl,k) gathered routing weights */
+    float *sg, *su, *sa;        /* shared expert (N,Fs_l) */
+    int rows;                   /* R: rows of the plan of the last forward */
+    int x_rows;                 /* Rx */
+    long long *h_offsets;       /* host copy of plan.offsets (E+1) */
 };
 
 struct mt_model {
     struct mt_config cfg;
     const struct mt_kernels *k;
     int Bmax, T;
+    /* the whole model */
     int L, H, nh, ng, hd, Q, KV, F, V, E, Fe, Fs, topk;
     bool bf16, tied, qk_norm;
     float eps, theta;
+    /* this rank's part of it */
+    struct mt_shard_coords sc;
+    struct mt_comm *tp_comm, *ep_comm, *etp_comm, *xg_comm; /* xg: the ETP x EP group */
+    int nh_l, ng_l, Q_l, KV_l, F_l, Fs_l, Fe_l, E_l, V_l;
+    int v0, e0;                 /* first vocabulary id and first expert of this rank */
+    int xg;                     /* size of the ETP x EP group */
+    enum mt_dispatch dispatch;
     /* MoE */
     int nmoe;
     int *moe_of_layer;          /* (L): index among MoE layers, -1 for dense */
@@ -59,7 +85,8 @@ struct mt_model {
     bool pad_to_capacity, force_balance, expert_bias_on;
     enum mt_drop_policy drop_policy;
     float bias_rate;
-    int rows_max;               /* permuted rows for Bmax */
+    int rows_max;               /* plan rows for Bmax (R) */
+    int x_rows_max;             /* expert-side rows for Bmax (Rx) */
     /* parameters */
     int ntensors;
     struct mt_param_info *tensors;
@@ -67,29 +94,47 @@ struct mt_model {
     float *std_of;              /* (ntensors) init std, 0 for norms (init 1) */
     int embed, final_norm, lm_head;
     struct mt_layer_tensors *lt;
-    size_t nparams;
+    size_t nparams, nparams_global;
     float *params, *grads, *work; /* work == params in fp32 */
     /* activations */
     void *acts;
     size_t acts_bytes;
-    float **res;                /* (L+1) residual stream (N,H): res[0] embeddings */
+    float **res;                /* (L+1) residual stream (Nl,H): res[0] embeddings */
     struct mt_layer_acts *la;
-    float *lnf, *lnf_rstd, *lm_logits, *ce_lse, *ce_loss;
-    int32_t *inputs, *targets;
-    /* scratch (backward temporaries and forward partial sums) */
+    float *lnf, *lnf_rstd, *lnf_full, *lm_logits, *ce_lse, *ce_tl;
+    int32_t *inputs, *targets;  /* (N) */
+    int32_t *inputs_v;          /* (N) inputs - v0 in this vocabulary shard, else -1 */
+    /* scratch (backward temporaries, forward partial sums, communication staging) */
     void *scratch;
     size_t scratch_bytes;
-    float *tmp, *tmp2;          /* (N,H) */
-    float *d_res, *d_ln;        /* (N,H) */
-    float *dq, *dk, *dv, *dq2, *dk2, *dy; /* (N,Q) / (N,KV) */
-    float *d_logits, *d_prob;   /* (N,E), (N,k) */
+    float *tmp, *tmp2;          /* (Nl,H) */
+    float *full, *full2;        /* (N,H): row-parallel partial sums, gathered gradients */
+    float *d_res, *d_ln;        /* (Nl,H) */
+    float *dq, *dk, *dv, *dq2, *dk2, *dy; /* (N,Q_l) / (N,KV_l) */
+    float *d_logits, *d_prob;   /* (Nl,E), (Nl,k) */
     float *d_rows, *d_rows2;    /* (R,H) */
-    float *d_f1, *d_f2, *d_f3;  /* max((N,F), (N,Fs), (R,Fe)) */
+    float *d_x, *d_x2;          /* (Rx,H) */
+    float *stage, *stage2;      /* (max(Rx, G*Nl),H) */
+    float *g_dprob;             /* (G*Nl,k) */
+    int64_t *x_kept;            /* (E_l) the expert-side plan's counts (ALLGATHER) */
+    float *d_f1, *d_f2, *d_f3;  /* max((N,F_l), (N,Fs_l), (Rx,Fe_l)) */
+    float *lse_all;             /* (tp,N) */
+    int32_t *idx_full;          /* (max(N, G*Nl),k) gathered routing */
+    float *prob_full;           /* (max(N, G*Nl),k) */
+    struct mt_dispatch_plan full_plan; /* over the N tokens of a micro-batch (capacity with TP) */
+    int32_t *route_idx;         /* (Nl,k) topk_idx with dropped slots -1 */
     /* buffers */
     float *expert_bias;         /* (nmoe,E) */
     long long *expert_counts;   /* (nmoe,E) */
     int64_t *host_kept;         /* (E) */
-    int32_t *host_tokens;       /* (2,Bmax,T) staging of inputs and targets */
+    int32_t *host_tokens;       /* (3,Bmax,T) staging of inputs, targets, shard inputs */
+    /* routing bookkeeping on the host (one allocation, host_scratch) */
+    void *host_scratch;
+    int32_t *h_idx, *h_idx2;    /* (max(N, G*Nl),k) */
+    int32_t *h_sort, *h_unsort; /* (Rx) */
+    int32_t *h_offs;            /* (E+1) */
+    long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
+    size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
 };
 
 /* model.c: per-expert capacity for N tokens (0: dropless) */
@@ -103,5 +148,43 @@ static inline float *mt_model_view(float *base, const struct mt_model *m, int te
 {
     return tensor == MT_NO_TENSOR ? NULL : base + m->tensors[tensor].offset;
 }
+
+/* One forward (and backward) call. */
+struct mt_pass {
+    struct mt_model *m;
+    const struct mt_kernel_ops *o;
+    void *ctx;
+    int B, N, Nl;            /* sequences; tokens of the micro-batch; this rank's tokens */
+    long long tok0;          /* index of this rank's first token in the micro-batch */
+    bool train;
+    float scale;             /* loss_scale */
+    struct mt_model_stats *st;
+    struct mt_err *err;
+};
+
+/* model_pass.c: pieces the MoE layer shares with the dense layers */
+void mt_pass_round(const struct mt_pass *p, float *x, size_t n);
+void mt_pass_linear_fwd(const struct mt_pass *p, float *out, const float *in, const float *w,
+                        int N, int dout, int din);
+void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *dw,
+                        const float *dout, const float *in, const float *w, int N, int d_out,
+                        int d_in);
+void mt_pass_mlp_fwd(const struct mt_pass *p, float *out, const float *x, const float *wg,
+                     const float *wu, const float *wd, float *gate, float *up, float *act, int N,
+                     int F);
+void mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
+                     const float *x, const float *gate, const float *up, const float *act, int N,
+                     int F, const float *wg, const float *wu, const float *wd, float *gg, float *gu,
+                     float *gd);
+/* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
+ * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
+int mt_pass_sp_gather(const struct mt_pass *p, float *full, const float *local, int C);
+/* local (Nl,C) = this rank's rows of the sum over the TP group of full (N,C). */
+int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float *full, int C);
+
+/* model_moe.c: the MoE block on this rank's Nl tokens; out (Nl,H); the backward reads
+ * the output gradient from m->d_res and writes the input gradient to m->d_ln. */
+int mt_moe_fwd(const struct mt_pass *p, int l, float *out);
+int mt_moe_bwd(const struct mt_pass *p, int l);
 
 #endif

@@ -74,36 +74,89 @@ int mt_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int peer,
 int mt_barrier(struct mt_comm *c, struct mt_err *err);
 void mt_comm_destroy(struct mt_comm *c);
 
+/* A group of one process: reductions leave buf as it is, gathers and scatters
+ * copy, a send to oneself waits for the matching recv (a recv with nothing
+ * sent fails at once). */
+int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out,
+                        struct mt_err *err);
+
+/* NCCL over the processes of host (an MPI or self comm of one group: rank 0
+ * makes the unique id, host broadcasts it); collective over host. Uses the
+ * current CUDA device (cudaSetDevice first). Buffers are device memory; each
+ * call is enqueued on the comm's stream and waited for, bounded by
+ * host->timeout_s: on expiry the NCCL comm is aborted (ncclCommAbort) and the
+ * call fails like any timeout. send/recv ignore tag (NCCL matches in order).
+ * A build without NCCL returns MT_EUNSUPPORTED. */
+int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err);
+/* Enqueues c's calls on stream (a cudaStream_t; NULL: the comm's own stream),
+ * so they follow the caller's kernels without a host-side sync first. */
+int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err);
+
 /* The processes of this job, as the launcher describes them. */
 struct mt_world {
     int rank, size;             /* job rank and size */
     int local_rank, local_size; /* on this node */
     int node_id, num_nodes;
     char hostname[256];         /* the launcher's name for the node (PMIx hostname) */
-    char launcher[32];          /* "pmix (mpirun)", "pmix (slurm)", "none" */
-    double timeout_s;           /* parallel%collective_timeout */
+    char launcher[32];          /* "pmix (mpirun)", "pmix (slurm)", "pmix" (another
+                                   PMIx launcher), "none" (started plainly) */
+    double timeout_s;           /* &parallel distributed_timeout_minutes, in seconds */
     struct mt_comm *comm;       /* all processes */
     void *impl;
 };
 
 /* Starts the runtime: PMIx when a launcher provides it (srun --mpi=pmix,
- * mpirun), else one process. backend: "mpi" or "self" (one process only).
- * Errors: a launcher without PMIx, world sizes that disagree, ... */
+ * mpirun), else one process. The world comm is MPI with several processes,
+ * self with one. Errors: several tasks started without PMIx, a build without
+ * PMIx/MPI, PMIx and MPI disagreeing on the world (see world.c for the
+ * environment variables read). Those first two are the same on every process
+ * (MT_EUNSUPPORTED): print them once, on mt_world_launcher_rank() == 0.
+ *
+ * Timeout semantics: timeout_s (0: unbounded) bounds each call separately:
+ * every collective and send/recv of every comm created from this world, each
+ * modex fence, and the handshake of mt_world_split. A call that passes it
+ * returns MT_ERUNTIME naming the call, the group ("tp[3]"), the rank and the
+ * seconds waited, and leaves its comm broken (MPI cannot cancel a collective):
+ * the caller then reports and calls mt_world_abort. Not bounded: PMIx_Init and
+ * MPI_Init (the launcher's job), MPI_Finalize. */
 int mt_world_init(struct mt_world **out, double timeout_s, struct mt_err *err);
 
+/* The bound on later calls (e.g. once the config is read): the world comm and
+ * comms split afterwards. */
+void mt_world_set_timeout(struct mt_world *w, double timeout_s);
+
+/* This process's rank as its launcher's environment says, before (or
+ * without) mt_world_init; 0 when no launcher says. */
+int mt_world_launcher_rank(void);
+
+/* Collective over all processes, on a private comm (it never matches other
+ * calls): each passes its outcome, mine (NULL or code MT_OK: success). Sets
+ * *nfailed to the number of processes that failed, and *report to whether
+ * this process should print its message: the lowest failing rank does, and
+ * any other failing rank whose message differs from that one, so an error
+ * every process hits is printed once. Bounded by timeout_s (a failing
+ * process may pass a short one: peers stuck in a collective never arrive). */
+int mt_world_agree(struct mt_world *w, const struct mt_err *mine, double timeout_s,
+                   int *nfailed, bool *report, struct mt_err *err);
+
 /* Exchanges a blob per process through the PMIx modex (Put/Commit/Fence/Get):
- * all[r * len .. ) receives rank r's blob; every rank passes the same len. */
+ * all[r * len .. ) receives rank r's blob; every rank passes the same len and
+ * calls it the same number of times (key only names it in messages). */
 int mt_world_exchange(struct mt_world *w, const char *key, const void *mine, size_t len,
                       void *all, struct mt_err *err);
 
 /* Collective over all processes: creates the communicator of the processes
- * that pass the same color, ordered by key (MPI_Comm_split semantics). */
+ * that pass the same color (>= 0), ordered by key, then world rank
+ * (MPI_Comm_split semantics); a group of one is a self comm. */
 int mt_world_split(struct mt_world *w, int color, int key, const char *name,
                    struct mt_comm **out, struct mt_err *err);
 
-/* Ends every process of the job with status 1 (after an error on any rank). */
+/* Ends every process of the job with status 1 (after an error on any rank):
+ * MPI_Abort with several processes, PMIx_Abort under a launcher, else exit. */
 _Noreturn void mt_world_abort(struct mt_world *w);
 
+/* Ends the runtime after success (MPI_Finalize, PMIx_Finalize); destroy the
+ * comms split from w first. Not after a timeout: abort then. */
 void mt_world_finalize(struct mt_world *w);
 
 #endif

@@ -1,9 +1,85 @@
+# src/runtime: bootstrap (PMIx, single), comm vtable (MPI, NCCL, self), parallel groups.
 noinst_LTLIBRARIES += libmt_runtime.la
 MT_MODULE_LIBS += libmt_runtime.la
-libmt_runtime_la_SOURCES = src/runtime/groups.c src/runtime/groups.h
+libmt_runtime_la_SOURCES = src/runtime/groups.c src/runtime/groups.h \
+	src/runtime/comm.c src/runtime/comm.h src/runtime/comm_internal.h \
+	src/runtime/world.c src/runtime/parallel.c src/runtime/parallel.h
+libmt_runtime_la_CPPFLAGS = $(AM_CPPFLAGS) $(mpi_CFLAGS)
+libmt_runtime_la_LIBADD = $(pmix_LIBS)
+if HAVE_MPI
+libmt_runtime_la_SOURCES += src/runtime/comm_mpi.c
+libmt_runtime_la_LIBADD += $(mpi_LIBS)
+else
+EXTRA_DIST += src/runtime/comm_mpi.c
+endif
+if HAVE_NCCL
+libmt_runtime_la_SOURCES += src/runtime/comm_nccl.c
+libmt_runtime_la_CPPFLAGS += $(cuda_CFLAGS) $(nccl_CFLAGS)
+libmt_runtime_la_LIBADD += $(nccl_LIBS) $(cuda_LIBS)
+else
+EXTRA_DIST += src/runtime/comm_nccl.c
+endif
+
+# Libraries a runtime test program links.
+MT_RUNTIME_TEST_LIBS = libmt_runtime.la libmt_util.la
 
 check_PROGRAMS += tests/runtime/test_groups
 TESTS += tests/runtime/test_groups
 tests_runtime_test_groups_SOURCES = tests/runtime/test_groups.c
 tests_runtime_test_groups_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_runtime_test_groups_LDADD = libmt_runtime.la libmt_util.la $(cmocka_LIBS)
+
+# Self world and self comm, no launcher (cmocka).
+check_PROGRAMS += tests/runtime/test_comm_self
+TESTS += tests/runtime/test_comm_self
+tests_runtime_test_comm_self_SOURCES = tests/runtime/test_comm_self.c
+tests_runtime_test_comm_self_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_runtime_test_comm_self_LDADD = $(MT_RUNTIME_TEST_LIBS) $(cmocka_LIBS) $(MT_LIBS)
+
+# A multi-rank program for launchers (mpirun, srun): every collective against
+# hand-computed results, agreement, and fault modes (see its header comment).
+check_PROGRAMS += tests/runtime/comm_check
+tests_runtime_comm_check_SOURCES = tests/runtime/comm_check.c tests/runtime/check.h
+tests_runtime_comm_check_LDADD = $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS)
+
+# What the shell tests need to know about this build.
+if HAVE_MPI
+MT_RT_HAVE_MPI = yes
+else
+MT_RT_HAVE_MPI = no
+endif
+if HAVE_PMIX
+MT_RT_HAVE_PMIX = yes
+else
+MT_RT_HAVE_PMIX = no
+endif
+if HAVE_NCCL
+MT_RT_HAVE_NCCL = yes
+else
+MT_RT_HAVE_NCCL = no
+endif
+check_SCRIPTS += tests/runtime/build.env
+CLEANFILES += tests/runtime/build.env
+tests/runtime/build.env: Makefile
+	$(AM_V_GEN)$(MKDIR_P) tests/runtime && \
+	printf "MPIRUN='%s'\nMT_HAVE_MPI=%s\nMT_HAVE_PMIX=%s\nMT_HAVE_NCCL=%s\n" \
+		'$(MPIRUN)' $(MT_RT_HAVE_MPI) $(MT_RT_HAVE_PMIX) $(MT_RT_HAVE_NCCL) > $@
+
+TESTS += tests/runtime/mpi_collectives.sh tests/runtime/mpi_faults.sh \
+	tests/runtime/launch_errors.sh tests/runtime/cli_multirank.sh \
+	tests/runtime/nccl_collectives.sh tests/slurm/srun_pmix.sh tests/slurm/sbatch_script.sh
+EXTRA_DIST += tests/runtime/common.sh tests/runtime/lsan.supp tests/runtime/mpi_collectives.sh \
+	tests/runtime/mpi_faults.sh tests/runtime/launch_errors.sh tests/runtime/cli_multirank.sh \
+	tests/runtime/nccl_collectives.sh tests/slurm/cluster.sh tests/slurm/srun_pmix.sh \
+	tests/slurm/job.sh tests/slurm/sbatch_script.sh
+# The sbatch script users start from, installed beside the namelists.
+nobase_dist_pkgdata_DATA += slurm/qwen3_256gpu.sh
+
+if HAVE_NCCL
+check_PROGRAMS += tests/runtime/nccl_check
+tests_runtime_nccl_check_SOURCES = tests/runtime/nccl_check.c tests/runtime/check.h
+tests_runtime_nccl_check_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_CFLAGS) $(nccl_CFLAGS)
+tests_runtime_nccl_check_LDADD = $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) $(cuda_LIBS)
+else
+EXTRA_DIST += tests/runtime/nccl_check.c tests/runtime/check.h
+endif

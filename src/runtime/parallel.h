@@ -18,7 +18,10 @@ struct mt_parallel {
     /* coordinates: position of this rank in its group of each kind */
     int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
     int tp, cp, dp, pp, ep, etp, edp;
-    struct mt_comm *comm[MT_GROUP_COUNT]; /* this rank's group of each kind */
+    struct mt_comm *comm[MT_GROUP_COUNT]; /* this rank's group of each kind (named
+                                             "tp[3]"; a rank in no group of a kind,
+                                             e.g. embedding in a middle pipeline
+                                             stage, has a self comm "embedding[none]") */
 };
 
 /* logical_of_process[p] = logical rank played by process p (NULL: identity). */

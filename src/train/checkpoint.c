@@ -382,3 +382,75 @@ int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state 
     }
     return rc;
 }
+
+/* ---- reading a file whole (tools and tests) ------------------------------ */
+
+/* Builds f's view from the file's own header and table, then parses as a load does. */
+int mt_ckpt_read(const char *path, struct mt_ckpt_file *f, struct mt_err *err)
+{
+    memset(f, 0, sizeof *f);
+    unsigned char *data = NULL;
+    size_t n = 0;
+    MT_CHECK(read_file(path, &data, &n, err));
+    struct source s = { data, n, 8 + 6 * 8, false }; /* magic, version, 5 state words */
+    uint64_t ntensors = get_u64(&s), nparams = get_u64(&s), nbuffers = get_u64(&s);
+    int rc = MT_OK;
+    if (n < 16 || memcmp(data, CKPT_MAGIC, 8) != 0 || s.short_read || ntensors > 1000000 ||
+        nparams > n / sizeof(float) || nbuffers > n / sizeof(float)) {
+        rc = corrupt(err, path, "its header is not a moetrain checkpoint's");
+        goto out;
+    }
+    struct mt_ckpt_view *v = &f->view;
+    v->ntensors = (int)ntensors;
+    v->nparams = nparams;
+    v->nbuffers = nbuffers;
+    char **names = calloc(ntensors + 1, sizeof *names);
+    int *ndims = calloc(ntensors + 1, sizeof *ndims);
+    long long (*shapes)[4] = calloc(ntensors + 1, sizeof *shapes);
+    v->names = (const char *const *)names;
+    v->ndims = ndims;
+    v->shapes = (const long long (*)[4])shapes;
+    v->params = malloc(sizeof(float) * (nparams ? nparams : 1));
+    v->adam_m = malloc(sizeof(float) * (nparams ? nparams : 1));
+    v->adam_v = malloc(sizeof(float) * (nparams ? nparams : 1));
+    v->buffers = malloc(sizeof(float) * (nbuffers ? nbuffers : 1));
+    if (!names || !ndims || !shapes || !v->params || !v->adam_m || !v->adam_v || !v->buffers) {
+        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s'", path);
+        goto out;
+    }
+    for (uint64_t i = 0; i < ntensors; i++) {
+        uint64_t len = get_u64(&s);
+        const char *name = len < 4096 ? get_bytes(&s, len) : NULL;
+        uint64_t nd = get_u64(&s);
+        for (int d = 0; d < 4; d++) shapes[i][d] = (long long)get_u64(&s);
+        if (s.short_read || !name || nd > 4) {
+            rc = corrupt(err, path, "the tensor table is truncated");
+            goto out;
+        }
+        names[i] = strndup(name, len);
+        if (!names[i]) {
+            rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s'", path);
+            goto out;
+        }
+        ndims[i] = (int)nd;
+    }
+    rc = parse_state(path, data, n, v, &f->state, err);
+out:
+    free(data);
+    if (rc != MT_OK) mt_ckpt_file_free(f);
+    return rc;
+}
+
+void mt_ckpt_file_free(struct mt_ckpt_file *f)
+{
+    struct mt_ckpt_view *v = &f->view;
+    for (int i = 0; v->names && i < v->ntensors; i++) free((char *)v->names[i]);
+    free((void *)v->names);
+    free((void *)v->ndims);
+    free((void *)v->shapes);
+    free(v->params);
+    free(v->adam_m);
+    free(v->adam_v);
+    free(v->buffers);
+    memset(f, 0, sizeof *f);
+}

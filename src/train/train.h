@@ -1,8 +1,11 @@
-/* moetrain: the single-process training loop (src/train).
+/* moetrain: the training loop (src/train), for one process or one rank of a layout.
  *
- * train.c runs the loop: micro-batches accumulated to the global batch, AdamW,
- * global-norm clipping, the LR schedule, evaluation, Megatron-style logs, a
- * JSON-lines metrics file and checkpoints. The pieces it uses are here too. */
+ * train.c runs the loop: micro-batches accumulated to the global batch (split over
+ * data-parallel ranks as Megatron's sampler splits it), AdamW, global-norm clipping,
+ * the LR schedule, evaluation, Megatron-style logs, a JSON-lines metrics file and
+ * checkpoints. optim.c synchronises gradients and runs the (distributed) optimizer,
+ * checkpoint.c and ckpt_dist.c write and read checkpoints in one format whatever the
+ * layout. */
 #ifndef MT_TRAIN_TRAIN_H
 #define MT_TRAIN_TRAIN_H
 
@@ -12,15 +15,20 @@
 #include <stdio.h>
 
 #include "config/config.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "runtime/parallel.h"
 #include "util/error.h"
 
 /* Consecutive non-finite steps after which training stops with an error. */
 #define MT_MAX_CONSECUTIVE_NONFINITE 10
 
-/* Runs training as configured; progress goes to log. Returns MT_OK, or an error
- * (bad data, unreadable checkpoint, a streak of NaN/Inf steps, I/O). */
-int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout, FILE *log,
-                 struct mt_err *err);
+/* Runs training as configured; progress goes to log (world rank 0's; the others'
+ * may be NULL). par is this process's place in the layout, NULL for one process.
+ * Returns MT_OK, or an error (bad data, unreadable checkpoint, a streak of NaN/Inf
+ * steps, I/O, a failed collective). */
+int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
+                 struct mt_parallel *par, FILE *log, struct mt_err *err);
 
 /* Learning rate for the step that follows `steps_done` completed iterations
  * (Megatron's OptimizerParamScheduler: linear warmup from 0, then constant,
@@ -60,5 +68,80 @@ int mt_ckpt_save(const char *dir, const struct mt_ckpt_view *v, const struct mt_
  * checkpoints are errors and leave v untouched. */
 int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state *s,
                  bool *found, char *loaded_path, size_t loaded_path_len, struct mt_err *err);
+
+/* A checkpoint file (a state.bin) read whole, its tables and arrays allocated:
+ * for tools and tests that compare checkpoints. */
+struct mt_ckpt_file {
+    struct mt_train_state state;
+    struct mt_ckpt_view view;
+};
+int mt_ckpt_read(const char *state_path, struct mt_ckpt_file *f, struct mt_err *err);
+void mt_ckpt_file_free(struct mt_ckpt_file *f);
+
+/* ---- the optimizer (optim.c): gradient synchronisation and AdamW over the
+ * data-parallel groups.
+ *
+ * Parameters fall in two classes: dense ones are data parallel over the DP group,
+ * the routed experts' over the expert-DP group (MoE parallel folding). After the
+ * micro-batches:
+ *   1. the gradients of TP-replicated parameters (norms, router) are summed over the
+ *      TP group (each TP rank computed the part of its tokens or heads);
+ *   2. each class's gradients are packed in table order into contiguous buckets and
+ *      summed over its DP group: all-reduced, or, with the distributed optimizer
+ *      (ZeRO-1, Megatron's use_distributed_optimizer), reduce-scattered so that each
+ *      rank keeps the sum of its 1/dp slice of every bucket; then scaled by 1/dp, so
+ *      the gradient is the mean over the global batch as with one process;
+ *   3. the global norm counts every element of the whole model once: a shard on the
+ *      rank that holds it, a TP-replicated tensor on TP rank 0, a replica over data
+ *      parallelism on one rank (or its slice's owner with ZeRO), summed over all ranks.
+ * The step runs AdamW on what each rank owns: everything it holds, or with ZeRO its
+ * slices (fp32 master weights and both moments exist only there), after which the
+ * updated slices are all-gathered back into every replica. With one process (par
+ * NULL) it is the plain loop over the model's tensors. */
+
+/* Megatron's default DDP bucket: max(40M, 1M x group size) elements. */
+#define MT_OPTIM_BUCKET_ELEMS 40000000u
+
+struct mt_optim;
+
+/* bucket_elems: the bucket size (0: the default above). */
+int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct mt_parallel *par,
+                    bool distributed, size_t bucket_elems, struct mt_optim **out,
+                    struct mt_err *err);
+void mt_optim_destroy(struct mt_optim *o);
+
+/* Steps 1-3 above on the model's gradients; *norm is the global gradient norm. */
+int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
+
+/* AdamW step number t (>= 1) with learning rate lr, gradients scaled by clip_coeff;
+ * then the model's working copy is refreshed. */
+int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
+                  double clip_coeff, long long t, struct mt_err *err);
+
+/* The moments of every parameter this rank holds, in the model's layout (m, v have
+ * mt_model_num_params values); with ZeRO gathered from the slices (a collective over
+ * the data-parallel groups: every rank calls it). */
+int mt_optim_export(struct mt_optim *o, float *m, float *v, struct mt_err *err);
+/* Sets the moments from arrays in the model's layout (each rank keeps what it owns). */
+void mt_optim_import(struct mt_optim *o, const float *m, const float *v);
+
+/* The moments in the model's layout when this rank keeps all of them (no ZeRO), else
+ * NULL: a one-process checkpoint reads and writes them in place. */
+float *mt_optim_moment(struct mt_optim *o, int which);
+
+/* Bytes of optimizer state this rank holds (moments, plus gradient slices with ZeRO). */
+size_t mt_optim_memory(const struct mt_optim *o);
+
+/* ---- distributed checkpoints (ckpt_dist.c): the one-process format, whatever the
+ * layout. A save gathers every tensor's shards (from the ranks that own them: data
+ * parallel rank 0, TP rank 0 for TP-replicated tensors) and the moments to world rank 0,
+ * which writes them with mt_ckpt_save; a load reads on rank 0 and sends every rank its
+ * shards. Both are collectives over all processes. */
+int mt_ckpt_save_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+                      const struct mt_parallel *par, const struct mt_train_state *s,
+                      const char *config_text, int keep_last, struct mt_err *err);
+int mt_ckpt_load_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+                      const struct mt_parallel *par, struct mt_train_state *s, bool *found,
+                      char *loaded_path, size_t loaded_path_len, struct mt_err *err);
 
 #endif

@@ -154,13 +154,15 @@ static double emb_loss(void *p)
 static void test_embedding(void **state)
 {
     (void)state;
-    struct emb_st s = {.N = 7, .C = 5, .tok = {3, 0, 3, 8, 1, 3, 0}};
+    /* -1: a token of another vocabulary shard (zero row, no gradient) */
+    struct emb_st s = {.N = 7, .C = 5, .tok = {3, 0, -1, 8, 1, 3, 0}};
     s.wte = fnew(9 * 5, 1, 20);
-    s.out = fnew(35, 0, 0);
+    s.out = fnew(35, 1, 22);
     s.w = fnew(35, 1, 21);
     float *dwte = fnew(45, 0, 0);
     O.embedding_bwd(K->ctx, dwte, s.w, s.tok, s.N, s.C);
     check("embedding dwte", emb_loss, &s, s.wte, dwte, 45, H_LINEAR, TOL_LINEAR);
+    for (int c = 0; c < 5; c++) assert_true(s.out[2 * 5 + c] == 0.0f);
     free(s.wte); free(s.out); free(s.w); free(dwte);
 }
 
@@ -364,17 +366,18 @@ static void test_router(void **state)
 
 /* ------------------------------------------------------- aux and z losses */
 struct aux_st {
-    int N, E, k, nseq;
-    enum mt_score_fn fn;
-    float *logits, *counts, *counts0, coeff;
+    struct mt_aux_args a;
+    float *logits, *counts, *counts0;
 };
 
 static double aux_loss(void *p)
 {
     struct aux_st *s = p;
     float loss;
-    O.aux_loss_fwd(K->ctx, &loss, s->counts, s->logits, s->N, s->E, s->k, s->fn, s->nseq, s->coeff);
-    if (memcmp(s->counts, s->counts0, sizeof(float) * (size_t)s->nseq * s->E) != 0) fd_unstable = 1;
+    O.aux_counts(K->ctx, &s->a, s->counts, s->logits);
+    O.aux_loss_fwd(K->ctx, &s->a, &loss, s->counts0, s->logits);
+    if (memcmp(s->counts, s->counts0, sizeof(float) * (size_t)s->a.num_seqs * s->a.num_experts))
+        fd_unstable = 1;
     return loss;
 }
 
@@ -382,30 +385,60 @@ static void test_aux_loss(void **state)
 {
     (void)state;
     for (int c = 0; c < 4; c++) {
-        struct aux_st s = {.N = 8, .E = 6, .k = 2, .nseq = c & 1 ? 2 : 1,
-                           .fn = c & 2 ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX, .coeff = 0.3f};
+        const int nseq = c & 1 ? 2 : 1;
+        struct aux_st s = {.a = {.num_tokens = 8, .num_experts = 6, .topk = 2,
+                                 .score_fn = c & 2 ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX,
+                                 .num_seqs = nseq, .seq_len = 8 / nseq, .first = 0,
+                                 .coeff = 0.3f}};
         s.logits = fnew(48, 1.5f, 90 + c);
-        s.counts = fnew((size_t)s.nseq * 6, 0, 0);
-        s.counts0 = fnew((size_t)s.nseq * 6, 0, 0);
-        float loss;
-        O.aux_loss_fwd(K->ctx, &loss, s.counts0, s.logits, s.N, s.E, s.k, s.fn, s.nseq, s.coeff);
+        s.counts = fnew((size_t)nseq * 6, 0, 0);
+        s.counts0 = fnew((size_t)nseq * 6, 0, 0);
+        O.aux_counts(K->ctx, &s.a, s.counts0, s.logits);
         /* every token picks k experts in its sequence */
-        for (int q = 0; q < s.nseq; q++) {
+        for (int q = 0; q < nseq; q++) {
             float tot = 0;
             for (int e = 0; e < 6; e++) tot += s.counts0[q * 6 + e];
-            assert_true(tot == (float)(s.N / s.nseq * s.k));
+            assert_true(tot == (float)(8 / nseq * 2));
         }
         float *dl = fnew(48, 0, 0);
-        O.aux_loss_bwd(K->ctx, dl, 1.0f, s.counts0, s.logits, s.N, s.E, s.fn, s.nseq, s.k, s.coeff);
+        O.aux_loss_bwd(K->ctx, &s.a, dl, 1.0f, s.counts0, s.logits);
         char name[64];
-        snprintf(name, sizeof name, "aux_loss %s seqs=%d", c & 2 ? "sigmoid" : "softmax", s.nseq);
+        snprintf(name, sizeof name, "aux_loss %s seqs=%d", c & 2 ? "sigmoid" : "softmax", nseq);
         check(name, aux_loss, &s, s.logits, dl, 48, H_LOSS, TOL_SMOOTH);
+
+        /* sequence-parallel shards of 3, 2 and 3 tokens (cutting through the sequences):
+         * their counts add up to the whole's, their losses and gradients to the whole's */
+        const int cuts[4] = {0, 3, 5, 8};
+        float total = 0.0f, whole;
+        float *sum_counts = fnew((size_t)nseq * 6, 0, 0), *part = fnew((size_t)nseq * 6, 0, 0);
+        float *dl_parts = fnew(48, 0, 0);
+        for (int q = 0; q < 3; q++) {
+            struct mt_aux_args a = s.a;
+            a.num_tokens = cuts[q + 1] - cuts[q];
+            a.first = cuts[q];
+            const float *lq = s.logits + cuts[q] * 6;
+            O.aux_counts(K->ctx, &a, part, lq);
+            for (int i = 0; i < nseq * 6; i++) sum_counts[i] += part[i];
+            float lossq;
+            O.aux_loss_fwd(K->ctx, &a, &lossq, s.counts0, lq);
+            total += lossq;
+            O.aux_loss_bwd(K->ctx, &a, dl_parts + cuts[q] * 6, 1.0f, s.counts0, lq);
+        }
+        O.aux_loss_fwd(K->ctx, &s.a, &whole, s.counts0, s.logits);
+        assert_memory_equal(sum_counts, s.counts0, sizeof(float) * (size_t)nseq * 6);
+        assert_true(fabsf(total - whole) <= 1e-6f * fabsf(whole));
+        assert_memory_equal(dl_parts, dl, sizeof(float) * 48);
         free(s.logits); free(s.counts); free(s.counts0); free(dl);
+        free(sum_counts); free(part); free(dl_parts);
     }
     /* uniform scores and perfectly balanced counts give loss = coeff (Switch's optimum) */
     float lg[8 * 4] = {0}, cnt[4], loss;
     for (int n = 0; n < 8; n++) lg[n * 4 + (n % 4)] = 1e-4f; /* top-1 spreads evenly */
-    O.aux_loss_fwd(K->ctx, &loss, cnt, lg, 8, 4, 1, MT_SCORE_SOFTMAX, 1, 0.5f);
+    struct mt_aux_args a = {.num_tokens = 8, .num_experts = 4, .topk = 1,
+                            .score_fn = MT_SCORE_SOFTMAX, .num_seqs = 1, .seq_len = 8,
+                            .first = 0, .coeff = 0.5f};
+    O.aux_counts(K->ctx, &a, cnt, lg);
+    O.aux_loss_fwd(K->ctx, &a, &loss, cnt, lg);
     assert_true(fabsf(loss - 0.5f) < 1e-4f);
 }
 
@@ -489,6 +522,15 @@ static void test_dispatch_plan(void **state)
     assert_int_equal(p.row_slot[7], -1);
     assert_int_equal(p.row_slot[11], -1);
     assert_int_equal(p.kept[1], 3);
+    /* -1 (decided elsewhere): no row, not counted as dropped */
+    const int32_t idx_none[10] = {0, -1, -1, 2, 1, 2, 2, 0, -1, 1};
+    assert_int_equal(O.dispatch_plan(K->ctx, &p, idx_none, prob, 5, 3, 2, 2, MT_DROP_PROBS, false), 1);
+    assert_int_equal(p.offsets[3], 6);
+    assert_int_equal(p.slot_row[1], -1);
+    assert_int_equal(p.slot_row[8], -1);
+    assert_int_equal(p.kept[0], 2);
+    assert_int_equal(p.kept[1], 2);
+    assert_int_equal(p.kept[2], 2);
     plan_free(&p);
 }
 
@@ -565,15 +607,16 @@ static void test_permute_unpermute(void **state)
 struct ce_st {
     int N, V;
     int32_t tgt[6];
-    float *logits, *loss, *lse;
+    float *logits, *tl, *lse;
 };
 
 static double ce_loss(void *p)
 {
     struct ce_st *s = p;
-    O.cross_entropy_fwd(K->ctx, s->loss, s->lse, s->logits, s->tgt, s->N, s->V);
+    O.cross_entropy_fwd(K->ctx, s->lse, s->tl, s->logits, s->tgt, s->N, s->V, 0);
     double sum = 0;
-    for (int n = 0; n < s->N; n++) sum += s->loss[n];
+    for (int n = 0; n < s->N; n++)
+        if (s->tgt[n] >= 0) sum += s->lse[n] - s->tl[n];
     return sum / 5.0; /* 5 valid targets */
 }
 
@@ -582,17 +625,39 @@ static void test_cross_entropy(void **state)
     (void)state;
     struct ce_st s = {.N = 6, .V = 9, .tgt = {3, 8, -1, 0, 3, 5}};
     s.logits = fnew(54, 2, 110);
-    s.loss = fnew(6, 0, 0);
+    s.tl = fnew(6, 0, 0);
     s.lse = fnew(6, 0, 0);
     ce_loss(&s);
-    assert_true(s.loss[2] == 0.0f);
+    assert_true(s.tl[2] == 0.0f);
     float *dl = fnew(54, 0, 0), *inplace = fnew(54, 0, 0);
-    O.cross_entropy_bwd(K->ctx, dl, s.logits, s.lse, s.tgt, s.N, s.V, 1.0f / 5.0f);
+    O.cross_entropy_bwd(K->ctx, dl, s.logits, s.lse, s.tgt, s.N, s.V, 0, 1.0f / 5.0f);
     memcpy(inplace, s.logits, sizeof(float) * 54);
-    O.cross_entropy_bwd(K->ctx, inplace, inplace, s.lse, s.tgt, s.N, s.V, 1.0f / 5.0f);
+    O.cross_entropy_bwd(K->ctx, inplace, inplace, s.lse, s.tgt, s.N, s.V, 0, 1.0f / 5.0f);
     assert_memory_equal(dl, inplace, sizeof(float) * 54);
     check("cross_entropy dlogits", ce_loss, &s, s.logits, dl, 54, H_SMOOTH, TOL_SMOOTH);
-    free(s.logits); free(s.loss); free(s.lse); free(dl); free(inplace);
+
+    /* vocabulary shards of 4 and 5 columns: target logits found once, the logsumexps
+     * combine to the whole's, and the gradients are the column slices of the whole's */
+    float a[6 * 4], b[6 * 5], lse_a[6], lse_b[6], tl_a[6], tl_b[6], da[6 * 4], db[6 * 5];
+    for (int n = 0; n < 6; n++) {
+        memcpy(a + n * 4, s.logits + n * 9, sizeof(float) * 4);
+        memcpy(b + n * 5, s.logits + n * 9 + 4, sizeof(float) * 5);
+    }
+    O.cross_entropy_fwd(K->ctx, lse_a, tl_a, a, s.tgt, 6, 4, 0);
+    O.cross_entropy_fwd(K->ctx, lse_b, tl_b, b, s.tgt, 6, 5, 4);
+    for (int n = 0; n < 6; n++) {
+        assert_true(tl_a[n] + tl_b[n] == s.tl[n]);
+        float hi = lse_a[n] > lse_b[n] ? lse_a[n] : lse_b[n];
+        float lse = hi + logf(expf(lse_a[n] - hi) + expf(lse_b[n] - hi));
+        assert_true(fabsf(lse - s.lse[n]) < 1e-5f * (1.0f + fabsf(s.lse[n])));
+    }
+    O.cross_entropy_bwd(K->ctx, da, a, s.lse, s.tgt, 6, 4, 0, 1.0f / 5.0f);
+    O.cross_entropy_bwd(K->ctx, db, b, s.lse, s.tgt, 6, 5, 4, 1.0f / 5.0f);
+    for (int n = 0; n < 6; n++) {
+        assert_memory_equal(da + n * 4, dl + n * 9, sizeof(float) * 4);
+        assert_memory_equal(db + n * 5, dl + n * 9 + 4, sizeof(float) * 5);
+    }
+    free(s.logits); free(s.tl); free(s.lse); free(dl); free(inplace);
 }
 
 /* ----------------------------------------------------------------- adamw */

@@ -1,5 +1,6 @@
 # tests/model: whole-model gradient checks (included from src/model/local.mk).
-MODEL_TEST_LIBS = libmt_model.la libmt_kernels.la libmt_util.la $(MT_LIBS) $(cmocka_LIBS)
+MODEL_TEST_LIBS = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.la libmt_nml.la \
+	libmt_util.la $(MT_LIBS) $(cmocka_LIBS)
 
 check_PROGRAMS += tests/model/test_model_fd tests/model/test_model_misc tests/model/model_dump
 TESTS += tests/model/test_model_fd tests/model/test_model_misc tests/model/test_model_jax.sh
@@ -16,4 +17,5 @@ tests_model_test_model_misc_LDADD = $(MODEL_TEST_LIBS)
 
 tests_model_model_dump_SOURCES = tests/model/model_dump.c
 tests_model_model_dump_CPPFLAGS = $(AM_CPPFLAGS)
-tests_model_model_dump_LDADD = libmt_model.la libmt_kernels.la libmt_util.la $(MT_LIBS)
+tests_model_model_dump_LDADD = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.la \
+	libmt_nml.la libmt_util.la $(MT_LIBS)

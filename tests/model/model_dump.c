@@ -82,7 +82,7 @@ int main(int argc, char **argv)
     }
     struct mt_model *m;
     struct mt_err err;
-    if (mt_model_create(&cfg, mt_kernels_cpu(), B, &m, &err) != MT_OK) {
+    if (mt_model_create(&cfg, mt_kernels_cpu(), B, NULL, &m, &err) != MT_OK) {
         fprintf(stderr, "model_dump: %s\n", err.msg);
         return 1;
     }

@@ -55,7 +55,7 @@ static void check_model(const struct mt_config *cfg, const char *what, bool expe
     struct mt_model *m;
     struct mt_err err;
     const int B = 2, T = cfg->training.seq_length;
-    assert_int_equal(mt_model_create(cfg, mt_kernels_cpu(), B, &m, &err), MT_OK);
+    assert_int_equal(mt_model_create(cfg, mt_kernels_cpu(), B, NULL, &m, &err), MT_OK);
     mt_model_init(m, 7);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * (T + 1));
     tiny_tokens(tok, B, T, cfg->model.vocab_size, 3);

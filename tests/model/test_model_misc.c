@@ -20,7 +20,7 @@ static struct mt_model *make(const struct mt_config *cfg)
 {
     struct mt_model *m;
     struct mt_err err;
-    int rc = mt_model_create(cfg, mt_kernels_cpu(), B_, &m, &err);
+    int rc = mt_model_create(cfg, mt_kernels_cpu(), B_, NULL, &m, &err);
     if (rc != MT_OK) printf("# %s\n", err.msg);
     assert_int_equal(rc, MT_OK);
     mt_model_init(m, 42);
@@ -160,6 +160,18 @@ static void e_sig_pre(struct mt_config *c)
 }
 static void e_none_coeff(struct mt_config *c) { strcpy(c->moe.router_load_balancing_type, "none"); }
 static void e_freq(struct mt_config *c) { c->moe.layer_freq_len = 2; }
+static void e_dispatcher(struct mt_config *c) { strcpy(c->moe.token_dispatcher_type, "flex"); }
+static void e_tp_no_sp(struct mt_config *c) { c->parallel.tensor_model_parallel_size = 2; }
+static void e_tp_seq(struct mt_config *c)
+{
+    c->parallel.tensor_model_parallel_size = 3;
+    c->parallel.sequence_parallel = true;
+}
+static void e_tp_shared(struct mt_config *c)
+{
+    c->parallel.tensor_model_parallel_size = 4;
+    c->parallel.sequence_parallel = true;
+}
 
 static void test_config_rejections(void **state)
 {
@@ -180,6 +192,10 @@ static void test_config_rejections(void **state)
         {"sigmoid with pre_softmax", e_sig_pre, MT_EINVAL, "router_pre_softmax"},
         {"aux coeff with none", e_none_coeff, MT_EINVAL, "aux_loss_coeff"},
         {"layer_freq length", e_freq, MT_EINVAL, "layer_freq"},
+        {"dispatcher", e_dispatcher, MT_EINVAL, "token_dispatcher_type"},
+        {"TP without SP", e_tp_no_sp, MT_EUNSUPPORTED, "sequence_parallel"},
+        {"sequence over TP", e_tp_seq, MT_EINVAL, "seq_length = 8"},
+        {"shared expert over TP", e_tp_shared, MT_EINVAL, "shared_expert_intermediate_size = 10"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct mt_config cfg;
@@ -187,7 +203,7 @@ static void test_config_rejections(void **state)
         cases[i].edit(&cfg);
         struct mt_model *m = (struct mt_model *)1;
         struct mt_err err = {0};
-        int rc = mt_model_create(&cfg, mt_kernels_cpu(), 1, &m, &err);
+        int rc = mt_model_create(&cfg, mt_kernels_cpu(), 1, NULL, &m, &err);
         printf("# %-26s -> %s\n", cases[i].what, err.msg);
         assert_int_equal(rc, cases[i].code);
         assert_null(m);
@@ -250,6 +266,63 @@ static void test_init(void **state)
         }
     }
     mt_model_destroy(m);
+}
+
+/* Layout-independent init: every rank's shard of every tensor is the slice of the
+ * one-process tensor (shards built without communication: create and init need none),
+ * the shards of a tensor tile it exactly once, and the TP-replicated ones are whole. */
+static void test_sharded_init(void **state)
+{
+    (void)state;
+    struct mt_config cfg;
+    tiny_config(&cfg);
+    cfg.parallel.tensor_model_parallel_size = 2;
+    cfg.parallel.sequence_parallel = true;
+    struct mt_model *whole = make(&cfg); /* seed 42 */
+    const struct { int tp, ep, etp; } layouts[] = {{2, 1, 1}, {2, 2, 1}, {1, 2, 2}, {2, 4, 1}};
+    for (size_t c = 0; c < sizeof layouts / sizeof layouts[0]; c++) {
+        const int tp = layouts[c].tp, ep = layouts[c].ep, etp = layouts[c].etp;
+        const int ranks = tp * ep * etp;
+        /* coverage[i][j] counts the ranks holding element j of tensor i */
+        unsigned char *cover = calloc(mt_model_num_params(whole), 1);
+        for (int r = 0; r < ranks; r++) {
+            struct mt_parallel par = {.tp = tp, .tp_rank = r % tp, .ep = ep,
+                                      .ep_rank = r / tp % ep, .etp = etp,
+                                      .etp_rank = r / tp / ep, .dp = 1, .pp = 1, .cp = 1};
+            struct mt_model *m;
+            struct mt_err err;
+            int rc = mt_model_create(&cfg, mt_kernels_cpu(), B_, &par, &m, &err);
+            if (rc != MT_OK) printf("# %s\n", err.msg);
+            assert_int_equal(rc, MT_OK);
+            mt_model_init(m, 42);
+            for (int i = 0; i < mt_model_num_tensors(m); i++) {
+                const struct mt_param_info *t = mt_model_tensor(m, i), *w = mt_model_tensor(whole, i);
+                float *want = malloc(sizeof(float) * t->numel);
+                mt_param_copy_shard(w, t->local_shape, t->start, mt_model_params(whole) + w->offset,
+                                    want, true);
+                assert_memory_equal(want, mt_model_params(m) + t->offset, sizeof(float) * t->numel);
+                if (t->tp_replicated) assert_int_equal(t->numel, w->numel);
+                /* mark the shard's elements in the whole tensor */
+                float *ones = malloc(sizeof(float) * t->numel), *mark = calloc(w->numel, sizeof(float));
+                for (size_t j = 0; j < t->numel; j++) ones[j] = 1.0f;
+                mt_param_copy_shard(w, t->local_shape, t->start, mark, ones, false);
+                for (size_t j = 0; j < w->numel; j++) cover[w->offset + j] += mark[j] != 0.0f;
+                free(want);
+                free(ones);
+                free(mark);
+            }
+            mt_model_destroy(m);
+        }
+        /* each element once per replica: TP-replicated tensors on every TP rank, dense
+         * ones on every EP x ETP position, experts on every TP position */
+        for (int i = 0; i < mt_model_num_tensors(whole); i++) {
+            const struct mt_param_info *w = mt_model_tensor(whole, i);
+            int replicas = w->expert ? tp : w->tp_replicated ? ranks : ep * etp;
+            for (size_t j = 0; j < w->numel; j++) assert_int_equal(cover[w->offset + j], replicas);
+        }
+        free(cover);
+    }
+    mt_model_destroy(whole);
 }
 
 static void test_counts_and_bias(void **state)
@@ -376,6 +449,7 @@ int main(void)
         cmocka_unit_test(test_config_rejections),
         cmocka_unit_test(test_tensor_table),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_sharded_init),
         cmocka_unit_test(test_counts_and_bias),
         cmocka_unit_test(test_force_balance),
         cmocka_unit_test(test_scale_and_accumulate),

@@ -44,6 +44,7 @@ static inline void tiny_config(struct mt_config *c)
     c->moe.expert_capacity_factor = 0.0;
     c->moe.pad_expert_input_to_capacity = false;
     strcpy(c->moe.token_drop_policy, "probs");
+    strcpy(c->moe.token_dispatcher_type, "alltoall");
     c->moe.shared_expert_intermediate_size = 10;
     c->training.micro_batch_size = 2;
     c->training.seq_length = 8;

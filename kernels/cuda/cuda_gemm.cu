@@ -1,0 +1,111 @@
+// CUDA backend: dense GEMM through cuBLASLt.
+//
+// Row-major C (M,N) = alpha op(A) op(B) + beta C is the column-major product
+// C^T (N,M) = op(B)^T op(A)^T, so cuBLASLt sees B first and A second, each with its own
+// transpose flag and leading dimension unchanged.
+//
+// Precision. Operands and results stay fp32 in memory; the compute type is
+// CUBLAS_COMPUTE_32F_FAST_16BF by default (MT_CUDA_GEMM_COMPUTE, cuda_memory.cu): the
+// library rounds A and B to bf16 on the fly and accumulates in fp32 on the tensor
+// cores. Rounding to nearest leaves each operand a relative error of at most half a
+// bf16 ulp (2^-8), variance 2.7e-6 on normal data; a product of two rounded operands
+// 5.5e-6, independent from term to term, so the normalised MSE of a result is 5.5e-6
+// whatever K. In the model, forward operands are already bf16 (parameters and stored
+// activations are rounded), so there the rounding is exact and only the fp32
+// accumulation order differs from the CPU; gradients flowing backward are fp32 and take
+// the bf16 rounding, as in Megatron's bf16 training. MT_CUDA_GEMM_COMPUTE=tf32 cuts the
+// error ~64-fold for half the tensor-core rate.
+//
+// One workspace (32 MiB) is allocated with the context; the matmul descriptor, the
+// layouts and the heuristic's algorithm are cached per shape, so a call in the
+// training loop is one hash lookup and one cublasLtMatmul.
+#include "kernels/cuda/cuda_common.cuh"
+
+static int pointer_alignment(const void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    int a = 16;
+    while (a > 4 && (u % (uintptr_t)a) != 0) a >>= 1;
+    return a;
+}
+
+// The heuristic's best algorithm for k under compute type ct; false when it has none.
+static bool find_plan(mt_cuda_ctx *c, const mt_gemm_key &k, cublasComputeType_t ct, mt_gemm_plan *p)
+{
+    const cublasOperation_t opa = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N; // cuBLAS "A" is our B
+    const cublasOperation_t opb = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    // column-major shapes as stored: our B is (N,K) col-major when !tb, else (K,N)
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, k.tb ? k.K : k.N, k.tb ? k.N : k.K, k.ldb));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, k.ta ? k.M : k.K, k.ta ? k.K : k.M, k.lda));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, k.N, k.M, k.ldc));
+    cublasLtMatmulPreference_t pref;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c->lt_ws_bytes, sizeof c->lt_ws_bytes));
+    const uint32_t align = (uint32_t)k.align;
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (auto attr : aligns) MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+        cublasLtMatmulDescDestroy(p->desc);
+        cublasLtMatrixLayoutDestroy(p->a);
+        cublasLtMatrixLayoutDestroy(p->b);
+        cublasLtMatrixLayoutDestroy(p->c);
+        return false;
+    }
+    p->algo = res.algo;
+    return true;
+}
+
+// The cached plan of a shape. A shape the tensor-core compute type has no algorithm
+// for (odd leading dimensions, 4-byte alignment) runs in plain fp32: slower, exact-er.
+static const mt_gemm_plan &gemm_plan(mt_cuda_ctx *c, const mt_gemm_key &k)
+{
+    auto it = c->gemm_plans.find(k);
+    if (it != c->gemm_plans.end()) return it->second;
+    mt_gemm_plan p;
+    if (!find_plan(c, k, c->gemm_compute, &p) && !find_plan(c, k, CUBLAS_COMPUTE_32F, &p)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d", k.M, k.N, k.K, k.ta, k.tb);
+        mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
+    }
+    return c->gemm_plans.emplace(k, p).first->second;
+}
+
+// C (M,N) = beta C over ldc-strided rows, beta = 0 writing zeros: the K = 0 product.
+__global__ static void scale_rows_kernel(float *C, int M, int N, int ldc, float beta)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * N) return;
+    float *p = C + (i / N) * ldc + i % N;
+    *p = beta == 0.0f ? 0.0f : beta * *p;
+}
+
+extern "C" void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                             int ldc)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        scale_rows_kernel<<<mt_cdiv((size_t)M * N, 256), 256, 0, c->stream>>>(C, M, N, ldc, beta);
+        MT_CUDA_LAUNCHED();
+        return;
+    }
+    int align = pointer_alignment(A);
+    if (pointer_alignment(B) < align) align = pointer_alignment(B);
+    if (pointer_alignment(C) < align) align = pointer_alignment(C);
+    const mt_gemm_key key = {trans_a, trans_b, M, N, K, lda, ldb, ldc, align};
+    const mt_gemm_plan &p = gemm_plan(c, key);
+    MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
+                                   &p.algo, c->lt_ws, c->lt_ws_bytes, c->stream));
+}

@@ -1,0 +1,258 @@
+// CUDA backend: the context (stream, cuBLASLt handle and workspace), the caching device
+// allocator, and the memory and stream ops of the table.
+//
+// Allocator: sizes are rounded to a class (powers of two up to 1 MiB, then multiples of
+// 2 MiB); a freed block goes to a free list of its class and the next request of that
+// class takes it back, so a training loop that repeats its allocations reaches a
+// steady state with no cudaMalloc. One compute stream makes reuse safe without events:
+// a block freed on the host can only be handed out to work queued after the work that
+// used it. When cudaMalloc fails, the cached blocks are released and it is tried once
+// more; cudaFree synchronises the device, so nothing queued still uses them.
+#include "kernels/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MT_CUDA_LT_WORKSPACE (32u << 20) // cuBLAS's advice for Hopper and Blackwell
+
+[[noreturn]] void mt_cuda_fatal(const char *file, int line, const char *call, const char *msg)
+{
+    fprintf(stderr,
+            "moetrain: CUDA error at %s:%d: %s: %s\n"
+            "HINT: rerun with CUDA_LAUNCH_BLOCKING=1 to find the failing kernel; "
+            "'moetrain --version' lists the GPU architectures this build supports\n",
+            file, line, call, msg);
+    abort();
+}
+
+static size_t size_class(size_t bytes)
+{
+    if (bytes <= (1u << 20)) {
+        size_t c = 512;
+        while (c < bytes) c <<= 1;
+        return c;
+    }
+    const size_t two_mib = 2u << 20;
+    return (bytes + two_mib - 1) / two_mib * two_mib;
+}
+
+// Returns every cached block to the driver. Caller holds c->mu.
+static void release_cached(mt_cuda_ctx *c)
+{
+    for (auto &kv : c->free_blocks) {
+        cudaFree(kv.second);
+        c->reserved -= kv.first;
+    }
+    c->free_blocks.clear();
+    c->cached = 0;
+}
+
+extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    const size_t sz = size_class(bytes);
+    std::lock_guard<std::mutex> lock(c->mu);
+    void *p = NULL;
+    auto it = c->free_blocks.find(sz);
+    if (it != c->free_blocks.end()) {
+        p = it->second;
+        c->free_blocks.erase(it);
+        c->cached -= sz;
+    } else {
+        if (cudaMalloc(&p, sz) != cudaSuccess) {
+            (void)cudaGetLastError(); // out of memory is not sticky: clear it
+            release_cached(c);
+            if (cudaMalloc(&p, sz) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return NULL;
+            }
+        }
+        c->reserved += sz;
+        c->device_allocs++;
+    }
+    c->live[p] = sz;
+    c->in_use += sz;
+    if (c->in_use > c->peak_in_use) c->peak_in_use = c->in_use;
+    return p;
+}
+
+extern "C" void mt_cuda_free(void *ctx, void *p)
+{
+    if (!p) return;
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    std::lock_guard<std::mutex> lock(c->mu);
+    auto it = c->live.find(p);
+    if (it == c->live.end())
+        mt_cuda_fatal(__FILE__, __LINE__, "free", "pointer was not returned by alloc (or freed twice)");
+    const size_t sz = it->second;
+    c->live.erase(it);
+    c->in_use -= sz;
+    c->free_blocks.emplace(sz, p);
+    c->cached += sz;
+}
+
+void *mt_cuda_scratch(mt_cuda_ctx *c, size_t bytes)
+{
+    void *p = mt_cuda_alloc(c, bytes);
+    if (!p) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "out of device memory for %zu bytes of scratch", bytes);
+        mt_cuda_fatal(__FILE__, __LINE__, "scratch", msg);
+    }
+    return p;
+}
+
+const void *mt_cuda_to_host(mt_cuda_ctx *c, const void *dev, size_t n)
+{
+    MT_CUDA_CHECK(cudaMemcpyAsync(c->host_stage, dev, n, cudaMemcpyDeviceToHost, c->stream));
+    MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return c->host_stage;
+}
+
+extern "C" void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes)
+{
+    if (bytes == 0) return;
+    MT_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, mt_cuda(ctx)->stream));
+}
+
+// Host memory of either kind (pageable or pinned): a copy touching it completes before
+// copy returns, so the caller may read or reuse its buffer at once.
+static bool is_host_memory(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
+}
+
+extern "C" void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0 || dst == src) return;
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
+    if (is_host_memory(dst) || is_host_memory(src)) MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+extern "C" void mt_cuda_sync(void *ctx) { MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda(ctx)->stream)); }
+
+// GEMM compute type, read once from MT_CUDA_GEMM_COMPUTE (bf16, the default; tf32;
+// fp32): bf16 and tf32 run on tensor cores from fp32 operands, fp32 is the exact
+// (slow) reference for checking a suspicious result.
+static int gemm_compute_from_env(cublasComputeType_t *out, char *msg, size_t msg_len)
+{
+    const char *s = getenv("MT_CUDA_GEMM_COMPUTE");
+    if (!s || !*s || !strcmp(s, "bf16")) *out = CUBLAS_COMPUTE_32F_FAST_16BF;
+    else if (!strcmp(s, "tf32")) *out = CUBLAS_COMPUTE_32F_FAST_TF32;
+    else if (!strcmp(s, "fp32")) *out = CUBLAS_COMPUTE_32F;
+    else {
+        snprintf(msg, msg_len, "MT_CUDA_GEMM_COMPUTE='%s' is not one of bf16, tf32, fp32", s);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(msg, msg_len, "no CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        (void)cudaGetLastError();
+        return -1;
+    }
+    mt_cuda_ctx *c = new mt_cuda_ctx();
+    c->in_use = c->cached = c->peak_in_use = c->reserved = 0;
+    c->device_allocs = 0;
+    c->lt_ws = c->host_stage = NULL;
+    c->rope_tab = NULL;
+    c->rope_T = c->rope_D = 0;
+    c->rope_theta = 0.0f;
+    c->stream = NULL;
+    if (gemm_compute_from_env(&c->gemm_compute, msg, msg_len)) {
+        delete c;
+        return -1;
+    }
+    int smem = 0;
+#define TRY(call)                                                                          \
+    do {                                                                                   \
+        cudaError_t te_ = (call);                                                          \
+        if (te_ != cudaSuccess) {                                                          \
+            snprintf(msg, msg_len, "%s: %s", #call, cudaGetErrorString(te_));              \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+    TRY(cudaGetDevice(&c->device));
+    TRY(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device));
+    TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+    c->smem_optin = (size_t)smem;
+    TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TRY(cudaMallocHost(&c->host_stage, MT_CUDA_STAGE_BYTES));
+    TRY(cudaMalloc(&c->lt_ws, MT_CUDA_LT_WORKSPACE));
+#undef TRY
+    c->lt_ws_bytes = MT_CUDA_LT_WORKSPACE;
+    c->reserved += MT_CUDA_LT_WORKSPACE;
+    c->device_allocs++;
+    {
+        cublasStatus_t s = cublasLtCreate(&c->lt);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            snprintf(msg, msg_len, "cublasLtCreate: %s", cublasLtGetStatusString(s));
+            goto fail;
+        }
+    }
+    *out = c;
+    return 0;
+fail:
+    (void)cudaGetLastError();
+    if (c->lt_ws) cudaFree(c->lt_ws);
+    if (c->host_stage) cudaFreeHost(c->host_stage);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    delete c;
+    return -1;
+}
+
+extern "C" void mt_cuda_mem_stats(const struct mt_kernels *k, struct mt_cuda_mem_stats *s)
+{
+    mt_cuda_ctx *c = mt_cuda(k->ctx);
+    std::lock_guard<std::mutex> lock(c->mu);
+    s->in_use = c->in_use;
+    s->cached = c->cached;
+    s->peak_in_use = c->peak_in_use;
+    s->reserved = c->reserved;
+    s->device_allocs = c->device_allocs;
+}
+
+// Dense bf16 tensor-core multiply-adds x 2 per SM per clock.
+static int bf16_flops_per_clock_per_sm(int major)
+{
+    switch (major) {
+    case 8: return 2048;  // A100
+    case 9: return 4096;  // H100, H200
+    case 10: return 8192; // B200, GB200
+    default: return 0;
+    }
+}
+
+extern "C" int mt_cuda_device_info(struct mt_cuda_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    int dev = 0, khz = 0;
+    cudaDeviceProp p;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    info->cc_major = p.major;
+    info->cc_minor = p.minor;
+    info->sm_count = p.multiProcessorCount;
+    info->clock_ghz = khz / 1e6;
+    info->bf16_dense_tflops =
+        info->sm_count * info->clock_ghz * bf16_flops_per_clock_per_sm(p.major) / 1e3;
+    info->mem_gib = (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
+    return 0;
+}

@@ -1,0 +1,69 @@
+// CUDA backend: AdamW and bf16 rounding, elementwise.
+//
+// Both are bit-identical to the CPU reference: AdamW performs the same fp32 operations
+// in the same order with every product and sum rounded on its own (the _rn intrinsics
+// keep nvcc from contracting them into FMAs, which the CPU build, ISO C on x86-64,
+// never does), and its step-dependent constants are computed on the host by the same
+// expressions; bf16 rounding is round-to-nearest-even through cuda_bf16.h, with NaNs
+// quieted and sign kept exactly as the CPU does.
+#include "kernels/cuda/cuda_common.cuh"
+
+#include <math.h>
+
+struct adamw_consts {
+    float beta1, beta2, one_m_b1, one_m_b2, eps, step, decay, bc2_sqrt, grad_scale;
+};
+
+__global__ static void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, adamw_consts k)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = __fmul_rn(grad[i], k.grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(k.beta1, m[i]), __fmul_rn(k.one_m_b1, g));
+    const float vi = __fadd_rn(__fmul_rn(k.beta2, v[i]), __fmul_rn(__fmul_rn(k.one_m_b2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), k.bc2_sqrt), k.eps);
+    param[i] = __fsub_rn(__fmul_rn(param[i], k.decay), __fdiv_rn(__fmul_rn(k.step, mi), denom));
+}
+
+extern "C" void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                              float beta1, float beta2, float eps, float weight_decay, float grad_scale, long long t)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    adamw_consts k;
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    k.bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+    k.step = lr / bc1;
+    k.decay = 1.0f - lr * weight_decay;
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.one_m_b1 = 1.0f - beta1;
+    k.one_m_b2 = 1.0f - beta2;
+    k.eps = eps;
+    k.grad_scale = grad_scale;
+    adamw_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(param, grad, m, v, n, k);
+    MT_CUDA_LAUNCHED();
+}
+
+__device__ __forceinline__ float bf16_round(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u); // quiet NaN
+    return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+__global__ static void bf16_round_kernel(float *out, const float *x, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = bf16_round(x[i]);
+}
+
+extern "C" void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t n)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    bf16_round_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(out, x, n);
+    MT_CUDA_LAUNCHED();
+}

@@ -1,0 +1,69 @@
+#!/bin/bash
+# Qwen3-30B-A3B (48 layers, 128 experts, top-8) on 256 GPUs: 64 nodes x 4 GPUs.
+#
+#   sbatch slurm/qwen3_256gpu.sh [group%key=value ...]   train (overrides go to moetrain)
+#   bash slurm/qwen3_256gpu.sh --check [group%key=value ...]
+#                                   validate the namelist and this layout for
+#                                   256 processes on a login node, no Slurm
+#                                   needed: prints the layout and every group
+#
+# Submit from the moetrain source tree, or after `module load moetrain` (which
+# sets MOETRAIN_NAMELISTS). Before a real run give it data, e.g.
+#   sbatch slurm/qwen3_256gpu.sh "data%data_path='/lustre/corpus/qwen_text_document'" \
+#          data%mock_data=.false. "checkpoint%save='/lustre/ckpt/qwen3'" checkpoint%save_interval=1000
+#
+# Layout (Megatron vocabulary; order tp-cp-ep-dp-pp):
+#   attention/dense: TP 2 (with sequence parallelism) x PP 4 x DP 32
+#   experts:         ETP 1 x EP 8 x EDP 8 x PP 4 (MoE parallel folding, same ranks)
+#   48 layers / PP 4 = 12 per stage; 128 experts / EP 8 = 16 per rank.
+#   global batch 1024 sequences of 4096 = micro 1 x DP 32 x 32 micro-batches.
+# moetrain places the TP and EP groups inside NVLink domains (&topology
+# placement = 'nvlink', the default) and binds each process to the cores and
+# NUMA node of its GPU itself (&host cpu_affinity = 'gpu'), which is why srun
+# must not bind (--cpu-bind=none).
+#
+# Timeouts: &parallel distributed_timeout_minutes bounds every collective
+# separately; a process that dies or hangs makes its peers fail within that
+# time with a message naming the collective and the group ("all_reduce on
+# tp[3] timed out ..."), and the job ends. --kill-on-bad-exit ends the step as
+# soon as any task exits with an error, even before the runtime is up.
+#
+# Site-specific: --cpus-per-task (the cores that belong to one GPU on your
+# nodes) and --time.
+#
+#SBATCH --job-name=qwen3-30b-a3b
+#SBATCH --nodes=64
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=16
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --output=%x-%j.out
+
+set -euo pipefail
+
+NODES=${SLURM_JOB_NUM_NODES:-64}   # keep in step with --nodes above
+GPUS_PER_NODE=4                    # and with --ntasks-per-node / --gpus-per-node
+NML="${MOETRAIN_NAMELISTS:-namelists}/qwen3_30b_a3b.nml"
+
+LAYOUT=(
+    parallel%tensor_model_parallel_size=2
+    parallel%sequence_parallel=.true.
+    parallel%pipeline_model_parallel_size=4
+    parallel%expert_model_parallel_size=8
+    parallel%expert_tensor_parallel_size=1
+    parallel%use_distributed_optimizer=.true.
+    parallel%distributed_timeout_minutes=10
+    training%global_batch_size=1024
+)
+
+if [ "${1:-}" = --check ]; then
+    shift
+    exec moetrain --check --world-size $((NODES * GPUS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
+fi
+
+# One OpenMP thread pool per process over its cores.
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-16}
+
+srun --mpi=pmix --cpu-bind=none --kill-on-bad-exit=1 \
+    moetrain "$NML" "${LAYOUT[@]}" "$@"

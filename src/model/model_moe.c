@@ -1,0 +1,472 @@
+/* The MoE block: router, load-balancing losses, capacity, the token dispatcher and the
+ * routed SwiGLU experts (plus the shared expert), forward and backward.
+ *
+ * A rank routes its own Nl tokens (the sequence-parallel part of the micro-batch).
+ * Everything that decides routing is global, as in one process: the balancing loss
+ * uses the expert counts of the whole micro-batch (summed over the TP group), and with
+ * a capacity the drop decisions are taken over the whole micro-batch (its routing is
+ * gathered over the TP group and planned once, identically on every TP rank).
+ *
+ * Then one of three dispatchers brings the kept token-expert rows to the experts:
+ *   LOCAL      EP = ETP = 1: this rank holds every expert whole.
+ *   ALLTOALL   the rows go to the EP rank that owns their expert (all-to-all-v over the
+ *              EP group, after exchanging per-expert counts), are all-gathered over the
+ *              ETP group (each ETP rank holds a slice of every local expert's FFN), sorted
+ *              by local expert for one grouped pass, and come back the same way: the
+ *              ETP partial sums reduce-scattered, then the reverse all-to-all-v.
+ *   ALLGATHER  the tokens and their routing are all-gathered over the ETP x EP group,
+ *              each rank computes its local experts (its FFN slice) on the tokens routed
+ *              to them, and the weighted outputs are reduce-scattered back.
+ * Megatron's MoEAlltoAllTokenDispatcher and MoEAllGatherTokenDispatcher. */
+#include "model/model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mt_pass pass_t;
+
+static float *W(const pass_t *p, int tensor) { return mt_model_view(p->m->work, p->m, tensor); }
+static float *G(const pass_t *p, int tensor) { return mt_model_view(p->m->grads, p->m, tensor); }
+
+/* ------------------------------------------------------------ routing */
+
+/* Benchmark mode (moe%router_force_load_balancing): Megatron replaces the router
+ * logits by random ones through a straight-through estimator. Here the replacement
+ * is deterministic: token n of the micro-batch gets logit 0 for experts (n*k + j) mod
+ * E, j < k, and -1 elsewhere, so the assignments go round-robin and every expert
+ * receives N*k/E (+-1) tokens; the gradient passes straight through to the real
+ * logits, as in Megatron. */
+static void force_logits(const pass_t *p, float *logits)
+{
+    const struct mt_model *m = p->m;
+    const int E = m->E, k = m->topk;
+    float *host = malloc(sizeof(float) * (size_t)p->Nl * E);
+    if (!host) abort(); /* (Nl,E) floats, no larger than the logits themselves */
+    for (int n = 0; n < p->Nl; n++) {
+        const long long g = p->tok0 + n;
+        for (int e = 0; e < E; e++) host[(size_t)n * E + e] = -1.0f;
+        for (int j = 0; j < k; j++) host[(size_t)n * E + (size_t)((g * k + j) % E)] = 0.0f;
+    }
+    p->o->copy(p->ctx, logits, host, sizeof(float) * (size_t)p->Nl * E);
+    free(host);
+}
+
+/* The balancing loss over this rank's tokens, as a part of the micro-batch's. */
+static struct mt_aux_args aux_args(const pass_t *p)
+{
+    const struct mt_model *m = p->m;
+    const bool seq = m->balance == MT_BALANCE_SEQ_AUX;
+    return (struct mt_aux_args){.num_tokens = p->Nl, .num_experts = m->E, .topk = m->topk,
+                                .score_fn = m->router.score_fn, .num_seqs = seq ? p->B : 1,
+                                .seq_len = seq ? m->T : p->N, .first = p->tok0,
+                                .coeff = m->aux_coeff};
+}
+
+/* z-loss coefficient of this rank's part: the mean over N tokens is a sum over Nl of them
+ * divided by N (Megatron divides moe_z_loss_coeff by the TP x CP size). */
+static float z_coeff(const pass_t *p) { return p->m->z_coeff / (float)p->m->sc.tp; }
+
+/* Capacity dropping decided over the whole micro-batch (TP > 1): the routing of the N
+ * tokens is gathered over the TP group and planned as one process plans it; this
+ * rank's assignments that the plan drops become -1 in route_idx. */
+static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, long long *dropped)
+{
+    struct mt_model *m = p->m;
+    const size_t k = (size_t)m->topk, nk = (size_t)p->Nl * k;
+    MT_CHECK(mt_all_gather(m->tp_comm, a->topk_idx, m->idx_full, nk, MT_DT_I32, p->err));
+    MT_CHECK(mt_all_gather(m->tp_comm, a->topk_prob, m->prob_full, nk, MT_DT_F32, p->err));
+    p->o->dispatch_plan(p->ctx, &m->full_plan, m->idx_full, m->prob_full, p->N, m->E, m->topk,
+                        cap, m->drop_policy, false);
+    int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
+    p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
+    p->o->copy(p->ctx, slot_row, m->full_plan.slot_row + (size_t)p->tok0 * k, sizeof(int32_t) * nk);
+    long long d = 0;
+    for (size_t s = 0; s < nk; s++)
+        if (slot_row[s] < 0) {
+            idx[s] = -1;
+            d++;
+        }
+    p->o->copy(p->ctx, m->route_idx, idx, sizeof(int32_t) * nk);
+    *dropped = d;
+    return MT_OK;
+}
+
+/* Router, balancing and z losses, top-k, capacity and the plan of this rank's tokens. */
+static int route(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int Nl = p->Nl, H = m->H, E = m->E, k = m->topk, moe = m->moe_of_layer[l];
+    struct mt_router_args ra = m->router;
+    ra.num_tokens = Nl;
+
+    mt_pass_linear_fwd(p, a->logits, a->ln2, W(p, t->router), Nl, E, H); /* fp32 router */
+    if (m->force_balance) force_logits(p, a->logits);
+    if (m->z_coeff > 0.0f) {
+        float z;
+        p->o->z_loss_fwd(p->ctx, &z, a->z_lse, a->logits, Nl, E, z_coeff(p));
+        p->st->z_loss += z;
+    }
+    if (a->aux_counts) {
+        float aux;
+        struct mt_aux_args aa = aux_args(p);
+        p->o->aux_counts(p->ctx, &aa, a->aux_counts, a->logits);
+        if (m->sc.tp > 1)
+            MT_CHECK(mt_all_reduce(m->tp_comm, a->aux_counts, (size_t)aa.num_seqs * E, MT_DT_F32,
+                                   MT_OP_SUM, p->err));
+        p->o->aux_loss_fwd(p->ctx, &aa, &aux, a->aux_counts, a->logits);
+        p->st->aux_loss += aux;
+    }
+    p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias + (size_t)moe * E : NULL,
+                     a->topk_idx, a->topk_prob);
+    const int cap = mt_model_capacity(m, p->N);
+    const int32_t *idx = a->topk_idx;
+    long long dropped = 0;
+    if (cap > 0 && m->sc.tp > 1) {
+        MT_CHECK(drop_over_tp(p, a, cap, &dropped));
+        idx = m->route_idx;
+    }
+    dropped += p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap,
+                                   m->drop_policy, m->pad_to_capacity);
+    p->st->dropped_tokens += dropped;
+    int32_t *offs = m->h_offs;
+    p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
+    for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
+    a->rows = offs[E];
+    if (p->train) {
+        p->o->copy(p->ctx, m->host_kept, a->plan.kept, sizeof(int64_t) * (size_t)E);
+        for (int e = 0; e < E; e++) m->expert_counts[(size_t)moe * E + e] += m->host_kept[e];
+    }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ experts */
+
+/* ey (rows,H) = SwiGLU of this rank's experts (its FFN slice) on xs (rows,H), grouped by
+ * local expert at offs (E_l+1); ey is a partial sum over the ETP group. */
+static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
+                        const struct mt_layer_tensors *t, const int32_t *offs, int rows,
+                        float *ey)
+{
+    const struct mt_model *m = p->m;
+    const int El = m->E_l, H = m->H, Fe = m->Fe_l;
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, a->xs, W(p, t->exp_gate), 0.0f, a->eg);
+    mt_pass_round(p, a->eg, (size_t)rows * Fe);
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, a->xs, W(p, t->exp_up), 0.0f, a->eu);
+    mt_pass_round(p, a->eu, (size_t)rows * Fe);
+    p->o->swiglu_fwd(p->ctx, a->ea, a->eg, a->eu, rows, Fe);
+    mt_pass_round(p, a->ea, (size_t)rows * Fe);
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, a->ea, W(p, t->exp_down), 0.0f, ey);
+}
+
+/* dxs (rows,H) = the input gradient (partial over ETP) from dys (rows,H); weight grads +=. */
+static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
+                        const struct mt_layer_tensors *t, const int32_t *offs, int rows,
+                        const float *dys, float *dxs)
+{
+    struct mt_model *m = p->m;
+    const int El = m->E_l, H = m->H, Fe = m->Fe_l;
+    float *dea = m->d_f1, *deg = m->d_f2, *deu = m->d_f3;
+    /* down: ey = ea Wd^T per expert, slabs (H,Fe) */
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dys, W(p, t->exp_down), 0.0f, dea);
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, H, Fe, 0, 1.0f, dys, a->ea, 1.0f, G(p, t->exp_down));
+    p->o->swiglu_bwd(p->ctx, deg, deu, dea, a->eg, a->eu, rows, Fe);
+    /* gate, up: slabs (Fe,H) */
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, deg, W(p, t->exp_gate), 0.0f, dxs);
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, deu, W(p, t->exp_up), 1.0f, dxs);
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, deg, a->xs, 1.0f, G(p, t->exp_gate));
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, deu, a->xs, 1.0f, G(p, t->exp_up));
+}
+
+/* ------------------------------------------------------------ all-to-all dispatcher */
+
+/* Counts and displacements of the exchanges, in floats (rows of H). */
+struct a2a_counts {
+    size_t *send, *send_at, *recv, *recv_at; /* EP all-to-all: per EP peer */
+    size_t *gather, *gather_at;              /* ETP: rows each ETP peer received over EP */
+    size_t *mine, *mine_at;                  /* ETP: this rank's received rows, per ETP peer */
+    size_t rows;                             /* rows this rank received over EP */
+};
+
+static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_acts *a)
+{
+    const struct mt_model *m = p->m;
+    const int ep = m->sc.ep, etp = m->sc.etp, El = m->E_l, H = m->H;
+    const size_t P = (size_t)(ep > etp ? ep : etp);
+    size_t *b = m->h_cnt;
+    struct a2a_counts c = {b, b + P, b + 2 * P, b + 3 * P, b + 4 * P, b + 5 * P, b + 6 * P,
+                           b + 7 * P, 0};
+    size_t at = 0, gat = 0;
+    for (int q = 0; q < etp; q++) {
+        size_t rows_q = 0;
+        for (int j = 0; j < ep; j++) {
+            size_t rows = 0;
+            for (int le = 0; le < El; le++)
+                rows += (size_t)a->recv_counts[((size_t)q * ep + j) * El + le];
+            if (q == m->sc.etp_rank) {
+                c.recv[j] = rows * H;
+                c.recv_at[j] = at;
+                at += rows * H;
+            }
+            rows_q += rows;
+        }
+        c.gather[q] = rows_q * H;
+        c.gather_at[q] = gat;
+        gat += rows_q * H;
+    }
+    c.rows = at / (size_t)H;
+    for (int q = 0; q < etp; q++) {
+        c.mine[q] = c.rows * H;
+        c.mine_at[q] = (size_t)q * c.rows * H;
+    }
+    for (int j = 0; j < ep; j++) {
+        c.send[j] = (size_t)(a->h_offsets[(j + 1) * El] - a->h_offsets[j * El]) * H;
+        c.send_at[j] = (size_t)a->h_offsets[j * El] * H;
+    }
+    return c;
+}
+
+/* Exchanges the per-expert row counts (EP all-to-all, then ETP all-gather) and builds
+ * the expert-side offsets and the maps between the received order (ETP peer, EP
+ * source, local expert) and the expert order (local expert, ETP peer, EP source). */
+static int a2a_prepare(const pass_t *p, struct mt_layer_acts *a)
+{
+    struct mt_model *m = p->m;
+    const int ep = m->sc.ep, etp = m->sc.etp, El = m->E_l;
+    const size_t S = (size_t)ep * El;
+    long long *send = m->h_send, *recv = m->h_recv;
+    for (int e = 0; e < m->E; e++) send[e] = a->h_offsets[e + 1] - a->h_offsets[e];
+    size_t *cnt = m->h_cnt, *at = cnt + ep;
+    for (int j = 0; j < ep; j++) {
+        cnt[j] = (size_t)El;
+        at[j] = (size_t)j * El;
+    }
+    MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
+    if (etp > 1)
+        MT_CHECK(mt_all_gather(m->etp_comm, recv, a->recv_counts, S, MT_DT_I64, p->err));
+    else
+        memcpy(a->recv_counts, recv, sizeof(long long) * S);
+
+    /* received order: block (q, j, le) holds recv_counts[(q*ep + j)*El + le] rows */
+    const size_t blocks = (size_t)etp * S;
+    long long *start = m->h_start, total = 0;
+    for (size_t b = 0; b < blocks; b++) {
+        start[b] = total;
+        total += a->recv_counts[b];
+    }
+    a->x_rows = (int)total;
+    int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
+    int32_t r = 0;
+    offs[0] = 0;
+    for (int le = 0; le < El; le++) {
+        for (int q = 0; q < etp; q++)
+            for (int j = 0; j < ep; j++) {
+                size_t b = ((size_t)q * ep + j) * El + le;
+                for (long long i = 0; i < a->recv_counts[b]; i++, r++) {
+                    sort[r] = (int32_t)(start[b] + i);
+                    unsort[start[b] + i] = r;
+                }
+            }
+        offs[le + 1] = r;
+    }
+    p->o->copy(p->ctx, a->sort_map, sort, sizeof(int32_t) * (size_t)total);
+    p->o->copy(p->ctx, a->unsort_map, unsort, sizeof(int32_t) * (size_t)total);
+    p->o->copy(p->ctx, a->x_offsets, offs, sizeof(int32_t) * ((size_t)El + 1));
+    return MT_OK;
+}
+
+/* rows (R,H) in plan order -> out (Rx,H) in expert order: all-to-all over EP, all-gather
+ * over ETP, sort. Uses stage and stage2. */
+static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const float *rows,
+                        float *out)
+{
+    struct mt_model *m = p->m;
+    struct a2a_counts c = a2a_counts_of(p, a);
+    MT_CHECK(mt_all_to_all_v(m->ep_comm, rows, c.send, c.send_at, m->stage, c.recv, c.recv_at,
+                             MT_DT_F32, p->err));
+    const float *got = m->stage;
+    if (m->sc.etp > 1) { /* every ETP peer gets the same rows: displacement 0 for all */
+        for (int q = 0; q < m->sc.etp; q++) c.mine_at[q] = 0;
+        MT_CHECK(mt_all_to_all_v(m->etp_comm, m->stage, c.mine, c.mine_at, m->stage2, c.gather,
+                                 c.gather_at, MT_DT_F32, p->err));
+        got = m->stage2;
+    }
+    p->o->permute_fwd(p->ctx, out, got, a->sort_map, a->x_rows, 1, m->H);
+    return MT_OK;
+}
+
+/* xrows (Rx,H) in expert order, partial over ETP -> out (R,H) in plan order, summed:
+ * unsort, reduce-scatter over ETP (summed in rank order), reverse all-to-all over EP.
+ * Uses stage and stage2. */
+static int a2a_combine(const pass_t *p, const struct mt_layer_acts *a, const float *xrows,
+                       float *out)
+{
+    struct mt_model *m = p->m;
+    const int etp = m->sc.etp;
+    struct a2a_counts c = a2a_counts_of(p, a);
+    p->o->permute_fwd(p->ctx, m->stage, xrows, a->unsort_map, a->x_rows, 1, m->H);
+    if (etp > 1) {
+        MT_CHECK(mt_all_to_all_v(m->etp_comm, m->stage, c.gather, c.gather_at, m->stage2, c.mine,
+                                 c.mine_at, MT_DT_F32, p->err));
+        const size_t n = c.rows * m->H;
+        p->o->copy(p->ctx, m->stage, m->stage2, sizeof(float) * n);
+        for (int q = 1; q < etp; q++) p->o->add(p->ctx, m->stage, m->stage, m->stage2 + q * n, n);
+    }
+    return mt_all_to_all_v(m->ep_comm, m->stage, c.recv, c.recv_at, out, c.send, c.send_at,
+                           MT_DT_F32, p->err);
+}
+
+/* ------------------------------------------------------------ all-gather dispatcher */
+
+/* Gathers the tokens and their kept routing over the ETP x EP group and plans the rows
+ * of this rank's experts. gathered (G*Nl,H) receives the tokens. */
+static int ag_prepare(const pass_t *p, struct mt_layer_acts *a, float *gathered)
+{
+    struct mt_model *m = p->m;
+    const size_t k = (size_t)m->topk, nk = (size_t)p->Nl * k, G = (size_t)m->xg;
+    MT_CHECK(mt_all_gather(m->xg_comm, a->ln2, gathered, (size_t)p->Nl * m->H, MT_DT_F32, p->err));
+    int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
+    p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
+    p->o->copy(p->ctx, slot_row, a->plan.slot_row, sizeof(int32_t) * nk);
+    for (size_t s = 0; s < nk; s++)
+        if (slot_row[s] < 0) idx[s] = -1; /* dropped */
+    p->o->copy(p->ctx, m->route_idx, idx, sizeof(int32_t) * nk);
+    MT_CHECK(mt_all_gather(m->xg_comm, m->route_idx, m->idx_full, nk, MT_DT_I32, p->err));
+    MT_CHECK(mt_all_gather(m->xg_comm, a->topk_prob, a->g_prob, nk, MT_DT_F32, p->err));
+    /* this rank's experts as 0..E_l-1, the others' as -1 */
+    p->o->copy(p->ctx, idx, m->idx_full, sizeof(int32_t) * G * nk);
+    for (size_t s = 0; s < G * nk; s++)
+        idx[s] = idx[s] >= m->e0 && idx[s] < m->e0 + m->E_l ? idx[s] - m->e0 : -1;
+    p->o->copy(p->ctx, m->idx_full, idx, sizeof(int32_t) * G * nk);
+    /* every source keeps at most capacity rows per expert: padding to G x capacity
+     * keeps the shapes static without dropping anything */
+    struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
+    const int cap = mt_model_capacity(m, p->N);
+    p->o->dispatch_plan(p->ctx, &plan, m->idx_full, a->g_prob, (int)(G * p->Nl), m->E_l, m->topk,
+                        m->pad_to_capacity ? cap * m->xg : 0, m->drop_policy, m->pad_to_capacity);
+    int32_t rows;
+    p->o->copy(p->ctx, &rows, a->x_offsets + m->E_l, sizeof rows);
+    a->x_rows = rows;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ the block */
+
+int mt_moe_fwd(const pass_t *p, int l, float *out)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int Nl = p->Nl, H = m->H, k = m->topk;
+    MT_CHECK(route(p, l));
+    switch (m->dispatch) {
+    case MT_DISPATCH_LOCAL:
+        p->o->permute_fwd(p->ctx, a->xp, a->ln2, a->plan.row_slot, a->rows, k, H);
+        a->x_rows = a->rows;
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->ey);
+        break;
+    case MT_DISPATCH_ALLTOALL:
+        p->o->permute_fwd(p->ctx, a->xp, a->ln2, a->plan.row_slot, a->rows, k, H);
+        MT_CHECK(a2a_prepare(p, a));
+        MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs));
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, m->d_x);
+        MT_CHECK(a2a_combine(p, a, m->d_x, a->ey));
+        break;
+    case MT_DISPATCH_ALLGATHER: {
+        const size_t NG = (size_t)m->xg * Nl;
+        MT_CHECK(ag_prepare(p, a, m->stage));
+        p->o->permute_fwd(p->ctx, a->xs, m->stage, a->sort_map, a->x_rows, k, H);
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->eys);
+        if (m->sc.etp == 1) mt_pass_round(p, a->eys, (size_t)a->x_rows * H);
+        p->o->unpermute_fwd(p->ctx, m->stage2, a->eys, a->g_slot_row, a->g_prob, (int)NG, k, H);
+        MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, out, (size_t)Nl * H, MT_DT_F32,
+                                   MT_OP_SUM, p->err));
+        break;
+    }
+    }
+    if (m->dispatch != MT_DISPATCH_ALLGATHER) {
+        mt_pass_round(p, a->ey, (size_t)a->rows * H);
+        p->o->unpermute_fwd(p->ctx, out, a->ey, a->plan.slot_row, a->topk_prob, Nl, k, H);
+    }
+    mt_pass_round(p, out, (size_t)Nl * H);
+    if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
+        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H));
+        float *sh = m->sc.tp > 1 ? m->full2 : m->tmp2;
+        mt_pass_mlp_fwd(p, sh, a->ln2_full, W(p, t->sh_gate), W(p, t->sh_up), W(p, t->sh_down),
+                        a->sg, a->su, a->sa, p->N, m->Fs_l);
+        MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp2, sh, H));
+        mt_pass_round(p, m->tmp2, (size_t)Nl * H);
+        p->o->add(p->ctx, out, out, m->tmp2, (size_t)Nl * H);
+        mt_pass_round(p, out, (size_t)Nl * H);
+    }
+    return MT_OK;
+}
+
+int mt_moe_bwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int Nl = p->Nl, H = m->H, E = m->E, k = m->topk;
+    const float *dout = m->d_res;
+    struct mt_router_args ra = m->router;
+    ra.num_tokens = Nl;
+
+    if (m->Fs > 0) {
+        float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
+        MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H));
+        float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
+        mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
+                        W(p, t->sh_gate), W(p, t->sh_up), W(p, t->sh_down), G(p, t->sh_gate),
+                        G(p, t->sh_up), G(p, t->sh_down));
+        MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
+    } else {
+        p->o->memset(p->ctx, m->d_ln, 0, sizeof(float) * (size_t)Nl * H);
+    }
+
+    switch (m->dispatch) {
+    case MT_DISPATCH_LOCAL:
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, a->ey, a->plan.slot_row,
+                            a->topk_prob, Nl, k, H, a->rows);
+        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_rows, m->d_rows2);
+        p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
+        break;
+    case MT_DISPATCH_ALLTOALL:
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, a->ey, a->plan.slot_row,
+                            a->topk_prob, Nl, k, H, a->rows);
+        MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x));
+        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
+        MT_CHECK(a2a_combine(p, a, m->d_x2, m->d_rows2));
+        p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
+        break;
+    case MT_DISPATCH_ALLGATHER: {
+        const size_t NG = (size_t)m->xg * Nl;
+        MT_CHECK(mt_all_gather(m->xg_comm, dout, m->stage, (size_t)Nl * H, MT_DT_F32, p->err));
+        p->o->unpermute_bwd(p->ctx, m->d_x, m->g_dprob, m->stage, a->eys, a->g_slot_row,
+                            a->g_prob, (int)NG, k, H, a->x_rows);
+        MT_CHECK(mt_reduce_scatter(m->xg_comm, m->g_dprob, m->d_prob, (size_t)Nl * k, MT_DT_F32,
+                                   MT_OP_SUM, p->err));
+        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
+        p->o->memset(p->ctx, m->stage2, 0, sizeof(float) * NG * H);
+        p->o->permute_bwd(p->ctx, m->stage2, m->d_x2, a->g_slot_row, (int)NG, k, H);
+        MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, m->tmp, (size_t)Nl * H, MT_DT_F32,
+                                   MT_OP_SUM, p->err));
+        p->o->add(p->ctx, m->d_ln, m->d_ln, m->tmp, (size_t)Nl * H);
+        break;
+    }
+    }
+
+    /* router: routing weights, balancing loss, z-loss; forced logits pass straight through */
+    p->o->memset(p->ctx, m->d_logits, 0, sizeof(float) * (size_t)Nl * E);
+    p->o->router_bwd(p->ctx, &ra, m->d_logits, m->d_prob, a->logits, a->topk_idx);
+    if (a->aux_counts) {
+        struct mt_aux_args aa = aux_args(p);
+        p->o->aux_loss_bwd(p->ctx, &aa, m->d_logits, p->scale, a->aux_counts, a->logits);
+    }
+    if (m->z_coeff > 0.0f)
+        p->o->z_loss_bwd(p->ctx, m->d_logits, p->scale, a->z_lse, a->logits, Nl, E, z_coeff(p));
+    mt_pass_linear_bwd(p, m->d_ln, 1.0f, G(p, t->router), m->d_logits, a->ln2, W(p, t->router), Nl,
+                       E, H);
+    return MT_OK;
+}

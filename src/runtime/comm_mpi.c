@@ -1,0 +1,272 @@
+/* moetrain: the MPI backend (CPU buffers, several processes).
+ *
+ * Every call starts a nonblocking MPI operation and polls it with MPI_Test
+ * until it completes or the comm's timeout passes (timeout_s <= 0: MPI_Wait).
+ * On expiry the call returns MT_ERUNTIME naming the collective, the group, the
+ * rank and the wait; the request stays pending (MPI cannot cancel a
+ * collective), so the comm is marked broken and the caller must abort.
+ * MPI counts are ints: all_reduce, broadcast, send and recv go in pieces of
+ * 2^30 elements; the other calls refuse counts or displacements past INT_MAX. */
+#include "runtime/comm_internal.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct mpi_impl {
+    struct mt_comm_common common;
+    MPI_Comm comm;
+};
+
+#define PIECE ((size_t)1 << 30)
+
+static MPI_Comm handle(struct mt_comm *c)
+{
+    return ((struct mpi_impl *)c->impl)->comm;
+}
+
+static MPI_Datatype mpi_type(enum mt_dt dt)
+{
+    switch (dt) {
+    case MT_DT_F32: return MPI_FLOAT;
+    case MT_DT_F64: return MPI_DOUBLE;
+    case MT_DT_I32: return MPI_INT32_T;
+    case MT_DT_I64: return MPI_INT64_T;
+    case MT_DT_U8: return MPI_UINT8_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+static MPI_Op mpi_op(enum mt_redop op)
+{
+    switch (op) {
+    case MT_OP_SUM: return MPI_SUM;
+    case MT_OP_MAX: return MPI_MAX;
+    case MT_OP_MIN: return MPI_MIN;
+    }
+    return MPI_OP_NULL;
+}
+
+int mt_mpi_error(int mpirc, struct mt_err *err, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(mpirc, msg, &len) != MPI_SUCCESS) len = 0;
+    msg[len] = '\0';
+    return mt_err_set(err, MT_ERUNTIME, "%s: MPI error %d: %s", what, mpirc, msg);
+}
+
+static int call_error(struct mt_comm *c, const char *op, int mpirc, struct mt_err *err)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s on %s (rank %d of %d)", op, c->name, c->rank, c->size);
+    mt_comm_common(c)->broken = true;
+    return mt_mpi_error(mpirc, err, what);
+}
+
+/* Completes the request a call just started (started = the start's return
+ * code) within the call's deadline. */
+static int finish(struct mt_comm *c, const char *op, int started, MPI_Request *req,
+                  MPI_Status *status, struct mt_deadline *d, struct mt_err *err)
+{
+    if (started != MPI_SUCCESS) return call_error(c, op, started, err);
+    MPI_Status ignored;
+    if (!status) status = &ignored;
+    if (d->end <= 0) {
+        int rc = MPI_Wait(req, status);
+        return rc == MPI_SUCCESS ? MT_OK : call_error(c, op, rc, err);
+    }
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, status);
+        if (rc != MPI_SUCCESS) return call_error(c, op, rc, err);
+        if (done) return MT_OK;
+        if (mt_deadline_passed(d)) return mt_comm_timeout_error(c, op, d, err);
+        mt_deadline_pause(d);
+    }
+}
+
+static int check_int(struct mt_comm *c, const char *op, const char *what, int index, size_t n,
+                     struct mt_err *err)
+{
+    if (n <= INT_MAX) return MT_OK;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "%s on %s: %s[%d] = %zu elements exceeds MPI's limit of %d; split the "
+                      "exchange into smaller pieces",
+                      op, c->name, what, index, n, INT_MAX);
+}
+
+static int piece_of(size_t count, size_t off)
+{
+    return (int)(count - off < PIECE ? count - off : PIECE);
+}
+
+static int mpi_all_reduce(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                          enum mt_redop op, struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    char *p = buf;
+    size_t sz = mt_dt_size(dt);
+    for (size_t off = 0; off == 0 || off < count; off += PIECE) {
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, p + off * sz, piece_of(count, off), mpi_type(dt),
+                                mpi_op(op), handle(c), &req);
+        MT_CHECK(finish(c, "all_reduce", rc, &req, NULL, &d, err));
+    }
+    return MT_OK;
+}
+
+static int mpi_reduce_scatter(struct mt_comm *c, const void *send, void *recv, size_t count,
+                              enum mt_dt dt, enum mt_redop op, struct mt_err *err)
+{
+    MT_CHECK(check_int(c, "reduce_scatter", "count", 0, count, err));
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    /* send == recv: the input is the whole buffer, the result lands at its start. */
+    const void *in = send == recv ? MPI_IN_PLACE : send;
+    MPI_Request req;
+    int rc = MPI_Ireduce_scatter_block(in, recv, (int)count, mpi_type(dt), mpi_op(op), handle(c),
+                                       &req);
+    return finish(c, "reduce_scatter", rc, &req, NULL, &d, err);
+}
+
+static int mpi_all_gather(struct mt_comm *c, const void *send, void *recv, size_t count,
+                          enum mt_dt dt, struct mt_err *err)
+{
+    MT_CHECK(check_int(c, "all_gather", "count", 0, count, err));
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    /* send already in place at this rank's block of recv: MPI_IN_PLACE. */
+    size_t sz = mt_dt_size(dt);
+    const void *in = send == (char *)recv + (size_t)c->rank * count * sz ? MPI_IN_PLACE : send;
+    MPI_Request req;
+    int rc = MPI_Iallgather(in, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt),
+                            handle(c), &req);
+    return finish(c, "all_gather", rc, &req, NULL, &d, err);
+}
+
+static int mpi_all_to_all_v(struct mt_comm *c, const void *send, const size_t *send_counts,
+                            const size_t *send_displs, void *recv, const size_t *recv_counts,
+                            const size_t *recv_displs, enum mt_dt dt, struct mt_err *err)
+{
+    const char *op = "all_to_all_v";
+    int n = c->size, rc = MT_OK;
+    int *v = malloc(sizeof(int) * 4 * (size_t)n);
+    if (!v) return mt_err_set(err, MT_ENOMEM, "%s on %s: out of memory", op, c->name);
+    int *sc = v, *sd = v + n, *rcn = v + 2 * n, *rd = v + 3 * n;
+    for (int i = 0; i < n; i++) {
+        MT_CHECK_GOTO(check_int(c, op, "send_counts", i, send_counts[i], err), out);
+        MT_CHECK_GOTO(check_int(c, op, "send_displs", i, send_displs[i], err), out);
+        MT_CHECK_GOTO(check_int(c, op, "recv_counts", i, recv_counts[i], err), out);
+        MT_CHECK_GOTO(check_int(c, op, "recv_displs", i, recv_displs[i], err), out);
+        sc[i] = (int)send_counts[i];
+        sd[i] = (int)send_displs[i];
+        rcn[i] = (int)recv_counts[i];
+        rd[i] = (int)recv_displs[i];
+    }
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MPI_Request req;
+    int started = MPI_Ialltoallv(send, sc, sd, mpi_type(dt), recv, rcn, rd, mpi_type(dt),
+                                 handle(c), &req);
+    rc = finish(c, op, started, &req, NULL, &d, err);
+out:
+    free(v);
+    return rc;
+}
+
+static int mpi_broadcast(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int root,
+                         struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    char *p = buf;
+    size_t sz = mt_dt_size(dt);
+    for (size_t off = 0; off == 0 || off < count; off += PIECE) {
+        MPI_Request req;
+        int rc = MPI_Ibcast(p + off * sz, piece_of(count, off), mpi_type(dt), root, handle(c),
+                            &req);
+        MT_CHECK(finish(c, "broadcast", rc, &req, NULL, &d, err));
+    }
+    return MT_OK;
+}
+
+static int mpi_send(struct mt_comm *c, const void *buf, size_t count, enum mt_dt dt, int peer,
+                    int tag, struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    const char *p = buf;
+    size_t sz = mt_dt_size(dt);
+    for (size_t off = 0; off == 0 || off < count; off += PIECE) {
+        MPI_Request req;
+        int rc = MPI_Isend(p + off * sz, piece_of(count, off), mpi_type(dt), peer, tag, handle(c),
+                           &req);
+        MT_CHECK(finish(c, "send", rc, &req, NULL, &d, err));
+    }
+    return MT_OK;
+}
+
+static int mpi_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int peer, int tag,
+                    struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    char *p = buf;
+    size_t sz = mt_dt_size(dt);
+    for (size_t off = 0; off == 0 || off < count; off += PIECE) {
+        int want = piece_of(count, off), got = 0;
+        MPI_Request req;
+        MPI_Status st;
+        int rc = MPI_Irecv(p + off * sz, want, mpi_type(dt), peer, tag, handle(c), &req);
+        MT_CHECK(finish(c, "recv", rc, &req, &st, &d, err));
+        MPI_Get_count(&st, mpi_type(dt), &got);
+        if (got != want)
+            return mt_err_set(err, MT_EINVAL,
+                              "recv on %s: expected %d elements from rank %d with tag %d, the "
+                              "message has %d",
+                              c->name, want, peer, tag, got);
+    }
+    return MT_OK;
+}
+
+static int mpi_barrier(struct mt_comm *c, struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MPI_Request req;
+    int rc = MPI_Ibarrier(handle(c), &req);
+    return finish(c, "barrier", rc, &req, NULL, &d, err);
+}
+
+static void mpi_destroy(struct mt_comm *c)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    MPI_Comm comm = handle(c);
+    /* A broken comm may have pending requests; freeing it could wait on them. */
+    if (!finalized && !mt_comm_common(c)->broken && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    mt_comm_free(c);
+}
+
+static const struct mt_comm_ops mpi_ops = {
+    .all_reduce = mpi_all_reduce,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_gather = mpi_all_gather,
+    .all_to_all_v = mpi_all_to_all_v,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .barrier = mpi_barrier,
+    .destroy = mpi_destroy,
+};
+
+int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int world_rank,
+                       struct mt_comm **out, struct mt_err *err)
+{
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MT_CHECK(mt_comm_alloc(&mpi_ops, rank, size, name, timeout_s, world_rank,
+                           sizeof(struct mpi_impl), out, err));
+    ((struct mpi_impl *)(*out)->impl)->comm = comm;
+    return MT_OK;
+}
+
+MPI_Comm mt_comm_mpi_handle(const struct mt_comm *c)
+{
+    return c->ops == &mpi_ops ? ((const struct mpi_impl *)c->impl)->comm : MPI_COMM_NULL;
+}

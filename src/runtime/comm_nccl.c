@@ -1,0 +1,291 @@
+/* moetrain: the NCCL backend (device buffers, one GPU per process).
+ *
+ * The NCCL communicator is nonblocking (ncclConfig_t.blocking = 0), so no call
+ * can hang the host: after each enqueue the comm's state is polled with
+ * ncclCommGetAsyncError, then the stream with cudaStreamQuery, both until the
+ * comm's timeout. On expiry ncclCommAbort ends the communicator (its kernels
+ * stop waiting for peers) and the call returns MT_ERUNTIME like every other
+ * timeout. Each call completes before it returns, as with the other backends;
+ * mt_comm_nccl_set_stream puts the calls on the caller's compute stream so
+ * that they follow its kernels in order. all_to_all_v is grouped
+ * ncclSend/ncclRecv; barrier is an all_reduce of one int. */
+#include "runtime/comm_internal.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+/* nccl.h declares a few functions as f() rather than f(void). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+
+struct nccl_impl {
+    struct mt_comm_common common;
+    ncclComm_t comm;
+    cudaStream_t own, stream; /* own: created here; stream: where calls go */
+    int *scratch;             /* one device int for barrier */
+};
+
+static struct nccl_impl *impl_of(struct mt_comm *c)
+{
+    return c->impl;
+}
+
+static ncclDataType_t nccl_type(enum mt_dt dt)
+{
+    switch (dt) {
+    case MT_DT_F32: return ncclFloat32;
+    case MT_DT_F64: return ncclFloat64;
+    case MT_DT_I32: return ncclInt32;
+    case MT_DT_I64: return ncclInt64;
+    case MT_DT_U8: return ncclUint8;
+    }
+    return ncclUint8;
+}
+
+static ncclRedOp_t nccl_op(enum mt_redop op)
+{
+    switch (op) {
+    case MT_OP_SUM: return ncclSum;
+    case MT_OP_MAX: return ncclMax;
+    case MT_OP_MIN: return ncclMin;
+    }
+    return ncclSum;
+}
+
+static int nccl_error(struct mt_comm *c, const char *op, ncclResult_t r, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    const char *last = n->comm ? ncclGetLastError(n->comm) : NULL;
+    n->common.broken = true;
+    return mt_err_set(err, MT_ERUNTIME, "%s on %s (rank %d of %d): NCCL error: %s%s%s", op,
+                      c->name, c->rank, c->size, ncclGetErrorString(r), last && *last ? ": " : "",
+                      last ? last : "");
+}
+
+static int cuda_error(struct mt_comm *c, const char *op, cudaError_t e, struct mt_err *err)
+{
+    impl_of(c)->common.broken = true;
+    return mt_err_set(err, MT_ERUNTIME, "%s on %s (rank %d of %d): CUDA error: %s", op, c->name,
+                      c->rank, c->size, cudaGetErrorString(e));
+}
+
+static int expire(struct mt_comm *c, const char *op, const struct mt_deadline *d,
+                  struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    ncclCommAbort(n->comm);
+    n->comm = NULL;
+    return mt_comm_timeout_error(c, op, d, err);
+}
+
+/* Waits until the communicator has left ncclInProgress (a nonblocking init
+ * or enqueue finished). */
+static int wait_comm(struct mt_comm *c, const char *op, struct mt_deadline *d, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    for (;;) {
+        ncclResult_t state;
+        ncclResult_t r = ncclCommGetAsyncError(n->comm, &state);
+        if (r != ncclSuccess) return nccl_error(c, op, r, err);
+        if (state == ncclSuccess) return MT_OK;
+        if (state != ncclInProgress) return nccl_error(c, op, state, err);
+        if (mt_deadline_passed(d)) return expire(c, op, d, err);
+        mt_deadline_pause(d);
+    }
+}
+
+/* Completes a call whose enqueue returned started. */
+static int finish(struct mt_comm *c, const char *op, ncclResult_t started, struct mt_deadline *d,
+                  struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    if (started != ncclSuccess && started != ncclInProgress) return nccl_error(c, op, started, err);
+    MT_CHECK(wait_comm(c, op, d, err));
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(n->stream);
+        if (e == cudaSuccess) return MT_OK;
+        if (e != cudaErrorNotReady) return cuda_error(c, op, e, err);
+        ncclResult_t state;
+        if (ncclCommGetAsyncError(n->comm, &state) == ncclSuccess && state != ncclSuccess &&
+            state != ncclInProgress)
+            return nccl_error(c, op, state, err);
+        if (mt_deadline_passed(d)) return expire(c, op, d, err);
+        mt_deadline_pause(d);
+    }
+}
+
+static int nccl_all_reduce(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                           enum mt_redop op, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "all_reduce",
+                  ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->comm, n->stream),
+                  &d, err);
+}
+
+static int nccl_reduce_scatter(struct mt_comm *c, const void *send, void *recv, size_t count,
+                               enum mt_dt dt, enum mt_redop op, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "reduce_scatter",
+                  ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->comm,
+                                    n->stream),
+                  &d, err);
+}
+
+static int nccl_all_gather(struct mt_comm *c, const void *send, void *recv, size_t count,
+                           enum mt_dt dt, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "all_gather",
+                  ncclAllGather(send, recv, count, nccl_type(dt), n->comm, n->stream), &d, err);
+}
+
+static int nccl_all_to_all_v(struct mt_comm *c, const void *send, const size_t *send_counts,
+                             const size_t *send_displs, void *recv, const size_t *recv_counts,
+                             const size_t *recv_displs, enum mt_dt dt, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    size_t sz = mt_dt_size(dt);
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < c->size && r == ncclSuccess; p++) {
+        if (send_counts[p])
+            r = ncclSend((const char *)send + send_displs[p] * sz, send_counts[p], nccl_type(dt),
+                         p, n->comm, n->stream);
+        if (r == ncclSuccess && recv_counts[p])
+            r = ncclRecv((char *)recv + recv_displs[p] * sz, recv_counts[p], nccl_type(dt), p,
+                         n->comm, n->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return finish(c, "all_to_all_v", r != ncclSuccess ? r : end, &d, err);
+}
+
+static int nccl_broadcast(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int root,
+                          struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "broadcast",
+                  ncclBroadcast(buf, buf, count, nccl_type(dt), root, n->comm, n->stream), &d,
+                  err);
+}
+
+static int nccl_send(struct mt_comm *c, const void *buf, size_t count, enum mt_dt dt, int peer,
+                     int tag, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "send", ncclSend(buf, count, nccl_type(dt), peer, n->comm, n->stream), &d,
+                  err);
+}
+
+static int nccl_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int peer, int tag,
+                     struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "recv", ncclRecv(buf, count, nccl_type(dt), peer, n->comm, n->stream), &d,
+                  err);
+}
+
+static int nccl_barrier(struct mt_comm *c, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, "barrier",
+                  ncclAllReduce(n->scratch, n->scratch, 1, ncclInt32, ncclSum, n->comm,
+                                n->stream),
+                  &d, err);
+}
+
+static void nccl_destroy(struct mt_comm *c)
+{
+    struct nccl_impl *n = impl_of(c);
+    if (n->comm) {
+        if (n->common.broken)
+            ncclCommAbort(n->comm);
+        else
+            ncclCommDestroy(n->comm);
+    }
+    if (n->scratch) cudaFree(n->scratch);
+    if (n->own) cudaStreamDestroy(n->own);
+    mt_comm_free(c);
+}
+
+static const struct mt_comm_ops nccl_ops = {
+    .all_reduce = nccl_all_reduce,
+    .reduce_scatter = nccl_reduce_scatter,
+    .all_gather = nccl_all_gather,
+    .all_to_all_v = nccl_all_to_all_v,
+    .broadcast = nccl_broadcast,
+    .send = nccl_send,
+    .recv = nccl_recv,
+    .barrier = nccl_barrier,
+    .destroy = nccl_destroy,
+};
+
+int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err)
+{
+    *out = NULL;
+    /* Rank 0 makes the id; the others learn it, or that rank 0 failed. */
+    struct {
+        int32_t ok;
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    ncclResult_t idrc = ncclSuccess;
+    if (host->rank == 0) {
+        idrc = ncclGetUniqueId(&msg.id);
+        msg.ok = idrc == ncclSuccess;
+    }
+    MT_CHECK(mt_broadcast(host, &msg, sizeof msg, MT_DT_U8, 0, err));
+    if (!msg.ok)
+        return mt_err_set(err, MT_ERUNTIME, "NCCL communicator %s: ncclGetUniqueId failed on "
+                                            "rank 0%s%s",
+                          host->name, host->rank == 0 ? ": " : "",
+                          host->rank == 0 ? ncclGetErrorString(idrc) : "");
+    struct mt_comm *c;
+    MT_CHECK(mt_comm_alloc(&nccl_ops, host->rank, host->size, host->name, host->timeout_s,
+                           mt_comm_common(host)->world_rank, sizeof(struct nccl_impl), &c, err));
+    struct nccl_impl *n = impl_of(c);
+    int rc = MT_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&n->scratch, sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(n->scratch, 0, sizeof(int));
+    if (e != cudaSuccess) {
+        rc = cuda_error(c, "NCCL init", e, err);
+        goto fail;
+    }
+    n->stream = n->own;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    ncclResult_t r = ncclCommInitRankConfig(&n->comm, host->size, msg.id, host->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        rc = nccl_error(c, "ncclCommInitRank", r, err);
+        goto fail;
+    }
+    MT_CHECK_GOTO(wait_comm(c, "ncclCommInitRank", &d, err), fail);
+    *out = c;
+    return MT_OK;
+fail:
+    nccl_destroy(c);
+    return rc;
+}
+
+int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err)
+{
+    if (!c || c->ops != &nccl_ops)
+        return mt_err_set(err, MT_EINVAL, "communicator %s is not an NCCL communicator",
+                          c ? c->name : "?");
+    struct nccl_impl *n = impl_of(c);
+    n->stream = stream ? (cudaStream_t)stream : n->own;
+    return MT_OK;
+}

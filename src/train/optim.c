@@ -1,0 +1,430 @@
+/* Gradient synchronisation and AdamW over the data-parallel groups (see train.h). */
+#include "train/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Packed range [begin, end) of a class, padded to a multiple of the group size; rank r
+ * owns [begin + r*shard, begin + (r+1)*shard) of it (clipped to end). */
+struct bucket {
+    size_t begin, end, padded, shard, at; /* at: where its slice starts in the slice arrays */
+};
+
+/* The parameters reduced over one data-parallel group, packed in table order. */
+struct klass {
+    struct mt_comm *comm;
+    int size, rank;
+    int n;
+    int *tensor;             /* model tensor ids */
+    size_t *at;              /* packed offset of each */
+    size_t total;
+    int nbuckets;
+    struct bucket *b;
+    size_t slices;           /* this rank's slice elements over all buckets (ZeRO) */
+    float *grad, *m, *v;     /* ZeRO: the slices */
+};
+
+struct mt_optim {
+    struct mt_model *model;
+    const struct mt_kernels *k;
+    const struct mt_parallel *par;
+    bool zero;
+    double grad_scale;       /* 1/dp: sums over the groups become global-batch means */
+    struct klass c[2];       /* dense (DP group), experts (expert-DP group) */
+    float *stage, *slice;    /* a padded bucket; one slice */
+    size_t stage_n, slice_n;
+    float *m_full, *v_full;  /* without ZeRO: the moments of every parameter held */
+    float *tp_stage;         /* TP-replicated gradients, packed */
+    size_t tp_n;
+};
+
+/* ---- packed ranges ---------------------------------------------------------------------- */
+
+/* f(ctx, tensor, offset in the tensor, offset in [lo,hi), length) for each piece of the
+ * packed range [lo, hi) of class c that lies in one tensor. */
+typedef void (*seg_fn)(void *ctx, const struct mt_param_info *t, size_t in_tensor,
+                       size_t in_range, size_t n);
+
+static void for_each_segment(const struct mt_optim *o, const struct klass *c, size_t lo,
+                             size_t hi, seg_fn f, void *ctx)
+{
+    for (int j = 0; j < c->n; j++) {
+        const struct mt_param_info *t = mt_model_tensor(o->model, c->tensor[j]);
+        size_t a = c->at[j], b = a + t->numel;
+        size_t s = a > lo ? a : lo, e = b < hi ? b : hi;
+        if (s < e) f(ctx, t, s - a, s - lo, e - s);
+    }
+}
+
+struct copy_ctx {
+    const struct mt_kernels *k;
+    float *model, *packed;
+    bool to_packed;
+};
+
+static void copy_seg(void *p, const struct mt_param_info *t, size_t in_tensor, size_t in_range,
+                     size_t n)
+{
+    struct copy_ctx *c = p;
+    float *mp = c->model + t->offset + in_tensor, *pp = c->packed + in_range;
+    c->k->op.copy(c->k->ctx, c->to_packed ? pp : mp, c->to_packed ? mp : pp, sizeof(float) * n);
+}
+
+/* packed (hi-lo) <-> the model-layout buffer model, for [lo, hi) of class c. */
+static void pack(const struct mt_optim *o, const struct klass *c, float *model, size_t lo,
+                 size_t hi, float *packed, bool to_packed)
+{
+    struct copy_ctx cc = {o->k, model, packed, to_packed};
+    for_each_segment(o, c, lo, hi, copy_seg, &cc);
+}
+
+/* This rank's slice of bucket b: [lo, hi) (empty when all padding). */
+static void slice_of(const struct klass *c, const struct bucket *b, size_t *lo, size_t *hi)
+{
+    size_t s = b->begin + (size_t)c->rank * b->shard, e = s + b->shard;
+    *lo = s < b->end ? s : b->end;
+    *hi = e < b->end ? e : b->end;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+static int build_class(struct mt_optim *o, struct klass *c, bool expert, struct mt_comm *comm,
+                       size_t bucket_elems, struct mt_err *err)
+{
+    const int nt = mt_model_num_tensors(o->model);
+    c->comm = comm;
+    c->size = comm ? comm->size : 1;
+    c->rank = comm ? comm->rank : 0;
+    c->tensor = calloc((size_t)nt, sizeof(int));
+    c->at = calloc((size_t)nt, sizeof(size_t));
+    if (!c->tensor || !c->at) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+    for (int i = 0; i < nt; i++) {
+        const struct mt_param_info *t = mt_model_tensor(o->model, i);
+        if (t->expert != expert) continue;
+        c->tensor[c->n] = i;
+        c->at[c->n++] = c->total;
+        c->total += t->numel;
+    }
+    size_t cap = bucket_elems ? bucket_elems : MT_OPTIM_BUCKET_ELEMS;
+    if (!bucket_elems && cap < (size_t)1000000 * c->size) cap = (size_t)1000000 * c->size;
+    c->nbuckets = c->total ? (int)((c->total + cap - 1) / cap) : 0;
+    c->b = calloc((size_t)c->nbuckets + 1, sizeof *c->b);
+    if (!c->b) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+    for (int i = 0; i < c->nbuckets; i++) {
+        struct bucket *b = &c->b[i];
+        b->begin = (size_t)i * cap;
+        b->end = b->begin + cap < c->total ? b->begin + cap : c->total;
+        b->shard = (b->end - b->begin + (size_t)c->size - 1) / (size_t)c->size;
+        b->padded = b->shard * (size_t)c->size;
+        b->at = c->slices;
+        c->slices += b->shard;
+        if (b->padded > o->stage_n) o->stage_n = b->padded;
+        if (b->shard > o->slice_n) o->slice_n = b->shard;
+    }
+    return MT_OK;
+}
+
+static float *alloc_zero(const struct mt_kernels *k, size_t n)
+{
+    float *p = k->op.alloc(k->ctx, sizeof(float) * (n ? n : 1));
+    if (p) k->op.memset(k->ctx, p, 0, sizeof(float) * (n ? n : 1));
+    return p;
+}
+
+int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct mt_parallel *par,
+                    bool distributed, size_t bucket_elems, struct mt_optim **out,
+                    struct mt_err *err)
+{
+    *out = NULL;
+    struct mt_optim *o = calloc(1, sizeof *o);
+    if (!o) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+    o->model = m;
+    o->k = k;
+    o->par = par;
+    o->zero = par && distributed;
+    o->grad_scale = par ? 1.0 / par->dp : 1.0;
+    int rc = MT_OK;
+    const size_t n = mt_model_num_params(m);
+    if (par) {
+        MT_CHECK_GOTO(build_class(o, &o->c[0], false, par->comm[MT_GROUP_DP], bucket_elems, err), fail);
+        MT_CHECK_GOTO(build_class(o, &o->c[1], true, par->comm[MT_GROUP_EDP], bucket_elems, err), fail);
+        for (int i = 0; i < mt_model_num_tensors(m); i++)
+            if (mt_model_tensor(m, i)->tp_replicated) o->tp_n += mt_model_tensor(m, i)->numel;
+        o->stage = alloc_zero(k, o->stage_n);
+        o->slice = alloc_zero(k, o->slice_n);
+        o->tp_stage = par->tp > 1 ? alloc_zero(k, o->tp_n) : NULL;
+        if (!o->stage || !o->slice || (par->tp > 1 && !o->tp_stage)) goto oom;
+    }
+    if (o->zero) {
+        for (int i = 0; i < 2; i++) {
+            struct klass *c = &o->c[i];
+            c->grad = alloc_zero(k, c->slices);
+            c->m = alloc_zero(k, c->slices);
+            c->v = alloc_zero(k, c->slices);
+            if (!c->grad || !c->m || !c->v) goto oom;
+        }
+    } else {
+        o->m_full = alloc_zero(k, n);
+        o->v_full = alloc_zero(k, n);
+        if (!o->m_full || !o->v_full) goto oom;
+    }
+    *out = o;
+    return MT_OK;
+oom:
+    rc = mt_err_set(err, MT_ENOMEM, "out of memory for the optimizer state (%zu values)", n);
+fail:
+    mt_optim_destroy(o);
+    return rc;
+}
+
+void mt_optim_destroy(struct mt_optim *o)
+{
+    if (!o) return;
+    const struct mt_kernels *k = o->k;
+    for (int i = 0; i < 2; i++) {
+        struct klass *c = &o->c[i];
+        free(c->tensor);
+        free(c->at);
+        free(c->b);
+        if (c->grad) k->op.free(k->ctx, c->grad);
+        if (c->m) k->op.free(k->ctx, c->m);
+        if (c->v) k->op.free(k->ctx, c->v);
+    }
+    if (o->stage) k->op.free(k->ctx, o->stage);
+    if (o->slice) k->op.free(k->ctx, o->slice);
+    if (o->tp_stage) k->op.free(k->ctx, o->tp_stage);
+    if (o->m_full) k->op.free(k->ctx, o->m_full);
+    if (o->v_full) k->op.free(k->ctx, o->v_full);
+    free(o);
+}
+
+/* ---- gradients -------------------------------------------------------------------------- */
+
+/* tp_stage <-> the gradients of the TP-replicated tensors, in table order. */
+static void tp_pack(struct mt_optim *o, float *g, bool to_packed)
+{
+    size_t at = 0;
+    for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
+        const struct mt_param_info *t = mt_model_tensor(o->model, i);
+        if (!t->tp_replicated) continue;
+        float *mine = g + t->offset, *packed = o->tp_stage + at;
+        o->k->op.copy(o->k->ctx, to_packed ? packed : mine, to_packed ? mine : packed,
+                      sizeof(float) * t->numel);
+        at += t->numel;
+    }
+}
+
+/* Sums the gradients of TP-replicated tensors over the TP group. */
+static int reduce_over_tp(struct mt_optim *o, struct mt_err *err)
+{
+    float *g = mt_model_grads(o->model);
+    tp_pack(o, g, true);
+    MT_CHECK(mt_all_reduce(o->par->comm[MT_GROUP_TP], o->tp_stage, o->tp_n, MT_DT_F32, MT_OP_SUM,
+                           err));
+    tp_pack(o, g, false);
+    return MT_OK;
+}
+
+/* Whether this rank counts tensor t in the global norm (without ZeRO, for its replicas). */
+static bool counts_whole(const struct mt_optim *o, const struct mt_param_info *t)
+{
+    const struct mt_parallel *p = o->par;
+    if (t->expert) return p->edp_rank == 0;
+    return p->dp_rank == 0 && (!t->tp_replicated || p->tp_rank == 0);
+}
+
+struct norm_ctx {
+    const struct mt_optim *o;
+    const float *g;
+    double sum;
+};
+
+static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, size_t in_range,
+                     size_t n)
+{
+    struct norm_ctx *c = p;
+    (void)in_tensor;
+    if (t->tp_replicated && c->o->par->tp_rank != 0) return;
+    for (size_t i = 0; i < n; i++) c->sum += (double)c->g[in_range + i] * c->g[in_range + i];
+}
+
+static void scale(float *x, size_t n, double s)
+{
+    if (s == 1.0) return;
+    const float f = (float)s;
+    for (size_t i = 0; i < n; i++) x[i] *= f;
+}
+
+int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
+{
+    float *g = mt_model_grads(o->model);
+    if (!o->par) { /* one process: the norm of everything, in table order */
+        const size_t n = mt_model_num_params(o->model);
+        double s = 0.0;
+        for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+        *norm = sqrt(s);
+        return MT_OK;
+    }
+    if (o->par->tp > 1) MT_CHECK(reduce_over_tp(o, err));
+    double sum = 0.0;
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            const struct bucket *b = &c->b[bi];
+            o->k->op.memset(o->k->ctx, o->stage, 0, sizeof(float) * b->padded);
+            pack(o, c, g, b->begin, b->end, o->stage, true);
+            if (o->zero) {
+                float *mine = c->grad + b->at;
+                if (c->size > 1)
+                    MT_CHECK(mt_reduce_scatter(c->comm, o->stage, mine, b->shard, MT_DT_F32,
+                                               MT_OP_SUM, err));
+                else
+                    o->k->op.copy(o->k->ctx, mine, o->stage, sizeof(float) * b->shard);
+                scale(mine, b->shard, o->grad_scale);
+                size_t lo, hi;
+                slice_of(c, b, &lo, &hi);
+                struct norm_ctx nc = {o, mine, 0.0};
+                for_each_segment(o, c, lo, hi, norm_seg, &nc);
+                sum += nc.sum;
+            } else {
+                if (c->size > 1)
+                    MT_CHECK(mt_all_reduce(c->comm, o->stage, b->end - b->begin, MT_DT_F32,
+                                           MT_OP_SUM, err));
+                scale(o->stage, b->end - b->begin, o->grad_scale);
+                pack(o, c, g, b->begin, b->end, o->stage, false);
+            }
+        }
+    }
+    if (!o->zero) {
+        for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
+            const struct mt_param_info *t = mt_model_tensor(o->model, i);
+            if (!counts_whole(o, t)) continue;
+            const float *x = g + t->offset;
+            for (size_t j = 0; j < t->numel; j++) sum += (double)x[j] * x[j];
+        }
+    }
+    MT_CHECK(mt_all_reduce(o->par->world->comm, &sum, 1, MT_DT_F64, MT_OP_SUM, err));
+    *norm = sqrt(sum);
+    return MT_OK;
+}
+
+/* ---- the step --------------------------------------------------------------------------- */
+
+struct adam_ctx {
+    const struct mt_optim *o;
+    const struct mt_config_optimizer *c;
+    float *p, *g, *m, *v; /* slices, indexed by the range offset */
+    float lr, clip;
+    long long t;
+};
+
+static void adam_seg(void *p, const struct mt_param_info *t, size_t in_tensor, size_t in_range,
+                     size_t n)
+{
+    struct adam_ctx *a = p;
+    (void)in_tensor;
+    const struct mt_config_optimizer *c = a->c;
+    float wd = t->no_weight_decay ? 0.0f : (float)c->weight_decay;
+    a->o->k->op.adamw(a->o->k->ctx, a->p + in_range, a->g + in_range, a->m + in_range,
+                      a->v + in_range, n, a->lr, (float)c->adam_beta1, (float)c->adam_beta2,
+                      (float)c->adam_eps, wd, a->clip, a->t);
+}
+
+int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
+                  double clip_coeff, long long t, struct mt_err *err)
+{
+    struct mt_model *m = o->model;
+    float *params = mt_model_params(m), *grads = mt_model_grads(m);
+    if (!o->zero) {
+        for (int i = 0; i < mt_model_num_tensors(m); i++) {
+            const struct mt_param_info *pi = mt_model_tensor(m, i);
+            float wd = pi->no_weight_decay ? 0.0f : (float)c->weight_decay;
+            o->k->op.adamw(o->k->ctx, params + pi->offset, grads + pi->offset, o->m_full + pi->offset,
+                           o->v_full + pi->offset, pi->numel, (float)lr, (float)c->adam_beta1,
+                           (float)c->adam_beta2, (float)c->adam_eps, wd, (float)clip_coeff, t);
+        }
+        mt_model_params_updated(m);
+        return MT_OK;
+    }
+    /* ZeRO: update this rank's slices of the master weights, then gather every slice */
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *cl = &o->c[ci];
+        for (int bi = 0; bi < cl->nbuckets; bi++) {
+            const struct bucket *b = &cl->b[bi];
+            size_t lo, hi;
+            slice_of(cl, b, &lo, &hi);
+            o->k->op.memset(o->k->ctx, o->slice, 0, sizeof(float) * b->shard);
+            pack(o, cl, params, lo, hi, o->slice, true);
+            struct adam_ctx a = {o, c, o->slice, cl->grad + b->at, cl->m + b->at, cl->v + b->at,
+                                 (float)lr, (float)clip_coeff, t};
+            for_each_segment(o, cl, lo, hi, adam_seg, &a);
+            if (cl->size > 1)
+                MT_CHECK(mt_all_gather(cl->comm, o->slice, o->stage, b->shard, MT_DT_F32, err));
+            else
+                o->k->op.copy(o->k->ctx, o->stage, o->slice, sizeof(float) * b->shard);
+            pack(o, cl, params, b->begin, b->end, o->stage, false);
+        }
+    }
+    mt_model_params_updated(m);
+    return MT_OK;
+}
+
+/* ---- state ------------------------------------------------------------------------------ */
+
+int mt_optim_export(struct mt_optim *o, float *m, float *v, struct mt_err *err)
+{
+    const size_t n = mt_model_num_params(o->model);
+    if (!o->zero) {
+        o->k->op.copy(o->k->ctx, m, o->m_full, sizeof(float) * n);
+        o->k->op.copy(o->k->ctx, v, o->v_full, sizeof(float) * n);
+        return MT_OK;
+    }
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            const struct bucket *b = &c->b[bi];
+            for (int which = 0; which < 2; which++) {
+                float *mine = (which ? c->v : c->m) + b->at;
+                if (c->size > 1)
+                    MT_CHECK(mt_all_gather(c->comm, mine, o->stage, b->shard, MT_DT_F32, err));
+                else
+                    o->k->op.copy(o->k->ctx, o->stage, mine, sizeof(float) * b->shard);
+                pack(o, c, which ? v : m, b->begin, b->end, o->stage, false);
+            }
+        }
+    }
+    return MT_OK;
+}
+
+void mt_optim_import(struct mt_optim *o, const float *m, const float *v)
+{
+    const size_t n = mt_model_num_params(o->model);
+    if (!o->zero) {
+        o->k->op.copy(o->k->ctx, o->m_full, m, sizeof(float) * n);
+        o->k->op.copy(o->k->ctx, o->v_full, v, sizeof(float) * n);
+        return;
+    }
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            const struct bucket *b = &c->b[bi];
+            size_t lo, hi;
+            slice_of(c, b, &lo, &hi);
+            pack(o, c, (float *)m, lo, hi, c->m + b->at, true);
+            pack(o, c, (float *)v, lo, hi, c->v + b->at, true);
+        }
+    }
+}
+
+float *mt_optim_moment(struct mt_optim *o, int which)
+{
+    if (o->zero) return NULL;
+    return which ? o->v_full : o->m_full;
+}
+
+size_t mt_optim_memory(const struct mt_optim *o)
+{
+    if (!o->zero) return 2 * sizeof(float) * mt_model_num_params(o->model);
+    return 3 * sizeof(float) * (o->c[0].slices + o->c[1].slices);
+}

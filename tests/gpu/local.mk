@@ -1,0 +1,27 @@
+# tests/gpu: the CUDA backend against the CPU reference, and the GPU op benchmark
+# (included from kernels/local.mk). The programs exit 77 (skip) without a CUDA device,
+# except test_cuda_table, which checks the op table and the no-device error everywhere.
+# The .sh wrappers run them under the exit-status driver, which understands 77.
+MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh bench/gpu_step.sh
+MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c bench/gpu_ops.c
+# numpy emulation of the kernels' tensor-core index math, for work without a GPU (manual)
+EXTRA_DIST += tests/gpu/mma_emulation.py
+
+if HAVE_CUDA
+GPU_TEST_LIBS = libmt_cuda.la libmt_kernels.la libmt_util.la $(MT_LIBS) $(cuda_LIBS) -lstdc++
+
+check_PROGRAMS += tests/gpu/test_cuda_table tests/gpu/test_parity bench/gpu_ops
+TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh
+EXTRA_DIST += $(MT_GPU_TEST_SH)
+
+tests_gpu_test_cuda_table_SOURCES = tests/gpu/test_cuda_table.c
+tests_gpu_test_cuda_table_LDADD = $(GPU_TEST_LIBS)
+
+tests_gpu_test_parity_SOURCES = tests/gpu/test_parity.c
+tests_gpu_test_parity_LDADD = $(GPU_TEST_LIBS)
+
+bench_gpu_ops_SOURCES = bench/gpu_ops.c
+bench_gpu_ops_LDADD = $(GPU_TEST_LIBS)
+else
+EXTRA_DIST += $(MT_GPU_TEST_SH) $(MT_GPU_TEST_SRC)
+endif

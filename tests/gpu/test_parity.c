@@ -1,0 +1,1128 @@
+/* Every op of the CUDA backend against the CPU reference (mt_kernels_cpu) on random
+ * inputs, several shapes per op (GQA, head_dim 128, topk 8, odd sizes that take the
+ * unvectorised paths, empty expert groups), plus run-to-run determinism (bitwise) of
+ * the ops whose reductions could be scheduled differently, and a 32k-token attention
+ * run that checks O(T) memory and causal prefix invariance. Exits 77 without a device.
+ *
+ * Error measure: normalised MSE, sum (gpu - cpu)^2 / sum cpu^2, over a whole output.
+ * Bounds, from what each op does differently from the reference:
+ * - fp32 math in another order (reductions in trees instead of loops, expf/logf of
+ *   CUDA's libm, within 2 ulp): relative errors ~1e-7 per element, nmse ~1e-13; bound
+ *   1e-10 (1e-9 for sums over thousands of rows). A wrong index, sign or term gives
+ *   nmse of order 1e-2 .. 1.
+ * - Tensor-core GEMMs (cuBLASLt FAST_16BF, the grouped kernel, attention): operands are
+ *   rounded to bf16, sums are fp32. Round-to-nearest-even leaves a relative error of at
+ *   most half a bf16 ulp (2^-8), variance 2.7e-6 for normal data; a product of two
+ *   rounded operands 5.5e-6, and a sum of such terms with random signs keeps that
+ *   ratio: nmse = 5.5e-6 for fp32 operands, whatever K (numpy, the same rounding);
+ *   bound 1.5e-5. A truncating conversion gives 3.8e-5 and fails, on purpose. With
+ *   bf16-exact operands (the model's forward: weights and stored activations are
+ *   rounded) only the accumulation differs: bound 1e-8.
+ * - Attention forward: q, k, v are bf16-exact as in the model; P is rounded to bf16
+ *   before P V (one rounded operand): nmse ~1e-6; bound 1e-5. Backward: dO (fp32 in the
+ *   model) and dS are rounded too, P enters twice: nmse ~7e-6; bound 3e-5. (The ~ values
+ *   are those of an emulation of these kernels' fragment arithmetic in numpy.)
+ * - Ops that do the same fp32 operations in the same order (embedding, RoPE, permute,
+ *   unpermute forward, add, AdamW, bf16 rounding, the dispatch plan's integers) must be
+ *   bit-identical, and are compared bytewise.
+ *
+ * MT_PARITY_BACKEND=cpu runs the harness with the CPU backend in the device's place
+ * (every comparison must then be exact): a check of this program without a GPU. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/kernels.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+#define NMSE_FP32 1e-10
+#define NMSE_FP32_SUM 1e-9
+#define NMSE_BF16_EXACT 1e-8
+#define NMSE_BF16 1.5e-5
+#define NMSE_ATT_FWD 1e-5
+#define NMSE_ATT_BWD 3e-5
+
+static const struct mt_kernels *C, *G; /* reference, under test */
+static bool selftest;
+static int checks, failures;
+static uint64_t next_stream = 1;
+
+/* ------------------------------------------------------------------ helpers */
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_parity: out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static float *hrandn(size_t n, float scale)
+{
+    float *x = xmalloc(sizeof(float) * n);
+    uint64_t s = next_stream++;
+    for (size_t i = 0; i < n; i++) x[i] = scale * mt_rng_normal(0x9a71ULL, s, i);
+    return x;
+}
+
+static void *hdup(const void *x, size_t bytes)
+{
+    void *p = xmalloc(bytes);
+    memcpy(p, x, bytes);
+    return p;
+}
+
+static void round_bf16(float *x, size_t n) { C->op.bf16_round(C->ctx, x, x, n); }
+
+static void *dalloc(size_t bytes)
+{
+    void *p = G->op.alloc(G->ctx, bytes ? bytes : 4);
+    if (!p) {
+        fprintf(stderr, "test_parity: device allocation of %zu bytes failed\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static void *dup_to_dev(const void *h, size_t bytes)
+{
+    void *d = dalloc(bytes);
+    if (bytes) G->op.copy(G->ctx, d, h, bytes);
+    return d;
+}
+
+static void *dev_to_host(const void *d, size_t bytes)
+{
+    void *h = xmalloc(bytes);
+    if (bytes) G->op.copy(G->ctx, h, d, bytes);
+    return h;
+}
+
+static void dfree(void *d) { G->op.free(G->ctx, d); }
+
+static double nmse(const float *ref, const float *got, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) != isnan(ref[i])) return INFINITY;
+        if (isnan(ref[i])) continue;
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static void result(bool ok, const char *what, const char *detail)
+{
+    checks++;
+    if (!ok) failures++;
+    printf("%s %-58s %s\n", ok ? "ok  " : "FAIL", what, detail);
+    fflush(stdout);
+}
+
+static void expect_close(const char *what, const float *ref, const float *got, size_t n, double bound)
+{
+    double e = nmse(ref, got, n);
+    char d[96];
+    snprintf(d, sizeof d, "nmse %.2e (bound %.0e)", e, bound);
+    result(e <= bound, what, d);
+}
+
+/* Device result against a host reference, freeing the download. */
+static void expect_close_dev(const char *what, const float *ref, const float *dev, size_t n, double bound)
+{
+    float *got = dev_to_host(dev, sizeof(float) * n);
+    expect_close(what, ref, got, n, bound);
+    free(got);
+}
+
+static void expect_bytes(const char *what, const void *ref, const void *got, size_t bytes)
+{
+    const unsigned char *a = ref, *b = got;
+    size_t i = 0;
+    while (i < bytes && a[i] == b[i]) i++;
+    char d[96];
+    if (i == bytes) snprintf(d, sizeof d, "bit-identical (%zu bytes)", bytes);
+    else snprintf(d, sizeof d, "first difference at byte %zu of %zu", i, bytes);
+    result(i == bytes, what, d);
+}
+
+static void expect_bytes_dev(const char *what, const void *ref, const void *dev, size_t bytes)
+{
+    void *got = dev_to_host(dev, bytes);
+    expect_bytes(what, ref, got, bytes);
+    free(got);
+}
+
+static void expect_true(const char *what, bool ok, const char *detail) { result(ok, what, detail); }
+
+/* ------------------------------------------------------------------ memory */
+
+static void test_memory(void)
+{
+    const size_t sizes[] = {1, 1000, 1 << 20, (5 << 20) + 3};
+    for (int i = 0; i < 4; i++) {
+        size_t n = sizes[i];
+        unsigned char *h = xmalloc(n), *back;
+        for (size_t j = 0; j < n; j++) h[j] = (unsigned char)(j * 131 + 7);
+        void *d1 = dalloc(n), *d2 = dalloc(n);
+        char what[96];
+        snprintf(what, sizeof what, "alloc %zu bytes: 64-byte aligned", n);
+        expect_true(what, ((uintptr_t)d1 & 63) == 0 && ((uintptr_t)d2 & 63) == 0, "");
+        G->op.copy(G->ctx, d1, h, n);    /* host -> device */
+        G->op.copy(G->ctx, d2, d1, n);   /* device -> device */
+        back = dev_to_host(d2, n);       /* device -> host */
+        snprintf(what, sizeof what, "copy %zu bytes host->dev->dev->host", n);
+        expect_bytes(what, h, back, n);
+        G->op.memset(G->ctx, d2, 0xab, n / 2);
+        memset(h, 0xab, n / 2);
+        free(back);
+        back = dev_to_host(d2, n);
+        snprintf(what, sizeof what, "memset %zu of %zu bytes", n / 2, n);
+        expect_bytes(what, h, back, n);
+        free(back);
+        free(h);
+        dfree(d1);
+        dfree(d2);
+    }
+    if (selftest) return;
+    /* the caching allocator: a repeated pattern of allocations reaches a steady state */
+    struct mt_cuda_mem_stats s0, s1;
+    for (int round = 0; round < 3; round++) {
+        if (round == 1) mt_cuda_mem_stats(G, &s0);
+        void *p[4];
+        for (int i = 0; i < 4; i++) p[i] = dalloc(sizes[i] * 3);
+        for (int i = 0; i < 4; i++) dfree(p[i]);
+    }
+    mt_cuda_mem_stats(G, &s1);
+    char d[128];
+    snprintf(d, sizeof d, "cudaMalloc calls %lld -> %lld; cached %zu bytes", s0.device_allocs, s1.device_allocs,
+             s1.cached);
+    expect_true("caching allocator: no cudaMalloc once warm", s1.device_allocs == s0.device_allocs, d);
+}
+
+/* ------------------------------------------------------------------ gemm */
+
+static void gemm_case(bool ta, bool tb, int M, int N, int K, int pad, bool exact_bf16, bool nan_c)
+{
+    const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = hrandn(na, 1.0f), *B = hrandn(nb, 1.0f), *C0 = hrandn(nc, 1.0f);
+    if (exact_bf16) {
+        round_bf16(A, na);
+        round_bf16(B, nb);
+    }
+    const float alpha = 0.75f, beta = nan_c ? 0.0f : 0.5f;
+    if (nan_c)
+        for (size_t i = 0; i < nc; i++) C0[i] = NAN;
+    float *ref = hdup(C0, sizeof(float) * nc);
+    C->op.gemm(C->ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, ref, ldc);
+    float *dA = dup_to_dev(A, sizeof(float) * na), *dB = dup_to_dev(B, sizeof(float) * nb);
+    float *dC = dup_to_dev(C0, sizeof(float) * nc);
+    G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    float *got = dev_to_host(dC, sizeof(float) * nc);
+    bool pad_kept = true; /* columns N..ldc-1 of C are outside the product: untouched */
+    for (int i = 0; i < M && pad; i++)
+        for (int j = N; j < ldc; j++) {
+            size_t o = (size_t)i * ldc + j;
+            pad_kept = pad_kept && !memcmp(&got[o], &C0[o], sizeof(float));
+            got[o] = ref[o] = 0.0f;
+        }
+    char what[128];
+    snprintf(what, sizeof what, "gemm %c%c M=%d N=%d K=%d%s%s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K,
+             pad ? " ld+pad" : "", exact_bf16 ? " bf16-exact" : " fp32", nan_c ? " beta=0 over NaN" : "");
+    expect_close(what, ref, got, nc, K == 0 ? 0.0 : exact_bf16 ? NMSE_BF16_EXACT : NMSE_BF16);
+    if (pad) expect_true("gemm: C outside the leading-dimension padding untouched", pad_kept, "");
+    if ((double)M * N * K >= (1 << 24)) { /* determinism on the large shape */
+        float *first = dev_to_host(dC, sizeof(float) * nc);
+        G->op.copy(G->ctx, dC, C0, sizeof(float) * nc);
+        G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+        snprintf(what, sizeof what, "gemm %c%c M=%d N=%d K=%d: two runs", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K);
+        expect_bytes_dev(what, first, dC, sizeof(float) * nc);
+        free(first);
+    }
+    free(A);
+    free(B);
+    free(C0);
+    free(ref);
+    free(got);
+    dfree(dA);
+    dfree(dB);
+    dfree(dC);
+}
+
+static void test_gemm(void)
+{
+    static const int shapes[][3] = {{64, 48, 32}, {37, 53, 29}, {1, 300, 64}, {130, 7, 3}, {256, 512, 1024}};
+    for (int s = 0; s < 5; s++)
+        for (int mode = 0; mode < 4; mode++)
+            for (int ex = 0; ex < 2; ex++)
+                gemm_case(mode & 1, mode & 2, shapes[s][0], shapes[s][1], shapes[s][2], 0, ex, false);
+    gemm_case(false, true, 96, 80, 64, 0, true, true); /* beta = 0 ignores NaN in C */
+    gemm_case(true, false, 33, 40, 50, 5, false, false); /* leading dimensions above the sizes */
+    gemm_case(false, false, 20, 30, 0, 0, false, false); /* K = 0: C = beta C */
+    gemm_case(false, false, 20, 30, 0, 0, false, true);
+}
+
+/* ------------------------------------------------------------------ grouped gemm */
+
+/* mode 0 forward (x W^T), 1 dgrad (x W), 2 wgrad (A^T B). */
+static void grouped_case(int mode, int G_, const int32_t *counts, int M, int N, int K, bool exact_bf16)
+{
+    int32_t *offs = xmalloc(sizeof(int32_t) * (G_ + 1));
+    offs[0] = 0;
+    for (int g = 0; g < G_; g++) offs[g + 1] = offs[g] + counts[g];
+    const int rows = offs[G_];
+    size_t na, nb, nc;
+    if (mode < 2) {
+        na = (size_t)rows * K;
+        nb = (size_t)G_ * N * K;
+        nc = (size_t)rows * N;
+    } else {
+        na = (size_t)rows * M;
+        nb = (size_t)rows * N;
+        nc = (size_t)G_ * M * N;
+    }
+    float *A = hrandn(na, 1.0f), *B = hrandn(nb, 1.0f), *C0 = hrandn(nc, 1.0f);
+    if (exact_bf16) {
+        round_bf16(A, na);
+        round_bf16(B, nb);
+    }
+    const float beta = mode == 0 ? 0.0f : 1.0f;
+    if (mode == 0)
+        for (size_t i = 0; i < nc; i++) C0[i] = NAN; /* beta = 0 must ignore C */
+    float *ref = hdup(C0, sizeof(float) * nc);
+    const bool ta = mode == 2, tb = mode == 0;
+    C->op.grouped_gemm(C->ctx, ta, tb, G_, offs, M, N, K, 1.0f, A, B, beta, ref);
+    int32_t *doffs = dup_to_dev(offs, sizeof(int32_t) * (G_ + 1));
+    float *dA = dup_to_dev(A, sizeof(float) * na), *dB = dup_to_dev(B, sizeof(float) * nb);
+    float *dC = dup_to_dev(C0, sizeof(float) * nc);
+    G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, dA, dB, beta, dC);
+    static const char *names[] = {"fwd xW^T", "dgrad xW", "wgrad A^TB"};
+    char what[128];
+    snprintf(what, sizeof what, "grouped_gemm %s G=%d rows=%d M=%d N=%d K=%d%s", names[mode], G_, rows, M, N, K,
+             exact_bf16 ? " bf16-exact" : " fp32");
+    expect_close_dev(what, ref, dC, nc, exact_bf16 ? NMSE_BF16_EXACT : NMSE_BF16);
+    if (nc >= (1u << 20)) { /* determinism on the large shapes */
+        float *first = dev_to_host(dC, sizeof(float) * nc);
+        G->op.copy(G->ctx, dC, C0, sizeof(float) * nc);
+        G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, dA, dB, beta, dC);
+        snprintf(what, sizeof what, "grouped_gemm %s G=%d: two runs", names[mode], G_);
+        expect_bytes_dev(what, first, dC, sizeof(float) * nc);
+        free(first);
+    }
+    free(offs);
+    free(A);
+    free(B);
+    free(C0);
+    free(ref);
+    dfree(doffs);
+    dfree(dA);
+    dfree(dB);
+    dfree(dC);
+}
+
+static void test_grouped_gemm(void)
+{
+    static const int32_t small[8] = {5, 0, 130, 64, 1, 0, 257, 33}; /* empty groups, partial tiles */
+    int32_t big[16], many[1500];
+    for (int g = 0; g < 16; g++) big[g] = 150 + 13 * g;
+    for (int g = 0; g < 1500; g++) many[g] = (int32_t)mt_rng_below(7, 1, (uint64_t)g, 3); /* > 1024 groups */
+    for (int mode = 0; mode < 3; mode++) {
+        for (int ex = 0; ex < 2; ex++) grouped_case(mode, 8, small, 96, 128, 64, ex);
+        grouped_case(mode, 8, small, 30, 50, 30, false);    /* sizes off multiples of 4 */
+        grouped_case(mode, 16, big, 384, 256, 256, true);   /* Qwen-like slabs, larger */
+        grouped_case(mode, 16, big, 384, 256, 256, false);
+        grouped_case(mode, 1500, many, 16, 24, 16, true);
+    }
+}
+
+/* ------------------------------------------------------------------ layers */
+
+static void test_embedding(void)
+{
+    static const int shapes[][3] = {{300, 50, 64}, {257, 13, 30}}; /* N, V, C */
+    for (int s = 0; s < 2; s++) {
+        const int N = shapes[s][0], V = shapes[s][1], Cc = shapes[s][2];
+        int32_t *tok = xmalloc(sizeof(int32_t) * N);
+        for (int n = 0; n < N; n++) /* every 9th token belongs to another vocabulary shard: -1 */
+            tok[n] = n % 9 == 4 ? -1 : (int32_t)mt_rng_below(3, (uint64_t)s, (uint64_t)n, (uint64_t)V);
+        float *wte = hrandn((size_t)V * Cc, 1.0f), *dout = hrandn((size_t)N * Cc, 1.0f);
+        float *dw0 = hrandn((size_t)V * Cc, 1.0f);
+        float *out = xmalloc(sizeof(float) * N * Cc), *dw = hdup(dw0, sizeof(float) * V * Cc);
+        C->op.embedding_fwd(C->ctx, out, tok, wte, N, Cc);
+        C->op.embedding_bwd(C->ctx, dw, dout, tok, N, Cc);
+        int32_t *dtok = dup_to_dev(tok, sizeof(int32_t) * N);
+        float *dwte = dup_to_dev(wte, sizeof(float) * V * Cc), *ddout = dup_to_dev(dout, sizeof(float) * N * Cc);
+        float *dout_ = dalloc(sizeof(float) * N * Cc), *ddw = dup_to_dev(dw0, sizeof(float) * V * Cc);
+        G->op.embedding_fwd(G->ctx, dout_, dtok, dwte, N, Cc);
+        G->op.embedding_bwd(G->ctx, ddw, ddout, dtok, N, Cc);
+        char what[96];
+        snprintf(what, sizeof what, "embedding_fwd N=%d V=%d C=%d (-1: zero rows)", N, V, Cc);
+        expect_bytes_dev(what, out, dout_, sizeof(float) * N * Cc);
+        snprintf(what, sizeof what, "embedding_bwd N=%d V=%d C=%d (+=, repeated ids, -1)", N, V, Cc);
+        expect_bytes_dev(what, dw, ddw, sizeof(float) * V * Cc);
+        free(tok);
+        free(wte);
+        free(dout);
+        free(dw0);
+        free(out);
+        free(dw);
+        dfree(dtok);
+        dfree(dwte);
+        dfree(ddout);
+        dfree(dout_);
+        dfree(ddw);
+    }
+}
+
+static void test_rmsnorm(void)
+{
+    static const int shapes[][2] = {{64, 256}, {300, 128}, {5000, 64}, {33, 4097}, {7, 2048}};
+    for (int s = 0; s < 5; s++) {
+        const int N = shapes[s][0], Cc = shapes[s][1];
+        const size_t nx = (size_t)N * Cc;
+        float *x = hrandn(nx, 1.0f), *w = hrandn(Cc, 0.1f), *dout = hrandn(nx, 1.0f);
+        for (int c = 0; c < Cc; c++) w[c] += 1.0f;
+        float *dx0 = hrandn(nx, 1.0f), *dw0 = hrandn(Cc, 1.0f);
+        float *out = xmalloc(sizeof(float) * nx), *rstd = xmalloc(sizeof(float) * N);
+        float *dx = hdup(dx0, sizeof(float) * nx), *dw = hdup(dw0, sizeof(float) * Cc);
+        C->op.rmsnorm_fwd(C->ctx, out, rstd, x, w, N, Cc, 1e-6f);
+        C->op.rmsnorm_bwd(C->ctx, dx, dw, dout, x, w, rstd, N, Cc);
+        float *d_x = dup_to_dev(x, sizeof(float) * nx), *d_w = dup_to_dev(w, sizeof(float) * Cc);
+        float *d_out = dalloc(sizeof(float) * nx), *d_rstd = dalloc(sizeof(float) * N);
+        float *d_dout = dup_to_dev(dout, sizeof(float) * nx);
+        float *d_dx = dup_to_dev(dx0, sizeof(float) * nx), *d_dw = dup_to_dev(dw0, sizeof(float) * Cc);
+        G->op.rmsnorm_fwd(G->ctx, d_out, d_rstd, d_x, d_w, N, Cc, 1e-6f);
+        /* the backward takes the reference's rstd, so it is checked on its own */
+        G->op.copy(G->ctx, d_rstd, rstd, sizeof(float) * N);
+        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, Cc);
+        char what[96];
+        snprintf(what, sizeof what, "rmsnorm_fwd out N=%d C=%d", N, Cc);
+        float *got_out = dev_to_host(d_out, sizeof(float) * nx);
+        expect_close(what, out, got_out, nx, NMSE_FP32);
+        snprintf(what, sizeof what, "rmsnorm_bwd dx N=%d C=%d (+=)", N, Cc);
+        expect_close_dev(what, dx, d_dx, nx, NMSE_FP32);
+        snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d (+=)", N, Cc);
+        float *got_dw = dev_to_host(d_dw, sizeof(float) * Cc);
+        expect_close(what, dw, got_dw, Cc, NMSE_FP32_SUM);
+        G->op.copy(G->ctx, d_dw, dw0, sizeof(float) * Cc);
+        G->op.copy(G->ctx, d_dx, dx0, sizeof(float) * nx);
+        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, Cc);
+        snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d: two runs", N, Cc);
+        expect_bytes_dev(what, got_dw, d_dw, sizeof(float) * Cc);
+        free(x);
+        free(w);
+        free(dout);
+        free(dx0);
+        free(dw0);
+        free(out);
+        free(rstd);
+        free(dx);
+        free(dw);
+        free(got_out);
+        free(got_dw);
+        dfree(d_x);
+        dfree(d_w);
+        dfree(d_out);
+        dfree(d_rstd);
+        dfree(d_dout);
+        dfree(d_dx);
+        dfree(d_dw);
+    }
+}
+
+static void test_rope(void)
+{
+    static const int shapes[][4] = {{2, 37, 3, 64}, {1, 300, 4, 128}, {3, 5, 2, 6}};
+    static const float thetas[] = {1e6f, 1e4f, 1e4f};
+    for (int s = 0; s < 3; s++) {
+        const int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], D = shapes[s][3];
+        const size_t n = (size_t)B * T * H * D;
+        float *x = hrandn(n, 1.0f), *fwd = xmalloc(sizeof(float) * n), *bwd = xmalloc(sizeof(float) * n);
+        C->op.rope_fwd(C->ctx, fwd, x, B, T, H, D, thetas[s]);
+        C->op.rope_bwd(C->ctx, bwd, x, B, T, H, D, thetas[s]);
+        float *dx = dup_to_dev(x, sizeof(float) * n), *dy = dalloc(sizeof(float) * n);
+        char what[96];
+        G->op.rope_fwd(G->ctx, dy, dx, B, T, H, D, thetas[s]);
+        snprintf(what, sizeof what, "rope_fwd B=%d T=%d H=%d D=%d", B, T, H, D);
+        expect_bytes_dev(what, fwd, dy, sizeof(float) * n);
+        G->op.rope_bwd(G->ctx, dx, dx, B, T, H, D, thetas[s]); /* in place */
+        snprintf(what, sizeof what, "rope_bwd B=%d T=%d H=%d D=%d (in place)", B, T, H, D);
+        expect_bytes_dev(what, bwd, dx, sizeof(float) * n);
+        free(x);
+        free(fwd);
+        free(bwd);
+        dfree(dx);
+        dfree(dy);
+    }
+}
+
+struct att_shape {
+    int B, T, Hq, Hkv, D;
+};
+
+static void attention_case(struct att_shape a)
+{
+    const size_t nq = (size_t)a.B * a.T * a.Hq * a.D, nkv = (size_t)a.B * a.T * a.Hkv * a.D;
+    const size_t natt = (size_t)a.B * a.Hq * a.T * a.T;
+    float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
+    round_bf16(q, nq); /* as in the model: projections are stored in bf16 */
+    round_bf16(k, nkv);
+    round_bf16(v, nkv);
+    float *out = xmalloc(sizeof(float) * nq), *att = xmalloc(sizeof(float) * natt);
+    float *dq = xmalloc(sizeof(float) * nq), *dk = xmalloc(sizeof(float) * nkv), *dv = xmalloc(sizeof(float) * nkv);
+    C->op.attention_fwd(C->ctx, out, att, q, k, v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_bwd(C->ctx, dq, dk, dv, dout, q, k, v, att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    float *d_q = dup_to_dev(q, sizeof(float) * nq), *d_k = dup_to_dev(k, sizeof(float) * nkv);
+    float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
+    float *d_out = dalloc(sizeof(float) * nq), *d_att = dalloc(sizeof(float) * natt);
+    float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
+    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    char sh[80], what[128];
+    snprintf(sh, sizeof sh, "B=%d T=%d Hq=%d Hkv=%d D=%d", a.B, a.T, a.Hq, a.Hkv, a.D);
+    float *o1 = dev_to_host(d_out, sizeof(float) * nq), *q1 = dev_to_host(d_dq, sizeof(float) * nq);
+    float *k1 = dev_to_host(d_dk, sizeof(float) * nkv), *v1 = dev_to_host(d_dv, sizeof(float) * nkv);
+    snprintf(what, sizeof what, "attention_fwd out %s", sh);
+    expect_close(what, out, o1, nq, NMSE_ATT_FWD);
+    snprintf(what, sizeof what, "attention_bwd dq %s", sh);
+    expect_close(what, dq, q1, nq, NMSE_ATT_BWD);
+    snprintf(what, sizeof what, "attention_bwd dk %s", sh);
+    expect_close(what, dk, k1, nkv, NMSE_ATT_BWD);
+    snprintf(what, sizeof what, "attention_bwd dv %s", sh);
+    expect_close(what, dv, v1, nkv, NMSE_ATT_BWD);
+    /* determinism: a second forward and backward, bit for bit */
+    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    snprintf(what, sizeof what, "attention fwd+bwd %s: two runs", sh);
+    float *o2 = dev_to_host(d_out, sizeof(float) * nq), *q2 = dev_to_host(d_dq, sizeof(float) * nq);
+    float *k2 = dev_to_host(d_dk, sizeof(float) * nkv), *v2 = dev_to_host(d_dv, sizeof(float) * nkv);
+    bool same = !memcmp(o1, o2, sizeof(float) * nq) && !memcmp(q1, q2, sizeof(float) * nq) &&
+                !memcmp(k1, k2, sizeof(float) * nkv) && !memcmp(v1, v2, sizeof(float) * nkv);
+    expect_true(what, same, same ? "bit-identical" : "runs differ");
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(att);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(o1);
+    free(q1);
+    free(k1);
+    free(v1);
+    free(o2);
+    free(q2);
+    free(k2);
+    free(v2);
+    dfree(d_q);
+    dfree(d_k);
+    dfree(d_v);
+    dfree(d_do);
+    dfree(d_out);
+    dfree(d_att);
+    dfree(d_dq);
+    dfree(d_dk);
+    dfree(d_dv);
+}
+
+static bool all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return false;
+    return true;
+}
+
+/* 32768 tokens on the device alone (the CPU reference would need T x T): the backend
+ * must run in O(T) memory, so att is given only the (B,Hq,T) logsumexp and the output
+ * copy this backend keeps there, not (B,Hq,T,T). Causality makes the first P rows of
+ * out and dq independent of everything after them: they must equal, bit for bit, a run
+ * on the first P tokens alone (whose agreement with the CPU is checked above). */
+static void attention_long(void)
+{
+    const int B = 1, T = 32768, P = 1024, Hq = 4, Hkv = 1, D = 128;
+    const size_t nq = (size_t)B * T * Hq * D, nkv = (size_t)B * T * Hkv * D;
+    const size_t natt = (size_t)B * Hq * T * (1 + D);
+    float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
+    round_bf16(q, nq);
+    round_bf16(k, nkv);
+    round_bf16(v, nkv);
+    float *d_q = dup_to_dev(q, sizeof(float) * nq), *d_k = dup_to_dev(k, sizeof(float) * nkv);
+    float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
+    float *d_out = dalloc(sizeof(float) * nq), *d_att = dalloc(sizeof(float) * natt);
+    float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
+    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, B, T, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, B, T, Hq, Hkv, D);
+    float *out = dev_to_host(d_out, sizeof(float) * nq), *dq = dev_to_host(d_dq, sizeof(float) * nq);
+    float *dk = dev_to_host(d_dk, sizeof(float) * nkv), *dv = dev_to_host(d_dv, sizeof(float) * nkv);
+    bool finite = all_finite(out, nq) && all_finite(dq, nq) && all_finite(dk, nkv) && all_finite(dv, nkv);
+    expect_true("attention T=32768 Hq=4 Hkv=1 D=128: fwd+bwd finite", finite, "");
+    /* the first P tokens alone (B = 1: they are the leading rows of every tensor) */
+    const size_t pq = (size_t)P * Hq * D, pattn = (size_t)Hq * P * (1 + D);
+    float *p_out = dalloc(sizeof(float) * pq), *p_att = dalloc(sizeof(float) * pattn), *p_dq = dalloc(sizeof(float) * pq);
+    float *p_dk = dalloc(sizeof(float) * (size_t)P * Hkv * D), *p_dv = dalloc(sizeof(float) * (size_t)P * Hkv * D);
+    G->op.attention_fwd(G->ctx, p_out, p_att, d_q, d_k, d_v, B, P, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, p_dq, p_dk, p_dv, d_do, d_q, d_k, d_v, p_att, B, P, Hq, Hkv, D);
+    expect_bytes_dev("attention T=32768: out[:1024] equals a 1024-token run", out, p_out, sizeof(float) * pq);
+    expect_bytes_dev("attention T=32768: dq[:1024] equals a 1024-token run", dq, p_dq, sizeof(float) * pq);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(dq);
+    free(dk);
+    free(dv);
+    dfree(d_q);
+    dfree(d_k);
+    dfree(d_v);
+    dfree(d_do);
+    dfree(d_out);
+    dfree(d_att);
+    dfree(d_dq);
+    dfree(d_dk);
+    dfree(d_dv);
+    dfree(p_out);
+    dfree(p_att);
+    dfree(p_dq);
+    dfree(p_dk);
+    dfree(p_dv);
+}
+
+static void test_attention(void)
+{
+    static const struct att_shape shapes[] = {
+        {2, 100, 4, 2, 64},   /* GQA 2:1, partial last tile */
+        {1, 256, 8, 2, 128},  /* GQA 4:1, head_dim 128 */
+        {1, 64, 2, 2, 32},    /* one tile, MHA */
+        {1, 40, 2, 1, 64},    /* T < D + 1: the backward recomputes the output */
+        {2, 77, 6, 3, 40},    /* head_dim padded inside the kernel (40 -> 64) */
+        {1, 50, 2, 2, 18},    /* head_dim not a multiple of 4: scalar loads */
+        {1, 1024, 4, 1, 128}, /* 16 tiles, GQA 4:1 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attention_case(shapes[i]);
+    if (!selftest) attention_long();
+}
+
+static void test_swiglu_add(void)
+{
+    static const int shapes[][2] = {{1000, 64}, {33, 17}};
+    for (int s = 0; s < 2; s++) {
+        const int N = shapes[s][0], F = shapes[s][1];
+        const size_t n = (size_t)N * F;
+        float *g = hrandn(n, 2.0f), *u = hrandn(n, 1.0f), *d = hrandn(n, 1.0f);
+        float *out = xmalloc(sizeof(float) * n), *dg = xmalloc(sizeof(float) * n), *du = xmalloc(sizeof(float) * n);
+        float *sum = xmalloc(sizeof(float) * n);
+        C->op.swiglu_fwd(C->ctx, out, g, u, N, F);
+        C->op.swiglu_bwd(C->ctx, dg, du, d, g, u, N, F);
+        C->op.add(C->ctx, sum, g, u, n);
+        float *d_g = dup_to_dev(g, sizeof(float) * n), *d_u = dup_to_dev(u, sizeof(float) * n);
+        float *d_d = dup_to_dev(d, sizeof(float) * n), *d_out = dalloc(sizeof(float) * n);
+        float *d_dg = dalloc(sizeof(float) * n), *d_du = dalloc(sizeof(float) * n);
+        G->op.swiglu_fwd(G->ctx, d_out, d_g, d_u, N, F);
+        G->op.swiglu_bwd(G->ctx, d_dg, d_du, d_d, d_g, d_u, N, F);
+        char what[96];
+        snprintf(what, sizeof what, "swiglu_fwd N=%d F=%d", N, F);
+        expect_close_dev(what, out, d_out, n, NMSE_FP32);
+        snprintf(what, sizeof what, "swiglu_bwd dgate N=%d F=%d", N, F);
+        expect_close_dev(what, dg, d_dg, n, NMSE_FP32);
+        snprintf(what, sizeof what, "swiglu_bwd dup N=%d F=%d", N, F);
+        expect_close_dev(what, du, d_du, n, NMSE_FP32);
+        G->op.add(G->ctx, d_g, d_g, d_u, n); /* out aliases a */
+        snprintf(what, sizeof what, "add n=%zu (in place)", n);
+        expect_bytes_dev(what, sum, d_g, sizeof(float) * n);
+        free(g);
+        free(u);
+        free(d);
+        free(out);
+        free(dg);
+        free(du);
+        free(sum);
+        dfree(d_g);
+        dfree(d_u);
+        dfree(d_d);
+        dfree(d_out);
+        dfree(d_dg);
+        dfree(d_du);
+    }
+}
+
+/* ------------------------------------------------------------------ mixture of experts */
+
+struct router_case {
+    int N, E, k;
+    enum mt_score_fn fn;
+    bool pre, bias;
+    float sf;
+};
+
+static void router_case(struct router_case r)
+{
+    struct mt_router_args a = {r.N, r.E, r.k, r.fn, r.pre, r.sf};
+    const size_t nl = (size_t)r.N * r.E, nk = (size_t)r.N * r.k;
+    float *logits = hrandn(nl, 2.0f), *bias = r.bias ? hrandn(r.E, 0.1f) : NULL;
+    int32_t *idx = xmalloc(sizeof(int32_t) * nk);
+    float *prob = xmalloc(sizeof(float) * nk), *dprob = hrandn(nk, 1.0f), *dl0 = hrandn(nl, 1.0f);
+    float *dl = hdup(dl0, sizeof(float) * nl);
+    C->op.router_fwd(C->ctx, &a, logits, bias, idx, prob);
+    C->op.router_bwd(C->ctx, &a, dl, dprob, logits, idx);
+    float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_b = bias ? dup_to_dev(bias, sizeof(float) * r.E) : NULL;
+    int32_t *d_idx = dalloc(sizeof(int32_t) * nk);
+    float *d_prob = dalloc(sizeof(float) * nk), *d_dp = dup_to_dev(dprob, sizeof(float) * nk);
+    float *d_dl = dup_to_dev(dl0, sizeof(float) * nl);
+    G->op.router_fwd(G->ctx, &a, d_l, d_b, d_idx, d_prob);
+    char sh[96], what[128];
+    snprintf(sh, sizeof sh, "N=%d E=%d k=%d %s%s%s sf=%g", r.N, r.E, r.k, r.fn == MT_SCORE_SOFTMAX ? "softmax" : "sigmoid",
+             r.fn == MT_SCORE_SOFTMAX ? (r.pre ? " pre" : " post") : "", r.bias ? " bias" : "", (double)r.sf);
+    snprintf(what, sizeof what, "router_fwd idx %s", sh);
+    expect_bytes_dev(what, idx, d_idx, sizeof(int32_t) * nk);
+    snprintf(what, sizeof what, "router_fwd prob %s", sh);
+    expect_close_dev(what, prob, d_prob, nk, NMSE_FP32);
+    G->op.copy(G->ctx, d_idx, idx, sizeof(int32_t) * nk); /* the backward on the reference's choice */
+    G->op.router_bwd(G->ctx, &a, d_dl, d_dp, d_l, d_idx);
+    snprintf(what, sizeof what, "router_bwd dlogits %s (+=)", sh);
+    expect_close_dev(what, dl, d_dl, nl, NMSE_FP32);
+    free(logits);
+    free(bias);
+    free(idx);
+    free(prob);
+    free(dprob);
+    free(dl0);
+    free(dl);
+    dfree(d_l);
+    if (d_b) dfree(d_b);
+    dfree(d_idx);
+    dfree(d_prob);
+    dfree(d_dp);
+    dfree(d_dl);
+}
+
+static void test_router(void)
+{
+    static const struct router_case cases[] = {
+        {257, 128, 8, MT_SCORE_SOFTMAX, false, false, 0.0f},
+        {257, 128, 8, MT_SCORE_SOFTMAX, true, false, 2.5f},
+        {100, 64, 1, MT_SCORE_SOFTMAX, true, false, 0.0f},
+        {300, 160, 6, MT_SCORE_SIGMOID, false, true, 2.5f},
+        {64, 32, 1, MT_SCORE_SIGMOID, false, true, 0.0f},
+        {64, 128, 8, MT_SCORE_SIGMOID, false, false, 0.0f},
+        {40, 8, 2, MT_SCORE_SOFTMAX, false, true, 0.0f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) router_case(cases[i]);
+}
+
+/* One call of the balancing-loss ops on num_tokens tokens starting at token `first` of
+ * num_seqs sequences of seq_len tokens (a sequence-parallel shard when it is not the
+ * whole); the counts passed to the loss are the whole's, as the model sums them. */
+static void aux_case(int num_seqs, int seq_len, long long first, int ntok, int E, int k, enum mt_score_fn fn)
+{
+    struct mt_aux_args a = {ntok, E, k, fn, num_seqs, seq_len, first, 0.01f};
+    const size_t nl = (size_t)ntok * E, nc = (size_t)num_seqs * E;
+    float *logits = hrandn(nl, 1.5f), *dl0 = hrandn(nl, 1.0f), *dl = hdup(dl0, sizeof(float) * nl);
+    float *counts = xmalloc(sizeof(float) * nc), *whole = hrandn(nc, 0.0f), loss = 0.0f, gloss = 0.0f;
+    for (size_t i = 0; i < nc; i++) whole[i] = (float)mt_rng_below(13, 0, i, (uint64_t)seq_len * k / E + 2);
+    C->op.aux_counts(C->ctx, &a, counts, logits);
+    C->op.aux_loss_fwd(C->ctx, &a, &loss, whole, logits);
+    C->op.aux_loss_bwd(C->ctx, &a, dl, 0.7f, whole, logits);
+    float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_c = dalloc(sizeof(float) * nc);
+    float *d_w = dup_to_dev(whole, sizeof(float) * nc), *d_dl = dup_to_dev(dl0, sizeof(float) * nl);
+    G->op.aux_counts(G->ctx, &a, d_c, d_l);
+    G->op.aux_loss_fwd(G->ctx, &a, &gloss, d_w, d_l);
+    G->op.aux_loss_bwd(G->ctx, &a, d_dl, 0.7f, d_w, d_l);
+    char sh[96], what[160], d[96];
+    snprintf(sh, sizeof sh, "seqs=%d len=%d first=%lld N=%d E=%d k=%d %s", num_seqs, seq_len, first, ntok, E, k,
+             fn == MT_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    snprintf(what, sizeof what, "aux_counts %s", sh);
+    expect_bytes_dev(what, counts, d_c, sizeof(float) * nc);
+    double rel = fabs((double)gloss - loss) / fabs((double)loss);
+    snprintf(what, sizeof what, "aux_loss_fwd %s", sh);
+    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-5)", (double)gloss, (double)loss, rel);
+    expect_true(what, rel <= 1e-5, d);
+    snprintf(what, sizeof what, "aux_loss_bwd dlogits %s (+=)", sh);
+    expect_close_dev(what, dl, d_dl, nl, NMSE_FP32);
+    free(logits);
+    free(dl0);
+    free(dl);
+    free(counts);
+    free(whole);
+    dfree(d_l);
+    dfree(d_c);
+    dfree(d_w);
+    dfree(d_dl);
+}
+
+static void test_balancing_losses(void)
+{
+    for (int fn = 0; fn < 2; fn++) {
+        enum mt_score_fn f = (enum mt_score_fn)fn;
+        aux_case(1, 256, 0, 256, 64, 8, f);  /* aux_loss, the whole batch */
+        aux_case(4, 64, 0, 256, 64, 8, f);   /* seq_aux_loss, 4 sequences */
+        aux_case(3, 100, 0, 300, 24, 2, f);
+        aux_case(4, 300, 450, 300, 32, 4, f); /* a shard starting inside sequence 1 */
+        aux_case(1, 2000, 1000, 600, 128, 8, f);
+    }
+    /* z-loss */
+    const int N = 300, E = 64;
+    const size_t nl = (size_t)N * E;
+    float *logits = hrandn(nl, 3.0f), *dl0 = hrandn(nl, 1.0f), *dl = hdup(dl0, sizeof(float) * nl);
+    float *lse = xmalloc(sizeof(float) * N), z = 0.0f, gz = 0.0f;
+    C->op.z_loss_fwd(C->ctx, &z, lse, logits, N, E, 1e-3f);
+    C->op.z_loss_bwd(C->ctx, dl, 0.7f, lse, logits, N, E, 1e-3f);
+    float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_lse = dalloc(sizeof(float) * N);
+    float *d_dl = dup_to_dev(dl0, sizeof(float) * nl);
+    G->op.z_loss_fwd(G->ctx, &gz, d_lse, d_l, N, E, 1e-3f);
+    char d[96];
+    double rel = fabs((double)gz - z) / fabs((double)z);
+    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-6)", (double)gz, (double)z, rel);
+    expect_true("z_loss_fwd loss N=300 E=64", rel <= 1e-6, d);
+    expect_close_dev("z_loss_fwd lse N=300 E=64", lse, d_lse, N, NMSE_FP32);
+    G->op.copy(G->ctx, d_lse, lse, sizeof(float) * N);
+    G->op.z_loss_bwd(G->ctx, d_dl, 0.7f, d_lse, d_l, N, E, 1e-3f);
+    expect_close_dev("z_loss_bwd dlogits N=300 E=64 (+=)", dl, d_dl, nl, NMSE_FP32);
+    free(logits);
+    free(dl0);
+    free(dl);
+    free(lse);
+    dfree(d_l);
+    dfree(d_lse);
+    dfree(d_dl);
+}
+
+struct plan_host {
+    int E, rows_max, S;
+    int32_t *offsets, *row_slot, *slot_row;
+    int64_t *kept;
+};
+
+static void plan_host_alloc(struct plan_host *p, int N, int E, int k, int cap, bool pad)
+{
+    p->E = E;
+    p->S = N * k;
+    p->rows_max = pad && cap > 0 ? E * cap : N * k;
+    p->offsets = xmalloc(sizeof(int32_t) * (E + 1));
+    p->row_slot = xmalloc(sizeof(int32_t) * (p->rows_max + 1));
+    p->slot_row = xmalloc(sizeof(int32_t) * (p->S + 1));
+    p->kept = xmalloc(sizeof(int64_t) * E);
+}
+
+static void plan_host_free(struct plan_host *p)
+{
+    free(p->offsets);
+    free(p->row_slot);
+    free(p->slot_row);
+    free(p->kept);
+}
+
+/* Routing of N tokens over E experts: the CPU router on random logits, or a skewed
+ * assignment (most tokens on the first experts), with probabilities on a coarse grid
+ * so that the probability drop policy meets ties. */
+static void make_routing(int N, int E, int k, bool skew, int32_t *idx, float *prob)
+{
+    if (skew) {
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < k; j++) idx[(size_t)n * k + j] = (j + (n % 5 ? 0 : n)) % E;
+    } else {
+        struct mt_router_args a = {N, E, k, MT_SCORE_SOFTMAX, true, 0.0f};
+        float *logits = hrandn((size_t)N * E, 1.0f);
+        C->op.router_fwd(C->ctx, &a, logits, NULL, idx, prob);
+        free(logits);
+    }
+    for (size_t s = 0; s < (size_t)N * k; s++) prob[s] = (float)mt_rng_below(11, 0, s, 4) * 0.25f;
+}
+
+/* Marks every 13th assignment as routed nowhere (-1): no row, not counted as dropped. */
+static void unroute_some(int32_t *idx, size_t S)
+{
+    for (size_t s = 5; s < S; s += 13) idx[s] = -1;
+}
+
+static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol, bool pad, bool skew,
+                          bool unrouted, bool also_permute)
+{
+    int32_t *idx = xmalloc(sizeof(int32_t) * N * k);
+    float *prob = xmalloc(sizeof(float) * N * k);
+    make_routing(N, E, k, skew, idx, prob);
+    if (unrouted) unroute_some(idx, (size_t)N * k);
+    struct plan_host h;
+    plan_host_alloc(&h, N, E, k, cap, pad);
+    struct mt_dispatch_plan cp = {h.offsets, h.row_slot, h.slot_row, h.kept};
+    long long dropped = C->op.dispatch_plan(C->ctx, &cp, idx, prob, N, E, k, cap, pol, pad);
+    const int rows = h.offsets[E];
+    int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * N * k);
+    float *d_prob = dup_to_dev(prob, sizeof(float) * N * k);
+    struct mt_dispatch_plan gp = {dalloc(sizeof(int32_t) * (E + 1)), dalloc(sizeof(int32_t) * (h.rows_max + 1)),
+                                  dalloc(sizeof(int32_t) * (h.S + 1)), dalloc(sizeof(int64_t) * E)};
+    char sh[128], what[160], d[64];
+    snprintf(sh, sizeof sh, "N=%d E=%d k=%d cap=%d %s%s%s%s", N, E, k, cap, pol == MT_DROP_PROBS ? "probs" : "position",
+             pad ? " pad" : "", skew ? " skewed" : "", unrouted ? " some -1" : "");
+    for (int run = 0; run < 2; run++) { /* the second run checks determinism */
+        long long gd = G->op.dispatch_plan(G->ctx, &gp, d_idx, d_prob, N, E, k, cap, pol, pad);
+        snprintf(what, sizeof what, "dispatch_plan%s dropped %s", run ? " (again)" : "", sh);
+        snprintf(d, sizeof d, "%lld vs %lld", gd, dropped);
+        expect_true(what, gd == dropped, d);
+        snprintf(what, sizeof what, "dispatch_plan%s offsets, kept %s", run ? " (again)" : "", sh);
+        int32_t *go = dev_to_host(gp.offsets, sizeof(int32_t) * (E + 1));
+        int64_t *gk = dev_to_host(gp.kept, sizeof(int64_t) * E);
+        bool same = !memcmp(go, h.offsets, sizeof(int32_t) * (E + 1)) && !memcmp(gk, h.kept, sizeof(int64_t) * E);
+        expect_true(what, same, same ? "identical" : "differ");
+        free(go);
+        free(gk);
+        snprintf(what, sizeof what, "dispatch_plan%s row_slot %s", run ? " (again)" : "", sh);
+        expect_bytes_dev(what, h.row_slot, gp.row_slot, sizeof(int32_t) * rows);
+        snprintf(what, sizeof what, "dispatch_plan%s slot_row %s", run ? " (again)" : "", sh);
+        expect_bytes_dev(what, h.slot_row, gp.slot_row, sizeof(int32_t) * h.S);
+    }
+    if (also_permute) { /* permute and unpermute on this (reference) plan */
+        static const int widths[] = {64, 30};
+        int32_t *d_rs = dup_to_dev(h.row_slot, sizeof(int32_t) * (rows + 1));
+        int32_t *d_sr = dup_to_dev(h.slot_row, sizeof(int32_t) * h.S);
+        for (int w = 0; w < 2; w++) {
+            const int Cc = widths[w];
+            const size_t nx = (size_t)N * Cc, np = (size_t)rows * Cc;
+            float *x = hrandn(nx, 1.0f), *xp = xmalloc(sizeof(float) * (np + 1));
+            float *dxp = hrandn(np + 1, 1.0f), *dx0 = hrandn(nx, 1.0f), *dx = hdup(dx0, sizeof(float) * nx);
+            float *yp = hrandn(np + 1, 1.0f), *out = xmalloc(sizeof(float) * nx), *dout = hrandn(nx, 1.0f);
+            float *dyp = xmalloc(sizeof(float) * (np + 1)), *dprob = xmalloc(sizeof(float) * N * k);
+            C->op.permute_fwd(C->ctx, xp, x, h.row_slot, rows, k, Cc);
+            C->op.permute_bwd(C->ctx, dx, dxp, h.slot_row, N, k, Cc);
+            C->op.unpermute_fwd(C->ctx, out, yp, h.slot_row, prob, N, k, Cc);
+            C->op.unpermute_bwd(C->ctx, dyp, dprob, dout, yp, h.slot_row, prob, N, k, Cc, rows);
+            float *d_x = dup_to_dev(x, sizeof(float) * nx), *d_xp = dalloc(sizeof(float) * (np + 1));
+            float *d_dxp = dup_to_dev(dxp, sizeof(float) * (np + 1)), *d_dx = dup_to_dev(dx0, sizeof(float) * nx);
+            float *d_yp = dup_to_dev(yp, sizeof(float) * (np + 1)), *d_out = dalloc(sizeof(float) * nx);
+            float *d_dout = dup_to_dev(dout, sizeof(float) * nx), *d_dyp = dalloc(sizeof(float) * (np + 1));
+            float *d_dprob = dalloc(sizeof(float) * N * k);
+            G->op.permute_fwd(G->ctx, d_xp, d_x, d_rs, rows, k, Cc);
+            G->op.permute_bwd(G->ctx, d_dx, d_dxp, d_sr, N, k, Cc);
+            G->op.unpermute_fwd(G->ctx, d_out, d_yp, d_sr, d_prob, N, k, Cc);
+            G->op.unpermute_bwd(G->ctx, d_dyp, d_dprob, d_dout, d_yp, d_sr, d_prob, N, k, Cc, rows);
+            snprintf(what, sizeof what, "permute_fwd C=%d %s", Cc, sh);
+            expect_bytes_dev(what, xp, d_xp, sizeof(float) * np);
+            snprintf(what, sizeof what, "permute_bwd C=%d %s (+=)", Cc, sh);
+            expect_bytes_dev(what, dx, d_dx, sizeof(float) * nx);
+            snprintf(what, sizeof what, "unpermute_fwd C=%d %s", Cc, sh);
+            expect_bytes_dev(what, out, d_out, sizeof(float) * nx);
+            snprintf(what, sizeof what, "unpermute_bwd dyp C=%d %s", Cc, sh);
+            expect_bytes_dev(what, dyp, d_dyp, sizeof(float) * np);
+            snprintf(what, sizeof what, "unpermute_bwd dprob C=%d %s", Cc, sh);
+            expect_close_dev(what, dprob, d_dprob, (size_t)N * k, NMSE_FP32);
+            free(x);
+            free(xp);
+            free(dxp);
+            free(dx0);
+            free(dx);
+            free(yp);
+            free(out);
+            free(dout);
+            free(dyp);
+            free(dprob);
+            dfree(d_x);
+            dfree(d_xp);
+            dfree(d_dxp);
+            dfree(d_dx);
+            dfree(d_yp);
+            dfree(d_out);
+            dfree(d_dout);
+            dfree(d_dyp);
+            dfree(d_dprob);
+        }
+        dfree(d_rs);
+        dfree(d_sr);
+    }
+    free(idx);
+    free(prob);
+    plan_host_free(&h);
+    dfree(d_idx);
+    dfree(d_prob);
+    dfree(gp.offsets);
+    dfree(gp.row_slot);
+    dfree(gp.slot_row);
+    dfree(gp.kept);
+}
+
+static void test_dispatch(void)
+{
+    dispatch_case(257, 16, 4, 0, MT_DROP_PROBS, false, false, false, true);     /* dropless */
+    dispatch_case(257, 16, 4, 40, MT_DROP_PROBS, false, false, false, true);    /* drops by probability, ties */
+    dispatch_case(257, 16, 4, 40, MT_DROP_POSITION, true, false, false, false); /* drops by position, padded */
+    dispatch_case(257, 16, 4, 70, MT_DROP_PROBS, true, false, false, true);     /* padded, few drops */
+    dispatch_case(500, 12, 3, 90, MT_DROP_PROBS, false, true, false, true);     /* skewed: heavy drops */
+    dispatch_case(500, 12, 3, 90, MT_DROP_POSITION, false, true, true, false);
+    dispatch_case(300, 16, 4, 0, MT_DROP_PROBS, false, false, true, true);      /* routed nowhere: -1 */
+    dispatch_case(300, 16, 4, 60, MT_DROP_PROBS, true, true, true, true);
+    dispatch_case(4096, 128, 8, 0, MT_DROP_PROBS, false, false, false, false);  /* Qwen3-like, dropless */
+}
+
+/* ------------------------------------------------------------------ loss, optimizer, bf16 */
+
+/* Cross-entropy over a vocabulary of Vall columns, of which the call sees V columns
+ * from v0 (the whole when v0 = 0 and V = Vall). */
+static void ce_case(int N, int Vall, int V, int v0)
+{
+    const size_t nl = (size_t)N * V;
+    float *logits = hrandn(nl, 3.0f);
+    int32_t *tg = xmalloc(sizeof(int32_t) * N);
+    int valid = 0;
+    for (int n = 0; n < N; n++) {
+        tg[n] = n % 7 == 3 ? -1 : (int32_t)mt_rng_below(5, (uint64_t)Vall, (uint64_t)n, (uint64_t)Vall);
+        valid += tg[n] >= 0;
+    }
+    const float scale = 1.0f / (float)valid;
+    float *lse = xmalloc(sizeof(float) * N), *tl = xmalloc(sizeof(float) * N), *dl = xmalloc(sizeof(float) * nl);
+    C->op.cross_entropy_fwd(C->ctx, lse, tl, logits, tg, N, V, v0);
+    C->op.cross_entropy_bwd(C->ctx, dl, logits, lse, tg, N, V, v0, scale);
+    float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_tl = dalloc(sizeof(float) * N);
+    float *d_lse = dalloc(sizeof(float) * N), *d_dl = dalloc(sizeof(float) * nl);
+    int32_t *d_tg = dup_to_dev(tg, sizeof(int32_t) * N);
+    G->op.cross_entropy_fwd(G->ctx, d_lse, d_tl, d_l, d_tg, N, V, v0);
+    char sh[64], what[128];
+    snprintf(sh, sizeof sh, "N=%d V=%d of %d from %d", N, V, Vall, v0);
+    snprintf(what, sizeof what, "cross_entropy_fwd lse %s", sh);
+    expect_close_dev(what, lse, d_lse, N, NMSE_FP32);
+    snprintf(what, sizeof what, "cross_entropy_fwd target logit %s", sh);
+    expect_bytes_dev(what, tl, d_tl, sizeof(float) * N);
+    G->op.copy(G->ctx, d_lse, lse, sizeof(float) * N);
+    G->op.cross_entropy_bwd(G->ctx, d_dl, d_l, d_lse, d_tg, N, V, v0, scale);
+    snprintf(what, sizeof what, "cross_entropy_bwd %s", sh);
+    expect_close_dev(what, dl, d_dl, nl, NMSE_FP32);
+    G->op.cross_entropy_bwd(G->ctx, d_l, d_l, d_lse, d_tg, N, V, v0, scale);
+    snprintf(what, sizeof what, "cross_entropy_bwd %s (in place)", sh);
+    expect_close_dev(what, dl, d_l, nl, NMSE_FP32);
+    free(logits);
+    free(tg);
+    free(lse);
+    free(tl);
+    free(dl);
+    dfree(d_l);
+    dfree(d_tl);
+    dfree(d_lse);
+    dfree(d_dl);
+    dfree(d_tg);
+}
+
+static void test_cross_entropy(void)
+{
+    ce_case(64, 1000, 1000, 0);
+    ce_case(37, 1001, 1001, 0);  /* V not a multiple of 4: scalar path */
+    ce_case(50, 1000, 500, 500); /* the second half of a sharded vocabulary */
+    ce_case(50, 1001, 333, 333);
+}
+
+static void test_adamw(void)
+{
+    const size_t n = 10001;
+    static const long long steps[] = {1, 1000};
+    for (int s = 0; s < 2; s++) {
+        float *p = hrandn(n, 1.0f), *g = hrandn(n, 0.1f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.01f);
+        for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+        float *dp = dup_to_dev(p, sizeof(float) * n), *dg = dup_to_dev(g, sizeof(float) * n);
+        float *dm = dup_to_dev(m, sizeof(float) * n), *dv = dup_to_dev(v, sizeof(float) * n);
+        C->op.adamw(C->ctx, p, g, m, v, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, steps[s]);
+        G->op.adamw(G->ctx, dp, dg, dm, dv, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, steps[s]);
+        char what[96];
+        snprintf(what, sizeof what, "adamw n=%zu t=%lld: param", n, steps[s]);
+        expect_bytes_dev(what, p, dp, sizeof(float) * n);
+        snprintf(what, sizeof what, "adamw n=%zu t=%lld: m", n, steps[s]);
+        expect_bytes_dev(what, m, dm, sizeof(float) * n);
+        snprintf(what, sizeof what, "adamw n=%zu t=%lld: v", n, steps[s]);
+        expect_bytes_dev(what, v, dv, sizeof(float) * n);
+        free(p);
+        free(g);
+        free(m);
+        free(v);
+        dfree(dp);
+        dfree(dg);
+        dfree(dm);
+        dfree(dv);
+    }
+}
+
+static void test_bf16_round(void)
+{
+    static const uint32_t special[] = {
+        0x3f800000u, 0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,
+        0xbf818000u, 0xbf808000u, 0x3fffffffu, 0x00018000u, 0x00008000u, 0x7f7fffffu, 0x7f7f7fffu,
+        0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0xff812345u, 0x00000001u,
+        0x807fffffu, 0x7f7f8000u, 0xff7f8000u,
+    };
+    const size_t ns = sizeof special / sizeof special[0], n = ns + 200000;
+    uint32_t *bits = xmalloc(sizeof(uint32_t) * n);
+    memcpy(bits, special, sizeof special);
+    for (size_t i = ns; i < n; i++) { /* every exponent, random mantissas and signs */
+        uint32_t w[4];
+        mt_rng_philox(0xbf16, 0, i, w);
+        bits[i] = w[0];
+    }
+    float *x = xmalloc(sizeof(float) * n), *ref = xmalloc(sizeof(float) * n);
+    memcpy(x, bits, sizeof(float) * n);
+    C->op.bf16_round(C->ctx, ref, x, n);
+    float *dx = dup_to_dev(x, sizeof(float) * n), *dy = dalloc(sizeof(float) * n);
+    G->op.bf16_round(G->ctx, dy, dx, n);
+    expect_bytes_dev("bf16_round: ties, subnormals, overflow, NaN, random bits", ref, dy, sizeof(float) * n);
+    G->op.bf16_round(G->ctx, dx, dx, n);
+    expect_bytes_dev("bf16_round in place", ref, dx, sizeof(float) * n);
+    free(bits);
+    free(x);
+    free(ref);
+    dfree(dx);
+    dfree(dy);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(void)
+{
+    C = mt_kernels_cpu();
+    const char *which = getenv("MT_PARITY_BACKEND");
+    selftest = which && !strcmp(which, "cpu");
+    if (selftest) {
+        G = C;
+        printf("# MT_PARITY_BACKEND=cpu: the CPU backend plays the device (harness check)\n");
+    } else {
+        char desc[256];
+        if (mt_cuda_describe(desc, sizeof desc) == 0) {
+            printf("SKIP: %s\n", desc);
+            return 77;
+        }
+        struct mt_err err;
+        mt_err_clear(&err);
+        G = mt_kernels_cuda(&err);
+        if (!G) {
+            fprintf(stderr, "FAIL: %s\n", err.msg);
+            return 1;
+        }
+        printf("# %s\n", desc);
+    }
+    enum mt_op missing = MT_OP_COUNT;
+    int nops = mt_kernels_count_ops(G, &missing);
+    expect_true("op table complete", nops == MT_OP_COUNT, nops == MT_OP_COUNT ? "" : mt_op_names[missing]);
+
+    test_memory();
+    test_gemm();
+    test_grouped_gemm();
+    test_embedding();
+    test_rmsnorm();
+    test_rope();
+    test_attention();
+    test_swiglu_add();
+    test_router();
+    test_balancing_losses();
+    test_dispatch();
+    test_cross_entropy();
+    test_adamw();
+    test_bf16_round();
+
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}

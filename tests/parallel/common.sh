@@ -1,0 +1,90 @@
+# Shared by the layout-equivalence tests (sourced): the runtime tests' helpers (mpirun,
+# skip, a scratch directory), runs of the model in a layout, and the comparisons. The
+# mpirun tests call need_mpirun.
+#
+# Tolerances. Every layout computes the same sums as one process in another (fixed)
+# order: DP and expert-DP gradient sums, TP partial sums reduce-scattered, the
+# vocabulary-parallel logsumexp, experts' rows from several sources, ETP partial
+# outputs. In fp32 (unit roundoff u = 6e-8) each reduced value then differs by a few u
+# relative, and AdamW, which normalises the gradient, passes a relative gradient
+# difference into the update at the same relative size: over 12 steps the
+# trajectories measured here stay within ~1e-8 (loss), ~6e-7 (grad norm), ~1e-6
+# (parameters, norm-based per tensor) and ~2e-6 (Adam moments of the norm weights).
+# The bounds leave 5x to 100x of headroom; a real fault (a missing TP reduction, a replica counted twice in the norm,
+# a wrong shard, a token routed by local instead of global statistics) moves the loss
+# by 1e-3 or more and the gradient norm by percents. Routing decisions (top-k,
+# capacity drops) must be identical: expert loads and dropped tokens compare exactly.
+TOL_LOSS=2e-6     # lm loss, validation loss
+TOL_AUX=1e-5      # balancing and z losses (small sums of many terms)
+TOL_NORM=1e-5     # gradient norm
+TOL_PARAMS=1e-5   # final parameters and moments, per tensor
+
+. "$MT_TOP_SRCDIR/tests/runtime/common.sh"
+nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
+ckpt_diff="$MT_TOP_BUILDDIR/tests/parallel/ckpt_diff"
+OMP_NUM_THREADS=1 # up to 8 processes on 2 cores
+export OMP_NUM_THREADS
+cd "$tmp" || exit 1
+
+# launch NP PROGRAM ARGS...: NP processes (mpirun; srun.sh launches with srun)
+launch() { mpirun_np "$@"; }
+
+# run NAME NP ARGS...: trains in a layout of NP processes (NP = 1: a plain process, the
+# reference), metrics in NAME.jsonl, log in NAME.log, checkpoints under NAME/.
+run() {
+    name=$1
+    np=$2
+    shift 2
+    set -- "$nml" "logging%metrics_file='$name.jsonl'" "checkpoint%save='$name'" "$@"
+    if [ "$np" = 1 ]; then
+        "$MOETRAIN" "$@" > "$name.log" 2>&1 < /dev/null
+    else # mpirun forwards stdin: keep it off a caller's here-document
+        launch "$np" "$MOETRAIN" "$@" parallel%distributed_timeout_minutes=1 \
+            > "$name.log" 2>&1 < /dev/null
+    fi || { cat "$name.log"; fail "$name: training failed"; }
+}
+
+# field FILE KEY: every value of KEY in a JSON-lines file, one per line
+field() { sed -n "s/.*\"$2\": \([-0-9.eE+naif]*\).*/\1/p" "$1"; }
+
+# close REF RUN KEY TOL: the values of KEY agree within TOL relative (0: exactly)
+close() {
+    field "$1.jsonl" "$3" > ref.col
+    field "$2.jsonl" "$3" > run.col
+    [ -s ref.col ] || fail "$1.jsonl has no $3"
+    [ "$(wc -l < ref.col)" = "$(wc -l < run.col)" ] || fail "$2: $(wc -l < run.col) values of $3, the reference has $(wc -l < ref.col)"
+    paste ref.col run.col | awk -v tol="$4" -v key="$3" -v run="$2" '
+        { d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+          r = a > 0 ? d / a : d; if (r > worst) worst = r
+          if (d > tol * a || (tol == 0 && $1 != $2)) {
+              printf "FAIL: %s: %s line %d: %s vs reference %s (relative %.2e > %g)\n", run, key, NR, $2, $1, r, tol
+              bad = 1 } }
+        END { printf "  %-16s worst relative difference %.2e\n", key, worst; exit bad }'
+}
+
+# same_as REF RUN: RUN's trajectory and final checkpoint match REF's
+same_as() {
+    echo "$2:"
+    bad=0
+    for k in loss val_loss; do close "$1" "$2" $k $TOL_LOSS || bad=1; done
+    for k in aux_loss z_loss; do close "$1" "$2" $k $TOL_AUX || bad=1; done
+    close "$1" "$2" grad_norm $TOL_NORM || bad=1
+    for k in lr consumed_samples dropped_tokens expert_load_min expert_load_max; do
+        close "$1" "$2" $k 0 || bad=1
+    done
+    last=$(cat "$1/latest_checkpointed_iteration.txt")
+    it=$(printf %07d "$last")
+    "$ckpt_diff" "$1/iter_$it/state.bin" "$2/iter_$it/state.bin" $TOL_PARAMS > diff.out || bad=1
+    sed 's/^/  /' diff.out
+    [ $bad = 0 ] || fail "$2 differs from $1"
+}
+
+# Layout overrides
+TP2="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
+TP4="parallel%tensor_model_parallel_size=4 parallel%sequence_parallel=T"
+EP2="parallel%expert_model_parallel_size=2"
+EP4="parallel%expert_model_parallel_size=4"
+ETP1="parallel%expert_tensor_parallel_size=1"
+ETP2="parallel%expert_tensor_parallel_size=2"
+ZERO="parallel%use_distributed_optimizer=T"
+AG="moe%token_dispatcher_type='allgather'"

@@ -1,0 +1,31 @@
+#!/bin/sh
+# Layout equivalence under Slurm (DESIGN.md section 5): on a local cluster this test
+# starts (tests/slurm/cluster.sh), a folded layout (TP 2 with SP, EP 2, ZeRO-1) run
+# with `srun --mpi=pmix` over two emulated nodes matches one process, as under mpirun
+# (tolerances: tests/parallel/common.sh). Skips (77) when Slurm cannot be started here.
+. "$MT_TOP_SRCDIR/tests/parallel/common.sh"
+[ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
+command -v srun > /dev/null 2>&1 || skip "no srun"
+cluster="$MT_TOP_SRCDIR/tests/slurm/cluster.sh"
+dir="$tmp/cluster"
+MT_SLURM_NODES=2 sh "$cluster" start "$dir"
+rc=$?
+[ $rc -eq 77 ] && skip "no Slurm cluster here (see above)"
+[ $rc -eq 0 ] || fail "cluster.sh start"
+cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
+eval "$(sh "$cluster" env "$dir")"
+srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
+# OpenMPI across emulated nodes of one host: TCP over loopback, no shared memory.
+OMPI_MCA_btl=self,tcp
+OMPI_MCA_btl_tcp_if_include=lo
+export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
+launch() { np=$1; shift; timeout 120 srun --mpi=pmix -N 2 -n "$np" --overcommit "$@"; }
+
+run one 1
+# shellcheck disable=SC2086 # lists of overrides
+run tp2_ep2_zero1_srun 4 $TP2 $EP2 $ETP1 $ZERO
+grep -q "launcher pmix (slurm), 4 processes on 2 nodes" tp2_ep2_zero1_srun.log ||
+    { cat tp2_ep2_zero1_srun.log; fail "not started by Slurm over 2 nodes"; }
+same_as one tp2_ep2_zero1_srun
+sh "$cluster" stop "$dir" || fail "cluster.sh stop"
+echo "srun --mpi=pmix matches one process"

@@ -1,0 +1,30 @@
+#!/bin/sh
+# A process that hangs or dies in the middle of a run ends the whole job with
+# a non-zero status within the timeout, and the survivors' messages name the
+# collective and the group that waited; nothing is left running.
+. "$MT_TOP_SRCDIR/tests/runtime/common.sh"
+need_mpirun
+prog=$(own mt_faults "$MT_TOP_BUILDDIR/tests/runtime/comm_check")
+cd "$tmp"
+
+# run_fault MODE VICTIM: 4 processes, timeout 2 s, must end non-zero in 20 s
+run_fault() {
+    start=$(date +%s)
+    mpirun_np 4 "$prog" "$1" "$2" 2 > out 2> err && { cat out err; fail "$1 $2: exit status 0"; }
+    took=$(($(date +%s) - start))
+    [ "$took" -le 20 ] || { cat out err; fail "$1 $2: took $took s"; }
+    nothing_left mt_faults
+    echo "ok: $1 of rank $2 ended the job in $took s"
+}
+
+# Rank 1 hangs: its partner in tp[0] (rank 0) times out in the all_reduce;
+# ranks 2 and 3 finish theirs and time out in the world barrier.
+run_fault hang 1
+grep -q 'rank 0: all_reduce on tp\[0\] timed out: rank 0 of 2 (world rank 0) waited 2\.[0-9] s' err ||
+    { cat err; fail "hang: no timeout message naming all_reduce on tp[0]"; }
+# Rank 2 hangs: rank 3 names tp[1].
+run_fault hang 2
+grep -q 'rank 3: all_reduce on tp\[1\] timed out: rank 1 of 2 (world rank 3)' err ||
+    { cat err; fail "hang: no timeout message naming all_reduce on tp[1]"; }
+# Rank 1 is killed: mpirun or the timeout ends the job.
+run_fault kill 1

@@ -1,0 +1,174 @@
+/* The NCCL backend against results computed by hand, one GPU per process:
+ * alone, or under a launcher with as many processes as GPUs on each node.
+ * Exit 77 when there is no GPU (or fewer GPUs than local processes). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/comm.h"
+#include "tests/runtime/check.h"
+
+#define CUDA(expr) CHECK((expr) == cudaSuccess, "%s failed", #expr)
+
+static void *dev(size_t bytes)
+{
+    void *p = NULL;
+    CUDA(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+static void check_all_reduce_and_broadcast(struct mt_comm *c)
+{
+    int n = c->size, r = c->rank;
+    enum { N = 1000 };
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = (float)((r + 1) * (i % 7 + 1));
+    float *d = dev(sizeof h);
+    CUDA(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    CALL(mt_all_reduce(c, d, N, MT_DT_F32, MT_OP_SUM, &g_err));
+    CUDA(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += h[i] != (float)(n * (n + 1) / 2 * (i % 7 + 1));
+    CHECK(!bad, "all_reduce: %d wrong", bad);
+
+    for (int root = 0; root < n; root++) {
+        int64_t v[3] = { r == root ? root : -1, 2 * root, 3 };
+        int64_t *dv = dev(sizeof v);
+        CUDA(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+        CALL(mt_broadcast(c, dv, 3, MT_DT_I64, root, &g_err));
+        CUDA(cudaMemcpy(v, dv, sizeof v, cudaMemcpyDeviceToHost));
+        CHECK(v[0] == root, "broadcast from %d: got %lld", root, (long long)v[0]);
+        cudaFree(dv);
+    }
+    cudaFree(d);
+}
+
+static void check_scatter_gather(struct mt_comm *c)
+{
+    int n = c->size, r = c->rank;
+    enum { C = 5 };
+    double *h = malloc(sizeof *h * C * n);
+    for (int j = 0; j < C * n; j++) h[j] = (double)(r + 1) * (j + 1);
+    double *ds = dev(sizeof *h * C * n), *dr = dev(sizeof *h * C);
+    CUDA(cudaMemcpy(ds, h, sizeof *h * C * n, cudaMemcpyHostToDevice));
+    CALL(mt_reduce_scatter(c, ds, dr, C, MT_DT_F64, MT_OP_SUM, &g_err));
+    CUDA(cudaMemcpy(h, dr, sizeof *h * C, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < C; i++) bad += h[i] != (double)n * (n + 1) / 2 * (r * C + i + 1);
+    CHECK(!bad, "reduce_scatter: %d wrong", bad);
+
+    for (int i = 0; i < C; i++) h[i] = r * 100 + i;
+    CUDA(cudaMemcpy(dr, h, sizeof *h * C, cudaMemcpyHostToDevice));
+    CALL(mt_all_gather(c, dr, ds, C, MT_DT_F64, &g_err));
+    CUDA(cudaMemcpy(h, ds, sizeof *h * C * n, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < C; i++) bad += h[b * C + i] != b * 100 + i;
+    CHECK(!bad, "all_gather: %d wrong", bad);
+    cudaFree(ds);
+    cudaFree(dr);
+    free(h);
+}
+
+/* The pattern of check.h, blocks packed. */
+static void check_all_to_all_v(struct mt_comm *c)
+{
+    int n = c->size, r = c->rank;
+    size_t stot, rtot, *v = a2a_pattern(n, r, 0, &stot, &rtot);
+    size_t *sc = v, *sd = v + n, *rc = v + 2 * n, *rd = v + 3 * n;
+    int32_t *hs = malloc(sizeof *hs * (stot + 1)), *hr = malloc(sizeof *hr * (rtot + 1));
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < sc[p]; k++) hs[sd[p] + k] = (int32_t)a2a_value(r, p, k);
+    int32_t *ds = dev(sizeof *hs * stot), *dr = dev(sizeof *hr * rtot);
+    CUDA(cudaMemcpy(ds, hs, sizeof *hs * stot, cudaMemcpyHostToDevice));
+    CALL(mt_all_to_all_v(c, ds, sc, sd, dr, rc, rd, MT_DT_I32, &g_err));
+    CUDA(cudaMemcpy(hr, dr, sizeof *hr * rtot, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < rc[p]; k++) bad += hr[rd[p] + k] != a2a_value(p, r, k);
+    CHECK(!bad, "all_to_all_v: %d wrong", bad);
+    cudaFree(ds);
+    cudaFree(dr);
+    free(hs);
+    free(hr);
+    free(v);
+}
+
+static void check_send_recv(struct mt_comm *c)
+{
+    int n = c->size, r = c->rank;
+    if (n < 2) return; /* NCCL pairs a send to oneself only inside a group */
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    uint8_t h[16];
+    for (int i = 0; i < 16; i++) h[i] = (uint8_t)(r * 16 + i);
+    uint8_t *d = dev(16);
+    for (int phase = 0; phase < 2; phase++) {
+        if ((r % 2 == 0) == (phase == 0)) {
+            CUDA(cudaMemcpy(d, h, 16, cudaMemcpyHostToDevice));
+            CALL(mt_send(c, d, 16, MT_DT_U8, next, 0, &g_err));
+        } else {
+            CALL(mt_recv(c, d, 16, MT_DT_U8, prev, 0, &g_err));
+            CUDA(cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost));
+        }
+    }
+    int bad = 0;
+    for (int i = 0; i < 16; i++) bad += h[i] != (uint8_t)(prev * 16 + i);
+    CHECK(!bad, "recv from %d: %d wrong", prev, bad);
+    cudaFree(d);
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("nccl_check: no CUDA device\n");
+        return 77;
+    }
+    struct mt_world *w;
+    if (mt_world_init(&w, 120, &g_err)) {
+        fprintf(stderr, "nccl_check: %s\n", g_err.msg);
+        return 1;
+    }
+    g_rank = w->rank;
+    if (w->local_size > ndev) {
+        printf("nccl_check: %d local processes but %d GPUs\n", w->local_size, ndev);
+        mt_world_finalize(w);
+        return 77;
+    }
+    CUDA(cudaSetDevice(w->local_rank));
+    struct mt_comm *c = NULL;
+    CALL(mt_comm_nccl_create(w->comm, &c, &g_err));
+    if (c) {
+        check_all_reduce_and_broadcast(c);
+        check_scatter_gather(c);
+        check_all_to_all_v(c);
+        check_send_recv(c);
+        CALL(mt_barrier(c, &g_err));
+        cudaStream_t s;
+        CUDA(cudaStreamCreate(&s));
+        CALL(mt_comm_nccl_set_stream(c, s, &g_err));
+        check_all_reduce_and_broadcast(c);
+        CALL(mt_comm_nccl_set_stream(c, NULL, &g_err));
+        cudaStreamDestroy(s);
+        mt_comm_destroy(c);
+    }
+    struct mt_comm *self = NULL;
+    CALL(mt_comm_self_create("self", 0, &self, &g_err));
+    CHECK(mt_comm_nccl_set_stream(self, NULL, &g_err) == MT_EINVAL,
+          "set_stream accepted a self comm");
+    mt_comm_destroy(self);
+
+    struct mt_err e = { 0 };
+    if (g_fails) mt_err_set(&e, MT_ERUNTIME, "%d checks failed", g_fails);
+    int nfailed = 0;
+    bool report = false;
+    if (mt_world_agree(w, &e, 120, &nfailed, &report, &g_err)) {
+        fprintf(stderr, "nccl_check: %s\n", g_err.msg);
+        mt_world_abort(w);
+    }
+    if (!nfailed && w->rank == 0) printf("nccl_check: passed on %d processes\n", w->size);
+    mt_world_finalize(w);
+    return nfailed ? 1 : 0;
+}
