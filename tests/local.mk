@@ -16,6 +16,11 @@ AM_TESTS_ENVIRONMENT = \
 
 TEST_CPPFLAGS = $(AM_CPPFLAGS) $(cmocka_CFLAGS)
 
+# The tests that start a local Slurm cluster run one after the other, even
+# under make -j: concurrent clusters would race for ports on one host.
+tests/topo/slurm.log: tests/slurm/srun_pmix.log
+tests/parallel/srun.log: tests/topo/slurm.log
+
 # The unit tests alone (the cmocka programs), e.g. for the sanitizer CI leg.
 UNIT_TESTS = $(filter-out %.sh,$(TESTS))
 check-unit:

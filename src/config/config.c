@@ -549,6 +549,29 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&model ffn_hidden_size = %d is not divisible by "
                           "tensor_model_parallel_size = %d",
                           m->ffn_hidden_size, l->tp);
+    if (l->tp > 1) {
+        if (!p->sequence_parallel)
+            return mt_err_set(err, MT_EINVAL,
+                              "&parallel tensor_model_parallel_size = %d needs sequence_parallel "
+                              "= .true. (moetrain implements tensor parallelism with sequence "
+                              "parallelism, as Megatron requires for MoE)",
+                              l->tp);
+        if (t->seq_length % l->tp)
+            return mt_err_set(err, MT_EINVAL,
+                              "&training seq_length = %d is not divisible by "
+                              "tensor_model_parallel_size = %d (sequence parallelism splits it)",
+                              t->seq_length, l->tp);
+        if (e->shared_expert_intermediate_size % l->tp)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe shared_expert_intermediate_size = %d is not divisible by "
+                              "tensor_model_parallel_size = %d",
+                              e->shared_expert_intermediate_size, l->tp);
+        if (m->vocab_size < l->tp)
+            return mt_err_set(err, MT_EINVAL,
+                              "&model vocab_size = %d is smaller than "
+                              "tensor_model_parallel_size = %d",
+                              m->vocab_size, l->tp);
+    }
     if (e->num_experts > 0) {
         if (e->num_experts % l->ep)
             return mt_err_set(err, MT_EINVAL,

@@ -175,6 +175,16 @@ static void test_cross_field(void **state)
     expect_error("&data data_path = 'a', 'b' /\n", "should be a non-negative weight");
     expect_error("&data split = '1,x' /\n", "&data split = '1,x'");
     expect_error("&checkpoint save_interval = 5 /\n", "save is empty");
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    char *ov[] = { "parallel%tensor_model_parallel_size=2" };
+    assert_int_not_equal(load_text(c, "&training seq_length = 64 /\n", 1, ov, 2, &err), 0);
+    assert_non_null(strstr(err.msg, "needs sequence_parallel = .true."));
+    char *ov2[] = { "parallel%tensor_model_parallel_size=2", "parallel%sequence_parallel=T" };
+    assert_int_not_equal(load_text(c, "&training seq_length = 63 /\n", 2, ov2, 2, &err), 0);
+    assert_non_null(strstr(err.msg, "seq_length = 63 is not divisible"));
+    assert_int_equal(load_text(c, "&training seq_length = 64 /\n", 2, ov2, 2, &err), 0);
+    free(c);
     expect_error("&parallel order = 'tp-xx' /\n", "unknown dimension 'xx'");
     expect_error("&parallel context_parallel_size = 1, virtual_pipeline_model_parallel_size "
                  "= 2 /\n",
@@ -190,6 +200,7 @@ static void test_world_layout(void **state)
     char *files[2] = { (char *)tmpfile_with(minimal, 0),
                        (char *)tmpfile_with("&model num_layers = 4 /\n&moe num_experts = 8 /\n"
                                             "&parallel tensor_model_parallel_size = 2,\n"
+                                            " sequence_parallel = .true.,\n"
                                             " expert_model_parallel_size = 4,\n"
                                             " expert_tensor_parallel_size = 1,\n"
                                             " pipeline_model_parallel_size = 2 /\n"

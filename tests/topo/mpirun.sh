@@ -52,7 +52,7 @@ if [ "$allowed" = "0-1" ]; then
 fi
 
 # 4. Processes given different layouts disagree on the plan: one message.
-printf '&parallel\n  tensor_model_parallel_size = 2\n/\n' > tp2.nml
+printf '&parallel\n  tensor_model_parallel_size = 2\n  sequence_parallel = .true.\n/\n' > tp2.nml
 timeout 120 "$MPIRUN" --oversubscribe -np 2 "$mt" topo "$F/moe.nml" : \
     -np 2 "$mt" topo "$F/moe.nml" tp2.nml > out 2> err && { cat out err; fail "disagreement accepted"; }
 [ "$(count 'moetrain topo: error: processes 0 and 2 computed different placements' err)" -eq 1 ] ||
