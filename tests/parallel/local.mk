@@ -11,6 +11,6 @@ tests_parallel_optim_check_LDADD = $(PARALLEL_TEST_LIBS)
 
 PARALLEL_SH = tests/parallel/equivalence.sh tests/parallel/capacity.sh \
 	tests/parallel/checkpoint.sh tests/parallel/optim.sh tests/parallel/layout_errors.sh \
-	tests/parallel/srun.sh
+	tests/parallel/srun.sh tests/parallel/fault.sh
 TESTS += $(PARALLEL_SH)
 EXTRA_DIST += $(PARALLEL_SH) tests/parallel/common.sh tests/parallel/moe.nml

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Layout equivalence under Slurm (DESIGN.md section 5): on a local cluster this test
 # starts (tests/slurm/cluster.sh), a folded layout (TP 2 with SP, EP 2, ZeRO-1) run
-# with `srun --mpi=pmix` over two emulated nodes matches one process, as under mpirun
-# (tolerances: tests/parallel/common.sh). Skips (77) when Slurm cannot be started here.
+# submitted with `sbatch --wait` as a batch job whose step runs `srun --mpi=pmix` over
+# two emulated nodes matches one process, as under mpirun (tolerances:
+# tests/parallel/common.sh). Skips (77) when Slurm cannot be started here.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 [ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
 command -v srun > /dev/null 2>&1 || skip "no srun"
@@ -19,7 +20,24 @@ srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
 OMPI_MCA_btl=self,tcp
 OMPI_MCA_btl_tcp_if_include=lo
 export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
-launch() { np=$1; shift; timeout 120 srun --mpi=pmix -N 2 -n "$np" --overcommit "$@"; }
+# launch NP PROGRAM ARGS...: a batch job (sbatch --wait) whose one step is
+# srun --mpi=pmix over both nodes; prints the job's output, returns its status.
+launch() {
+    np=$1
+    shift
+    {
+        echo '#!/bin/sh'
+        printf 'exec srun --mpi=pmix -N 2 -n %s --overcommit' "$np"
+        for a in "$@"; do
+            printf " '%s'" "$(printf '%s' "$a" | sed "s/'/'\\\\''/g")"
+        done
+        echo
+    } > "job$np.sh"
+    timeout 180 sbatch --wait -N 2 -n "$np" --overcommit -o "job$np.out" "job$np.sh" > /dev/null
+    rc=$?
+    cat "job$np.out"
+    return $rc
+}
 
 run one 1
 # shellcheck disable=SC2086 # lists of overrides
