@@ -20,6 +20,7 @@
 #include "config/schema.h"
 #include "model/model.h"
 #include "runtime/comm.h"
+#include "runtime/cli_end.h"
 #include "runtime/groups.h"
 #include "topo/topo.h"
 #include "runtime/parallel.h"
@@ -32,7 +33,6 @@
 /* How long a process that failed waits for the others to agree on the outcome
  * before it reports alone and aborts the job: peers blocked in a collective
  * with it never arrive. */
-#define MT_FAIL_GRACE_S 10.0
 
 static void usage(FILE *out)
 {
@@ -135,14 +135,29 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
            c->training.global_batch_size, c->training.micro_batch_size, l->dp,
            l->num_micro_batches,
            (long long)c->training.global_batch_size * c->training.seq_length);
+    if (l->pp > 1) {
+        const int nmb = l->num_micro_batches;
+        printf("pipeline: PP %d x VPP %d, %s schedule, %d micro-batches; bubble fraction "
+               "(PP-1)/(m*VPP+PP-1) = %d/%d = %.4f\n",
+               l->pp, l->vpp, l->vpp > 1 ? "interleaved 1F1B" : "1F1B", nmb, l->pp - 1,
+               nmb * l->vpp + l->pp - 1, (double)(l->pp - 1) / (nmb * l->vpp + l->pp - 1));
+        for (int s = 0; s < l->pp; s++) {
+            printf("  stage %d:", s);
+            for (int ch = 0; ch < l->vpp; ch++) {
+                int first = 0, n = 0;
+                mt_config_pp_layers(c, s, ch, &first, &n);
+                if (l->vpp > 1) printf(" chunk %d", ch);
+                printf(" layers %d-%d%s", first, first + n - 1, ch + 1 < l->vpp ? ";" : "");
+            }
+            printf("%s%s\n", s == 0 ? " (embedding)" : "",
+                   s == l->pp - 1 ? " (final norm, LM head, loss)" : "");
+        }
+    }
 }
 
 static void print_error(const struct mt_err *err, const char *who)
 {
-    if (strstr(err->msg, ": error: "))
-        fprintf(stderr, "%s%s%s\n", who, *who ? ": " : "", err->msg);
-    else
-        fprintf(stderr, "moetrain: error: %s%s%s\n", who, *who ? ": " : "", err->msg);
+    mt_cli_print_error("moetrain", err, who);
 }
 
 static int fail(const struct mt_err *err)
@@ -151,43 +166,9 @@ static int fail(const struct mt_err *err)
     return 1;
 }
 
-/* Prints err as this process's error: with several processes, its rank and
- * node come first unless it is rank 0 (which speaks for everybody). */
-static void print_rank_error(const struct mt_world *w, const struct mt_err *err)
-{
-    char who[320] = "";
-    if (w->size > 1 && w->rank != 0)
-        snprintf(who, sizeof who, "rank %d (%s)", w->rank, w->hostname);
-    print_error(err, who);
-}
-
-/* After a step every process may have failed: agree, print once, end the
- * job on any failure. A failing process waits only MT_FAIL_GRACE_S for the
- * others; if they do not come it reports alone. */
 static void agree_or_abort(struct mt_world *w, int rc, const struct mt_err *err)
 {
-    double wait = w->timeout_s;
-    if (rc && (wait <= 0 || wait > MT_FAIL_GRACE_S)) wait = MT_FAIL_GRACE_S;
-    int nfailed = 0;
-    bool report = false;
-    struct mt_err aerr = { 0 };
-    if (mt_world_agree(w, rc ? err : NULL, wait, &nfailed, &report, &aerr)) {
-        print_rank_error(w, rc ? err : &aerr);
-        mt_world_abort(w);
-    }
-    if (nfailed == 0) return;
-    if (report) print_rank_error(w, err);
-    fflush(stdout);
-    fflush(stderr);
-    /* Everybody knows of the failure: wait for the reporter to have printed
-     * before the job ends (an abort would kill it mid-message), then leave
-     * cleanly. A barrier that cannot complete falls back to the abort. */
-    struct mt_err berr = { 0 };
-    if (w->size > 1 && mt_barrier(w->comm, &berr) == MT_OK) {
-        mt_world_finalize(w);
-        exit(1);
-    }
-    mt_world_abort(w);
+    mt_cli_agree_or_exit("moetrain", w, rc, err);
 }
 
 /* What the command line asks for. */

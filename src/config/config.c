@@ -594,7 +594,36 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&parallel virtual_pipeline_model_parallel_size = %d needs "
                           "pipeline_model_parallel_size > 1",
                           l->vpp);
-    if (m->num_layers % ((long long)l->pp * l->vpp))
+    const int pfirst = p->decoder_first_pipeline_num_layers;
+    const int plast = p->decoder_last_pipeline_num_layers;
+    if ((pfirst || plast) && l->pp == 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel decoder_%s_pipeline_num_layers = %d needs "
+                          "pipeline_model_parallel_size > 1",
+                          pfirst ? "first" : "last", pfirst ? pfirst : plast);
+    if (pfirst || plast) {
+        long long rest = (long long)m->num_layers - pfirst - plast;
+        int middle = l->pp - (pfirst > 0) - (plast > 0);
+        if (pfirst % l->vpp || plast % l->vpp)
+            return mt_err_set(err, MT_EINVAL,
+                              "&parallel decoder_%s_pipeline_num_layers = %d is not divisible by "
+                              "virtual_pipeline_model_parallel_size = %d",
+                              pfirst % l->vpp ? "first" : "last",
+                              pfirst % l->vpp ? pfirst : plast, l->vpp);
+        if (rest < 0 || (middle == 0 && rest != 0) || (middle > 0 && rest < middle))
+            return mt_err_set(err, MT_EINVAL,
+                              "&parallel decoder_first_pipeline_num_layers (%d) + "
+                              "decoder_last_pipeline_num_layers (%d) leave %lld of num_layers = "
+                              "%d for the %d other pipeline stage(s)",
+                              pfirst, plast, rest, m->num_layers, middle);
+        if (middle > 0 && rest % ((long long)middle * l->vpp))
+            return mt_err_set(err, MT_EINVAL,
+                              "&model num_layers = %d less decoder_first_pipeline_num_layers (%d) "
+                              "and decoder_last_pipeline_num_layers (%d) = %lld is not divisible "
+                              "by the %d other pipeline stage(s) x "
+                              "virtual_pipeline_model_parallel_size (%d)",
+                              m->num_layers, pfirst, plast, rest, middle, l->vpp);
+    } else if (m->num_layers % ((long long)l->pp * l->vpp))
         return mt_err_set(err, MT_EINVAL,
                           "&model num_layers = %d is not divisible by "
                           "pipeline_model_parallel_size (%d) x "
@@ -615,6 +644,14 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "micro_batch_size (%d) x data-parallel size (%d) = %lld",
                           t->global_batch_size, t->micro_batch_size, l->dp, per_step);
     l->num_micro_batches = (int)(t->global_batch_size / per_step);
+    if (l->vpp > 1 && l->num_micro_batches % l->pp)
+        return mt_err_set(err, MT_EINVAL,
+                          "the interleaved pipeline schedule (virtual_pipeline_model_parallel_size "
+                          "= %d) needs the number of micro-batches, global_batch_size (%d) / "
+                          "(micro_batch_size (%d) x data-parallel size (%d)) = %d, to be a "
+                          "multiple of pipeline_model_parallel_size = %d",
+                          l->vpp, t->global_batch_size, t->micro_batch_size, l->dp,
+                          l->num_micro_batches, l->pp);
 
     /* optimizer */
     struct mt_config_optimizer *o = &c->optimizer;
@@ -632,6 +669,37 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&checkpoint save_interval = %d but save is empty; set save = 'DIR'",
                           c->checkpoint.save_interval);
     return check_data(c, err);
+}
+
+/* ---- pipeline layout --------------------------------------------------- */
+
+static int stage_layers(const struct mt_config *cfg, int stage)
+{
+    const struct mt_config_parallel *p = &cfg->parallel;
+    const int pp = p->pipeline_model_parallel_size, L = cfg->model.num_layers;
+    const int f = p->decoder_first_pipeline_num_layers, la = p->decoder_last_pipeline_num_layers;
+    if (f && stage == 0) return f;
+    if (la && stage == pp - 1) return la;
+    int middle = pp - (f > 0) - (la > 0);
+    return middle > 0 ? (L - f - la) / middle : 0;
+}
+
+void mt_config_pp_layers(const struct mt_config *cfg, int stage, int chunk, int *first_layer,
+                         int *count)
+{
+    const int pp = cfg->parallel.pipeline_model_parallel_size;
+    const int vpp = cfg->parallel.virtual_pipeline_model_parallel_size;
+    int off = 0;
+    for (int c = 0; c <= chunk; c++)
+        for (int s = 0; s < pp; s++) {
+            int n = stage_layers(cfg, s) / vpp;
+            if (c == chunk && s == stage) {
+                *first_layer = off;
+                *count = n;
+                return;
+            }
+            off += n;
+        }
 }
 
 /* ---- printing ---------------------------------------------------------- */

@@ -60,6 +60,8 @@ struct mt_config_parallel {
     int tensor_model_parallel_size;
     int pipeline_model_parallel_size;
     int virtual_pipeline_model_parallel_size;
+    int decoder_first_pipeline_num_layers; /* 0: unset (Megatron None) */
+    int decoder_last_pipeline_num_layers;  /* 0: unset */
     int context_parallel_size;
     int expert_model_parallel_size;
     int expert_tensor_parallel_size; /* resolved: tensor_model_parallel_size if 0 */
@@ -165,6 +167,14 @@ int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[],
  * processes; fills layout. Errors name the keys and the numbers involved. */
 int mt_config_resolve(struct mt_config *cfg, int world_size, struct mt_layout *layout,
                       struct mt_err *err);
+
+/* Megatron's pipeline layer layout: the layers of model chunk `chunk` (0..vpp-1) of
+ * pipeline stage `stage` (0..pp-1), in a resolved config: *first_layer and *count.
+ * Chunks are laid out chunk-major (chunk 0 of every stage, then chunk 1, ...), each
+ * stage's layers split evenly over its chunks; decoder_first/last_pipeline_num_layers
+ * give the first/last stage their own count, the rest split evenly over the others. */
+void mt_config_pp_layers(const struct mt_config *cfg, int stage, int chunk, int *first_layer,
+                         int *count);
 
 /* Writes the whole configuration as namelist groups (gfortran-readable). */
 int mt_config_print(const struct mt_config *cfg, FILE *out);

@@ -189,6 +189,7 @@ static int add_tensor(struct mt_model *m, float std, bool no_wd, int ndim, const
     }
     for (int d = 0; d < ndim; d++) t->global_numel *= (size_t)shape[d];
     t->no_weight_decay = no_wd;
+    t->layer = layer;
     m->std_of[id] = std;
     return id;
 }
@@ -345,7 +346,7 @@ static void build_tensors(struct mt_model *m)
         m->lm_head = add_tensor(m, std, false, 2, SHAPE(m->V, H), "lm_head.weight", -1, NULL);
         split(m, m->lm_head, 0, MT_SPLIT_TP);
     }
-    /* this rank's shards, contiguous in table order */
+    /* this rank's shards, contiguous in table order (its pipeline stage's tensors) */
     for (int i = 0; i < m->ntensors; i++) {
         struct mt_param_info *t = &m->tensors[i];
         bool whole_on_tp = true;
@@ -354,6 +355,7 @@ static void build_tensors(struct mt_model *m)
         mt_param_shard(t, &m->sc, t->local_shape, t->start);
         t->numel = 1;
         for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->local_shape[d];
+        if (!mt_model_tensor_on_stage(m, i, m->pp_rank, &t->pp_replica)) t->numel = 0;
         t->offset = m->nparams;
         m->nparams += t->numel;
         m->nparams_global += t->global_numel;
@@ -435,8 +437,8 @@ static void layout_acts(struct mt_model *m, struct arena *a)
 {
     const size_t N = tokens_all(m), Nl = tokens_local(m);
     const bool tp = m->sc.tp > 1;
-    for (int l = 0; l <= m->L; l++) m->res[l] = TAKE_F(a, Nl * m->H);
-    for (int l = 0; l < m->L; l++) {
+    for (int l = m->l0; l <= m->l1; l++) m->res[l] = TAKE_F(a, Nl * m->H);
+    for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer_acts *x = &m->la[l];
         long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
         memset(x, 0, sizeof *x);
@@ -469,12 +471,16 @@ static void layout_acts(struct mt_model *m, struct arena *a)
         }
         layout_moe_acts(m, a, x);
     }
-    m->lnf = TAKE_F(a, Nl * m->H);
-    m->lnf_rstd = TAKE_F(a, Nl);
-    m->lnf_full = tp ? TAKE_F(a, N * m->H) : m->lnf;
-    m->lm_logits = TAKE_F(a, N * m->V_l);
-    m->ce_lse = TAKE_F(a, N);
-    m->ce_tl = TAKE_F(a, N);
+    if (m->last) {
+        m->lnf = TAKE_F(a, Nl * m->H);
+        m->lnf_rstd = TAKE_F(a, Nl);
+        m->lnf_full = tp ? TAKE_F(a, N * m->H) : m->lnf;
+        m->lm_logits = TAKE_F(a, N * m->V_l);
+        m->ce_lse = TAKE_F(a, N);
+        m->ce_tl = TAKE_F(a, N);
+    } else {
+        m->lnf = m->lnf_rstd = m->lnf_full = m->lm_logits = m->ce_lse = m->ce_tl = NULL;
+    }
     m->inputs = TAKE_I(a, N);
     m->targets = TAKE_I(a, N);
     m->inputs_v = tp ? TAKE_I(a, N) : m->inputs;
@@ -572,14 +578,16 @@ static int take_layout(struct mt_model *m, const struct mt_parallel *par, struct
 {
     m->sc = (struct mt_shard_coords){1, 0, 1, 0, 1, 0};
     m->xg = 1;
+    m->pp = m->vpp = 1;
+    m->pp_rank = 0;
     if (!par) return MT_OK;
-    if (par->pp > 1 || par->cp > 1)
+    if (par->cp > 1)
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "model: pipeline_model_parallel_size = %d and context_parallel_size = %d "
-                          "are not implemented (use 1)",
-                          par->pp, par->cp);
+                          "model: context_parallel_size = %d is not implemented (use 1)", par->cp);
     m->sc = (struct mt_shard_coords){par->tp, par->tp_rank, par->ep, par->ep_rank, par->etp,
                                      par->etp_rank};
+    m->pp = par->pp;
+    m->pp_rank = par->pp_rank;
     m->tp_comm = par->comm[MT_GROUP_TP];
     m->ep_comm = par->comm[MT_GROUP_EP];
     m->etp_comm = par->comm[MT_GROUP_ETP];
@@ -645,6 +653,19 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->Bmax = max_micro_batch;
     m->T = cfg->training.seq_length;
     m->L = cfg->model.num_layers;
+    m->l0 = 0;
+    m->l1 = m->L;
+    m->first = m->last = true;
+    if (m->pp > 1) {
+        if (cfg->parallel.pipeline_model_parallel_size != m->pp) {
+            mt_model_destroy(m);
+            return mt_err_set(err, MT_EINVAL,
+                              "model: pipeline_model_parallel_size = %d but the layout has %d "
+                              "stages",
+                              cfg->parallel.pipeline_model_parallel_size, m->pp);
+        }
+        m->vpp = cfg->parallel.virtual_pipeline_model_parallel_size;
+    }
     m->H = cfg->model.hidden_size;
     m->nh = cfg->model.num_attention_heads;
     m->ng = cfg->model.num_query_groups;
@@ -754,11 +775,15 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     struct arena s = {NULL, 0};
     layout_scratch(m, &s);
     m->scratch_bytes = s.off;
-    m->acts = o->alloc(k->ctx, m->acts_bytes);
+    /* a pipeline stage gets its activations from mt_model_set_stage (its slots) */
+    if (m->pp > 1) m->acts_bytes = 0;
+    m->acts = m->pp > 1 ? NULL : o->alloc(k->ctx, m->acts_bytes);
     m->scratch = o->alloc(k->ctx, m->scratch_bytes);
-    if (!m->acts || !m->scratch) goto fail;
-    a = (struct arena){m->acts, 0};
-    layout_acts(m, &a);
+    if ((!m->acts && m->pp == 1) || !m->scratch) goto fail;
+    if (m->acts) {
+        a = (struct arena){m->acts, 0};
+        layout_acts(m, &a);
+    }
     s = (struct arena){m->scratch, 0};
     layout_scratch(m, &s);
     mt_model_params_updated(m);
@@ -780,6 +805,24 @@ void mt_model_destroy(struct mt_model *m)
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
+    if (m->slots) {
+        m->la = m->slots[0].la;
+        m->res = m->slots[0].res;
+        for (int s = 0; s < m->nslots * m->nchunks; s++) {
+            struct mt_act_slot *x = &m->slots[s];
+            if (x->mem) o->free(m->k->ctx, x->mem);
+            if (s % m->nslots == 0) continue;
+            for (int l = 0; x->la && l < m->L; l++) {
+                free(x->la[l].h_offsets);
+                free(x->la[l].recv_counts);
+            }
+            free(x->la);
+            free(x->res);
+        }
+        free(m->slots);
+    }
+    free(m->chunk_l0);
+    free(m->slot_bytes);
     for (int l = 0; m->la && l < m->L; l++) {
         free(m->la[l].h_offsets);
         free(m->la[l].recv_counts);
@@ -797,6 +840,152 @@ void mt_model_destroy(struct mt_model *m)
     free(m->names);
     free(m->std_of);
     free(m);
+}
+
+/* ------------------------------------------------------------ pipeline stage */
+
+bool mt_model_tensor_on_stage(const struct mt_model *m, int i, int stage, bool *replica)
+{
+    const struct mt_param_info *t = &m->tensors[i];
+    bool rep = false, on;
+    if (m->pp == 1) {
+        on = true;
+    } else if (t->layer >= 0) {
+        on = false;
+        for (int c = 0; c < m->vpp && !on; c++) {
+            int first = 0, n = 0;
+            mt_config_pp_layers(&m->cfg, stage, c, &first, &n);
+            on = t->layer >= first && t->layer < first + n;
+        }
+    } else if (i == m->embed) {
+        on = stage == 0 || (m->tied && stage == m->pp - 1);
+        rep = stage != 0;
+    } else { /* final norm, untied LM head */
+        on = stage == m->pp - 1;
+    }
+    if (replica) *replica = on && rep;
+    return on;
+}
+
+int mt_model_pp_tied_embedding(const struct mt_model *m)
+{
+    if (m->pp == 1 || !m->tied || (m->pp_rank != 0 && m->pp_rank != m->pp - 1)) return -1;
+    return m->embed;
+}
+
+static void use_chunk(struct mt_model *m, int chunk)
+{
+    m->l0 = m->chunk_l0[chunk];
+    m->l1 = m->chunk_l1[chunk];
+    m->first = m->first_stage && chunk == 0;
+    m->last = m->last_stage && chunk == m->nchunks - 1;
+}
+
+void mt_model_select_slot(struct mt_model *m, int chunk, int slot)
+{
+    use_chunk(m, chunk);
+    struct mt_act_slot *x = &m->slots[chunk * m->nslots + slot];
+    m->res = x->res;
+    m->la = x->la;
+    m->lnf = x->lnf;
+    m->lnf_rstd = x->lnf_rstd;
+    m->lnf_full = x->lnf_full;
+    m->lm_logits = x->lm_logits;
+    m->ce_lse = x->ce_lse;
+    m->ce_tl = x->ce_tl;
+    m->inputs = x->inputs;
+    m->targets = x->targets;
+    m->inputs_v = x->inputs_v;
+}
+
+int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int *l1,
+                       bool first_stage, bool last_stage, int nslots, struct mt_err *err)
+{
+    bool ok = !m->staged && nchunks >= 1 && nslots >= 1;
+    for (int c = 0; ok && c < nchunks; c++)
+        ok = l0[c] >= 0 && l1[c] >= l0[c] && l1[c] <= m->L && (c == 0 || l0[c] >= l1[c - 1]);
+    if (ok && first_stage) ok = l0[0] == 0;
+    if (ok && last_stage) ok = l1[nchunks - 1] == m->L;
+    if (!ok)
+        return mt_err_set(err, MT_EINVAL, "model: bad pipeline stage (%d chunks from layer %d, %d slots)",
+                          nchunks, nchunks >= 1 ? l0[0] : -1, nslots);
+    const struct mt_kernel_ops *o = &m->k->op;
+    const int total = nchunks * nslots;
+    m->staged = true;
+    m->nchunks = nchunks;
+    m->first_stage = first_stage;
+    m->last_stage = last_stage;
+    /* the whole-model activations give way to the stage's slots */
+    if (m->acts) o->free(m->k->ctx, m->acts);
+    m->acts = NULL;
+    m->chunk_l0 = calloc((size_t)nchunks * 2, sizeof(int));
+    m->slot_bytes = calloc((size_t)nchunks, sizeof(size_t));
+    m->slots = calloc((size_t)total, sizeof *m->slots);
+    if (!m->slots || !m->chunk_l0 || !m->slot_bytes)
+        return mt_err_set(err, MT_ENOMEM, "model: out of memory for pipeline slots");
+    m->chunk_l1 = m->chunk_l0 + nchunks;
+    memcpy(m->chunk_l0, l0, sizeof(int) * (size_t)nchunks);
+    memcpy(m->chunk_l1, l1, sizeof(int) * (size_t)nchunks);
+    m->nslots = nslots;
+    const size_t E = (size_t)m->E, S = (size_t)m->sc.ep * (size_t)m->E_l;
+    float **res0 = m->res;
+    struct mt_layer_acts *la0 = m->la;
+    m->acts_bytes = 0;
+    for (int c = 0; c < nchunks; c++) {
+        use_chunk(m, c);
+        struct arena a = {NULL, 0};
+        layout_acts(m, &a);
+        m->slot_bytes[c] = a.off;
+        for (int s = 0; s < nslots; s++) {
+            struct mt_act_slot *x = &m->slots[c * nslots + s];
+            if (s == 0) { /* the model's own arrays serve slot 0 of every chunk */
+                x->la = la0;
+                x->res = res0;
+            } else {
+                x->la = calloc((size_t)m->L, sizeof *x->la);
+                x->res = calloc((size_t)m->L + 1, sizeof(float *));
+                if (!x->la || !x->res) goto oom;
+                for (int l = m->l0; l < m->l1; l++) {
+                    if (m->moe_of_layer[l] < 0) continue;
+                    x->la[l].h_offsets = calloc(E + 1, sizeof(long long));
+                    x->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
+                    if (!x->la[l].h_offsets || !x->la[l].recv_counts) goto oom;
+                }
+            }
+            x->mem = o->alloc(m->k->ctx, m->slot_bytes[c] ? m->slot_bytes[c] : 1);
+            if (!x->mem) goto oom;
+            m->res = x->res;
+            m->la = x->la;
+            a = (struct arena){x->mem, 0};
+            layout_acts(m, &a);
+            x->lnf = m->lnf;
+            x->lnf_rstd = m->lnf_rstd;
+            x->lnf_full = m->lnf_full;
+            x->lm_logits = m->lm_logits;
+            x->ce_lse = m->ce_lse;
+            x->ce_tl = m->ce_tl;
+            x->inputs = m->inputs;
+            x->targets = m->targets;
+            x->inputs_v = m->inputs_v;
+            m->acts_bytes += m->slot_bytes[c];
+        }
+    }
+    mt_model_select_slot(m, 0, 0);
+    return MT_OK;
+oom:
+    m->res = res0;
+    m->la = la0;
+    return mt_err_set(err, MT_ENOMEM, "model: out of memory for %d pipeline slots", total);
+}
+
+size_t mt_model_slot_bytes(const struct mt_model *m, int chunk)
+{
+    return m->staged ? m->slot_bytes[chunk] : m->acts_bytes;
+}
+
+size_t mt_model_stage_act_numel(const struct mt_model *m, int B)
+{
+    return (size_t)B * (size_t)m->T / (size_t)m->sc.tp * (size_t)m->H;
 }
 
 size_t mt_model_num_params(const struct mt_model *m) { return m->nparams; }
@@ -844,6 +1033,7 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
             for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
             continue;
         }
+        if (t->numel == 0) continue; /* on another pipeline stage */
         /* element j of the whole tensor draws counter j, whichever rank holds it */
         struct init_ctx c = {p, m->std_of[i], mt_rng_key(seed, (uint64_t)i)};
         for_each_run(t, t->local_shape, t->start, init_run, &c);

@@ -17,7 +17,9 @@
  * parallelism with the 'alltoall' or 'allgather' token dispatcher. A rank holds the
  * shards of its coordinates (struct mt_param_info) and computes exactly what one
  * process computes for them: routing, capacity drops and the balancing losses use the
- * statistics of the whole micro-batch. Data parallelism is the trainer's. The passes
+ * statistics of the whole micro-batch. Pipeline parallelism: a rank holds and runs
+ * only its stage's model chunks (mt_model_set_stage and the stage passes below); the
+ * trainer runs the schedule. Data parallelism is the trainer's. The passes
  * are model_pass.c (dense layers, embedding, loss) and model_moe.c (the MoE block).
  *
  * Precision (precision%params_dtype):
@@ -79,6 +81,12 @@ struct mt_param_info {
     bool expert;          /* a routed expert's weight: data parallel over the expert-DP group */
     bool tp_replicated;   /* whole on every TP rank, its gradient there is the part from that
                            * rank's tokens or heads: summed over the TP group (norms, router) */
+    int layer;            /* transformer layer, -1 for the embedding, final norm and LM head */
+    /* Pipeline parallelism: a rank holds the tensors of its stage only; the others have
+     * numel 0 here (mt_model_tensor_on_stage says where they live). pp_replica: the
+     * tied embedding on the last stage (its LM head), a copy of the first stage's kept
+     * equal by summing their gradients over the embedding group. */
+    bool pp_replica;
 };
 
 /* The shard of t that the rank at coordinates c holds. */
@@ -148,6 +156,43 @@ int mt_model_forward_backward(struct mt_model *m, const int32_t *tokens, int B, 
 /* Evaluation: the same forward (losses reported), no gradients, no expert counts. */
 int mt_model_forward(struct mt_model *m, const int32_t *tokens, int B, struct mt_model_stats *st,
                      struct mt_err *err);
+
+/* Whether tensor i lives on pipeline stage `stage` (0 .. pp-1 of this model's layout;
+ * everything with one stage), and whether it is the tied-embedding copy there. */
+bool mt_model_tensor_on_stage(const struct mt_model *m, int i, int stage, bool *replica);
+/* The tied embedding's tensor index when this rank holds it and pipeline stages share
+ * it (first and last stage, untie_embeddings_and_output_weights = .false.), else -1. */
+int mt_model_pp_tied_embedding(const struct mt_model *m);
+
+/* ---- pipeline parallelism: this rank runs one stage of the model.
+ * mt_model_set_stage (once, after create) restricts the passes to the stage's model
+ * chunks: chunk c holds layers [l0[c], l1[c]) (one chunk without a virtual pipeline,
+ * virtual_pipeline_model_parallel_size with one). The first stage's chunk 0 embeds the
+ * tokens (l0[0] = 0), the last stage's last chunk applies the final norm, the LM head
+ * and the loss (its l1 = num_layers). The parameters are the stage's (fixed at create
+ * from par's pipeline rank: its layers, the embedding on the first stage, the final
+ * norm and LM head on the last, the tied embedding on both); the activations become nslots slots per chunk, mt_model_slot_bytes(chunk) each, one per
+ * in-flight micro-batch: a slot keeps what a forward saved until its backward.
+ * Between stages travels this rank's (B*T/tp, hidden) part of the residual stream:
+ * mt_model_stage_act_numel floats. */
+int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int *l1,
+                       bool first_stage, bool last_stage, int nslots, struct mt_err *err);
+/* One micro-batch's activations of chunk (the whole model's before set_stage). */
+size_t mt_model_slot_bytes(const struct mt_model *m, int chunk);
+size_t mt_model_stage_act_numel(const struct mt_model *m, int B);
+/* Forward of chunk into slot: x_in is the previous chunk's output (NULL for the
+ * first stage's chunk 0: tokens are embedded), x_out receives this chunk's (ignored on
+ * the last stage's last chunk, which computes the loss into st). train: keep what
+ * backward needs and count routed tokens; loss_scale as for mt_model_forward_backward. */
+int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_t *tokens,
+                           int B, const float *x_in, float *x_out, bool train, float loss_scale,
+                           struct mt_model_stats *st, struct mt_err *err);
+/* Backward of the micro-batch in chunk's slot: dy is the gradient of the chunk's
+ * output (NULL for the last stage's last chunk: from the loss), dx receives the
+ * gradient of its input (ignored for the first stage's chunk 0). Accumulates into the
+ * gradients. */
+int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,
+                            float *dx, struct mt_model_stats *st, struct mt_err *err);
 
 int mt_model_num_moe_layers(const struct mt_model *m);
 /* Per MoE layer, tokens routed to each expert since the last reset ([nmoe][num_experts],

@@ -60,6 +60,20 @@ struct mt_layer_acts {
     long long *h_offsets;       /* host copy of plan.offsets (E+1) */
 };
 
+/* One in-flight micro-batch's activations (pipeline schedules): mt_model_set_stage
+ * gives each slot its own views and per-layer host state; selecting a slot points
+ * m->res, m->la and the head views at it. */
+struct mt_act_slot {
+    void *mem;
+    float **res;
+    struct mt_layer_acts *la;
+    float *lnf, *lnf_rstd, *lnf_full, *lm_logits, *ce_lse, *ce_tl;
+    int32_t *inputs, *targets, *inputs_v;
+    int B;                      /* the micro-batch it holds */
+    long long valid;            /* its valid targets (last stage) */
+    float loss_scale;
+};
+
 struct mt_model {
     struct mt_config cfg;
     const struct mt_kernels *k;
@@ -93,6 +107,17 @@ struct mt_model {
     char *names;
     float *std_of;              /* (ntensors) init std, 0 for norms (init 1) */
     int embed, final_norm, lm_head;
+    /* pipeline stage (mt_model_set_stage): layers [l0, l1); embedding on the first
+     * stage, final norm, LM head and loss on the last; nslots activation slots */
+    int l0, l1;
+    bool first, last, staged;
+    int pp, pp_rank, vpp;       /* the pipeline layout (1, 0, 1 without) */
+    int nchunks;                /* model chunks of the stage (virtual pipeline) */
+    int *chunk_l0, *chunk_l1;
+    bool first_stage, last_stage;
+    int nslots;                 /* per chunk: slots[chunk * nslots + slot] */
+    struct mt_act_slot *slots;
+    size_t *slot_bytes;         /* per chunk */
     struct mt_layer_tensors *lt;
     size_t nparams, nparams_global;
     float *params, *grads, *work; /* work == params in fp32 */
@@ -136,6 +161,10 @@ struct mt_model {
     long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
     size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
 };
+
+/* model.c: makes chunk the current layer range and points the activation views at
+ * its slot */
+void mt_model_select_slot(struct mt_model *m, int chunk, int slot);
 
 /* model.c: per-expert capacity for N tokens (0: dropless) */
 int mt_model_capacity(const struct mt_model *m, long long N);

@@ -301,6 +301,10 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
         return mt_err_set(err, MT_EINVAL,
                           "model: the %d tokens of a micro batch do not split over %d TP ranks",
                           B * m->T, m->sc.tp);
+    if (m->staged || !m->acts)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: a pipeline stage runs mt_model_set_stage and "
+                          "mt_model_stage_forward / mt_model_stage_backward");
     struct mt_model_stats local;
     if (!st) st = &local;
     memset(st, 0, sizeof *st);
@@ -346,6 +350,120 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     for (int l = m->L - 1; l >= 0; l--) {
         MT_CHECK(mlp_block_bwd(&p, l));
         MT_CHECK(attention_bwd(&p, l));
+    }
+    float *d_emb = full_or(&p, m->full2, m->d_res);
+    MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H));
+    p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ one pipeline stage */
+
+static int check_batch(const struct mt_model *m, int B, struct mt_err *err)
+{
+    if (B < 1 || B > m->Bmax)
+        return mt_err_set(err, MT_EINVAL, "model: micro batch %d is outside [1, %d] (max_micro_batch)",
+                          B, m->Bmax);
+    if (((long long)B * m->T) % m->sc.tp)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: the %d tokens of a micro batch do not split over %d TP ranks",
+                          B * m->T, m->sc.tp);
+    return MT_OK;
+}
+
+static int check_slot(const struct mt_model *m, int chunk, int slot, struct mt_err *err)
+{
+    if (m->staged && chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots)
+        return MT_OK;
+    return mt_err_set(err, MT_EINVAL,
+                      "model: chunk %d slot %d of a pipeline stage with %d chunks of %d slots",
+                      chunk, slot, m->staged ? m->nchunks : 0, m->staged ? m->nslots : 0);
+}
+
+int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_t *tokens,
+                           int B, const float *x_in, float *x_out, bool train, float loss_scale,
+                           struct mt_model_stats *st, struct mt_err *err)
+{
+    MT_CHECK(check_slot(m, chunk, slot, err));
+    MT_CHECK(check_batch(m, B, err));
+    struct mt_model_stats local;
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    mt_model_select_slot(m, chunk, slot);
+    struct mt_act_slot *sl = &m->slots[chunk * m->nslots + slot];
+    long long valid = 0;
+    MT_CHECK(stage_tokens(m, tokens, B, &valid, err));
+    const int N = B * m->T, Nl = N / m->sc.tp;
+    pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, train,
+                loss_scale, st, err};
+    const int H = m->H, V = m->V_l;
+    sl->B = B;
+    sl->valid = valid;
+    sl->loss_scale = loss_scale;
+    if (m->first) {
+        float *emb = full_or(&p, m->full, m->res[0]);
+        p.o->embedding_fwd(p.ctx, emb, m->inputs_v, W(&p, m->embed), N, H);
+        MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->res[0], emb, H));
+    } else {
+        p.o->copy(p.ctx, m->res[m->l0], x_in, sizeof(float) * (size_t)Nl * H);
+    }
+    for (int l = m->l0; l < m->l1; l++) {
+        MT_CHECK(attention_fwd(&p, l));
+        MT_CHECK(mlp_block_fwd(&p, l));
+    }
+    if (!m->last) {
+        p.o->copy(p.ctx, x_out, m->res[m->l1], sizeof(float) * (size_t)Nl * H);
+        return MT_OK;
+    }
+    p.o->rmsnorm_fwd(p.ctx, m->lnf, m->lnf_rstd, m->res[m->L], W(&p, m->final_norm), Nl, H, m->eps);
+    mt_pass_round(&p, m->lnf, (size_t)Nl * H);
+    MT_CHECK(mt_pass_sp_gather(&p, m->lnf_full, m->lnf, H));
+    mt_pass_linear_fwd(&p, m->lm_logits, m->lnf_full, W(&p, m->lm_head), N, V, H);
+    mt_pass_round(&p, m->lm_logits, (size_t)N * V);
+    p.o->cross_entropy_fwd(p.ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
+    if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(&p));
+    double sum = 0.0;
+    MT_CHECK(loss_sum(&p, &sum));
+    st->tokens = valid;
+    st->lm_loss = valid > 0 ? sum / (double)valid : 0.0;
+    return MT_OK;
+}
+
+int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,
+                            float *dx, struct mt_model_stats *st, struct mt_err *err)
+{
+    MT_CHECK(check_slot(m, chunk, slot, err));
+    struct mt_model_stats local;
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    mt_model_select_slot(m, chunk, slot);
+    const struct mt_act_slot *sl = &m->slots[chunk * m->nslots + slot];
+    const int B = sl->B, N = B * m->T, Nl = N / m->sc.tp;
+    pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, true,
+                sl->loss_scale, st, err};
+    const int H = m->H, V = m->V_l;
+    if (m->last) {
+        float ce_scale = sl->valid > 0 ? sl->loss_scale / (float)sl->valid : 0.0f;
+        float *dlogits = m->lm_logits; /* in place */
+        p.o->cross_entropy_bwd(p.ctx, dlogits, m->lm_logits, m->ce_lse, m->targets, N, V, m->v0,
+                               ce_scale);
+        float *d_lnf = full_or(&p, m->full, m->d_ln);
+        mt_pass_linear_bwd(&p, d_lnf, 0.0f, G(&p, m->lm_head), dlogits, m->lnf_full,
+                           W(&p, m->lm_head), N, V, H);
+        MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->d_ln, d_lnf, H));
+        p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
+        p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, m->res[m->L],
+                         W(&p, m->final_norm), m->lnf_rstd, Nl, H);
+    } else {
+        p.o->copy(p.ctx, m->d_res, dy, sizeof(float) * (size_t)Nl * H);
+    }
+    for (int l = m->l1 - 1; l >= m->l0; l--) {
+        MT_CHECK(mlp_block_bwd(&p, l));
+        MT_CHECK(attention_bwd(&p, l));
+    }
+    if (!m->first) {
+        p.o->copy(p.ctx, dx, m->d_res, sizeof(float) * (size_t)Nl * H);
+        return MT_OK;
     }
     float *d_emb = full_or(&p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H));

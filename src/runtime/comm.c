@@ -180,6 +180,23 @@ int mt_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int peer,
     return c->ops->recv(c, buf, count, dt, peer, tag, err);
 }
 
+int mt_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                 struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "p2p batch", dt, err));
+    for (int i = 0; i < n; i++)
+        MT_CHECK(check_peer(c, ops[i].send ? "send" : "recv", "peer", ops[i].peer, err));
+    if (c->ops->p2p_batch) return c->ops->p2p_batch(c, ops, n, dt, err);
+    for (int pass = 0; pass < 2; pass++) /* sends first */
+        for (int i = 0; i < n; i++) {
+            const struct mt_p2p *x = &ops[i];
+            if (x->send != (pass == 0)) continue;
+            MT_CHECK(x->send ? c->ops->send(c, x->buf, x->count, dt, x->peer, x->tag, err)
+                             : c->ops->recv(c, x->buf, x->count, dt, x->peer, x->tag, err));
+        }
+    return MT_OK;
+}
+
 int mt_barrier(struct mt_comm *c, struct mt_err *err)
 {
     MT_CHECK(check_call(c, "barrier", MT_DT_U8, err));

@@ -22,6 +22,14 @@ size_t mt_dt_size(enum mt_dt dt);
 
 struct mt_comm;
 
+/* One transfer of a batch of point-to-point calls (mt_p2p_batch). */
+struct mt_p2p {
+    bool send;            /* else receive */
+    void *buf;
+    size_t count;
+    int peer, tag;
+};
+
 struct mt_comm_ops {
     /* In place on buf (count elements), every rank ends with the reduction. */
     int (*all_reduce)(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
@@ -45,6 +53,10 @@ struct mt_comm_ops {
                 struct mt_err *err);
     int (*barrier)(struct mt_comm *c, struct mt_err *err);
     void (*destroy)(struct mt_comm *c);
+    /* Optional (NULL: mt_p2p_batch runs the transfers one after another, sends
+     * first): n sends and receives posted together, complete together. */
+    int (*p2p_batch)(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                     struct mt_err *err);
 };
 
 struct mt_comm {
@@ -71,6 +83,11 @@ int mt_send(struct mt_comm *c, const void *buf, size_t count, enum mt_dt dt, int
             struct mt_err *err);
 int mt_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int peer, int tag,
             struct mt_err *err);
+/* Megatron's batch_isend_irecv: every transfer of ops[0..n) is started, then all
+ * are waited for (bounded by the comm's timeout), so that peers exchanging in both
+ * directions at once cannot deadlock on the order of their calls. */
+int mt_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                 struct mt_err *err);
 int mt_barrier(struct mt_comm *c, struct mt_err *err);
 void mt_comm_destroy(struct mt_comm *c);
 

@@ -224,6 +224,47 @@ static int mpi_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, i
     return MT_OK;
 }
 
+#define P2P_BATCH_MAX 8
+
+static int mpi_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                         struct mt_err *err)
+{
+    if (n > P2P_BATCH_MAX)
+        return mt_err_set(err, MT_EINVAL, "p2p batch on %s: %d transfers, at most %d", c->name, n,
+                          P2P_BATCH_MAX);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MPI_Request req[P2P_BATCH_MAX];
+    MPI_Status st[P2P_BATCH_MAX];
+    for (int i = 0; i < n; i++) {
+        const struct mt_p2p *x = &ops[i];
+        MT_CHECK(check_int(c, "p2p batch", "count", i, x->count, err));
+        int rc = x->send ? MPI_Isend(x->buf, (int)x->count, mpi_type(dt), x->peer, x->tag,
+                                     handle(c), &req[i])
+                         : MPI_Irecv(x->buf, (int)x->count, mpi_type(dt), x->peer, x->tag,
+                                     handle(c), &req[i]);
+        if (rc != MPI_SUCCESS) return call_error(c, "p2p batch", rc, err);
+    }
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Testall(n, req, &done, st);
+        if (rc != MPI_SUCCESS) return call_error(c, "p2p batch", rc, err);
+        if (done) break;
+        if (d.end > 0 && mt_deadline_passed(&d)) return mt_comm_timeout_error(c, "p2p batch", &d, err);
+        mt_deadline_pause(&d);
+    }
+    for (int i = 0; i < n; i++) {
+        int got = 0;
+        if (ops[i].send) continue;
+        MPI_Get_count(&st[i], mpi_type(dt), &got);
+        if ((size_t)got != ops[i].count)
+            return mt_err_set(err, MT_EINVAL,
+                              "recv on %s: expected %zu elements from rank %d with tag %d, the "
+                              "message has %d",
+                              c->name, ops[i].count, ops[i].peer, ops[i].tag, got);
+    }
+    return MT_OK;
+}
+
 static int mpi_barrier(struct mt_comm *c, struct mt_err *err)
 {
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
@@ -252,6 +293,7 @@ static const struct mt_comm_ops mpi_ops = {
     .recv = mpi_recv,
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,
+    .p2p_batch = mpi_p2p_batch,
 };
 
 int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int world_rank,

@@ -2,6 +2,7 @@
  * cluster (--dry-run). Only this file (with main.c) prints errors. */
 #include "config.h"
 
+#include "runtime/cli_end.h"
 #include "topo/topo_internal.h"
 
 #include <limits.h>
@@ -34,7 +35,7 @@ static void usage(FILE *out)
 
 static int fail(const struct mt_err *err)
 {
-    fprintf(stderr, "moetrain topo: error: %s\n", err->msg);
+    mt_cli_print_error("moetrain topo", err, "");
     return 1;
 }
 
@@ -162,34 +163,9 @@ out:
     return rc ? fail(&err) : 0;
 }
 
-/* Prints err as this process's error; with several processes, other ranks
- * than 0 (which speaks for everybody) name themselves. */
-static void print_rank_error(const struct mt_world *w, const struct mt_err *err)
-{
-    if (w->size > 1 && w->rank != 0)
-        fprintf(stderr, "moetrain topo: error: rank %d (%s): %s\n", w->rank, w->hostname,
-                err->msg);
-    else
-        fail(err);
-}
-
-/* After each step: the processes agree on failures, an error every process
- * hits is printed once, any failure ends the job (as `moetrain` does). A
- * failing process waits at most 10 s for the others. */
 static void agree_or_abort(struct mt_world *w, int rc, const struct mt_err *err)
 {
-    double wait = w->timeout_s;
-    if (rc && (wait <= 0 || wait > 10.0)) wait = 10.0;
-    int nfailed = 0;
-    bool report = false;
-    struct mt_err aerr = { 0 };
-    if (mt_world_agree(w, rc ? err : NULL, wait, &nfailed, &report, &aerr)) {
-        print_rank_error(w, rc ? err : &aerr);
-        mt_world_abort(w);
-    }
-    if (nfailed == 0) return;
-    if (report) print_rank_error(w, err);
-    mt_world_abort(w);
+    mt_cli_agree_or_exit("moetrain topo", w, rc, err);
 }
 
 /* Under the job's launcher: every process discovers and binds itself, the

@@ -14,8 +14,9 @@
 struct rank_info {
     struct mt_shard_coords sc;
     int dp_rank, edp_rank;
+    int stage;                  /* pipeline stage: which tensors it holds */
 };
-#define INFO_INTS 8
+#define INFO_INTS 9
 
 static void info_of(const struct mt_parallel *par, struct rank_info *r)
 {
@@ -23,12 +24,13 @@ static void info_of(const struct mt_parallel *par, struct rank_info *r)
                                      par->etp_rank};
     r->dp_rank = par->dp_rank;
     r->edp_rank = par->edp_rank;
+    r->stage = par->pp_rank;
 }
 
 static void info_pack(const struct rank_info *r, int32_t out[INFO_INTS])
 {
     const int32_t v[INFO_INTS] = {r->sc.tp, r->sc.tp_rank, r->sc.ep, r->sc.ep_rank, r->sc.etp,
-                                  r->sc.etp_rank, r->dp_rank, r->edp_rank};
+                                  r->sc.etp_rank, r->dp_rank, r->edp_rank, r->stage};
     memcpy(out, v, sizeof v);
 }
 
@@ -37,12 +39,24 @@ static void info_unpack(const int32_t in[INFO_INTS], struct rank_info *r)
     r->sc = (struct mt_shard_coords){in[0], in[1], in[2], in[3], in[4], in[5]};
     r->dp_rank = in[6];
     r->edp_rank = in[7];
+    r->stage = in[8];
+}
+
+/* Whether the rank holds tensor i (its pipeline stage's), and whether as the tied
+ * embedding's copy. */
+static bool holds(const struct mt_model *m, int i, const struct rank_info *r, bool *replica)
+{
+    return mt_model_tensor_on_stage(m, i, r->stage, replica);
 }
 
 /* The one copy of a tensor's shard that a save takes: data-parallel rank 0's, and for a
- * tensor whole on every TP rank, TP rank 0's. */
-static bool owns(const struct mt_param_info *t, const struct rank_info *r)
+ * tensor whole on every TP rank, TP rank 0's; of the tied embedding, the first
+ * pipeline stage's. */
+static bool owns(const struct mt_model *m, int i, const struct rank_info *r)
 {
+    const struct mt_param_info *t = mt_model_tensor(m, i);
+    bool replica;
+    if (!holds(m, i, r, &replica) || replica) return false;
     if (t->expert) return r->edp_rank == 0;
     return r->dp_rank == 0 && (!t->tp_replicated || r->sc.tp_rank == 0);
 }
@@ -124,7 +138,7 @@ static size_t exchange(struct mt_model *m, struct whole *w, const struct rank_in
     size_t at = 0;
     for (int i = 0; i < mt_model_num_tensors(m); i++) {
         const struct mt_param_info *t = mt_model_tensor(m, i);
-        if (only_owned && !owns(t, r)) continue;
+        if (only_owned ? !owns(m, i, r) : !holds(m, i, r, NULL)) continue;
         long long ls[4], st[4];
         size_t n = shard_numel(t, r, ls, st);
         if (packed) {
@@ -145,7 +159,7 @@ static void own_pack(struct mt_model *m, const float *mo, const float *vo, const
     size_t at = 0;
     for (int i = 0; i < mt_model_num_tensors(m); i++) {
         const struct mt_param_info *t = mt_model_tensor(m, i);
-        if (only_owned && !owns(t, r)) continue;
+        if (only_owned ? !owns(m, i, r) : !holds(m, i, r, NULL)) continue;
         const size_t n = t->numel, bytes = sizeof(float) * n;
         float *mine[3] = {p + t->offset, (float *)mo + t->offset, (float *)vo + t->offset};
         for (int k = 0; k < 3; k++) {

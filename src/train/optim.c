@@ -230,6 +230,7 @@ static int reduce_over_tp(struct mt_optim *o, struct mt_err *err)
 static bool counts_whole(const struct mt_optim *o, const struct mt_param_info *t)
 {
     const struct mt_parallel *p = o->par;
+    if (t->pp_replica) return false; /* the first stage counts the tied embedding */
     if (t->expert) return p->edp_rank == 0;
     return p->dp_rank == 0 && (!t->tp_replicated || p->tp_rank == 0);
 }
@@ -246,6 +247,7 @@ static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
     struct norm_ctx *c = p;
     (void)in_tensor;
     if (t->tp_replicated && c->o->par->tp_rank != 0) return;
+    if (t->pp_replica) return;
     for (size_t i = 0; i < n; i++) c->sum += (double)c->g[in_range + i] * c->g[in_range + i];
 }
 
@@ -265,6 +267,15 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
         for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
         *norm = sqrt(s);
         return MT_OK;
+    }
+    /* Pipeline parallelism with tied embeddings: the first stage's embedding and the
+     * last stage's copy (its LM head) each got their part of the gradient; the sum
+     * over the embedding group gives both the whole, so their updates stay equal. */
+    int tied = mt_model_pp_tied_embedding(o->model);
+    if (tied >= 0) {
+        const struct mt_param_info *t = mt_model_tensor(o->model, tied);
+        MT_CHECK(mt_all_reduce(o->par->comm[MT_GROUP_EMBD], g + t->offset, t->numel, MT_DT_F32,
+                               MT_OP_SUM, err));
     }
     if (o->par->tp > 1) MT_CHECK(reduce_over_tp(o, err));
     double sum = 0.0;

@@ -15,6 +15,8 @@
 
 #include "data/data.h"
 
+#define MT_MAX_VPP 16 /* model chunks per pipeline stage this trainer runs */
+
 struct trainer {
     const struct mt_config *cfg;
     const struct mt_layout *layout;
@@ -38,7 +40,20 @@ struct trainer {
     long long *acc_counts;        /* [nmoe * num_experts] tokens per expert */
     size_t ncounts;
     double flops_per_token;
+    /* pipeline parallelism (pp > 1): this rank's stage and its 1F1B schedule */
+    struct mt_comm *pp_comm;      /* NULL without pipeline parallelism */
+    int pp, vpp, pp_rank, nslots;
+    int chunk_l0[MT_MAX_VPP], chunk_l1[MT_MAX_VPP]; /* layers of each model chunk */
+    bool first, last;
+    size_t act_n;                 /* floats of an activation between stages */
+    float *p_x, *p_y, *p_dy, *p_dx;
+    int inflight, max_inflight;   /* micro-batch chunks forwarded, not yet backwarded */
+    long long inflight_bytes, max_inflight_bytes; /* their activations */
+    bool pp_logged;
 };
+
+#define TAG_PP_FWD 7201
+#define TAG_PP_BWD 7202
 
 static double now_ms(void)
 {
@@ -174,6 +189,357 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
     return MT_OK;
 }
 
+/* ---- pipeline schedules ------------------------------------------------ */
+
+struct pp_acc {
+    double loss, aux, z;
+    long long dropped;
+    int fwd[MT_MAX_VPP], bwd[MT_MAX_VPP]; /* per chunk: micro-batches forwarded, backwarded */
+};
+
+/* Megatron's get_model_chunk_id: the chunk of virtual micro-batch k (k may be
+ * negative: Python's modulo). */
+static int chunk_of(const struct trainer *t, int k, bool forward)
+{
+    const int group = t->pp * t->vpp;
+    int in_group = ((k % group) + group) % group;
+    int c = in_group / t->pp;
+    return forward ? c : t->vpp - 1 - c;
+}
+
+/* In-flight bookkeeping: micro-batch chunks forwarded and not yet backwarded, and the
+ * activation bytes they hold. */
+static void pp_track(struct trainer *t, int chunk, int dir)
+{
+    t->inflight += dir;
+    t->inflight_bytes += dir * (long long)mt_model_slot_bytes(t->model, chunk);
+    if (t->inflight > t->max_inflight) t->max_inflight = t->inflight;
+    if (t->inflight_bytes > t->max_inflight_bytes) t->max_inflight_bytes = t->inflight_bytes;
+}
+
+/* Forward of chunk's next micro-batch: x_in from the previous chunk (unused for the
+ * first stage's chunk 0), output into x_out (unused for the last stage's last chunk). */
+static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x_in, float *x_out,
+                  int nmb, double all, struct mt_err *err)
+{
+    const int mbs = t->cfg->training.micro_batch_size, mb = a->fwd[chunk]++;
+    MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                        micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+    struct mt_model_stats s = { 0 };
+    MT_CHECK(mt_model_stage_forward(t->model, chunk, mb % t->nslots, t->tokens, mbs, x_in, x_out,
+                                    true, 1.0f / (float)nmb, &s, err));
+    pp_track(t, chunk, +1);
+    a->loss += s.lm_loss / all;
+    a->aux += s.aux_loss / all;
+    a->z += s.z_loss / all;
+    a->dropped += s.dropped_tokens;
+    return MT_OK;
+}
+
+/* Backward of chunk's oldest in-flight micro-batch. */
+static int pp_bwd(struct trainer *t, struct pp_acc *a, int chunk, const float *dy, float *dx,
+                  struct mt_err *err)
+{
+    const int mb = a->bwd[chunk]++;
+    MT_CHECK(mt_model_stage_backward(t->model, chunk, mb % t->nslots, dy, dx, NULL, err));
+    pp_track(t, chunk, -1);
+    return MT_OK;
+}
+
+static int pp_send(struct trainer *t, const float *buf, int peer, int tag, struct mt_err *err)
+{
+    return mt_send(t->pp_comm, buf, t->act_n, MT_DT_F32, peer, tag, err);
+}
+
+static int pp_recv(struct trainer *t, float *buf, int peer, int tag, struct mt_err *err)
+{
+    return mt_recv(t->pp_comm, buf, t->act_n, MT_DT_F32, peer, tag, err);
+}
+
+/* Megatron's forward_backward_pipelining_without_interleaving: warmup forwards, then
+ * one forward one backward, then the cooldown backwards. Blocking point-to-point
+ * calls, ordered so that on every link the activation travels before the gradient
+ * (the combined send-forward/receive-backward of stage s meets the combined
+ * receive-forward/send-backward of stage s+1 in the same order). */
+static int pp_1f1b(struct trainer *t, struct pp_acc *a, int nmb, double all, struct mt_err *err)
+{
+    const int s = t->pp_rank, prev = s - 1, next = s + 1;
+    const int warm = t->pp - s - 1 < nmb ? t->pp - s - 1 : nmb, rem = nmb - warm;
+    for (int i = 0; i < warm; i++) {
+        if (!t->first) MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
+        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, all, err));
+        if (!t->last) MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
+    }
+    if (rem > 0 && !t->first) MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
+    for (int i = 0; i < rem; i++) {
+        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, all, err));
+        if (!t->last) {
+            MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
+            MT_CHECK(pp_recv(t, t->p_dy, next, TAG_PP_BWD, err));
+        }
+        MT_CHECK(pp_bwd(t, a, 0, t->p_dy, t->p_dx, err));
+        if (t->first) continue;
+        if (i < rem - 1) MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
+        MT_CHECK(pp_send(t, t->p_dx, prev, TAG_PP_BWD, err));
+    }
+    for (int i = 0; i < warm; i++) {
+        if (!t->last) MT_CHECK(pp_recv(t, t->p_dy, next, TAG_PP_BWD, err));
+        MT_CHECK(pp_bwd(t, a, 0, t->p_dy, t->p_dx, err));
+        if (!t->first) MT_CHECK(pp_send(t, t->p_dx, prev, TAG_PP_BWD, err));
+    }
+    return MT_OK;
+}
+
+/* ---- interleaved 1F1B (virtual pipeline) ---- */
+
+/* FIFO of received tensors per chunk (each holds at most the micro-batches of a step). */
+struct pp_queue {
+    float **q;
+    int head, tail;
+};
+
+struct il_state {
+    struct trainer *t;
+    struct pp_acc *a;
+    int nmb;
+    double all;
+    struct pp_queue qx[MT_MAX_VPP], qg[MT_MAX_VPP];
+};
+
+static void q_push(struct pp_queue *q, float *x) { q->q[q->tail++] = x; }
+static float *q_pop(struct pp_queue *q) { return q->head < q->tail ? q->q[q->head++] : NULL; }
+
+/* Megatron's send_forward_backward_recv_forward_backward over the pipeline ring: the
+ * activation to the next stage, the gradient to the previous one, and what they
+ * send back, posted together (mt_p2p_batch). */
+static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev, bool recv_next,
+                       float **x, float **g, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const int next = (t->pp_rank + 1) % t->pp, prev = (t->pp_rank + t->pp - 1) % t->pp;
+    struct mt_p2p ops[4];
+    int n = 0;
+    *x = *g = NULL;
+    if (recv_prev) *x = malloc(sizeof(float) * t->act_n);
+    if (recv_next) *g = malloc(sizeof(float) * t->act_n);
+    if ((recv_prev && !*x) || (recv_next && !*g)) {
+        free(*x);
+        free(*g);
+        return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages");
+    }
+    if (out) ops[n++] = (struct mt_p2p){true, out, t->act_n, next, TAG_PP_FWD};
+    if (recv_prev) ops[n++] = (struct mt_p2p){false, *x, t->act_n, prev, TAG_PP_FWD};
+    if (dx) ops[n++] = (struct mt_p2p){true, dx, t->act_n, prev, TAG_PP_BWD};
+    if (recv_next) ops[n++] = (struct mt_p2p){false, *g, t->act_n, next, TAG_PP_BWD};
+    int rc = n ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_F32, err) : MT_OK;
+    if (rc) {
+        free(*x);
+        free(*g);
+        *x = *g = NULL;
+    }
+    return rc;
+}
+
+/* forward_step_helper: virtual micro-batch k; *out gets the output to send (NULL for
+ * the last stage's last chunk). */
+static int il_fwd(struct il_state *S, int k, float **out, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const int c = chunk_of(t, k, true);
+    const bool head = t->last && c == t->vpp - 1;
+    float *x = t->first && c == 0 ? NULL : q_pop(&S->qx[c]);
+    if (!(t->first && c == 0) && !x)
+        return mt_err_set(err, MT_ERUNTIME, "pipeline: no input for chunk %d (schedule bug)", c);
+    *out = head ? NULL : malloc(sizeof(float) * t->act_n);
+    int rc = !head && !*out ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
+                            : pp_fwd(t, S->a, c, x, *out, S->nmb, S->all, err);
+    free(x);
+    return rc;
+}
+
+/* backward_step_helper: *dx gets the input gradient to send (NULL for the first
+ * stage's chunk 0). */
+static int il_bwd(struct il_state *S, int k, float **dx, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const int c = chunk_of(t, k, false);
+    const bool head = t->last && c == t->vpp - 1, embed = t->first && c == 0;
+    float *g = head ? NULL : q_pop(&S->qg[c]);
+    if (!head && !g)
+        return mt_err_set(err, MT_ERUNTIME, "pipeline: no gradient for chunk %d (schedule bug)", c);
+    *dx = embed ? NULL : malloc(sizeof(float) * t->act_n);
+    int rc = !embed && !*dx ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
+                            : pp_bwd(t, S->a, c, g, *dx, err);
+    free(g);
+    return rc;
+}
+
+/* The warmup forwards of stage s: Megatron's interleaved schedule. */
+static int il_warmup(const struct trainer *t, int nmb, bool *all_warm)
+{
+    const int total = nmb * t->vpp;
+    *all_warm = nmb == t->pp;
+    if (*all_warm) return total;
+    int w = (t->pp - t->pp_rank - 1) * 2 + (t->vpp - 1) * t->pp;
+    return w < total ? w : total;
+}
+
+static int il_run(struct il_state *S, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const int V = t->vpp, P = t->pp, total = S->nmb * V;
+    bool all_warm;
+    const int warm = il_warmup(t, S->nmb, &all_warm), rem = total - warm;
+    float *x, *g, *out = NULL, *dx = NULL;
+    if (!t->first) {
+        MT_CHECK(il_exchange(S, NULL, NULL, true, false, &x, &g, err));
+        q_push(&S->qx[0], x);
+    }
+    for (int k = 0; k < warm; k++) {
+        MT_CHECK(il_fwd(S, k, &out, err));
+        const int nc = chunk_of(t, k + 1, true);
+        bool recv_prev = !(t->first && nc == 0) && k != total - 1;
+        bool recv_next = false;
+        if (k == warm - 1 && !all_warm) recv_next = !t->last;
+        int rc = il_exchange(S, out, NULL, recv_prev, recv_next, &x, &g, err);
+        free(out);
+        MT_CHECK(rc);
+        if (recv_next) q_push(&S->qg[V - 1], g);
+        if (recv_prev) q_push(&S->qx[nc], x);
+    }
+    for (int k = 0; k < rem; k++) {
+        const int fk = k + warm, bk = k;
+        MT_CHECK(il_fwd(S, fk, &out, err));
+        int rc = il_bwd(S, bk, &dx, err);
+        if (rc) {
+            free(out);
+            return rc;
+        }
+        bool recv_prev = true, recv_next = true;
+        int nfc, nbc;
+        if (t->first) {
+            nfc = chunk_of(t, fk - (P - 1), true);
+            if (nfc == V - 1) recv_prev = false;
+            nfc++;
+        } else {
+            nfc = chunk_of(t, fk + 1, true);
+        }
+        if (t->last) {
+            nbc = chunk_of(t, bk - (P - 1), false);
+            if (nbc == 0) recv_next = false;
+            nbc--;
+        } else {
+            nbc = chunk_of(t, bk + 1, false);
+        }
+        if (k == rem - 1) recv_prev = false;
+        rc = il_exchange(S, out, dx, recv_prev, recv_next, &x, &g, err);
+        free(out);
+        free(dx);
+        MT_CHECK(rc);
+        if (recv_prev) q_push(&S->qx[nfc], x);
+        if (recv_next) q_push(&S->qg[nbc], g);
+    }
+    if (all_warm && !t->last) {
+        MT_CHECK(il_exchange(S, NULL, NULL, false, true, &x, &g, err));
+        q_push(&S->qg[V - 1], g);
+    }
+    for (int k = rem; k < total; k++) {
+        MT_CHECK(il_bwd(S, k, &dx, err));
+        const int nbc = chunk_of(t, k + 1, false);
+        bool recv_next = !(t->last && nbc == V - 1) && k != total - 1;
+        int rc = il_exchange(S, NULL, dx, false, recv_next, &x, &g, err);
+        free(dx);
+        MT_CHECK(rc);
+        if (recv_next) q_push(&S->qg[nbc], g);
+    }
+    return MT_OK;
+}
+
+static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb, double all,
+                          struct mt_err *err)
+{
+    struct il_state S = {.t = t, .a = a, .nmb = nmb, .all = all};
+    float **mem = calloc((size_t)t->vpp * 2 * (size_t)(nmb + 1), sizeof *mem);
+    if (!mem) return mt_err_set(err, MT_ENOMEM, "out of memory for the pipeline schedule");
+    for (int c = 0; c < t->vpp; c++) {
+        S.qx[c].q = mem + (size_t)(2 * c) * (nmb + 1);
+        S.qg[c].q = mem + (size_t)(2 * c + 1) * (nmb + 1);
+    }
+    int rc = il_run(&S, err);
+    for (int c = 0; c < t->vpp; c++) { /* left over only after an error */
+        float *x;
+        while ((x = q_pop(&S.qx[c]))) free(x);
+        while ((x = q_pop(&S.qg[c]))) free(x);
+    }
+    free(mem);
+    return rc;
+}
+
+/* The schedule's in-flight micro-batch chunks, without running it: per chunk (into
+ * per_chunk[vpp]) and in all; the order of forwards and backwards is fixed by the
+ * schedule, so the peak is known in advance. */
+static int pp_predict_inflight(const struct trainer *t, int nmb, int *per_chunk)
+{
+    int cur[MT_MAX_VPP] = {0}, tot = 0, peak = 0;
+    for (int c = 0; c < t->vpp; c++) per_chunk[c] = 0;
+    const int total = nmb * t->vpp;
+    int warm;
+    if (t->vpp == 1) {
+        warm = t->pp - t->pp_rank - 1 < nmb ? t->pp - t->pp_rank - 1 : nmb;
+    } else {
+        bool all_warm;
+        warm = il_warmup(t, nmb, &all_warm);
+    }
+    /* forwards 0..warm-1, then (forward warm+k, backward k), then the rest backward */
+    int fwd = 0, bwd = 0;
+    while (bwd < total) {
+        bool do_fwd = fwd < total && (fwd < warm || fwd - warm <= bwd);
+        if (do_fwd) {
+            int c = chunk_of(t, fwd++, true);
+            if (++cur[c] > per_chunk[c]) per_chunk[c] = cur[c];
+            if (++tot > peak) peak = tot;
+        } else {
+            int c = chunk_of(t, bwd++, false);
+            cur[c]--;
+            tot--;
+        }
+    }
+    return peak;
+}
+
+/* Once, after the first step: every stage's layers and peak activation memory (the
+ * in-flight micro-batch chunks times their activations), measured and as the
+ * schedule predicts. */
+static int pp_log(struct trainer *t, struct mt_err *err)
+{
+    int per_chunk[MT_MAX_VPP];
+    const int nmb = t->layout->num_micro_batches;
+    enum { NI = 4 + 3 * MT_MAX_VPP };
+    long long mine[NI] = {t->max_inflight, t->max_inflight_bytes,
+                          pp_predict_inflight(t, nmb, per_chunk),
+                          (long long)mt_model_num_params(t->model)};
+    for (int c = 0; c < t->vpp; c++) {
+        mine[4 + 3 * c] = t->chunk_l0[c];
+        mine[5 + 3 * c] = t->chunk_l1[c];
+        mine[6 + 3 * c] = (long long)mt_model_slot_bytes(t->model, c);
+    }
+    long long *all = calloc((size_t)t->pp * NI, sizeof *all);
+    if (!all) return mt_err_set(err, MT_ENOMEM, "out of memory");
+    int rc = mt_all_gather(t->pp_comm, mine, all, NI, MT_DT_I64, err);
+    for (int s = 0; rc == MT_OK && s < t->pp; s++) {
+        const long long *x = all + (size_t)s * NI;
+        say(t, "pipeline stage %d (%s, %d micro-batches):", s,
+            t->vpp > 1 ? "interleaved 1F1B" : "1F1B", nmb);
+        for (int c = 0; c < t->vpp; c++)
+            say(t, " chunk %d layers [%lld, %lld) %lld bytes per micro-batch%s", c, x[4 + 3 * c],
+                x[5 + 3 * c], x[6 + 3 * c], c + 1 < t->vpp ? ";" : "");
+        say(t, " | parameters %lld | peak in-flight micro-batch chunks %lld (schedule: %lld) | "
+               "peak activation bytes %lld\n", x[3], x[0], x[2], x[1]);
+    }
+    free(all);
+    return rc;
+}
+
 /* ---- evaluation -------------------------------------------------------- */
 
 static int evaluate(struct trainer *t, enum mt_split split, const char *label,
@@ -193,12 +559,29 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
             uint64_t first = micro_batch_start(t, base + (uint64_t)it * gbs, mb);
             MT_CHECK(load_batch(t, split, first, mbs, err));
             struct mt_model_stats s = { 0 };
-            MT_CHECK(mt_model_forward(t->model, t->tokens, mbs, &s, err));
+            if (t->pp_comm) { /* forward through the stages and chunks, one micro-batch at
+                                 a time, around the ring for the chunks */
+                const int next = (t->pp_rank + 1) % t->pp, prev = (t->pp_rank + t->pp - 1) % t->pp;
+                for (int ch = 0; ch < t->vpp; ch++) {
+                    struct mt_model_stats cs = { 0 };
+                    if (!(t->first && ch == 0))
+                        MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
+                    MT_CHECK(mt_model_stage_forward(t->model, ch, 0, t->tokens, mbs, t->p_x, t->p_y,
+                                                    false, 0.0f, &cs, err));
+                    if (!(t->last && ch == t->vpp - 1))
+                        MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
+                    s.lm_loss += cs.lm_loss;
+                    s.tokens += cs.tokens;
+                }
+            } else {
+                MT_CHECK(mt_model_forward(t->model, t->tokens, mbs, &s, err));
+            }
             sum[0] += s.lm_loss * (double)s.tokens;
             sum[1] += (double)s.tokens;
         }
     }
     MT_CHECK(sum_over(t->dp_comm, sum, 2, MT_DT_F64, err));
+    MT_CHECK(sum_over(t->pp_comm, sum, 2, MT_DT_F64, err)); /* the last stage's */
     if (split == MT_SPLIT_VALID) t->st.eval_count++;
     double loss = sum[1] > 0 ? sum[0] / sum[1] : NAN;
     double ppl = exp(loss < 700 ? loss : 700);
@@ -315,6 +698,30 @@ static int setup(struct trainer *t, struct mt_err *err)
     say(t, "%s\n", desc);
 
     MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, t->par, &t->model, err));
+    if (t->pp_comm) {
+        for (int ch = 0; ch < t->vpp; ch++) {
+            int n = 0;
+            mt_config_pp_layers(c, t->pp_rank, ch, &t->chunk_l0[ch], &n);
+            t->chunk_l1[ch] = t->chunk_l0[ch] + n;
+        }
+        t->first = t->pp_rank == 0;
+        t->last = t->pp_rank == t->pp - 1;
+        /* a slot per micro-batch a chunk can have in flight: 1F1B, stage s holds at most
+         * min(pp - s, micro-batches); the interleaved schedule as it predicts */
+        int per_chunk[MT_MAX_VPP];
+        pp_predict_inflight(t, t->layout->num_micro_batches, per_chunk);
+        t->nslots = 1;
+        for (int ch = 0; ch < t->vpp; ch++)
+            if (per_chunk[ch] > t->nslots) t->nslots = per_chunk[ch];
+        MT_CHECK(mt_model_set_stage(t->model, t->vpp, t->chunk_l0, t->chunk_l1, t->first, t->last,
+                                    t->nslots, err));
+        t->act_n = mt_model_stage_act_numel(t->model, c->training.micro_batch_size);
+        t->p_x = malloc(sizeof(float) * t->act_n * 4);
+        if (!t->p_x) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
+        t->p_y = t->p_x + t->act_n;
+        t->p_dy = t->p_y + t->act_n;
+        t->p_dx = t->p_dy + t->act_n;
+    }
     mt_model_init(t->model, (unsigned long long)c->training.seed);
     MT_CHECK(mt_optim_create(t->model, t->k, t->par, c->parallel.use_distributed_optimizer, 0,
                              &t->optim, err));
@@ -350,6 +757,7 @@ static void teardown(struct trainer *t)
     mt_model_destroy(t->model);
     mt_data_close(t->data);
     free(t->tokens);
+    free(t->p_x);
     free(t->acc_counts);
     free(t->config_text);
 }
@@ -364,6 +772,7 @@ static int reduce_stats(struct trainer *t, double *loss, double *auxz, long long
 {
     if (!t->par) return MT_OK;
     MT_CHECK(sum_over(t->dp_comm, loss, 1, MT_DT_F64, err));
+    MT_CHECK(sum_over(t->pp_comm, loss, 1, MT_DT_F64, err)); /* the last stage's */
     double shares[3] = {auxz[0], auxz[1], (double)*dropped};
     MT_CHECK(sum_over(t->world_comm, shares, 3, MT_DT_F64, err));
     auxz[0] = shares[0];
@@ -388,7 +797,22 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
     long long dropped = 0;
-    for (int mb = 0; mb < nmb; mb++) {
+    if (t->pp_comm) {
+        struct pp_acc a = { 0 };
+        if (t->vpp > 1)
+            MT_CHECK(pp_interleaved(t, &a, nmb, all, err));
+        else
+            MT_CHECK(pp_1f1b(t, &a, nmb, all, err));
+        loss = a.loss;
+        auxz[0] = a.aux;
+        auxz[1] = a.z;
+        dropped = a.dropped;
+        if (!t->pp_logged) {
+            MT_CHECK(pp_log(t, err));
+            t->pp_logged = true;
+        }
+    }
+    for (int mb = 0; !t->pp_comm && mb < nmb; mb++) {
         MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
                             micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
         struct mt_model_stats s = { 0 };
@@ -443,11 +867,11 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         return mt_err_set(err, MT_EINVAL,
                           "world size %d needs the parallel context of a launched job",
                           layout->world_size);
-    if (layout->pp > 1)
+    if (layout->vpp > MT_MAX_VPP)
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&parallel pipeline_model_parallel_size = %d: pipeline parallelism is "
-                          "not implemented in this version of moetrain; use 1",
-                          layout->pp);
+                          "&parallel virtual_pipeline_model_parallel_size = %d: this trainer runs "
+                          "at most %d model chunks per pipeline stage",
+                          layout->vpp, MT_MAX_VPP);
     if (par && par->world->size == 1) par = NULL; /* one process: no collectives at all */
     struct trainer t;
     memset(&t, 0, sizeof t);
@@ -458,6 +882,12 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     t.world_comm = par ? par->world->comm : NULL;
     t.dp = par ? par->dp : 1;
     t.dp_rank = par ? par->dp_rank : 0;
+    if (par && par->pp > 1) {
+        t.pp_comm = par->comm[MT_GROUP_PP];
+        t.pp = par->pp;
+        t.vpp = layout->vpp;
+        t.pp_rank = par->pp_rank;
+    }
     t.rank0 = !par || par->world->rank == 0;
     t.log = t.rank0 ? log : NULL;
     int rc = setup(&t, err);

@@ -1,7 +1,11 @@
 /* moetrain: the training loop (src/train), for one process or one rank of a layout.
  *
  * train.c runs the loop: micro-batches accumulated to the global batch (split over
- * data-parallel ranks as Megatron's sampler splits it), AdamW, global-norm clipping,
+ * data-parallel ranks as Megatron's sampler splits it) or, with pipeline parallelism,
+ * run through the stages by Megatron's 1F1B schedule (interleaved 1F1B with a virtual
+ * pipeline: activations and gradients travel over the pipeline group, blocking calls
+ * ordered activation-first for 1F1B, batched mt_p2p_batch exchanges around the ring
+ * for the interleaved schedule), AdamW, global-norm clipping,
  * the LR schedule, evaluation, Megatron-style logs, a JSON-lines metrics file and
  * checkpoints. optim.c synchronises gradients and runs the (distributed) optimizer,
  * checkpoint.c and ckpt_dist.c write and read checkpoints in one format whatever the
@@ -84,6 +88,10 @@ void mt_ckpt_file_free(struct mt_ckpt_file *f);
  * Parameters fall in two classes: dense ones are data parallel over the DP group,
  * the routed experts' over the expert-DP group (MoE parallel folding). After the
  * micro-batches:
+ *   0. with pipeline parallelism each stage holds its own tensors only; a tied
+ *      embedding, held by the first and the last stage, has its gradient summed over
+ *      the embedding group (MT_GROUP_EMBD), and only the first stage's copy counts in
+ *      the norm and in checkpoints;
  *   1. the gradients of TP-replicated parameters (norms, router) are summed over the
  *      TP group (each TP rank computed the part of its tokens or heads);
  *   2. each class's gradients are packed in table order into contiguous buckets and
@@ -134,9 +142,10 @@ size_t mt_optim_memory(const struct mt_optim *o);
 
 /* ---- distributed checkpoints (ckpt_dist.c): the one-process format, whatever the
  * layout. A save gathers every tensor's shards (from the ranks that own them: data
- * parallel rank 0, TP rank 0 for TP-replicated tensors) and the moments to world rank 0,
+ * parallel rank 0, TP rank 0 for TP-replicated tensors, the pipeline stage holding the
+ * tensor, the first stage for a tied embedding) and the moments to world rank 0,
  * which writes them with mt_ckpt_save; a load reads on rank 0 and sends every rank its
- * shards. Both are collectives over all processes. */
+ * shards (of its stage's tensors). Both are collectives over all processes. */
 int mt_ckpt_save_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, const struct mt_train_state *s,
                       const char *config_text, int keep_last, struct mt_err *err);

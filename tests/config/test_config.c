@@ -285,6 +285,98 @@ static void test_bad_override(void **state)
     free(c);
 }
 
+/* Megatron's pipeline layout: chunk c of stage s, even and uneven stages, and the
+ * rules on decoder_first/last_pipeline_num_layers and the interleaved schedule. */
+static void expect_layers(const struct mt_config *c, int stage, int chunk, int first, int n)
+{
+    int f = -1, k = -1;
+    mt_config_pp_layers(c, stage, chunk, &f, &k);
+    if (f != first || k != n) {
+        print_error("stage %d chunk %d: layers %d+%d, expected %d+%d\n", stage, chunk, f, k,
+                    first, n);
+        fail();
+    }
+}
+
+static void test_pipeline_layout(void **state)
+{
+    (void)state;
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    /* even, interleaved: 8 layers, PP 2 x VPP 2 -> stage 0 holds 0-1 and 4-5 */
+    assert_int_equal(load_text(c, "&model num_layers = 8 /\n&parallel pipeline_model_parallel_size"
+                                  " = 2, virtual_pipeline_model_parallel_size = 2 /\n"
+                                  "&training global_batch_size = 4 /\n",
+                               0, NULL, 2, &err),
+                     0);
+    expect_layers(c, 0, 0, 0, 2);
+    expect_layers(c, 1, 0, 2, 2);
+    expect_layers(c, 0, 1, 4, 2);
+    expect_layers(c, 1, 1, 6, 2);
+    /* uneven: 10 layers on PP 4, first 1, last 3: 1 | 3 | 3 | 3 */
+    assert_int_equal(load_text(c, "&model num_layers = 10 /\n&parallel pipeline_model_parallel_size"
+                                  " = 4, decoder_first_pipeline_num_layers = 1,"
+                                  " decoder_last_pipeline_num_layers = 3 /\n",
+                               0, NULL, 4, &err),
+                     0);
+    expect_layers(c, 0, 0, 0, 1);
+    expect_layers(c, 1, 0, 1, 3);
+    expect_layers(c, 2, 0, 4, 3);
+    expect_layers(c, 3, 0, 7, 3);
+    /* uneven and interleaved: 10 layers, PP 4 x VPP 2, first 2, last 4 */
+    assert_int_equal(load_text(c, "&model num_layers = 10 /\n&parallel pipeline_model_parallel_size"
+                                  " = 4, virtual_pipeline_model_parallel_size = 2,"
+                                  " decoder_first_pipeline_num_layers = 2,"
+                                  " decoder_last_pipeline_num_layers = 4 /\n"
+                                  "&training global_batch_size = 4 /\n",
+                               0, NULL, 4, &err),
+                     0);
+    expect_layers(c, 0, 0, 0, 1);
+    expect_layers(c, 1, 0, 1, 1);
+    expect_layers(c, 2, 0, 2, 1);
+    expect_layers(c, 3, 0, 3, 2);
+    expect_layers(c, 0, 1, 5, 1);
+    expect_layers(c, 3, 1, 8, 2);
+    /* only the first stage set: the rest split over the other three */
+    assert_int_equal(load_text(c, "&model num_layers = 7 /\n&parallel pipeline_model_parallel_size"
+                                  " = 4, decoder_first_pipeline_num_layers = 1 /\n",
+                               0, NULL, 4, &err),
+                     0);
+    expect_layers(c, 0, 0, 0, 1);
+    expect_layers(c, 3, 0, 5, 2);
+    free(c);
+    expect_error("&parallel decoder_first_pipeline_num_layers = 1 /\n",
+                 "decoder_first_pipeline_num_layers = 1 needs pipeline_model_parallel_size > 1");
+    c = malloc(sizeof *c);
+    char *ov[] = { "parallel%pipeline_model_parallel_size=2" };
+    assert_int_not_equal(load_text(c, "&model num_layers = 5 /\n&parallel"
+                                      " decoder_first_pipeline_num_layers = 2,"
+                                      " decoder_last_pipeline_num_layers = 2 /\n",
+                                   1, ov, 2, &err),
+                         0);
+    assert_non_null(strstr(err.msg, "leave 1 of num_layers = 5 for the 0 other pipeline stage(s)"));
+    char *ov4[] = { "parallel%pipeline_model_parallel_size=4" };
+    assert_int_not_equal(load_text(c, "&model num_layers = 8 /\n&parallel"
+                                      " decoder_first_pipeline_num_layers = 1 /\n",
+                                   1, ov4, 4, &err),
+                         0);
+    assert_non_null(strstr(err.msg, "= 7 is not divisible by the 3 other pipeline stage(s)"));
+    char *ovv[] = { "parallel%pipeline_model_parallel_size=2",
+                    "parallel%virtual_pipeline_model_parallel_size=2" };
+    assert_int_not_equal(load_text(c, "&model num_layers = 8 /\n&parallel"
+                                      " decoder_first_pipeline_num_layers = 3 /\n",
+                                   2, ovv, 2, &err),
+                         0);
+    assert_non_null(strstr(err.msg, "decoder_first_pipeline_num_layers = 3 is not divisible by "
+                                    "virtual_pipeline_model_parallel_size = 2"));
+    assert_int_not_equal(load_text(c, "&model num_layers = 8 /\n&training global_batch_size = 6,"
+                                      " micro_batch_size = 2 /\n",
+                                   2, ovv, 2, &err),
+                         0);
+    assert_non_null(strstr(err.msg, "= 3, to be a multiple of pipeline_model_parallel_size = 2"));
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -293,7 +385,7 @@ int main(void)
         cmocka_unit_test(test_unknown_names),      cmocka_unit_test(test_type_and_range),
         cmocka_unit_test(test_cross_field),        cmocka_unit_test(test_world_layout),
         cmocka_unit_test(test_print_round_trip),   cmocka_unit_test(test_schema_table),
-        cmocka_unit_test(test_bad_override),
+        cmocka_unit_test(test_bad_override),       cmocka_unit_test(test_pipeline_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

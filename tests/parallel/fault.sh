@@ -34,7 +34,7 @@ for sig in STOP KILL; do
     # the survivor waits at most 3 s per collective; allow for startup of the abort
     [ "$took" -le 30 ] || { cat err; fail "$sig: the job took $took s to end"; }
     if [ "$sig" = STOP ]; then
-        grep -q "error: [a-z_]* on [a-z-]*\[[0-9a-z]*\] timed out: rank 0 .* waited [0-9.]* s" err ||
+        grep -Eq "error: [a-z_]+ on [a-z-]+(\[[0-9a-z]+\])? timed out: rank 0 .* waited [0-9.]+ s" err ||
             { cat err; fail "STOP: no message naming the collective and group"; }
         kill -9 "$victim" 2> /dev/null
     fi

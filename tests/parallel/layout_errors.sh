@@ -17,5 +17,10 @@ expect() {
 expect "not divisible by tensor_model_parallel_size (3)" 4 parallel%tensor_model_parallel_size=3 parallel%sequence_parallel=T
 expect "expert_model_parallel_size (8)" 4 parallel%expert_model_parallel_size=8
 expect "sequence_parallel" 2 parallel%tensor_model_parallel_size=2
-expect "pipeline" 3 parallel%pipeline_model_parallel_size=3
+expect "num_layers = 3 is not divisible by pipeline_model_parallel_size (2)" 2 parallel%pipeline_model_parallel_size=2
+expect "to be a multiple of pipeline_model_parallel_size = 2" 2 parallel%pipeline_model_parallel_size=2 \
+    parallel%virtual_pipeline_model_parallel_size=2 model%num_layers=4 moe%layer_freq=1,0,1,1 \
+    training%global_batch_size=6
+expect "leave 0 of num_layers = 3 for the 2 other pipeline stage(s)" 4 parallel%pipeline_model_parallel_size=4 \
+    parallel%decoder_first_pipeline_num_layers=2 parallel%decoder_last_pipeline_num_layers=1
 echo "bad layouts rejected"

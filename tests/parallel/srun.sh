@@ -2,7 +2,8 @@
 # Layout equivalence under Slurm (DESIGN.md section 5): on a local cluster this test
 # starts (tests/slurm/cluster.sh), a folded layout (TP 2 with SP, EP 2, ZeRO-1) run
 # submitted with `sbatch --wait` as a batch job whose step runs `srun --mpi=pmix` over
-# two emulated nodes matches one process, as under mpirun (tolerances:
+# two emulated nodes matches one process, as under mpirun, and so does a pipeline-
+# parallel one (PP 2 x EP 2) whose stages talk across the nodes (tolerances:
 # tests/parallel/common.sh). Skips (77) when Slurm cannot be started here.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 [ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
@@ -45,5 +46,9 @@ run tp2_ep2_zero1_srun 4 $TP2 $EP2 $ETP1 $ZERO
 grep -q "launcher pmix (slurm), 4 processes on 2 nodes" tp2_ep2_zero1_srun.log ||
     { cat tp2_ep2_zero1_srun.log; fail "not started by Slurm over 2 nodes"; }
 same_as one tp2_ep2_zero1_srun
+# pipeline stages on different nodes (1F1B, uneven stages) with EP inside each stage
+run pp2_ep2_srun 4 parallel%pipeline_model_parallel_size=2 \
+    parallel%decoder_first_pipeline_num_layers=1 $EP2
+same_as one pp2_ep2_srun
 sh "$cluster" stop "$dir" || fail "cluster.sh stop"
 echo "srun --mpi=pmix matches one process"
