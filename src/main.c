@@ -147,7 +147,11 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
                 int first = 0, n = 0;
                 mt_config_pp_layers(c, s, ch, &first, &n);
                 if (l->vpp > 1) printf(" chunk %d", ch);
-                printf(" layers %d-%d%s", first, first + n - 1, ch + 1 < l->vpp ? ";" : "");
+                if (n > 0)
+                    printf(" layers %d-%d", first, first + n - 1);
+                else
+                    printf(" no layers");
+                if (ch + 1 < l->vpp) putchar(';');
             }
             printf("%s%s\n", s == 0 ? " (embedding)" : "",
                    s == l->pp - 1 ? " (final norm, LM head, loss)" : "");

@@ -41,6 +41,7 @@ run one4_m2 1 $L4 training%global_batch_size=4
 run tied 1 $L4 $TIED
 run one8_m4 1 $L8 training%global_batch_size=8
 run one6_m6 1 $L6 training%global_batch_size=12
+run one10_m4 1 $L10 training%global_batch_size=8
 while read -r ref name np layout; do
     [ -n "$name" ] || continue
     # shellcheck disable=SC2086 # layout is a list of overrides
@@ -65,6 +66,7 @@ hyb pp2_vpp2_ep2_dense_chunk 4 $HYB $PP2 $VPP2 $EP2
 one8_m4 pp4_vpp2_m4 4 $L8 $PP4 $VPP2 training%global_batch_size=8
 one6_m6 pp3_vpp2 3 $L6 parallel%pipeline_model_parallel_size=3 $VPP2 training%global_batch_size=12
 tied pp2_tied 2 $L4 $TIED $PP2
+one10_m4 pp4_vpp3_first2_last2 4 $L10 $PP4 parallel%virtual_pipeline_model_parallel_size=3 parallel%decoder_first_pipeline_num_layers=2 parallel%decoder_last_pipeline_num_layers=2 training%global_batch_size=8
 tied pp4_tied_tp2_zero1 8 $L4 $TIED $PP4 $TP2 $ETP1 $ZERO
 tied pp2_vpp2_tied_dp2 4 $L4 $TIED $PP2 $VPP2
 LAYOUTS
