@@ -363,12 +363,22 @@ static void test_pipeline_layout(void **state)
     assert_non_null(strstr(err.msg, "= 7 is not divisible by the 3 other pipeline stage(s)"));
     char *ovv[] = { "parallel%pipeline_model_parallel_size=2",
                     "parallel%virtual_pipeline_model_parallel_size=2" };
+    /* a first stage whose count does not divide by VPP: the short chunk comes first */
+    assert_int_equal(load_text(c, "&model num_layers = 9 /\n&parallel"
+                                  " decoder_first_pipeline_num_layers = 3 /\n"
+                                  "&training global_batch_size = 2 /\n",
+                               2, ovv, 2, &err),
+                     0);
+    expect_layers(c, 0, 0, 0, 1);
+    expect_layers(c, 1, 0, 1, 3);
+    expect_layers(c, 0, 1, 4, 2);
+    expect_layers(c, 1, 1, 6, 3);
     assert_int_not_equal(load_text(c, "&model num_layers = 8 /\n&parallel"
                                       " decoder_first_pipeline_num_layers = 3 /\n",
                                    2, ovv, 2, &err),
                          0);
-    assert_non_null(strstr(err.msg, "decoder_first_pipeline_num_layers = 3 is not divisible by "
-                                    "virtual_pipeline_model_parallel_size = 2"));
+    assert_non_null(strstr(err.msg, "= 5 is not divisible by the 1 other pipeline stage(s) x "
+                                    "virtual_pipeline_model_parallel_size (2)"));
     assert_int_not_equal(load_text(c, "&model num_layers = 8 /\n&training global_batch_size = 6,"
                                       " micro_batch_size = 2 /\n",
                                    2, ovv, 2, &err),
