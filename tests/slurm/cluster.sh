@@ -13,7 +13,8 @@
 #
 # Environment: MT_SLURM_NODES (2..4, default 4) nodes n1..nN; nodes are split
 # over two switches in topology.conf (TopologyPlugin=topology/tree), so tasks
-# see a meaningful SLURM_TOPOLOGY_ADDR (e.g. "top.s0.n1").
+# see a meaningful SLURM_TOPOLOGY_ADDR (e.g. "top.s0.n1"). mpi.conf sets
+# PMIxCollFence=ring so that every PMIx fence is a barrier (see cmd_start).
 #
 # munge: a munged already answering on the system socket is used; otherwise
 # one is started for this cluster with its own socket in DIR (key: the system
@@ -164,6 +165,16 @@ cmd_start() {
         echo "SwitchName=s1 Nodes=n[$((half + 1))-$nodes]"
         echo "SwitchName=top Switches=s[0-1]"
     } > "$d/topology.conf"
+    # mpi/pmix: every fence goes round the ring. By default (PMIxCollFence
+    # unset = mixed) a fence without data takes the tree algorithm, and here
+    # (Slurm 22.05, several slurmd on one host) that fence does not wait for
+    # the other nodes: the tasks of one node leave it before those of the
+    # other arrive. OpenMPI's MPI_Init ends with such a fence as its barrier;
+    # a task that leaves MPI_Init early sends to a peer still waiting for the
+    # modex inside MPI_Init, whose TCP BTL then calls a receive callback the
+    # PML has not registered yet: SIGSEGV at address 0 in MPI_Init, now and
+    # then, more often on a loaded machine.
+    echo "PMIxCollFence=ring" > "$d/mpi.conf"
 
     # daemons
     SLURM_CONF=$d/slurm.conf; export SLURM_CONF

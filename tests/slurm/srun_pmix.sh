@@ -23,6 +23,10 @@ cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
 daemons=$(cat "$dir"/*.pid "$dir"/munge/munged.pid 2>/dev/null)
 eval "$(sh "$cluster" env "$dir")"
 srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
+# Every PMIx fence must be a barrier across nodes: OpenMPI's MPI_Init ends
+# with a fence without data (cluster.sh: PMIxCollFence=ring, and why).
+scontrol show config 2>/dev/null | grep -q '^PMIxCollFence *= *ring' ||
+    { scontrol show config | grep -i pmix; fail "cluster.sh: PMIxCollFence is not ring"; }
 # OpenMPI across emulated nodes of one host: TCP over loopback, no shared memory.
 OMPI_MCA_btl=self,tcp; OMPI_MCA_btl_tcp_if_include=lo; export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
 
