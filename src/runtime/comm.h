@@ -67,7 +67,7 @@ struct mt_comm {
     void *impl;           /* backend state */
 };
 
-/* Convenience wrappers: c->ops->xxx(c, ...). */
+/* Convenience wrappers: mt_all_reduce(c, ...) calls c->ops->all_reduce(c, ...), and so on. */
 int mt_all_reduce(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, enum mt_redop op,
                   struct mt_err *err);
 int mt_reduce_scatter(struct mt_comm *c, const void *send, void *recv, size_t count,
