@@ -67,6 +67,8 @@ enum mt_op {
     MT_OP_CROSS_ENTROPY_BWD,
     MT_OP_ADAMW,
     MT_OP_BF16_ROUND,
+    MT_OP_SCALE,
+    MT_OP_SUMSQ,
     MT_OP_COUNT
 };
 
@@ -176,14 +178,15 @@ struct mt_kernel_ops {
     void (*rope_bwd)(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                      float theta);
     // Causal GQA attention, softmax(q k^T / sqrt(D)) v in fp32, head h uses KV group
-    // h / (Hq/Hkv). out (B,T,Hq,D); att (B,Hq,T,T) saves the probabilities (zero above
-    // the diagonal); q (B,T,Hq,D); k, v (B,T,Hkv,D)
-    void (*attention_fwd)(void *ctx, float *out, float *att, const float *q, const float *k,
+    // h / (Hq/Hkv); no T x T tensor is stored. out (B,T,Hq,D); lse (B,Hq,T) = per query
+    // row, the logsumexp of the scaled causal scores; q (B,T,Hq,D); k, v (B,T,Hkv,D)
+    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *q, const float *k,
                           const float *v, int B, int T, int Hq, int Hkv, int D);
-    // dq (B,T,Hq,D) =, dk, dv (B,T,Hkv,D) =; dout (B,T,Hq,D); att from the forward
+    // dq (B,T,Hq,D) =, dk, dv (B,T,Hkv,D) =; dout (B,T,Hq,D); out and lse exactly as the
+    // forward wrote them (the probabilities are recomputed from q, k and lse)
     void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *att,
-                          int B, int T, int Hq, int Hkv, int D);
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, int B, int T, int Hq, int Hkv, int D);
     // out (N,F) = silu(gate) * up; gate, up (N,F)
     void (*swiglu_fwd)(void *ctx, float *out, const float *gate, const float *up, int N, int F);
     // dgate, dup (N,F) =; dout, gate, up (N,F)
@@ -264,6 +267,12 @@ struct mt_kernel_ops {
     // out (n) = x rounded to bfloat16 (round to nearest, ties to even; NaN stays NaN,
     // sign kept; +-Inf kept), stored widened to fp32; out may alias x
     void (*bf16_round)(void *ctx, float *out, const float *x, size_t n);
+    // x (n) *= s (gradient averaging over data-parallel replicas)
+    void (*scale)(void *ctx, float *x, float s, size_t n);
+    // acc (1) += sum_i x[i]^2, accumulated in fp64 in a fixed order; acc is backend
+    // memory (one double), so that a global norm over many tensors needs one copy to
+    // the host, not one per tensor
+    void (*sumsq)(void *ctx, double *acc, const float *x, size_t n);
 };
 
 struct mt_kernels {
@@ -279,6 +288,19 @@ _Static_assert(sizeof(struct mt_kernel_ops) == MT_OP_COUNT * sizeof(void (*)(voi
 /* The C reference backend (kernels/cpu). Never NULL. It runs OpenBLAS single-threaded
  * (process-wide) and parallelises with OpenMP itself (OMP_NUM_THREADS). */
 const struct mt_kernels *mt_kernels_cpu(void);
+
+/* The guard backend (kernels/cpu/cpu_guard.c, `moetrain --backend=guard`): the CPU
+ * kernels on emulated device memory. Backend memory is mapped PROT_NONE except while
+ * an op (or a collective, through mt_guard_open/close) runs, every op checks that its
+ * tensor arguments are backend memory and its host-value arguments are not, so host
+ * code that would read or write GPU memory directly faults on any machine, naming the
+ * allocation. Results are the CPU backend's, bit for bit. One thread at a time. */
+const struct mt_kernels *mt_kernels_guard(void);
+/* Whether [p, p+bytes) lies inside one live allocation of the guard backend. */
+bool mt_guard_owns(const void *p, size_t bytes);
+/* Makes every guard allocation accessible (nested calls count) / inaccessible again. */
+void mt_guard_open(void);
+void mt_guard_close(void);
 
 /* Number of non-NULL slots in k (a complete backend has MT_OP_COUNT); when one is
  * missing and missing is not NULL, *missing is the first such op. */

@@ -26,6 +26,7 @@
 #include "runtime/parallel.h"
 #include "train/train.h"
 #include "util/error.h"
+#include "kernels/kernels.h"
 #ifdef HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -48,6 +49,10 @@ static void usage(FILE *out)
           "  --print-config     print the fully resolved configuration as a namelist\n"
           "  --help-config      list every namelist group and key: type, default, meaning\n"
           "  --world-size N     with --check/--print-config: validate for N processes\n"
+          "  --backend NAME     compute backend: cuda (default when this build has CUDA, a\n"
+          "                     GPU is visible and precision%params_dtype is 'bf16'), cpu\n"
+          "                     (the reference), or guard (the CPU kernels on emulated device\n"
+          "                     memory that host code cannot touch: a check without a GPU)\n"
           "  -V, --version      print the version and the backends this build has\n"
           "  -h, --help         this text\n"
           "\n"
@@ -180,6 +185,7 @@ struct cli {
     enum { TRAIN, CHECK, PRINT } action;
     int world;         /* --world-size (default 1) */
     bool world_given;
+    const char *backend; /* --backend, NULL: the default */
     char **files, **overrides;
     int nfiles, noverrides;
 };
@@ -202,6 +208,98 @@ static void print_startup(const struct mt_world *w, const struct mt_config *c,
            w->num_nodes == 1 ? "" : "s", l->tp, l->cp, l->pp, l->dp, l->etp, l->ep, l->edp,
            c->parallel.order);
     fflush(stdout);
+}
+
+#ifdef HAVE_CUDA
+static bool dm_is_cuda(void *arg, const void *p)
+{
+    (void)arg;
+    return mt_cuda_is_device_memory(p);
+}
+#endif
+static bool dm_is_guard(void *arg, const void *p)
+{
+    (void)arg;
+    return mt_guard_owns(p, 1);
+}
+static void dm_guard_open(void *arg)
+{
+    (void)arg;
+    mt_guard_open();
+}
+static void dm_guard_close(void *arg)
+{
+    (void)arg;
+    mt_guard_close();
+}
+
+/* The compute backend (--backend, else the default) on this process's GPU, and the
+ * device transports of the communicators. why says how it was chosen. */
+static int select_backend(const struct cli *cli, const struct mt_config *cfg,
+                          const struct mt_topo_setup *topo, struct mt_parallel *par,
+                          const struct mt_kernels **out, char *why, size_t why_len,
+                          struct mt_err *err)
+{
+    const bool bf16 = !strcmp(cfg->precision.params_dtype, "bf16");
+    const char *name = cli->backend;
+    snprintf(why, why_len, "--backend %s", name ? name : "");
+    if (!name) {
+#ifdef HAVE_CUDA
+        char desc[256];
+        bool gpu = mt_cuda_describe(desc, sizeof desc) > 0;
+        name = gpu && bf16 ? "cuda" : "cpu";
+        snprintf(why, why_len, "default: %s",
+                 !gpu ? "no GPU visible" : bf16 ? "a GPU is visible and params_dtype is 'bf16'"
+                                                : "params_dtype is 'fp32'; the CUDA backend "
+                                                  "runs bf16 (--backend cuda needs "
+                                                  "precision%params_dtype='bf16')");
+#else
+        name = "cpu";
+        snprintf(why, why_len, "default: this build has no CUDA");
+#endif
+    }
+    if (!strcmp(name, "cpu")) {
+        *out = mt_kernels_cpu();
+        return MT_OK;
+    }
+    if (!strcmp(name, "guard")) {
+        *out = mt_kernels_guard();
+        static const struct mt_device_memory dm = { NULL, dm_is_guard, dm_guard_open,
+                                                    dm_guard_close };
+        return par ? mt_parallel_use_device(par, &dm, false, NULL, err) : MT_OK;
+    }
+    if (!bf16)
+        return mt_err_set(err, MT_EINVAL,
+                          "--backend cuda: the CUDA backend multiplies in bf16 on tensor cores; "
+                          "set precision%%params_dtype = 'bf16' (or run --backend cpu for fp32)");
+#ifdef HAVE_CUDA
+    int dev = topo && topo->gpu.cuda_device >= 0 ? topo->gpu.cuda_device : 0;
+    char msg[256];
+    if (mt_cuda_select_device(dev, msg, sizeof msg) != 0)
+        return mt_err_set(err, MT_EUNSUPPORTED, "--backend cuda: %s", msg);
+    const struct mt_kernels *k = mt_kernels_cuda(err);
+    if (!k) return err->code;
+    *out = k;
+    if (par) {
+#ifdef HAVE_NCCL
+        static const struct mt_device_memory dm = { NULL, dm_is_cuda, NULL, NULL };
+        return mt_parallel_use_device(par, &dm, true, mt_cuda_stream(k), err);
+#else
+        if (par->world->size > 1)
+            return mt_err_set(err, MT_EUNSUPPORTED,
+                              "--backend cuda with %d processes: this moetrain was built without "
+                              "NCCL (see ./configure --with-nccl)",
+                              par->world->size);
+#endif
+    }
+    return MT_OK;
+#else
+    (void)topo;
+    (void)par;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "--backend cuda: this moetrain was built without CUDA (configure found no "
+                      "nvcc/cudart/cuBLASLt; see ./configure --with-cuda)");
+#endif
 }
 
 /* A training run: the world, the config on every process, the groups, the
@@ -248,8 +346,14 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     }
     agree_or_abort(w, rc, &err);
 
+    const struct mt_kernels *k = NULL;
+    char why[256];
+    rc = select_backend(cli, cfg, topo, par, &k, why, sizeof why, &err);
+    agree_or_abort(w, rc, &err);
+    if (w->rank == 0) printf("moetrain: backend %s (%s)\n", k->name, why);
+
     /* Only rank 0 writes the training log. */
-    rc = mt_train_run(cfg, &layout, par, w->rank == 0 ? stdout : NULL, &err);
+    rc = mt_train_run(cfg, &layout, par, k, w->rank == 0 ? stdout : NULL, &err);
     agree_or_abort(w, rc, &err);
     mt_parallel_destroy(par);
     mt_topo_setup_free(topo);
@@ -291,6 +395,14 @@ static int parse_args(int argc, char **argv, struct cli *cli)
             }
             cli->world = (int)n;
             cli->world_given = true;
+        } else if (!strcmp(a, "--backend") || !strncmp(a, "--backend=", 10)) {
+            const char *v = a[9] == '=' ? a + 10 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "guard"))) {
+                fprintf(stderr, "moetrain: error: --backend takes cpu, cuda or guard%s%s%s\n",
+                        v ? " (not '" : "", v ? v : "", v ? "')" : "");
+                return 1;
+            }
+            cli->backend = v;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "moetrain: error: unknown option '%s' (see moetrain --help)\n", a);
             return 1;

@@ -10,7 +10,7 @@ const char *const mt_op_names[] = {
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
     "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
     "dispatch_plan", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
-    "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round",
+    "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round", "scale", "sumsq",
 };
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
                "mt_op_names must name every enum mt_op");
@@ -80,6 +80,8 @@ static const struct mt_kernels cpu_kernels = {
         .cross_entropy_bwd = mt_cpu_cross_entropy_bwd,
         .adamw = mt_cpu_adamw,
         .bf16_round = mt_cpu_bf16_round,
+        .scale = mt_cpu_scale,
+        .sumsq = mt_cpu_sumsq,
     },
 };
 
@@ -128,6 +130,8 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_CROSS_ENTROPY_BWD: return o->cross_entropy_bwd != NULL;
     case MT_OP_ADAMW: return o->adamw != NULL;
     case MT_OP_BF16_ROUND: return o->bf16_round != NULL;
+    case MT_OP_SCALE: return o->scale != NULL;
+    case MT_OP_SUMSQ: return o->sumsq != NULL;
     case MT_OP_COUNT: break;
     }
     return false;

@@ -122,26 +122,32 @@ void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int 
     rope_apply(dx, dout, B, T, H, D, theta, -1.0f);
 }
 
-void mt_cpu_attention_fwd(void *ctx, float *out, float *att, const float *q, const float *k,
+/* Scaled score of query row qt against key row ks. */
+static float attention_score(const float *qt, const float *ks, int D, float scale)
+{
+    float dot = 0.0f;
+    for (int d = 0; d < D; d++) dot += qt[d] * ks[d];
+    return dot * scale;
+}
+
+void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                           const float *v, int B, int T, int Hq, int Hkv, int D)
 {
     (void)ctx;
     const float scale = 1.0f / sqrtf((float)D);
     const int rep = Hq / Hkv;
+    /* One task per (batch, head), one row of T probabilities at a time. */
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < Hq; h++) {
             int g = h / rep;
-            float *A = att + ((size_t)b * Hq + h) * T * T;
+            float *row = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
+            if (!row) abort();
             for (int t = 0; t < T; t++) {
                 const float *qt = q + (((size_t)b * T + t) * Hq + h) * D;
-                float *row = A + (size_t)t * T;
                 float mx = -INFINITY;
                 for (int s = 0; s <= t; s++) {
-                    const float *ks = k + (((size_t)b * T + s) * Hkv + g) * D;
-                    float dot = 0.0f;
-                    for (int d = 0; d < D; d++) dot += qt[d] * ks[d];
-                    row[s] = dot * scale;
+                    row[s] = attention_score(qt, k + (((size_t)b * T + s) * Hkv + g) * D, D, scale);
                     if (row[s] > mx) mx = row[s];
                 }
                 float sum = 0.0f;
@@ -150,60 +156,56 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *att, const float *q, con
                     sum += row[s];
                 }
                 float inv = 1.0f / sum;
-                for (int s = 0; s <= t; s++) row[s] *= inv;
-                for (int s = t + 1; s < T; s++) row[s] = 0.0f;
                 float *ot = out + (((size_t)b * T + t) * Hq + h) * D;
                 for (int d = 0; d < D; d++) ot[d] = 0.0f;
                 for (int s = 0; s <= t; s++) {
                     const float *vs = v + (((size_t)b * T + s) * Hkv + g) * D;
-                    for (int d = 0; d < D; d++) ot[d] += row[s] * vs[d];
+                    float p = row[s] * inv;
+                    for (int d = 0; d < D; d++) ot[d] += p * vs[d];
                 }
+                lse[((size_t)b * Hq + h) * T + t] = mx + logf(sum);
             }
+            free(row);
         }
 }
 
 void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *att,
-                          int B, int T, int Hq, int Hkv, int D)
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, int B, int T, int Hq, int Hkv, int D)
 {
     (void)ctx;
     const float scale = 1.0f / sqrtf((float)D);
     const int rep = Hq / Hkv;
-    /* One task per (batch, KV group): it owns dk, dv of its group and dq of its
-     * heads, and visits the heads of the group in order. */
+    /* P = exp(s - lse) is recomputed one score at a time; with delta = rowsum(dout * out)
+     * (= sum_s P dP), dS = P (dP - delta). One task per (batch, KV group): it owns dk,
+     * dv of its group and dq of its heads, and visits the heads of the group in order. */
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++) {
-            float *dpre = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
-            if (!dpre) abort();
             for (int t = 0; t < T; t++) {
                 memset(dk + (((size_t)b * T + t) * Hkv + g) * D, 0, sizeof(float) * (size_t)D);
                 memset(dv + (((size_t)b * T + t) * Hkv + g) * D, 0, sizeof(float) * (size_t)D);
             }
             for (int h = g * rep; h < (g + 1) * rep; h++) {
-                const float *A = att + ((size_t)b * Hq + h) * T * T;
                 for (int t = 0; t < T; t++) {
-                    const float *row = A + (size_t)t * T;
-                    const float *dot_ = dout + (((size_t)b * T + t) * Hq + h) * D;
-                    const float *qt = q + (((size_t)b * T + t) * Hq + h) * D;
-                    float *dqt = dq + (((size_t)b * T + t) * Hq + h) * D;
-                    float wsum = 0.0f;
-                    for (int s = 0; s <= t; s++) {
-                        const float *vs = v + (((size_t)b * T + s) * Hkv + g) * D;
-                        float *dvs = dv + (((size_t)b * T + s) * Hkv + g) * D;
-                        float da = 0.0f;
-                        for (int d = 0; d < D; d++) {
-                            da += dot_[d] * vs[d];
-                            dvs[d] += row[s] * dot_[d];
-                        }
-                        dpre[s] = da;
-                        wsum += row[s] * da;
-                    }
+                    const size_t qrow = (((size_t)b * T + t) * Hq + h) * D;
+                    const float *dot_ = dout + qrow, *qt = q + qrow, *ot = out + qrow;
+                    const float lse_t = lse[((size_t)b * Hq + h) * T + t];
+                    float *dqt = dq + qrow;
+                    float delta = 0.0f;
+                    for (int d = 0; d < D; d++) delta += dot_[d] * ot[d];
                     for (int d = 0; d < D; d++) dqt[d] = 0.0f;
                     for (int s = 0; s <= t; s++) {
-                        float ds = row[s] * (dpre[s] - wsum) * scale;
-                        const float *ks = k + (((size_t)b * T + s) * Hkv + g) * D;
-                        float *dks = dk + (((size_t)b * T + s) * Hkv + g) * D;
+                        const size_t kvrow = (((size_t)b * T + s) * Hkv + g) * D;
+                        const float *ks = k + kvrow, *vs = v + kvrow;
+                        float *dks = dk + kvrow, *dvs = dv + kvrow;
+                        float p = expf(attention_score(qt, ks, D, scale) - lse_t);
+                        float dp = 0.0f;
+                        for (int d = 0; d < D; d++) {
+                            dp += dot_[d] * vs[d];
+                            dvs[d] += p * dot_[d];
+                        }
+                        float ds = p * (dp - delta) * scale;
                         for (int d = 0; d < D; d++) {
                             dqt[d] += ds * ks[d];
                             dks[d] += ds * qt[d];
@@ -211,7 +213,6 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
                     }
                 }
             }
-            free(dpre);
         }
 }
 

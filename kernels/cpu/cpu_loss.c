@@ -58,3 +58,20 @@ void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n)
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = mt_cpu_bf16(x[i]);
 }
+
+void mt_cpu_scale(void *ctx, float *x, float s, size_t n)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* One running fp64 sum in index order: the same bits for any thread count, and
+ * calls over consecutive pieces equal one call over the whole. */
+void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n)
+{
+    (void)ctx;
+    double a = *acc;
+    for (size_t i = 0; i < n; i++) a += (double)x[i] * x[i];
+    *acc = a;
+}

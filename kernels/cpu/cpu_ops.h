@@ -46,11 +46,11 @@ void mt_cpu_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H,
                      float theta);
 void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                      float theta);
-void mt_cpu_attention_fwd(void *ctx, float *out, float *att, const float *q, const float *k,
+void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                           const float *v, int B, int T, int Hq, int Hkv, int D);
 void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *att,
-                          int B, int T, int Hq, int Hkv, int D);
+                          const float *q, const float *k, const float *v, const float *out,
+                          const float *lse, int B, int T, int Hq, int Hkv, int D);
 void mt_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F);
 void mt_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
                        const float *gate, const float *up, int N, int F);
@@ -92,5 +92,7 @@ void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t);
 void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n);
+void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
+void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);
 
 #endif

@@ -19,13 +19,6 @@
 // FlashAttention-2 computes dQ in the dK/dV loop with atomic adds; splitting it out
 // costs two extra tile products (S and dP are recomputed) and buys run-to-run equality.
 //
-// The att buffer of the op table (kernels.h) is (B,Hq,T,T) for the CPU's probabilities;
-// this backend never writes T x T. It keeps there the per-row logsumexp (B,Hq,T) and,
-// when the buffer has room for it (T >= D+1, every real configuration), an fp32 copy of
-// the output (B,T,Hq,D) for delta; otherwise the backward recomputes the output with
-// the forward kernel into scratch. Both go away when the table passes the output and a
-// (B,Hq,T) lse to attention_bwd.
-//
 // Precision: Q, K, V, dO, P and dS enter the tensor cores as bf16 (RNE), sums are fp32.
 // In the model Q, K, V are bf16 already; P, dO and dS are rounded, relative error at
 // most 2^-8 per element, independent from element to element: normalised MSE ~1e-6 on
@@ -154,7 +147,7 @@ __device__ __forceinline__ void att_store_rows(float *Y, size_t row_stride, cons
 
 struct att_args {
     const float *q, *k, *v, *dout, *o, *lse, *delta;
-    float *out, *out2, *lse_out, *dq, *dk, *dv, *delta_out;
+    float *out, *lse_out, *dq, *dk, *dv, *delta_out;
     int T, Hq, Hkv, D;
     float scale, scale_log2; // 1/sqrt(D), log2(e)/sqrt(D)
     bool vec;                // D % 4 == 0 and 16-byte aligned rows: float4 loads
@@ -245,7 +238,6 @@ __global__ void __launch_bounds__(ATT_THREADS) att_fwd_kernel(att_args a)
     const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
     float *ob = a.out + (size_t)b * T * qs + (size_t)h * a.D;
     att_store_rows<DMAX>(ob, qs, o, row_a, T, a.D, inv0, inv1);
-    if (a.out2) att_store_rows<DMAX>(a.out2 + (size_t)b * T * qs + (size_t)h * a.D, qs, o, row_a, T, a.D, inv0, inv1);
     if (qd == 0) {
         float *lse = a.lse_out + ((size_t)b * a.Hq + h) * T;
         if (row_a < T) lse[row_a] = m0 * a.scale + logf(l0);
@@ -461,54 +453,31 @@ static att_args make_args(const float *q, const float *k, const float *v, int T,
     return a;
 }
 
-static void fwd(mt_cuda_ctx *c, const att_args &a, int B)
-{
-    switch (dmax_of(a.D)) {
-    case 32: launch_fwd<32>(c, a, B); break;
-    case 64: launch_fwd<64>(c, a, B); break;
-    default: launch_fwd<128>(c, a, B); break;
-    }
-}
-
-// Where the output copy sits in att, or NULL when att is too small to hold it.
-static float *saved_out(const float *att, int B, int T, int Hq, int D)
-{
-    return T >= D + 1 ? const_cast<float *>(att) + (size_t)B * Hq * T : NULL;
-}
-
-extern "C" void mt_cuda_attention_fwd(void *ctx, float *out, float *att, const float *q, const float *k,
+extern "C" void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                                       const float *v, int B, int T, int Hq, int Hkv, int D)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
     att_args a = make_args(q, k, v, T, Hq, Hkv, D);
     a.out = out;
-    a.out2 = saved_out(att, B, T, Hq, D);
-    a.lse_out = att;
-    fwd(c, a, B);
+    a.lse_out = lse;
+    switch (dmax_of(D)) {
+    case 32: launch_fwd<32>(c, a, B); break;
+    case 64: launch_fwd<64>(c, a, B); break;
+    default: launch_fwd<128>(c, a, B); break;
+    }
 }
 
 extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                                      const float *q, const float *k, const float *v, const float *att,
-                                      int B, int T, int Hq, int Hkv, int D)
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int B, int T, int Hq, int Hkv, int D)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
     att_args a = make_args(q, k, v, T, Hq, Hkv, D);
     const size_t rows = (size_t)B * T * Hq;
-    float *scratch = NULL;
-    a.lse = att;
-    a.o = saved_out(att, B, T, Hq, D);
-    if (!a.o) { // att holds the lse only: recompute the output (and the same lse) into scratch
-        scratch = (float *)mt_cuda_scratch(c, sizeof(float) * rows * (D + 1));
-        att_args f = a;
-        f.out = scratch;
-        f.out2 = NULL;
-        f.lse_out = scratch + rows * D;
-        fwd(c, f, B);
-        a.o = scratch;
-        a.lse = f.lse_out;
-    }
+    a.lse = lse;
+    a.o = out;
     float *delta = (float *)mt_cuda_scratch(c, sizeof(float) * rows);
     a.dout = dout;
     a.delta_out = delta;
@@ -525,5 +494,4 @@ extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv
     default: launch_bwd<128>(c, a, B); break;
     }
     mt_cuda_scratch_free(c, delta);
-    if (scratch) mt_cuda_scratch_free(c, scratch);
 }

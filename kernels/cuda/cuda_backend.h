@@ -9,13 +9,14 @@
  * Differences a caller can see from the CPU reference, all within its contract:
  * - GEMMs (dense and grouped) and attention multiply in bf16 on tensor cores with fp32
  *   sums (MT_CUDA_GEMM_COMPUTE=tf32 or fp32, read once, changes the dense GEMMs).
- * - attention_fwd writes no probabilities: att keeps the per-row logsumexp (B,Hq,T)
- *   and, when it has room (T > D), a copy of the output; attention_bwd reads them.
+ * - attention_bwd recomputes the probabilities per 64 x 64 tile from q, k and the lse,
+ *   and rounds them (and dS) to bf16 for the tensor cores; the CPU keeps them fp32.
  * - A failing CUDA call inside an op (the table has no error channel) prints the call,
  *   the place and a hint, and aborts; only alloc reports failure, by returning NULL. */
 #ifndef MT_KERNELS_CUDA_BACKEND_H
 #define MT_KERNELS_CUDA_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -33,6 +34,17 @@ const struct mt_kernels *mt_kernels_cuda(struct mt_err *err);
 
 /* The backend's function table alone: needs no device (completeness checks). */
 const struct mt_kernel_ops *mt_kernels_cuda_ops(void);
+
+/* cudaSetDevice(device) before the backend is built; -1 with a message when that
+ * device does not exist or cannot be used. */
+int mt_cuda_select_device(int device, char *msg, size_t msg_len);
+
+/* Whether p is device memory (cudaPointerGetAttributes: device or managed). */
+bool mt_cuda_is_device_memory(const void *p);
+
+/* The backend's compute stream (a cudaStream_t), for communication that must follow
+ * its kernels (mt_comm_nccl_set_stream). */
+void *mt_cuda_stream(const struct mt_kernels *k);
 
 /* Device memory held by the backend's caching allocator, in bytes. */
 struct mt_cuda_mem_stats {

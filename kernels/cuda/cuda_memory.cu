@@ -136,6 +136,26 @@ extern "C" void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes
     if (is_host_memory(dst) || is_host_memory(src)) MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
+extern "C" int mt_cuda_select_device(int device, char *msg, size_t msg_len)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && (device < 0 || device >= n)) {
+        snprintf(msg, msg_len, "CUDA device %d does not exist (%d visible)", device, n);
+        return -1;
+    }
+    if (e == cudaSuccess) e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        snprintf(msg, msg_len, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" bool mt_cuda_is_device_memory(const void *p) { return p && !is_host_memory(p); }
+
+extern "C" void *mt_cuda_stream(const struct mt_kernels *k) { return mt_cuda(k->ctx)->stream; }
+
 extern "C" void mt_cuda_sync(void *ctx) { MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda(ctx)->stream)); }
 
 // GEMM compute type, read once from MT_CUDA_GEMM_COMPUTE (bf16, the default; tf32;

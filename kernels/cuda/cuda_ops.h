@@ -54,11 +54,11 @@ void mt_cuda_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
 void mt_cuda_add(void *ctx, float *out, const float *a, const float *b, size_t n);
 
 /* cuda_attention.cu */
-void mt_cuda_attention_fwd(void *ctx, float *out, float *att, const float *q, const float *k,
+void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                            const float *v, int B, int T, int Hq, int Hkv, int D);
 void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                           const float *q, const float *k, const float *v, const float *att,
-                           int B, int T, int Hq, int Hkv, int D);
+                           const float *q, const float *k, const float *v, const float *out,
+                           const float *lse, int B, int T, int Hq, int Hkv, int D);
 
 /* cuda_moe.cu */
 void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
@@ -99,6 +99,8 @@ void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *
                    float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, long long t);
 void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t n);
+void mt_cuda_scale(void *ctx, float *x, float s, size_t n);
+void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n);
 
 #ifdef __cplusplus
 }

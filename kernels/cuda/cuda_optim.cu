@@ -67,3 +67,69 @@ extern "C" void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t
     bf16_round_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(out, x, n);
     MT_CUDA_LAUNCHED();
 }
+
+__global__ static void scale_kernel(float *x, float s, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(x[i], s);
+}
+
+extern "C" void mt_cuda_scale(void *ctx, float *x, float s, size_t n)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0 || s == 1.0f) return;
+    scale_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(x, s, n);
+    MT_CUDA_LAUNCHED();
+}
+
+// Sum of squares in fp64, deterministic: the partition depends on n alone (not on
+// the device), each block sums a fixed strided set through a fixed tree, and one block
+// adds the partials in block order.
+#define MT_SUMSQ_THREADS 256
+#define MT_SUMSQ_MAX_BLOCKS 1024
+
+__device__ __forceinline__ double sumsq_block(double v, double *sh)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = mt_warp_sum_d(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    return mt_warp_sum_d(v);
+}
+
+__global__ static void sumsq_partial_kernel(double *part, const float *x, size_t n)
+{
+    __shared__ double sh[32];
+    double a = 0.0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const double v = (double)x[i];
+        a = __dadd_rn(a, __dmul_rn(v, v));
+    }
+    a = sumsq_block(a, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = a;
+}
+
+__global__ static void sumsq_final_kernel(double *acc, const double *part, int nparts)
+{
+    __shared__ double sh[32];
+    double a = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) a += part[i];
+    a = sumsq_block(a, sh);
+    if (threadIdx.x == 0) *acc += a;
+}
+
+extern "C" void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    size_t blocks = (n + 8 * MT_SUMSQ_THREADS - 1) / (8 * MT_SUMSQ_THREADS);
+    if (blocks > MT_SUMSQ_MAX_BLOCKS) blocks = MT_SUMSQ_MAX_BLOCKS;
+    double *part = (double *)mt_cuda_scratch(c, sizeof(double) * blocks);
+    sumsq_partial_kernel<<<(unsigned)blocks, MT_SUMSQ_THREADS, 0, c->stream>>>(part, x, n);
+    MT_CUDA_LAUNCHED();
+    sumsq_final_kernel<<<1, MT_SUMSQ_THREADS, 0, c->stream>>>(acc, part, (int)blocks);
+    MT_CUDA_LAUNCHED();
+    mt_cuda_scratch_free(c, part);
+}

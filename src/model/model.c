@@ -456,8 +456,9 @@ static void layout_acts(struct mt_model *m, struct arena *a)
         }
         x->qr = TAKE_F(a, N * m->Q_l);
         x->kr = TAKE_F(a, N * m->KV_l);
-        x->att = TAKE_F(a, (size_t)m->Bmax * m->nh_l * m->T * m->T);
-        x->y = TAKE_F(a, N * m->Q_l);
+        x->att_lse = TAKE_F(a, N * m->nh_l);
+        x->att_out = TAKE_F(a, N * m->Q_l);
+        x->y = m->bf16 ? TAKE_F(a, N * m->Q_l) : x->att_out;
         x->res_mid = TAKE_F(a, Nl * m->H);
         x->ln2 = TAKE_F(a, Nl * m->H);
         x->ln2_rstd = TAKE_F(a, Nl);
@@ -766,6 +767,10 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->grads = o->alloc(k->ctx, sizeof(float) * m->nparams);
     m->work = m->bf16 ? o->alloc(k->ctx, sizeof(float) * m->nparams) : m->params;
     if (!m->params || !m->grads || !m->work) goto fail;
+    if (m->expert_bias_on) {
+        m->expert_bias_dev = o->alloc(k->ctx, sizeof(float) * (size_t)m->nmoe * m->E);
+        if (!m->expert_bias_dev) goto fail;
+    }
     o->memset(k->ctx, m->params, 0, sizeof(float) * m->nparams);
     o->memset(k->ctx, m->grads, 0, sizeof(float) * m->nparams);
 
@@ -803,6 +808,7 @@ void mt_model_destroy(struct mt_model *m)
     if (m->work && m->work != m->params) o->free(m->k->ctx, m->work);
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);
+    if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
     if (m->slots) {
@@ -1001,6 +1007,8 @@ const struct mt_param_info *mt_model_tensor(const struct mt_model *m, int i)
 float *mt_model_params(struct mt_model *m) { return m->params; }
 float *mt_model_grads(struct mt_model *m) { return m->grads; }
 
+const struct mt_kernels *mt_model_kernels(const struct mt_model *m) { return m->k; }
+
 float *mt_model_buffers(struct mt_model *m, size_t *n)
 {
     *n = m->expert_bias_on ? (size_t)m->nmoe * m->E : 0;
@@ -1047,9 +1055,19 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
     mt_model_params_updated(m);
 }
 
+/* The routers read the expert biases from backend memory; the host copy is the master
+ * (updated from host counts, checkpointed). */
+static void sync_expert_bias(struct mt_model *m)
+{
+    if (m->expert_bias_dev)
+        m->k->op.copy(m->k->ctx, m->expert_bias_dev, m->expert_bias,
+                      sizeof(float) * (size_t)m->nmoe * m->E);
+}
+
 void mt_model_params_updated(struct mt_model *m)
 {
     if (m->bf16) m->k->op.bf16_round(m->k->ctx, m->work, m->params, m->nparams);
+    sync_expert_bias(m);
 }
 
 void mt_model_zero_grad(struct mt_model *m)
@@ -1093,6 +1111,7 @@ void mt_model_update_expert_bias(struct mt_model *m)
             b[e] += m->bias_rate * (float)((off > 0) - (off < 0));
         }
     }
+    sync_expert_bias(m);
 }
 
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
@@ -1102,7 +1121,8 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->working_copy = m->bf16 ? sizeof(float) * m->nparams : 0;
     r->activations = m->acts_bytes;
     r->scratch = m->scratch_bytes;
-    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E;
+    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
+                 (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0);
 }
 
 double mt_model_flops_per_token(const struct mt_model *m)

@@ -34,7 +34,8 @@
  *         output, SwiGLU outputs, the MoE combine (unpermute) output, the MoE plus
  *         shared-expert sum, and the residual stream after each addition. Kept in
  *         fp32: router logits, scores and routing weights (router_dtype fp32), the
- *         attention probabilities inside the attention op, softmax/CE/loss
+ *         attention probabilities inside the attention op and the output and lse it
+ *         saves for its backward (o_proj reads a rounded copy), softmax/CE/loss
  *         internals, RMSNorm statistics, the expert bias, and all gradients (which
  *         accumulate in fp32; rounding is treated as the identity in backward). */
 #ifndef MT_MODEL_MODEL_H
@@ -135,6 +136,8 @@ float *mt_model_grads(struct mt_model *m);      /* same layout */
 /* Non-trainable state to checkpoint: the expert biases, [num_moe_layers][num_experts]
  * fp32 (HF: mlp.gate.e_score_correction_bias); *n gets the count (0 when disabled). */
 float *mt_model_buffers(struct mt_model *m, size_t *n);
+/* The backend the model's memory belongs to (params and grads are its memory). */
+const struct mt_kernels *mt_model_kernels(const struct mt_model *m);
 
 /* Layout-independent init: element j (index into the whole tensor) of tensor i is
  * std_i * mt_rng_normal(mt_rng_key(seed, i), 0, j); RMSNorm weights are 1; o_proj and

@@ -29,8 +29,9 @@ struct mt_layer_acts {
     float *q, *k, *v;           /* projections (N,Q_l), (N,KV_l), (N,KV_l) */
     float *q_rstd, *k_rstd;     /* QK-norm statistics (N*heads_l), (N*groups_l) */
     float *qr, *kr;             /* normed + rotated q, k */
-    float *att;                 /* (B,heads_l,T,T) */
-    float *y;                   /* attention output (N,Q_l) */
+    float *att_lse;             /* (B,heads_l,T) logsumexp of each query row's scores */
+    float *att_out;             /* (N,Q_l) attention output as attention_fwd wrote it */
+    float *y;                   /* att_out rounded for wo (== att_out in fp32) */
     float *res_mid;             /* residual after attention (Nl,H) */
     float *ln2, *ln2_rstd;      /* (Nl,H), (Nl) */
     float *ln2_full;            /* (N,H) gathered for the dense MLP / shared expert */
@@ -149,7 +150,8 @@ struct mt_model {
     struct mt_dispatch_plan full_plan; /* over the N tokens of a micro-batch (capacity with TP) */
     int32_t *route_idx;         /* (Nl,k) topk_idx with dropped slots -1 */
     /* buffers */
-    float *expert_bias;         /* (nmoe,E) */
+    float *expert_bias;         /* (nmoe,E) host master */
+    float *expert_bias_dev;     /* (nmoe,E) its backend-memory copy, which the routers read */
     long long *expert_counts;   /* (nmoe,E) */
     int64_t *host_kept;         /* (E) */
     int32_t *host_tokens;       /* (3,Bmax,T) staging of inputs, targets, shard inputs */

@@ -118,7 +118,7 @@ static int route(const pass_t *p, int l)
         p->o->aux_loss_fwd(p->ctx, &aa, &aux, a->aux_counts, a->logits);
         p->st->aux_loss += aux;
     }
-    p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias + (size_t)moe * E : NULL,
+    p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias_dev + (size_t)moe * E : NULL,
                      a->topk_idx, a->topk_prob);
     const int cap = mt_model_capacity(m, p->N);
     const int32_t *idx = a->topk_idx;

@@ -121,8 +121,10 @@ static int attention_fwd(const pass_t *p, int l)
     mt_pass_round(p, a->qr, (size_t)N * Q);
     p->o->rope_fwd(p->ctx, a->kr, a->kr, p->B, m->T, m->ng_l, m->hd, m->theta);
     mt_pass_round(p, a->kr, (size_t)N * KV);
-    p->o->attention_fwd(p->ctx, a->y, a->att, a->qr, a->kr, a->v, p->B, m->T, m->nh_l, m->ng_l, m->hd);
-    mt_pass_round(p, a->y, (size_t)N * Q);
+    p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, a->qr, a->kr, a->v, p->B, m->T, m->nh_l,
+                        m->ng_l, m->hd);
+    /* rounded into y, not in place: attention_bwd needs the output it wrote */
+    if (m->bf16) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
     float *o_full = full_or(p, m->full, m->tmp);
     mt_pass_linear_fwd(p, o_full, a->y, W(p, t->wo), N, H, Q); /* row-parallel */
     MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, o_full, H));
@@ -142,8 +144,8 @@ static int attention_bwd(const pass_t *p, int l)
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H));
     mt_pass_linear_bwd(p, m->dy, 0.0f, G(p, t->wo), d_out, a->y, W(p, t->wo), N, H, Q);
-    p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, a->qr, a->kr, a->v, a->att, p->B, m->T,
-                        m->nh_l, m->ng_l, m->hd);
+    p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, a->qr, a->kr, a->v, a->att_out,
+                        a->att_lse, p->B, m->T, m->nh_l, m->ng_l, m->hd);
     p->o->rope_bwd(p->ctx, m->dq, m->dq, p->B, m->T, m->nh_l, m->hd, m->theta);
     p->o->rope_bwd(p->ctx, m->dk, m->dk, p->B, m->T, m->ng_l, m->hd, m->theta);
     float *dq = m->dq, *dk = m->dk;

@@ -102,12 +102,30 @@ int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out
  * current CUDA device (cudaSetDevice first). Buffers are device memory; each
  * call is enqueued on the comm's stream and waited for, bounded by
  * host->timeout_s: on expiry the NCCL comm is aborted (ncclCommAbort) and the
- * call fails like any timeout. send/recv ignore tag (NCCL matches in order).
+ * call fails like any timeout. send/recv ignore tag (NCCL matches in order);
+ * mt_p2p_batch matches by tag within a batch (posted in tag order).
  * A build without NCCL returns MT_EUNSUPPORTED. */
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err);
 /* Enqueues c's calls on stream (a cudaStream_t; NULL: the comm's own stream),
  * so they follow the caller's kernels without a host-side sync first. */
 int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err);
+
+/* How a comm tells device memory from host memory (a compute backend's). */
+struct mt_device_memory {
+    void *arg;
+    bool (*is_device)(void *arg, const void *p);
+    void (*enter)(void *arg); /* before a call on device buffers (may be NULL) */
+    void (*leave)(void *arg); /* after it (may be NULL) */
+};
+
+/* A comm over the processes of host that routes each call by its buffers: device
+ * memory to device (NCCL over the same processes, with the CUDA backend), host
+ * memory to host; a call mixing both fails. barrier goes to host. host is borrowed,
+ * device is destroyed with the dual comm when own_device. Both must have the same
+ * rank and size. */
+int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_device,
+                        const struct mt_device_memory *dm, struct mt_comm **out,
+                        struct mt_err *err);
 
 /* The processes of this job, as the launcher describes them. */
 struct mt_world {

@@ -7,8 +7,8 @@
  * stop waiting for peers) and the call returns MT_ERUNTIME like every other
  * timeout. Each call completes before it returns, as with the other backends;
  * mt_comm_nccl_set_stream puts the calls on the caller's compute stream so
- * that they follow its kernels in order. all_to_all_v is grouped
- * ncclSend/ncclRecv; barrier is an all_reduce of one int. */
+ * that they follow its kernels in order. all_to_all_v and p2p_batch are
+ * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int. */
 #include "runtime/comm_internal.h"
 
 #include <cuda_runtime.h>
@@ -195,6 +195,47 @@ static int nccl_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, 
                   err);
 }
 
+/* The smallest tag of ops[0..nops) above *tag (any tag when first); false
+ * when none is left. */
+static bool next_tag(const struct mt_p2p *ops, int nops, bool first, int *tag)
+{
+    bool found = false;
+    int best = 0;
+    for (int i = 0; i < nops; i++)
+        if ((first || ops[i].tag > *tag) && (!found || ops[i].tag < best)) {
+            best = ops[i].tag;
+            found = true;
+        }
+    *tag = best;
+    return found;
+}
+
+/* Megatron's batch_isend_irecv: every transfer inside one NCCL group, so that
+ * peers exchanging in both directions (the interleaved pipeline schedule)
+ * progress together instead of each blocking in its first send. NCCL has no
+ * tags: it pairs the sends to a peer with that peer's receives in the order
+ * they are posted. Posting in ascending tag order (ties in the caller's order,
+ * MPI's non-overtaking rule) makes a batch match by tag as with MPI, whatever
+ * order each side lists its transfers in. Empty transfers are skipped on both
+ * sides alike. */
+static int nccl_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int nops, enum mt_dt dt,
+                          struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    ncclResult_t r = ncclGroupStart();
+    int tag = 0;
+    for (bool first = true; r == ncclSuccess && next_tag(ops, nops, first, &tag); first = false)
+        for (int i = 0; i < nops && r == ncclSuccess; i++) {
+            const struct mt_p2p *x = &ops[i];
+            if (x->tag != tag || !x->count) continue;
+            r = x->send ? ncclSend(x->buf, x->count, nccl_type(dt), x->peer, n->comm, n->stream)
+                        : ncclRecv(x->buf, x->count, nccl_type(dt), x->peer, n->comm, n->stream);
+        }
+    ncclResult_t end = ncclGroupEnd();
+    return finish(c, "p2p batch", r != ncclSuccess ? r : end, &d, err);
+}
+
 static int nccl_barrier(struct mt_comm *c, struct mt_err *err)
 {
     struct nccl_impl *n = impl_of(c);
@@ -229,6 +270,7 @@ static const struct mt_comm_ops nccl_ops = {
     .recv = nccl_recv,
     .barrier = nccl_barrier,
     .destroy = nccl_destroy,
+    .p2p_batch = nccl_p2p_batch,
 };
 
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err)

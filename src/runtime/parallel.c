@@ -41,6 +41,7 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
         return rc;
     }
     p->world = w;
+    p->world_comm = w->comm;
     p->rank = logical_of_process ? logical_of_process[w->rank] : w->rank;
     p->tp = l->tp;
     p->cp = l->cp;
@@ -87,10 +88,51 @@ fail:
     return rc;
 }
 
+/* A dual comm over host: device traffic to NCCL over the same processes, or to host
+ * itself with dm's hooks around each call. */
+static int wrap(struct mt_comm *host, const struct mt_device_memory *dm, bool nccl, void *stream,
+                struct mt_comm **out, struct mt_err *err)
+{
+    struct mt_comm *device = host;
+    if (nccl) {
+        MT_CHECK(mt_comm_nccl_create(host, &device, err));
+        if (stream) {
+            int rc = mt_comm_nccl_set_stream(device, stream, err);
+            if (rc) {
+                mt_comm_destroy(device);
+                return rc;
+            }
+        }
+    }
+    int rc = mt_comm_dual_create(host, device, nccl, dm, out, err);
+    if (rc && nccl) mt_comm_destroy(device);
+    return rc;
+}
+
+int mt_parallel_use_device(struct mt_parallel *p, const struct mt_device_memory *dm, bool nccl,
+                           void *stream, struct mt_err *err)
+{
+    if (p->world_comm != p->world->comm) return MT_OK; /* done already */
+    struct mt_comm *w;
+    MT_CHECK(wrap(p->world->comm, dm, nccl, stream, &w, err));
+    p->world_comm = w;
+    for (int k = 0; k < MT_GROUP_COUNT; k++) {
+        struct mt_comm *d;
+        MT_CHECK(wrap(p->comm[k], dm, nccl, stream, &d, err));
+        p->host[k] = p->comm[k];
+        p->comm[k] = d;
+    }
+    return MT_OK;
+}
+
 void mt_parallel_destroy(struct mt_parallel *p)
 {
     if (!p) return;
-    for (int k = 0; k < MT_GROUP_COUNT; k++) mt_comm_destroy(p->comm[k]);
+    if (p->world_comm && p->world_comm != p->world->comm) mt_comm_destroy(p->world_comm);
+    for (int k = 0; k < MT_GROUP_COUNT; k++) {
+        mt_comm_destroy(p->comm[k]);
+        if (p->host[k]) mt_comm_destroy(p->host[k]);
+    }
     mt_groups_free(&p->layout);
     free(p);
 }

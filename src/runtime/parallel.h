@@ -22,6 +22,9 @@ struct mt_parallel {
                                              "tp[3]"; a rank in no group of a kind,
                                              e.g. embedding in a middle pipeline
                                              stage, has a self comm "embedding[none]") */
+    struct mt_comm *world_comm;     /* every process: world->comm, or its dual */
+    struct mt_comm *host[MT_GROUP_COUNT]; /* after mt_parallel_use_device: the host
+                                             transport under each dual comm[k] */
 };
 
 /* logical_of_process[p] = logical rank played by process p (NULL: identity). */
@@ -29,5 +32,13 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                      const int *logical_of_process, struct mt_parallel **out,
                      struct mt_err *err);
 void mt_parallel_destroy(struct mt_parallel *p);
+
+/* Makes comm[k] and world_comm route calls on device memory (as dm tells it) to a
+ * device transport: with nccl, an NCCL communicator over the same processes
+ * (collective over every process; its calls enqueued on stream, a cudaStream_t, when
+ * not NULL); without, the host comm itself with dm->enter/leave around each call (the
+ * guard backend's emulated device memory). Calls on host memory keep the host comms. */
+int mt_parallel_use_device(struct mt_parallel *p, const struct mt_device_memory *dm, bool nccl,
+                           void *stream, struct mt_err *err);
 
 #endif

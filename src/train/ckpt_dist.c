@@ -155,18 +155,23 @@ static size_t exchange(struct mt_model *m, struct whole *w, const struct rank_in
 static void own_pack(struct mt_model *m, const float *mo, const float *vo, const struct rank_info *r,
                      bool only_owned, float *packed, bool to_packed)
 {
-    float *p = mt_model_params(m);
+    float *p = mt_model_params(m); /* backend memory; mo, vo and packed are host memory */
+    const struct mt_kernels *k = mt_model_kernels(m);
     size_t at = 0;
     for (int i = 0; i < mt_model_num_tensors(m); i++) {
         const struct mt_param_info *t = mt_model_tensor(m, i);
         if (only_owned ? !owns(m, i, r) : !holds(m, i, r, NULL)) continue;
         const size_t n = t->numel, bytes = sizeof(float) * n;
-        float *mine[3] = {p + t->offset, (float *)mo + t->offset, (float *)vo + t->offset};
-        for (int k = 0; k < 3; k++) {
+        if (to_packed)
+            k->op.copy(k->ctx, packed + at, p + t->offset, bytes);
+        else
+            k->op.copy(k->ctx, p + t->offset, packed + at, bytes);
+        float *mine[2] = {(float *)mo + t->offset, (float *)vo + t->offset};
+        for (int j = 0; j < 2; j++) {
             if (to_packed)
-                memcpy(packed + at + k * n, mine[k], bytes);
+                memcpy(packed + at + (j + 1) * n, mine[j], bytes);
             else
-                memcpy(mine[k], packed + at + k * n, bytes);
+                memcpy(mine[j], packed + at + (j + 1) * n, bytes);
         }
         at += 3 * n;
     }

@@ -37,6 +37,7 @@ struct mt_optim {
     float *m_full, *v_full;  /* without ZeRO: the moments of every parameter held */
     float *tp_stage;         /* TP-replicated gradients, packed */
     size_t tp_n;
+    double *sumsq;           /* (1) backend memory: the squared norm being summed */
 };
 
 /* ---- packed ranges ---------------------------------------------------------------------- */
@@ -146,6 +147,8 @@ int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct
     o->grad_scale = par ? 1.0 / par->dp : 1.0;
     int rc = MT_OK;
     const size_t n = mt_model_num_params(m);
+    o->sumsq = k->op.alloc(k->ctx, sizeof(double));
+    if (!o->sumsq) goto oom;
     if (par) {
         MT_CHECK_GOTO(build_class(o, &o->c[0], false, par->comm[MT_GROUP_DP], bucket_elems, err), fail);
         MT_CHECK_GOTO(build_class(o, &o->c[1], true, par->comm[MT_GROUP_EDP], bucket_elems, err), fail);
@@ -196,6 +199,7 @@ void mt_optim_destroy(struct mt_optim *o)
     if (o->tp_stage) k->op.free(k->ctx, o->tp_stage);
     if (o->m_full) k->op.free(k->ctx, o->m_full);
     if (o->v_full) k->op.free(k->ctx, o->v_full);
+    if (o->sumsq) k->op.free(k->ctx, o->sumsq);
     free(o);
 }
 
@@ -238,7 +242,6 @@ static bool counts_whole(const struct mt_optim *o, const struct mt_param_info *t
 struct norm_ctx {
     const struct mt_optim *o;
     const float *g;
-    double sum;
 };
 
 static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, size_t in_range,
@@ -248,23 +251,20 @@ static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
     (void)in_tensor;
     if (t->tp_replicated && c->o->par->tp_rank != 0) return;
     if (t->pp_replica) return;
-    for (size_t i = 0; i < n; i++) c->sum += (double)c->g[in_range + i] * c->g[in_range + i];
+    c->o->k->op.sumsq(c->o->k->ctx, c->o->sumsq, c->g + in_range, n);
 }
 
-static void scale(float *x, size_t n, double s)
-{
-    if (s == 1.0) return;
-    const float f = (float)s;
-    for (size_t i = 0; i < n; i++) x[i] *= f;
-}
-
+/* The global gradient norm is summed on the backend (o->sumsq), reduced over the world
+ * there, and read once. */
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
 {
+    const struct mt_kernels *k = o->k;
     float *g = mt_model_grads(o->model);
+    k->op.memset(k->ctx, o->sumsq, 0, sizeof(double));
     if (!o->par) { /* one process: the norm of everything, in table order */
-        const size_t n = mt_model_num_params(o->model);
-        double s = 0.0;
-        for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+        k->op.sumsq(k->ctx, o->sumsq, g, mt_model_num_params(o->model));
+        double s;
+        k->op.copy(k->ctx, &s, o->sumsq, sizeof s);
         *norm = sqrt(s);
         return MT_OK;
     }
@@ -278,12 +278,11 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
                                MT_OP_SUM, err));
     }
     if (o->par->tp > 1) MT_CHECK(reduce_over_tp(o, err));
-    double sum = 0.0;
     for (int ci = 0; ci < 2; ci++) {
         struct klass *c = &o->c[ci];
         for (int bi = 0; bi < c->nbuckets; bi++) {
             const struct bucket *b = &c->b[bi];
-            o->k->op.memset(o->k->ctx, o->stage, 0, sizeof(float) * b->padded);
+            k->op.memset(k->ctx, o->stage, 0, sizeof(float) * b->padded);
             pack(o, c, g, b->begin, b->end, o->stage, true);
             if (o->zero) {
                 float *mine = c->grad + b->at;
@@ -291,18 +290,17 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
                     MT_CHECK(mt_reduce_scatter(c->comm, o->stage, mine, b->shard, MT_DT_F32,
                                                MT_OP_SUM, err));
                 else
-                    o->k->op.copy(o->k->ctx, mine, o->stage, sizeof(float) * b->shard);
-                scale(mine, b->shard, o->grad_scale);
+                    k->op.copy(k->ctx, mine, o->stage, sizeof(float) * b->shard);
+                k->op.scale(k->ctx, mine, (float)o->grad_scale, b->shard);
                 size_t lo, hi;
                 slice_of(c, b, &lo, &hi);
-                struct norm_ctx nc = {o, mine, 0.0};
+                struct norm_ctx nc = {o, mine};
                 for_each_segment(o, c, lo, hi, norm_seg, &nc);
-                sum += nc.sum;
             } else {
                 if (c->size > 1)
                     MT_CHECK(mt_all_reduce(c->comm, o->stage, b->end - b->begin, MT_DT_F32,
                                            MT_OP_SUM, err));
-                scale(o->stage, b->end - b->begin, o->grad_scale);
+                k->op.scale(k->ctx, o->stage, (float)o->grad_scale, b->end - b->begin);
                 pack(o, c, g, b->begin, b->end, o->stage, false);
             }
         }
@@ -310,12 +308,12 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
     if (!o->zero) {
         for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
             const struct mt_param_info *t = mt_model_tensor(o->model, i);
-            if (!counts_whole(o, t)) continue;
-            const float *x = g + t->offset;
-            for (size_t j = 0; j < t->numel; j++) sum += (double)x[j] * x[j];
+            if (counts_whole(o, t)) k->op.sumsq(k->ctx, o->sumsq, g + t->offset, t->numel);
         }
     }
-    MT_CHECK(mt_all_reduce(o->par->world->comm, &sum, 1, MT_DT_F64, MT_OP_SUM, err));
+    MT_CHECK(mt_all_reduce(o->par->world_comm, o->sumsq, 1, MT_DT_F64, MT_OP_SUM, err));
+    double sum;
+    k->op.copy(k->ctx, &sum, o->sumsq, sizeof sum);
     *norm = sqrt(sum);
     return MT_OK;
 }
@@ -428,14 +426,15 @@ void mt_optim_import(struct mt_optim *o, const float *m, const float *v)
     }
 }
 
-float *mt_optim_moment(struct mt_optim *o, int which)
-{
-    if (o->zero) return NULL;
-    return which ? o->v_full : o->m_full;
-}
-
 size_t mt_optim_memory(const struct mt_optim *o)
 {
-    if (!o->zero) return 2 * sizeof(float) * mt_model_num_params(o->model);
-    return 3 * sizeof(float) * (o->c[0].slices + o->c[1].slices);
+    /* what mt_optim_create allocated: moments (ZeRO: gradient and moment slices),
+     * staging buffers, the norm accumulator */
+    size_t staging = 0;
+    if (o->par) staging = (o->stage_n ? o->stage_n : 1) + (o->slice_n ? o->slice_n : 1) +
+                          (o->tp_stage ? (o->tp_n ? o->tp_n : 1) : 0);
+    size_t state = !o->zero ? 2 * mt_model_num_params(o->model)
+                            : 3 * (o->c[0].slices ? o->c[0].slices : 1) +
+                                  3 * (o->c[1].slices ? o->c[1].slices : 1);
+    return sizeof(float) * (state + staging) + sizeof(double);
 }

@@ -108,16 +108,22 @@ struct view_storage {
     const char **names;
     int *ndims;
     long long (*shapes)[4];
+    float *host;                  /* params, m, v in host memory (3 x nparams) */
 };
 
+/* The one-process checkpoint view: the tables, and host copies of the parameters and
+ * moments (the model and optimizer hold them in backend memory); download fills the
+ * copies from the backend. */
 static int make_view(struct trainer *t, struct mt_ckpt_view *v, struct view_storage *vs,
-                     struct mt_err *err)
+                     bool download, struct mt_err *err)
 {
     int n = mt_model_num_tensors(t->model);
+    const size_t np = mt_model_num_params(t->model);
     vs->names = calloc((size_t)n, sizeof *vs->names);
     vs->ndims = calloc((size_t)n, sizeof *vs->ndims);
     vs->shapes = calloc((size_t)n, sizeof *vs->shapes);
-    if (!vs->names || !vs->ndims || !vs->shapes)
+    vs->host = malloc(sizeof(float) * 3 * (np ? np : 1));
+    if (!vs->names || !vs->ndims || !vs->shapes || !vs->host)
         return mt_err_set(err, MT_ENOMEM, "out of memory for the checkpoint table");
     for (int i = 0; i < n; i++) {
         const struct mt_param_info *p = mt_model_tensor(t->model, i);
@@ -129,11 +135,15 @@ static int make_view(struct trainer *t, struct mt_ckpt_view *v, struct view_stor
     v->names = vs->names;
     v->ndims = vs->ndims;
     v->shapes = (const long long (*)[4])vs->shapes;
-    v->nparams = mt_model_num_params(t->model);
-    v->params = mt_model_params(t->model);
-    v->adam_m = mt_optim_moment(t->optim, 0);
-    v->adam_v = mt_optim_moment(t->optim, 1);
+    v->nparams = np;
+    v->params = vs->host;
+    v->adam_m = vs->host + np;
+    v->adam_v = vs->host + 2 * np;
     v->buffers = mt_model_buffers(t->model, &v->nbuffers);
+    if (download) {
+        t->k->op.copy(t->k->ctx, v->params, mt_model_params(t->model), sizeof(float) * np);
+        MT_CHECK(mt_optim_export(t->optim, v->adam_m, v->adam_v, err));
+    }
     return MT_OK;
 }
 
@@ -142,6 +152,7 @@ static void free_view(struct view_storage *vs)
     free(vs->names);
     free(vs->ndims);
     free(vs->shapes);
+    free(vs->host);
 }
 
 static int save_checkpoint(struct trainer *t, struct mt_err *err)
@@ -154,7 +165,7 @@ static int save_checkpoint(struct trainer *t, struct mt_err *err)
     } else {
         struct mt_ckpt_view v;
         struct view_storage vs = { 0 };
-        rc = make_view(t, &v, &vs, err);
+        rc = make_view(t, &v, &vs, true, err);
         if (rc == MT_OK) rc = mt_ckpt_save(ck->save, &v, &t->st, t->config_text, ck->keep_last, err);
         free_view(&vs);
     }
@@ -175,11 +186,16 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
     } else {
         struct mt_ckpt_view v;
         struct view_storage vs = { 0 };
-        int rc = make_view(t, &v, &vs, err);
+        int rc = make_view(t, &v, &vs, false, err);
         if (rc == MT_OK) rc = mt_ckpt_load(dir, &v, &t->st, &found, where, sizeof where, err);
+        if (rc == MT_OK && found) { /* into the backend only once the whole load succeeded */
+            t->k->op.copy(t->k->ctx, mt_model_params(t->model), v.params,
+                          sizeof(float) * v.nparams);
+            mt_optim_import(t->optim, v.adam_m, v.adam_v);
+            mt_model_params_updated(t->model);
+        }
         free_view(&vs);
         if (rc != MT_OK) return rc;
-        if (found) mt_model_params_updated(t->model);
     }
     if (found)
         say(t, "loaded checkpoint %s: iteration %lld, %lld samples consumed\n", where,
@@ -309,6 +325,18 @@ struct il_state {
 static void q_push(struct pp_queue *q, float *x) { q->q[q->tail++] = x; }
 static float *q_pop(struct pp_queue *q) { return q->head < q->tail ? q->q[q->head++] : NULL; }
 
+/* A message between stages in backend memory, so that device backends send it from
+ * the device (NCCL); the caching allocators keep this out of cudaMalloc. */
+static float *msg_alloc(const struct trainer *t)
+{
+    return t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n);
+}
+
+static void msg_free(const struct trainer *t, float *p)
+{
+    if (p) t->k->op.free(t->k->ctx, p);
+}
+
 /* Megatron's send_forward_backward_recv_forward_backward over the pipeline ring: the
  * activation to the next stage, the gradient to the previous one, and what they
  * send back, posted together (mt_p2p_batch). */
@@ -320,11 +348,11 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
     struct mt_p2p ops[4];
     int n = 0;
     *x = *g = NULL;
-    if (recv_prev) *x = malloc(sizeof(float) * t->act_n);
-    if (recv_next) *g = malloc(sizeof(float) * t->act_n);
+    if (recv_prev) *x = msg_alloc(t);
+    if (recv_next) *g = msg_alloc(t);
     if ((recv_prev && !*x) || (recv_next && !*g)) {
-        free(*x);
-        free(*g);
+        msg_free(t, *x);
+        msg_free(t, *g);
         return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages");
     }
     if (out) ops[n++] = (struct mt_p2p){true, out, t->act_n, next, TAG_PP_FWD};
@@ -333,8 +361,8 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
     if (recv_next) ops[n++] = (struct mt_p2p){false, *g, t->act_n, next, TAG_PP_BWD};
     int rc = n ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_F32, err) : MT_OK;
     if (rc) {
-        free(*x);
-        free(*g);
+        msg_free(t, *x);
+        msg_free(t, *g);
         *x = *g = NULL;
     }
     return rc;
@@ -350,10 +378,10 @@ static int il_fwd(struct il_state *S, int k, float **out, struct mt_err *err)
     float *x = t->first && c == 0 ? NULL : q_pop(&S->qx[c]);
     if (!(t->first && c == 0) && !x)
         return mt_err_set(err, MT_ERUNTIME, "pipeline: no input for chunk %d (schedule bug)", c);
-    *out = head ? NULL : malloc(sizeof(float) * t->act_n);
+    *out = head ? NULL : msg_alloc(t);
     int rc = !head && !*out ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
                             : pp_fwd(t, S->a, c, x, *out, S->nmb, S->all, err);
-    free(x);
+    msg_free(t, x);
     return rc;
 }
 
@@ -367,10 +395,10 @@ static int il_bwd(struct il_state *S, int k, float **dx, struct mt_err *err)
     float *g = head ? NULL : q_pop(&S->qg[c]);
     if (!head && !g)
         return mt_err_set(err, MT_ERUNTIME, "pipeline: no gradient for chunk %d (schedule bug)", c);
-    *dx = embed ? NULL : malloc(sizeof(float) * t->act_n);
+    *dx = embed ? NULL : msg_alloc(t);
     int rc = !embed && !*dx ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
                             : pp_bwd(t, S->a, c, g, *dx, err);
-    free(g);
+    msg_free(t, g);
     return rc;
 }
 
@@ -402,7 +430,7 @@ static int il_run(struct il_state *S, struct mt_err *err)
         bool recv_next = false;
         if (k == warm - 1 && !all_warm) recv_next = !t->last;
         int rc = il_exchange(S, out, NULL, recv_prev, recv_next, &x, &g, err);
-        free(out);
+        msg_free(t, out);
         MT_CHECK(rc);
         if (recv_next) q_push(&S->qg[V - 1], g);
         if (recv_prev) q_push(&S->qx[nc], x);
@@ -412,7 +440,7 @@ static int il_run(struct il_state *S, struct mt_err *err)
         MT_CHECK(il_fwd(S, fk, &out, err));
         int rc = il_bwd(S, bk, &dx, err);
         if (rc) {
-            free(out);
+            msg_free(t, out);
             return rc;
         }
         bool recv_prev = true, recv_next = true;
@@ -433,8 +461,8 @@ static int il_run(struct il_state *S, struct mt_err *err)
         }
         if (k == rem - 1) recv_prev = false;
         rc = il_exchange(S, out, dx, recv_prev, recv_next, &x, &g, err);
-        free(out);
-        free(dx);
+        msg_free(t, out);
+        msg_free(t, dx);
         MT_CHECK(rc);
         if (recv_prev) q_push(&S->qx[nfc], x);
         if (recv_next) q_push(&S->qg[nbc], g);
@@ -448,7 +476,7 @@ static int il_run(struct il_state *S, struct mt_err *err)
         const int nbc = chunk_of(t, k + 1, false);
         bool recv_next = !(t->last && nbc == V - 1) && k != total - 1;
         int rc = il_exchange(S, NULL, dx, false, recv_next, &x, &g, err);
-        free(dx);
+        msg_free(t, dx);
         MT_CHECK(rc);
         if (recv_next) q_push(&S->qg[nbc], g);
     }
@@ -468,8 +496,8 @@ static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb, double a
     int rc = il_run(&S, err);
     for (int c = 0; c < t->vpp; c++) { /* left over only after an error */
         float *x;
-        while ((x = q_pop(&S.qx[c]))) free(x);
-        while ((x = q_pop(&S.qg[c]))) free(x);
+        while ((x = q_pop(&S.qx[c]))) msg_free(t, x);
+        while ((x = q_pop(&S.qg[c]))) msg_free(t, x);
     }
     free(mem);
     return rc;
@@ -665,14 +693,17 @@ static void log_memory(struct trainer *t)
     size_t optim = mt_optim_memory(t->optim);
     size_t batch = (size_t)t->cfg->training.micro_batch_size *
                    (size_t)(t->cfg->training.seq_length + 1) * sizeof(int32_t);
+    /* pipeline: the four stage-boundary buffers (the interleaved schedule adds a message
+     * per micro-batch in flight) */
+    size_t pipe = t->p_x ? sizeof(float) * t->act_n * 4 : 0;
     size_t total = r.params + r.grads + r.working_copy + r.activations + r.scratch + r.buffers +
-                   optim + batch;
+                   optim + batch + pipe;
     say(t,
         "memory (bytes%s): parameters %zu | gradients %zu | bf16 working copy %zu | "
         "optimizer state %zu | activations %zu | scratch %zu | buffers %zu | batch %zu | "
-        "total %zu (%.2f MiB)\n",
-        t->par ? ", rank 0" : "", r.params, r.grads, r.working_copy, optim, r.activations,
-        r.scratch, r.buffers, batch, total, total / 1048576.0);
+        "pipeline %zu | total %zu (%.2f MiB)\n",
+        t->par ? ", rank 0" : "", r.params, r.grads, r.working_copy, optim,
+        r.activations, r.scratch, r.buffers, batch, pipe, total, total / 1048576.0);
 }
 
 /* ---- setup ------------------------------------------------------------- */
@@ -691,7 +722,6 @@ static char *config_to_text(const struct mt_config *cfg)
 static int setup(struct trainer *t, struct mt_err *err)
 {
     const struct mt_config *c = t->cfg;
-    t->k = mt_kernels_cpu();
     MT_CHECK(mt_data_open(c, &t->data, err));
     char desc[1024];
     mt_data_describe(t->data, desc, sizeof desc);
@@ -716,7 +746,7 @@ static int setup(struct trainer *t, struct mt_err *err)
         MT_CHECK(mt_model_set_stage(t->model, t->vpp, t->chunk_l0, t->chunk_l1, t->first, t->last,
                                     t->nslots, err));
         t->act_n = mt_model_stage_act_numel(t->model, c->training.micro_batch_size);
-        t->p_x = malloc(sizeof(float) * t->act_n * 4);
+        t->p_x = t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n * 4);
         if (!t->p_x) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
         t->p_y = t->p_x + t->act_n;
         t->p_dy = t->p_y + t->act_n;
@@ -757,7 +787,7 @@ static void teardown(struct trainer *t)
     mt_model_destroy(t->model);
     mt_data_close(t->data);
     free(t->tokens);
-    free(t->p_x);
+    if (t->p_x) t->k->op.free(t->k->ctx, t->p_x);
     free(t->acc_counts);
     free(t->config_text);
 }
@@ -861,7 +891,8 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
 }
 
 int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
-                 struct mt_parallel *par, FILE *log, struct mt_err *err)
+                 struct mt_parallel *par, const struct mt_kernels *k, FILE *log,
+                 struct mt_err *err)
 {
     if (!par && layout->world_size != 1)
         return mt_err_set(err, MT_EINVAL,
@@ -878,8 +909,9 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     t.cfg = cfg;
     t.layout = layout;
     t.par = par;
+    t.k = k;
     t.dp_comm = par ? par->comm[MT_GROUP_DP] : NULL;
-    t.world_comm = par ? par->world->comm : NULL;
+    t.world_comm = par ? par->world_comm : NULL;
     t.dp = par ? par->dp : 1;
     t.dp_rank = par ? par->dp_rank : 0;
     if (par && par->pp > 1) {

@@ -27,12 +27,15 @@
 /* Consecutive non-finite steps after which training stops with an error. */
 #define MT_MAX_CONSECUTIVE_NONFINITE 10
 
-/* Runs training as configured; progress goes to log (world rank 0's; the others'
- * may be NULL). par is this process's place in the layout, NULL for one process.
+/* Runs training as configured on the compute backend k; progress goes to log (world
+ * rank 0's; the others' may be NULL). par is this process's place in the layout, NULL
+ * for one process; with a device backend its comms must route device memory
+ * (mt_parallel_use_device).
  * Returns MT_OK, or an error (bad data, unreadable checkpoint, a streak of NaN/Inf
  * steps, I/O, a failed collective). */
 int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
-                 struct mt_parallel *par, FILE *log, struct mt_err *err);
+                 struct mt_parallel *par, const struct mt_kernels *k, FILE *log,
+                 struct mt_err *err);
 
 /* Learning rate for the step that follows `steps_done` completed iterations
  * (Megatron's OptimizerParamScheduler: linear warmup from 0, then constant,
@@ -133,11 +136,8 @@ int mt_optim_export(struct mt_optim *o, float *m, float *v, struct mt_err *err);
 /* Sets the moments from arrays in the model's layout (each rank keeps what it owns). */
 void mt_optim_import(struct mt_optim *o, const float *m, const float *v);
 
-/* The moments in the model's layout when this rank keeps all of them (no ZeRO), else
- * NULL: a one-process checkpoint reads and writes them in place. */
-float *mt_optim_moment(struct mt_optim *o, int which);
-
-/* Bytes of optimizer state this rank holds (moments, plus gradient slices with ZeRO). */
+/* Bytes of backend memory the optimizer holds: moments (with ZeRO, gradient and moment
+ * slices), its staging buffers and the norm accumulator. */
 size_t mt_optim_memory(const struct mt_optim *o);
 
 /* ---- distributed checkpoints (ckpt_dist.c): the one-process format, whatever the

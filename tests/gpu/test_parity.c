@@ -21,7 +21,8 @@
  * - Attention forward: q, k, v are bf16-exact as in the model; P is rounded to bf16
  *   before P V (one rounded operand): nmse ~1e-6; bound 1e-5. Backward: dO (fp32 in the
  *   model) and dS are rounded too, P enters twice: nmse ~7e-6; bound 3e-5. (The ~ values
- *   are those of an emulation of these kernels' fragment arithmetic in numpy.)
+ *   are those of an emulation of these kernels' fragment arithmetic in numpy.) The lse
+ *   is summed from unrounded fp32 P of bf16-exact q, k: bound 1e-8.
  * - Ops that do the same fp32 operations in the same order (embedding, RoPE, permute,
  *   unpermute forward, add, AdamW, bf16 rounding, the dispatch plan's integers) must be
  *   bit-identical, and are compared bytewise.
@@ -473,27 +474,30 @@ struct att_shape {
 static void attention_case(struct att_shape a)
 {
     const size_t nq = (size_t)a.B * a.T * a.Hq * a.D, nkv = (size_t)a.B * a.T * a.Hkv * a.D;
-    const size_t natt = (size_t)a.B * a.Hq * a.T * a.T;
+    const size_t nlse = (size_t)a.B * a.Hq * a.T;
     float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
     round_bf16(q, nq); /* as in the model: projections are stored in bf16 */
     round_bf16(k, nkv);
     round_bf16(v, nkv);
-    float *out = xmalloc(sizeof(float) * nq), *att = xmalloc(sizeof(float) * natt);
+    float *out = xmalloc(sizeof(float) * nq), *lse = xmalloc(sizeof(float) * nlse);
     float *dq = xmalloc(sizeof(float) * nq), *dk = xmalloc(sizeof(float) * nkv), *dv = xmalloc(sizeof(float) * nkv);
-    C->op.attention_fwd(C->ctx, out, att, q, k, v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    C->op.attention_bwd(C->ctx, dq, dk, dv, dout, q, k, v, att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_fwd(C->ctx, out, lse, q, k, v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_bwd(C->ctx, dq, dk, dv, dout, q, k, v, out, lse, a.B, a.T, a.Hq, a.Hkv, a.D);
     float *d_q = dup_to_dev(q, sizeof(float) * nq), *d_k = dup_to_dev(k, sizeof(float) * nkv);
     float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
-    float *d_out = dalloc(sizeof(float) * nq), *d_att = dalloc(sizeof(float) * natt);
+    float *d_out = dalloc(sizeof(float) * nq), *d_lse = dalloc(sizeof(float) * nlse);
     float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
-    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, a.B, a.T, a.Hq, a.Hkv,
+                        a.D);
     char sh[80], what[128];
     snprintf(sh, sizeof sh, "B=%d T=%d Hq=%d Hkv=%d D=%d", a.B, a.T, a.Hq, a.Hkv, a.D);
     float *o1 = dev_to_host(d_out, sizeof(float) * nq), *q1 = dev_to_host(d_dq, sizeof(float) * nq);
     float *k1 = dev_to_host(d_dk, sizeof(float) * nkv), *v1 = dev_to_host(d_dv, sizeof(float) * nkv);
     snprintf(what, sizeof what, "attention_fwd out %s", sh);
     expect_close(what, out, o1, nq, NMSE_ATT_FWD);
+    snprintf(what, sizeof what, "attention_fwd lse %s", sh);
+    expect_close_dev(what, lse, d_lse, nlse, NMSE_BF16_EXACT);
     snprintf(what, sizeof what, "attention_bwd dq %s", sh);
     expect_close(what, dq, q1, nq, NMSE_ATT_BWD);
     snprintf(what, sizeof what, "attention_bwd dk %s", sh);
@@ -501,8 +505,9 @@ static void attention_case(struct att_shape a)
     snprintf(what, sizeof what, "attention_bwd dv %s", sh);
     expect_close(what, dv, v1, nkv, NMSE_ATT_BWD);
     /* determinism: a second forward and backward, bit for bit */
-    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, a.B, a.T, a.Hq, a.Hkv,
+                        a.D);
     snprintf(what, sizeof what, "attention fwd+bwd %s: two runs", sh);
     float *o2 = dev_to_host(d_out, sizeof(float) * nq), *q2 = dev_to_host(d_dq, sizeof(float) * nq);
     float *k2 = dev_to_host(d_dk, sizeof(float) * nkv), *v2 = dev_to_host(d_dv, sizeof(float) * nkv);
@@ -514,7 +519,7 @@ static void attention_case(struct att_shape a)
     free(v);
     free(dout);
     free(out);
-    free(att);
+    free(lse);
     free(dq);
     free(dk);
     free(dv);
@@ -531,7 +536,7 @@ static void attention_case(struct att_shape a)
     dfree(d_v);
     dfree(d_do);
     dfree(d_out);
-    dfree(d_att);
+    dfree(d_lse);
     dfree(d_dq);
     dfree(d_dk);
     dfree(d_dv);
@@ -544,36 +549,36 @@ static bool all_finite(const float *x, size_t n)
     return true;
 }
 
-/* 32768 tokens on the device alone (the CPU reference would need T x T): the backend
- * must run in O(T) memory, so att is given only the (B,Hq,T) logsumexp and the output
- * copy this backend keeps there, not (B,Hq,T,T). Causality makes the first P rows of
+/* 32768 tokens on the device alone (the CPU reference takes O(T^2) time): the backend
+ * must run in O(T) memory besides its (B,Hq,T) lse. Causality makes the first P rows of
  * out and dq independent of everything after them: they must equal, bit for bit, a run
  * on the first P tokens alone (whose agreement with the CPU is checked above). */
 static void attention_long(void)
 {
     const int B = 1, T = 32768, P = 1024, Hq = 4, Hkv = 1, D = 128;
     const size_t nq = (size_t)B * T * Hq * D, nkv = (size_t)B * T * Hkv * D;
-    const size_t natt = (size_t)B * Hq * T * (1 + D);
+    const size_t nlse = (size_t)B * Hq * T;
     float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
     round_bf16(q, nq);
     round_bf16(k, nkv);
     round_bf16(v, nkv);
     float *d_q = dup_to_dev(q, sizeof(float) * nq), *d_k = dup_to_dev(k, sizeof(float) * nkv);
     float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
-    float *d_out = dalloc(sizeof(float) * nq), *d_att = dalloc(sizeof(float) * natt);
+    float *d_out = dalloc(sizeof(float) * nq), *d_lse = dalloc(sizeof(float) * nlse);
     float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
-    G->op.attention_fwd(G->ctx, d_out, d_att, d_q, d_k, d_v, B, T, Hq, Hkv, D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_att, B, T, Hq, Hkv, D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, B, T, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, B, T, Hq, Hkv, D);
     float *out = dev_to_host(d_out, sizeof(float) * nq), *dq = dev_to_host(d_dq, sizeof(float) * nq);
     float *dk = dev_to_host(d_dk, sizeof(float) * nkv), *dv = dev_to_host(d_dv, sizeof(float) * nkv);
     bool finite = all_finite(out, nq) && all_finite(dq, nq) && all_finite(dk, nkv) && all_finite(dv, nkv);
     expect_true("attention T=32768 Hq=4 Hkv=1 D=128: fwd+bwd finite", finite, "");
     /* the first P tokens alone (B = 1: they are the leading rows of every tensor) */
-    const size_t pq = (size_t)P * Hq * D, pattn = (size_t)Hq * P * (1 + D);
-    float *p_out = dalloc(sizeof(float) * pq), *p_att = dalloc(sizeof(float) * pattn), *p_dq = dalloc(sizeof(float) * pq);
+    const size_t pq = (size_t)P * Hq * D;
+    float *p_out = dalloc(sizeof(float) * pq), *p_lse = dalloc(sizeof(float) * (size_t)Hq * P);
+    float *p_dq = dalloc(sizeof(float) * pq);
     float *p_dk = dalloc(sizeof(float) * (size_t)P * Hkv * D), *p_dv = dalloc(sizeof(float) * (size_t)P * Hkv * D);
-    G->op.attention_fwd(G->ctx, p_out, p_att, d_q, d_k, d_v, B, P, Hq, Hkv, D);
-    G->op.attention_bwd(G->ctx, p_dq, p_dk, p_dv, d_do, d_q, d_k, d_v, p_att, B, P, Hq, Hkv, D);
+    G->op.attention_fwd(G->ctx, p_out, p_lse, d_q, d_k, d_v, B, P, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, p_dq, p_dk, p_dv, d_do, d_q, d_k, d_v, p_out, p_lse, B, P, Hq, Hkv, D);
     expect_bytes_dev("attention T=32768: out[:1024] equals a 1024-token run", out, p_out, sizeof(float) * pq);
     expect_bytes_dev("attention T=32768: dq[:1024] equals a 1024-token run", dq, p_dq, sizeof(float) * pq);
     free(q);
@@ -589,12 +594,12 @@ static void attention_long(void)
     dfree(d_v);
     dfree(d_do);
     dfree(d_out);
-    dfree(d_att);
+    dfree(d_lse);
     dfree(d_dq);
     dfree(d_dk);
     dfree(d_dv);
     dfree(p_out);
-    dfree(p_att);
+    dfree(p_lse);
     dfree(p_dq);
     dfree(p_dk);
     dfree(p_dv);
@@ -606,7 +611,7 @@ static void test_attention(void)
         {2, 100, 4, 2, 64},   /* GQA 2:1, partial last tile */
         {1, 256, 8, 2, 128},  /* GQA 4:1, head_dim 128 */
         {1, 64, 2, 2, 32},    /* one tile, MHA */
-        {1, 40, 2, 1, 64},    /* T < D + 1: the backward recomputes the output */
+        {1, 40, 2, 1, 64},    /* one partial tile, MQA */
         {2, 77, 6, 3, 40},    /* head_dim padded inside the kernel (40 -> 64) */
         {1, 50, 2, 2, 18},    /* head_dim not a multiple of 4: scalar loads */
         {1, 1024, 4, 1, 128}, /* 16 tiles, GQA 4:1 */
@@ -1079,6 +1084,53 @@ static void test_bf16_round(void)
     dfree(dy);
 }
 
+/* scale: the same fp32 product, bytewise. sumsq: fp64 sums in another order (a tree
+ * instead of a loop) differ by a few fp64 ulp of the total: relative bound 1e-12, and
+ * two pieces accumulate into one value like the whole does. */
+static void test_scale_sumsq(void)
+{
+    const size_t sizes[] = {1, 1000, 1 << 20, 3000017};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const size_t n = sizes[si];
+        float *x = hrandn(n, 3.0f), *ref = hdup(x, sizeof(float) * n);
+        C->op.scale(C->ctx, ref, 0.125f + (float)si, n);
+        float *dx = dup_to_dev(x, sizeof(float) * n);
+        G->op.scale(G->ctx, dx, 0.125f + (float)si, n);
+        char what[96];
+        snprintf(what, sizeof what, "scale n=%zu", n);
+        expect_bytes_dev(what, ref, dx, sizeof(float) * n);
+
+        double want = 0.0;
+        C->op.sumsq(C->ctx, &want, x, n);
+        double zero = 0.0, *dacc = dup_to_dev(&zero, sizeof zero);
+        G->op.sumsq(G->ctx, dacc, dx, n / 3); /* the model-side pattern: pieces, one sum */
+        G->op.sumsq(G->ctx, dacc, dx + n / 3, n - n / 3);
+        G->op.copy(G->ctx, &zero, dacc, sizeof zero);
+        /* dx was scaled in place: compare against the scaled input's sum */
+        double ref2 = 0.0;
+        C->op.sumsq(C->ctx, &ref2, ref, n);
+        const double rel = fabs(zero - ref2) / (ref2 > 0.0 ? ref2 : 1.0);
+        char d[96];
+        snprintf(d, sizeof d, "relative error %.2e (bound 1e-12)", rel);
+        snprintf(what, sizeof what, "sumsq n=%zu in two pieces", n);
+        result(rel <= 1e-12 && want > 0.0, what, d);
+        /* determinism: the same call twice gives the same bits */
+        double a[2];
+        for (int r = 0; r < 2; r++) {
+            double z = 0.0;
+            G->op.copy(G->ctx, dacc, &z, sizeof z);
+            G->op.sumsq(G->ctx, dacc, dx, n);
+            G->op.copy(G->ctx, &a[r], dacc, sizeof a[r]);
+        }
+        snprintf(what, sizeof what, "sumsq n=%zu deterministic", n);
+        expect_true(what, memcmp(&a[0], &a[1], sizeof a[0]) == 0, "");
+        free(x);
+        free(ref);
+        dfree(dx);
+        dfree(dacc);
+    }
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(void)
@@ -1122,6 +1174,7 @@ int main(void)
     test_cross_entropy();
     test_adamw();
     test_bf16_round();
+    test_scale_sumsq();
 
     printf("%d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;

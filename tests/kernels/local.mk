@@ -1,8 +1,8 @@
 # tests/kernels: the CPU reference backend, op by op (included from kernels/cpu/local.mk).
 KERNEL_TEST_LIBS = libmt_kernels.la libmt_util.la $(MT_LIBS) $(cmocka_LIBS)
 
-check_PROGRAMS += tests/kernels/test_ops_fd tests/kernels/test_bf16
-TESTS += tests/kernels/test_ops_fd tests/kernels/test_bf16
+check_PROGRAMS += tests/kernels/test_ops_fd tests/kernels/test_bf16 tests/kernels/test_guard
+TESTS += tests/kernels/test_ops_fd tests/kernels/test_bf16 tests/kernels/test_guard
 noinst_HEADERS += tests/kernels/fd.h
 
 tests_kernels_test_ops_fd_SOURCES = tests/kernels/test_ops_fd.c
@@ -12,3 +12,7 @@ tests_kernels_test_ops_fd_LDADD = $(KERNEL_TEST_LIBS)
 tests_kernels_test_bf16_SOURCES = tests/kernels/test_bf16.c
 tests_kernels_test_bf16_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_kernels_test_bf16_LDADD = $(KERNEL_TEST_LIBS)
+
+tests_kernels_test_guard_SOURCES = tests/kernels/test_guard.c
+tests_kernels_test_guard_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_kernels_test_guard_LDADD = $(KERNEL_TEST_LIBS)

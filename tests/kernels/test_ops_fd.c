@@ -241,14 +241,34 @@ static void test_rope(void **state)
 /* ------------------------------------------------------------- attention */
 struct att_st {
     int B, T, Hq, Hkv, D;
-    float *q, *k, *v, *out, *att, *w;
+    float *q, *k, *v, *out, *lse, *w;
 };
 
 static double att_loss(void *p)
 {
     struct att_st *s = p;
-    O.attention_fwd(K->ctx, s->out, s->att, s->q, s->k, s->v, s->B, s->T, s->Hq, s->Hkv, s->D);
+    O.attention_fwd(K->ctx, s->out, s->lse, s->q, s->k, s->v, s->B, s->T, s->Hq, s->Hkv, s->D);
     return fd_dot(s->w, s->out, (size_t)s->B * s->T * s->Hq * s->D);
+}
+
+/* lse (B,Hq,T) against the logsumexp of the scaled causal scores, in double */
+static void check_attention_lse(const struct att_st *s)
+{
+    const int rep = s->Hq / s->Hkv;
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->Hq; h++)
+            for (int t = 0; t < s->T; t++) {
+                const float *qt = s->q + (((size_t)b * s->T + t) * s->Hq + h) * s->D;
+                double sum = 0.0;
+                for (int u = 0; u <= t; u++) {
+                    const float *ku = s->k + (((size_t)b * s->T + u) * s->Hkv + h / rep) * s->D;
+                    double dot = 0.0;
+                    for (int d = 0; d < s->D; d++) dot += (double)qt[d] * ku[d];
+                    sum += exp(dot / sqrt((double)s->D));
+                }
+                double got = s->lse[((size_t)b * s->Hq + h) * s->T + t];
+                assert_true(fabs(got - log(sum)) < 1e-5 * (1.0 + fabs(log(sum))));
+            }
 }
 
 static void test_attention(void **state)
@@ -264,18 +284,20 @@ static void test_attention(void **state)
         s.k = fnew(nk, 1, 51);
         s.v = fnew(nk, 1, 52);
         s.out = fnew(nq, 0, 0);
-        s.att = fnew((size_t)s.B * s.Hq * s.T * s.T, 0, 0);
+        s.lse = fnew((size_t)s.B * s.Hq * s.T, 0, 0);
         s.w = fnew(nq, 1, 53);
         float *dq = fnew(nq, 1, 0), *dk = fnew(nk, 1, 0), *dv = fnew(nk, 1, 0);
-        att_loss(&s);
-        O.attention_bwd(K->ctx, dq, dk, dv, s.w, s.q, s.k, s.v, s.att, s.B, s.T, s.Hq, s.Hkv, s.D);
+        att_loss(&s); /* out and lse at the unperturbed point, for the backward */
+        O.attention_bwd(K->ctx, dq, dk, dv, s.w, s.q, s.k, s.v, s.out, s.lse, s.B, s.T, s.Hq,
+                        s.Hkv, s.D);
         check("attention dq", att_loss, &s, s.q, dq, nq, H_SMOOTH, TOL_SMOOTH);
         check("attention dk", att_loss, &s, s.k, dk, nk, H_SMOOTH, TOL_SMOOTH);
         check("attention dv", att_loss, &s, s.v, dv, nk, H_SMOOTH, TOL_SMOOTH);
         /* causal: the first query sees only the first key, so out = v[0] of its group */
         att_loss(&s);
         for (int d = 0; d < s.D; d++) assert_true(fabsf(s.out[d] - s.v[d]) < 1e-6f);
-        free(s.q); free(s.k); free(s.v); free(s.out); free(s.att); free(s.w);
+        check_attention_lse(&s);
+        free(s.q); free(s.k); free(s.v); free(s.out); free(s.lse); free(s.w);
         free(dq); free(dk); free(dv);
     }
 }
@@ -685,6 +707,24 @@ static void test_adamw(void **state)
     for (int i = 0; i < 5; i++) assert_true(fabs(p[i] - pd[i]) < 1e-6 * (1 + fabs(pd[i])));
 }
 
+/* scale multiplies in fp32; sumsq accumulates in fp64 onto what acc held, so pieces
+ * add up to the whole bit for bit. */
+static void test_scale_sumsq(void **state)
+{
+    (void)state;
+    float x[5] = {1.0f, -2.0f, 0.5f, 3.0f, 1e-3f};
+    O.scale(K->ctx, x, 2.0f, 5);
+    assert_true(x[0] == 2.0f && x[1] == -4.0f && x[2] == 1.0f && x[3] == 6.0f && x[4] == 2e-3f);
+    double whole = 0.0, pieces = 0.0;
+    O.sumsq(K->ctx, &whole, x, 5);
+    assert_true(fabs(whole - (4.0 + 16.0 + 1.0 + 36.0 + 4e-6)) < 1e-12);
+    O.sumsq(K->ctx, &pieces, x, 2);
+    O.sumsq(K->ctx, &pieces, x + 2, 3);
+    assert_true(pieces == whole);
+    O.sumsq(K->ctx, &pieces, x, 0);
+    assert_true(pieces == whole);
+}
+
 static void test_table_complete(void **state)
 {
     (void)state;
@@ -718,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_permute_unpermute),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_scale_sumsq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

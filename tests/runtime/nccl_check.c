@@ -119,6 +119,55 @@ static void check_send_recv(struct mt_comm *c)
     cudaFree(d);
 }
 
+/* mt_p2p_batch as the interleaved pipeline uses it: every process sends to
+ * the next one around the ring and to the previous one and receives both
+ * theirs, all in one batch (separate blocking calls in that order would
+ * deadlock). Odd ranks list their transfers in the reverse order: the batch
+ * must still pair them by tag. With one process the ring is a loop to
+ * oneself, which NCCL allows inside a group. */
+static void check_p2p_batch(struct mt_comm *c)
+{
+    enum { N = 1 << 20 }; /* 4 MiB per message */
+    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+    float *h = malloc(sizeof *h * N);
+    CHECK(h != NULL, "out of memory");
+    if (!h) return;
+    float *to_next = dev(sizeof *h * N), *to_prev = dev(sizeof *h * N);
+    float *from_prev = dev(sizeof *h * N), *from_next = dev(sizeof *h * N);
+    for (int i = 0; i < N; i++) h[i] = (float)(r * 1000 + i % 997);
+    CUDA(cudaMemcpy(to_next, h, sizeof *h * N, cudaMemcpyHostToDevice));
+    for (int i = 0; i < N; i++) h[i] = (float)(-r * 1000 - i % 991);
+    CUDA(cudaMemcpy(to_prev, h, sizeof *h * N, cudaMemcpyHostToDevice));
+    for (int round = 0; round < 2; round++) {
+        CUDA(cudaMemset(from_prev, 0, sizeof *h * N));
+        CUDA(cudaMemset(from_next, 0, sizeof *h * N));
+        struct mt_p2p ops[4] = {
+            { true, to_next, N, next, 1 },
+            { false, from_prev, N, prev, 1 },
+            { true, to_prev, N, prev, 2 },
+            { false, from_next, N, next, 2 },
+        };
+        if (r % 2)
+            for (int i = 0; i < 2; i++) {
+                struct mt_p2p t = ops[i];
+                ops[i] = ops[3 - i];
+                ops[3 - i] = t;
+            }
+        CALL(mt_p2p_batch(c, ops, 4, MT_DT_F32, &g_err));
+        int bad = 0;
+        CUDA(cudaMemcpy(h, from_prev, sizeof *h * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++) bad += h[i] != (float)(prev * 1000 + i % 997);
+        CUDA(cudaMemcpy(h, from_next, sizeof *h * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++) bad += h[i] != (float)(-next * 1000 - i % 991);
+        CHECK(!bad, "p2p batch round %d (next %d, prev %d): %d wrong", round, next, prev, bad);
+    }
+    cudaFree(to_next);
+    cudaFree(to_prev);
+    cudaFree(from_prev);
+    cudaFree(from_next);
+    free(h);
+}
+
 int main(void)
 {
     int ndev = 0;
@@ -145,6 +194,7 @@ int main(void)
         check_scatter_gather(c);
         check_all_to_all_v(c);
         check_send_recv(c);
+        check_p2p_batch(c);
         CALL(mt_barrier(c, &g_err));
         cudaStream_t s;
         CUDA(cudaStreamCreate(&s));

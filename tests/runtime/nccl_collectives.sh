@@ -1,5 +1,6 @@
 #!/bin/sh
-# The NCCL backend on GPUs: one process, then (with several GPUs) one process
+# The NCCL backend on GPUs (every collective, send/recv and the batched ring
+# exchange of p2p_batch): one process, then (with several GPUs) one process
 # per GPU under mpirun. Skips (77) without NCCL in the build or without a GPU.
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 [ "$MT_HAVE_NCCL" = yes ] || skip "built without NCCL"

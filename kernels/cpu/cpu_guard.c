@@ -1,0 +1,500 @@
+/* The guard backend: the CPU reference kernels on emulated device memory.
+ *
+ * A device backend's memory cannot be read or written by host code; a model or
+ * trainer that does so works on the CPU backend and crashes (or silently reads
+ * garbage) on a GPU. This backend makes such code fail on any machine:
+ * - alloc maps whole pages and keeps them PROT_NONE; host code touching them
+ *   outside an op faults, and the fault handler names the allocation and offset;
+ * - every op checks that each tensor argument lies in a live allocation (backend
+ *   memory) and that each host-value argument (a loss) does not, opens every
+ *   allocation for the duration of the op, and closes them after;
+ * - copy accepts any direction, as cudaMemcpyDefault does, and checks that a
+ *   device-side range lies inside one allocation.
+ * Collectives on backend memory go through mt_guard_open/mt_guard_close (the
+ * runtime's device-memory hooks), the way NCCL reads device buffers.
+ *
+ * Results are those of the CPU backend, bit for bit. Not thread-safe (one thread
+ * calls the ops, as with a CUDA stream); OpenMP threads inside an op are fine. */
+#include "kernels/cpu/cpu_ops.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct region {
+    char *base;
+    size_t bytes, mapped; /* requested, mapped (whole pages) */
+    long long serial;     /* allocation number, for messages */
+};
+
+static struct {
+    struct region *r;
+    int n, cap;
+    int open_depth;
+    long long serial;
+    size_t page;
+} G;
+
+static const struct mt_kernels *cpu;
+
+/* ---- regions ------------------------------------------------------------------ */
+
+static struct region *find(const void *p)
+{
+    const char *c = p;
+    for (int i = 0; i < G.n; i++)
+        if (c >= G.r[i].base && c < G.r[i].base + G.r[i].mapped) return &G.r[i];
+    return NULL;
+}
+
+bool mt_guard_owns(const void *p, size_t bytes)
+{
+    const struct region *r = p ? find(p) : NULL;
+    return r && (size_t)((const char *)p - r->base) + bytes <= r->bytes;
+}
+
+static void protect_all(int prot)
+{
+    for (int i = 0; i < G.n; i++)
+        if (mprotect(G.r[i].base, G.r[i].mapped, prot) != 0) {
+            perror("moetrain: guard backend: mprotect");
+            abort();
+        }
+}
+
+void mt_guard_open(void)
+{
+    if (G.open_depth++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+
+void mt_guard_close(void)
+{
+    if (--G.open_depth == 0) protect_all(PROT_NONE);
+}
+
+static void segv_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    const struct region *r = find(si->si_addr);
+    char msg[256];
+    int n;
+    if (r)
+        n = snprintf(msg, sizeof msg,
+                     "moetrain: guard backend: host code touched backend memory at %p, byte %zu "
+                     "of allocation #%lld (%zu bytes), outside an op\n",
+                     si->si_addr, (size_t)((char *)si->si_addr - r->base), r->serial, r->bytes);
+    else
+        n = snprintf(msg, sizeof msg, "moetrain: guard backend: segmentation fault at %p\n",
+                     si->si_addr);
+    if (n > 0) {
+        ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+        (void)w;
+    }
+    signal(sig, SIG_DFL); /* the faulting access repeats and ends the process */
+}
+
+static _Noreturn void misuse(const char *op, const char *arg, const void *p, const char *what)
+{
+    fprintf(stderr, "moetrain: guard backend: %s: argument '%s' (%p) %s\n", op, arg, p, what);
+    abort();
+}
+
+/* A tensor argument: NULL (an optional tensor, or an empty one) or backend memory. */
+static void dev(const char *op, const char *arg, const void *p)
+{
+    if (p && !find(p)) misuse(op, arg, p, "is host memory; the op takes backend memory");
+}
+
+/* A host-value argument (a scalar result the backend synchronises to produce). */
+static void host(const char *op, const char *arg, const void *p)
+{
+    if (p && find(p)) misuse(op, arg, p, "is backend memory; the op writes a host value");
+}
+
+static void range(const char *op, const char *arg, const void *p, size_t bytes)
+{
+    const struct region *r = find(p);
+    if (r && (size_t)((const char *)p - r->base) + bytes > r->bytes)
+        misuse(op, arg, p, "runs past the end of its allocation");
+}
+
+/* ---- memory ------------------------------------------------------------------- */
+
+static void *g_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    if (!G.page) G.page = (size_t)sysconf(_SC_PAGESIZE);
+    struct sigaction cur;
+    if (sigaction(SIGSEGV, NULL, &cur) == 0 && cur.sa_sigaction != segv_handler) {
+        /* (again when someone else installed theirs since) */
+        struct sigaction sa = { 0 };
+        sa.sa_sigaction = segv_handler;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, NULL);
+    }
+    if (G.n == G.cap) {
+        int cap = G.cap ? 2 * G.cap : 64;
+        struct region *r = realloc(G.r, sizeof *r * (size_t)cap);
+        if (!r) return NULL;
+        G.r = r;
+        G.cap = cap;
+    }
+    size_t mapped = (bytes + G.page - 1) / G.page * G.page;
+    if (!mapped) mapped = G.page;
+    void *p = mmap(NULL, mapped, G.open_depth ? PROT_READ | PROT_WRITE : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    G.r[G.n++] = (struct region){ p, bytes, mapped, ++G.serial };
+    return p;
+}
+
+static void g_free(void *ctx, void *p)
+{
+    (void)ctx;
+    if (!p) return;
+    for (int i = 0; i < G.n; i++)
+        if (G.r[i].base == p) {
+            munmap(G.r[i].base, G.r[i].mapped);
+            G.r[i] = G.r[--G.n];
+            return;
+        }
+    misuse("free", "p", p, "was not returned by alloc");
+}
+
+static void g_memset(void *ctx, void *p, int byte, size_t bytes)
+{
+    if (!bytes) return;
+    dev("memset", "p", p);
+    range("memset", "p", p, bytes);
+    mt_guard_open();
+    cpu->op.memset(ctx, p, byte, bytes);
+    mt_guard_close();
+}
+
+static void g_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    range("copy", "dst", dst, bytes);
+    range("copy", "src", src, bytes);
+    mt_guard_open();
+    cpu->op.copy(ctx, dst, src, bytes);
+    mt_guard_close();
+}
+
+static void g_sync(void *ctx) { cpu->op.sync(ctx); }
+
+/* ---- ops: check, open, run the reference, close --------------------------------- */
+
+#define RUN(call)                                                                          \
+    do {                                                                                   \
+        mt_guard_open();                                                                   \
+        call;                                                                              \
+        mt_guard_close();                                                                  \
+    } while (0)
+
+static void g_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    dev("gemm", "A", A), dev("gemm", "B", B), dev("gemm", "C", C);
+    RUN(cpu->op.gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+}
+
+static void g_grouped_gemm(void *ctx, bool ta, bool tb, int G_, const int32_t *offsets, int M,
+                           int N, int K, float alpha, const float *A, const float *B, float beta,
+                           float *C)
+{
+    dev("grouped_gemm", "offsets", offsets), dev("grouped_gemm", "A", A);
+    dev("grouped_gemm", "B", B), dev("grouped_gemm", "C", C);
+    RUN(cpu->op.grouped_gemm(ctx, ta, tb, G_, offsets, M, N, K, alpha, A, B, beta, C));
+}
+
+static void g_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte, int N,
+                            int C)
+{
+    dev("embedding_fwd", "out", out), dev("embedding_fwd", "tokens", tokens);
+    dev("embedding_fwd", "wte", wte);
+    RUN(cpu->op.embedding_fwd(ctx, out, tokens, wte, N, C));
+}
+
+static void g_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
+                            int N, int C)
+{
+    dev("embedding_bwd", "dwte", dwte), dev("embedding_bwd", "dout", dout);
+    dev("embedding_bwd", "tokens", tokens);
+    RUN(cpu->op.embedding_bwd(ctx, dwte, dout, tokens, N, C));
+}
+
+static void g_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
+                          int N, int C, float eps)
+{
+    dev("rmsnorm_fwd", "out", out), dev("rmsnorm_fwd", "rstd", rstd);
+    dev("rmsnorm_fwd", "x", x), dev("rmsnorm_fwd", "w", w);
+    RUN(cpu->op.rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps));
+}
+
+static void g_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
+                          const float *w, const float *rstd, int N, int C)
+{
+    dev("rmsnorm_bwd", "dx", dx), dev("rmsnorm_bwd", "dw", dw);
+    dev("rmsnorm_bwd", "dout", dout), dev("rmsnorm_bwd", "x", x);
+    dev("rmsnorm_bwd", "w", w), dev("rmsnorm_bwd", "rstd", rstd);
+    RUN(cpu->op.rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C));
+}
+
+static void g_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
+                       float theta)
+{
+    dev("rope_fwd", "out", out), dev("rope_fwd", "x", x);
+    RUN(cpu->op.rope_fwd(ctx, out, x, B, T, H, D, theta));
+}
+
+static void g_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
+                       float theta)
+{
+    dev("rope_bwd", "dx", dx), dev("rope_bwd", "dout", dout);
+    RUN(cpu->op.rope_bwd(ctx, dx, dout, B, T, H, D, theta));
+}
+
+static void g_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
+                            const float *v, int B, int T, int Hq, int Hkv, int D)
+{
+    dev("attention_fwd", "out", out), dev("attention_fwd", "lse", lse);
+    dev("attention_fwd", "q", q), dev("attention_fwd", "k", k), dev("attention_fwd", "v", v);
+    RUN(cpu->op.attention_fwd(ctx, out, lse, q, k, v, B, T, Hq, Hkv, D));
+}
+
+static void g_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                            const float *q, const float *k, const float *v, const float *out,
+                            const float *lse, int B, int T, int Hq, int Hkv, int D)
+{
+    dev("attention_bwd", "dq", dq), dev("attention_bwd", "dk", dk);
+    dev("attention_bwd", "dv", dv), dev("attention_bwd", "dout", dout);
+    dev("attention_bwd", "q", q), dev("attention_bwd", "k", k), dev("attention_bwd", "v", v);
+    dev("attention_bwd", "out", out), dev("attention_bwd", "lse", lse);
+    RUN(cpu->op.attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D));
+}
+
+static void g_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F)
+{
+    dev("swiglu_fwd", "out", out), dev("swiglu_fwd", "gate", gate), dev("swiglu_fwd", "up", up);
+    RUN(cpu->op.swiglu_fwd(ctx, out, gate, up, N, F));
+}
+
+static void g_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
+                         const float *gate, const float *up, int N, int F)
+{
+    dev("swiglu_bwd", "dgate", dgate), dev("swiglu_bwd", "dup", dup);
+    dev("swiglu_bwd", "dout", dout), dev("swiglu_bwd", "gate", gate), dev("swiglu_bwd", "up", up);
+    RUN(cpu->op.swiglu_bwd(ctx, dgate, dup, dout, gate, up, N, F));
+}
+
+static void g_add(void *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    dev("add", "out", out), dev("add", "a", a), dev("add", "b", b);
+    RUN(cpu->op.add(ctx, out, a, b, n));
+}
+
+static void g_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
+                         const float *expert_bias, int32_t *topk_idx, float *topk_prob)
+{
+    host("router_fwd", "a", a);
+    dev("router_fwd", "logits", logits), dev("router_fwd", "expert_bias", expert_bias);
+    dev("router_fwd", "topk_idx", topk_idx), dev("router_fwd", "topk_prob", topk_prob);
+    RUN(cpu->op.router_fwd(ctx, a, logits, expert_bias, topk_idx, topk_prob));
+}
+
+static void g_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
+                         const float *dprob, const float *logits, const int32_t *topk_idx)
+{
+    host("router_bwd", "a", a);
+    dev("router_bwd", "dlogits", dlogits), dev("router_bwd", "dprob", dprob);
+    dev("router_bwd", "logits", logits), dev("router_bwd", "topk_idx", topk_idx);
+    RUN(cpu->op.router_bwd(ctx, a, dlogits, dprob, logits, topk_idx));
+}
+
+static void g_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts,
+                         const float *logits)
+{
+    host("aux_counts", "a", a);
+    dev("aux_counts", "counts", counts), dev("aux_counts", "logits", logits);
+    RUN(cpu->op.aux_counts(ctx, a, counts, logits));
+}
+
+static void g_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss,
+                           const float *counts, const float *logits)
+{
+    host("aux_loss_fwd", "a", a), host("aux_loss_fwd", "loss", loss);
+    dev("aux_loss_fwd", "counts", counts), dev("aux_loss_fwd", "logits", logits);
+    RUN(cpu->op.aux_loss_fwd(ctx, a, loss, counts, logits));
+}
+
+static void g_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
+                           const float *counts, const float *logits)
+{
+    host("aux_loss_bwd", "a", a);
+    dev("aux_loss_bwd", "dlogits", dlogits), dev("aux_loss_bwd", "counts", counts);
+    dev("aux_loss_bwd", "logits", logits);
+    RUN(cpu->op.aux_loss_bwd(ctx, a, dlogits, dloss, counts, logits));
+}
+
+static void g_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+                         float coeff)
+{
+    host("z_loss_fwd", "loss", loss);
+    dev("z_loss_fwd", "lse", lse), dev("z_loss_fwd", "logits", logits);
+    RUN(cpu->op.z_loss_fwd(ctx, loss, lse, logits, N, E, coeff));
+}
+
+static void g_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
+                         const float *logits, int N, int E, float coeff)
+{
+    dev("z_loss_bwd", "dlogits", dlogits), dev("z_loss_bwd", "lse", lse);
+    dev("z_loss_bwd", "logits", logits);
+    RUN(cpu->op.z_loss_bwd(ctx, dlogits, dloss, lse, logits, N, E, coeff));
+}
+
+static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
+                                 const int32_t *topk_idx, const float *topk_prob, int N, int E,
+                                 int topk, int capacity, enum mt_drop_policy policy, bool pad)
+{
+    host("dispatch_plan", "plan", plan);
+    dev("dispatch_plan", "plan->offsets", plan->offsets);
+    dev("dispatch_plan", "plan->row_slot", plan->row_slot);
+    dev("dispatch_plan", "plan->slot_row", plan->slot_row);
+    dev("dispatch_plan", "plan->kept", plan->kept);
+    dev("dispatch_plan", "topk_idx", topk_idx), dev("dispatch_plan", "topk_prob", topk_prob);
+    long long dropped;
+    RUN(dropped = cpu->op.dispatch_plan(ctx, plan, topk_idx, topk_prob, N, E, topk, capacity,
+                                        policy, pad));
+    return dropped;
+}
+
+static void g_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
+                          int rows, int topk, int C)
+{
+    dev("permute_fwd", "xp", xp), dev("permute_fwd", "x", x);
+    dev("permute_fwd", "row_slot", row_slot);
+    RUN(cpu->op.permute_fwd(ctx, xp, x, row_slot, rows, topk, C));
+}
+
+static void g_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row, int N,
+                          int topk, int C)
+{
+    dev("permute_bwd", "dx", dx), dev("permute_bwd", "dxp", dxp);
+    dev("permute_bwd", "slot_row", slot_row);
+    RUN(cpu->op.permute_bwd(ctx, dx, dxp, slot_row, N, topk, C));
+}
+
+static void g_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
+                            const float *prob, int N, int topk, int C)
+{
+    dev("unpermute_fwd", "out", out), dev("unpermute_fwd", "yp", yp);
+    dev("unpermute_fwd", "slot_row", slot_row), dev("unpermute_fwd", "prob", prob);
+    RUN(cpu->op.unpermute_fwd(ctx, out, yp, slot_row, prob, N, topk, C));
+}
+
+static void g_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                            const float *yp, const int32_t *slot_row, const float *prob, int N,
+                            int topk, int C, int rows)
+{
+    dev("unpermute_bwd", "dyp", dyp), dev("unpermute_bwd", "dprob", dprob);
+    dev("unpermute_bwd", "dout", dout), dev("unpermute_bwd", "yp", yp);
+    dev("unpermute_bwd", "slot_row", slot_row), dev("unpermute_bwd", "prob", prob);
+    RUN(cpu->op.unpermute_bwd(ctx, dyp, dprob, dout, yp, slot_row, prob, N, topk, C, rows));
+}
+
+static void g_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
+                                const int32_t *targets, int N, int V, int v0)
+{
+    dev("cross_entropy_fwd", "lse", lse), dev("cross_entropy_fwd", "tlogit", tlogit);
+    dev("cross_entropy_fwd", "logits", logits), dev("cross_entropy_fwd", "targets", targets);
+    RUN(cpu->op.cross_entropy_fwd(ctx, lse, tlogit, logits, targets, N, V, v0));
+}
+
+static void g_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
+                                const int32_t *targets, int N, int V, int v0, float scale)
+{
+    dev("cross_entropy_bwd", "dlogits", dlogits), dev("cross_entropy_bwd", "logits", logits);
+    dev("cross_entropy_bwd", "lse", lse), dev("cross_entropy_bwd", "targets", targets);
+    RUN(cpu->op.cross_entropy_bwd(ctx, dlogits, logits, lse, targets, N, V, v0, scale));
+}
+
+static void g_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                    float grad_scale, long long t)
+{
+    dev("adamw", "param", param), dev("adamw", "grad", grad);
+    dev("adamw", "m", m), dev("adamw", "v", v);
+    RUN(cpu->op.adamw(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
+                      t));
+}
+
+static void g_bf16_round(void *ctx, float *out, const float *x, size_t n)
+{
+    dev("bf16_round", "out", out), dev("bf16_round", "x", x);
+    RUN(cpu->op.bf16_round(ctx, out, x, n));
+}
+
+static void g_scale(void *ctx, float *x, float s, size_t n)
+{
+    dev("scale", "x", x);
+    RUN(cpu->op.scale(ctx, x, s, n));
+}
+
+static void g_sumsq(void *ctx, double *acc, const float *x, size_t n)
+{
+    dev("sumsq", "acc", acc), dev("sumsq", "x", x);
+    RUN(cpu->op.sumsq(ctx, acc, x, n));
+}
+
+static const struct mt_kernels guard_kernels = {
+    .name = "guard",
+    .ctx = NULL,
+    .op = {
+        .alloc = g_alloc,
+        .free = g_free,
+        .memset = g_memset,
+        .copy = g_copy,
+        .sync = g_sync,
+        .gemm = g_gemm,
+        .grouped_gemm = g_grouped_gemm,
+        .embedding_fwd = g_embedding_fwd,
+        .embedding_bwd = g_embedding_bwd,
+        .rmsnorm_fwd = g_rmsnorm_fwd,
+        .rmsnorm_bwd = g_rmsnorm_bwd,
+        .rope_fwd = g_rope_fwd,
+        .rope_bwd = g_rope_bwd,
+        .attention_fwd = g_attention_fwd,
+        .attention_bwd = g_attention_bwd,
+        .swiglu_fwd = g_swiglu_fwd,
+        .swiglu_bwd = g_swiglu_bwd,
+        .add = g_add,
+        .router_fwd = g_router_fwd,
+        .router_bwd = g_router_bwd,
+        .aux_counts = g_aux_counts,
+        .aux_loss_fwd = g_aux_loss_fwd,
+        .aux_loss_bwd = g_aux_loss_bwd,
+        .z_loss_fwd = g_z_loss_fwd,
+        .z_loss_bwd = g_z_loss_bwd,
+        .dispatch_plan = g_dispatch_plan,
+        .permute_fwd = g_permute_fwd,
+        .permute_bwd = g_permute_bwd,
+        .unpermute_fwd = g_unpermute_fwd,
+        .unpermute_bwd = g_unpermute_bwd,
+        .cross_entropy_fwd = g_cross_entropy_fwd,
+        .cross_entropy_bwd = g_cross_entropy_bwd,
+        .adamw = g_adamw,
+        .bf16_round = g_bf16_round,
+        .scale = g_scale,
+        .sumsq = g_sumsq,
+    },
+};
+
+const struct mt_kernels *mt_kernels_guard(void)
+{
+    cpu = mt_kernels_cpu();
+    return &guard_kernels;
+}

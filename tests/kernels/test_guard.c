@@ -1,0 +1,134 @@
+/* The guard backend: results equal the CPU backend's, backend memory is out of reach
+ * of host code outside an op (a read faults, naming the allocation), and ops refuse
+ * host pointers for tensors and backend pointers for host values. The failing cases
+ * run in a child process, whose exit signal and stderr are checked. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kernels/kernels.h"
+
+static const struct mt_kernels *G;
+
+/* Runs f in a child with stderr captured; returns its wait status, its stderr in msg. */
+static int in_child(void (*f)(void), char *msg, size_t len)
+{
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        signal(SIGSEGV, SIG_DFL); /* not cmocka's: the guard installs its own on alloc */
+        signal(SIGABRT, SIG_DFL);
+        f();
+        _exit(0);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < len && (n = read(fd[0], msg + got, len - 1 - got)) > 0) got += (size_t)n;
+    msg[got] = '\0';
+    close(fd[0]);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+static void test_same_results(void **state)
+{
+    (void)state;
+    const struct mt_kernels *C = mt_kernels_cpu();
+    enum mt_op missing;
+    assert_int_equal(mt_kernels_count_ops(G, &missing), MT_OP_COUNT);
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {0.5f, -1, 2, 0.25f, 3, -2}, want[4], got[4];
+    C->op.gemm(C->ctx, false, false, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, want, 2);
+    float *da = G->op.alloc(G->ctx, sizeof a), *db = G->op.alloc(G->ctx, sizeof b),
+          *dc = G->op.alloc(G->ctx, sizeof got);
+    assert_true(da && db && dc);
+    assert_true(mt_guard_owns(da, sizeof a) && !mt_guard_owns(a, sizeof a));
+    assert_false(mt_guard_owns(da, sizeof a + 4096)); /* past the end of the allocation */
+    G->op.copy(G->ctx, da, a, sizeof a);
+    G->op.copy(G->ctx, db, b, sizeof b);
+    G->op.gemm(G->ctx, false, false, 2, 2, 3, 1.0f, da, 3, db, 2, 0.0f, dc, 2);
+    G->op.copy(G->ctx, got, dc, sizeof got);
+    assert_memory_equal(want, got, sizeof got);
+    double s = 0.0, *ds = G->op.alloc(G->ctx, sizeof s);
+    G->op.memset(G->ctx, ds, 0, sizeof s);
+    G->op.sumsq(G->ctx, ds, da, 6);
+    G->op.copy(G->ctx, &s, ds, sizeof s);
+    assert_true(s == 91.0);
+    /* open/close nest: memory stays reachable until the outermost close */
+    mt_guard_open();
+    mt_guard_open();
+    mt_guard_close();
+    assert_true(da[0] == 1.0f);
+    mt_guard_close();
+    G->op.free(G->ctx, da);
+    G->op.free(G->ctx, db);
+    G->op.free(G->ctx, dc);
+    G->op.free(G->ctx, ds);
+}
+
+static volatile float sink;
+static void read_outside_op(void)
+{
+    float *d = G->op.alloc(G->ctx, 4096 * 3);
+    sink = d[1030]; /* host code reading backend memory */
+}
+
+static void host_tensor(void)
+{
+    float x[4] = {1, 2, 3, 4};
+    float *d = G->op.alloc(G->ctx, sizeof x);
+    G->op.add(G->ctx, d, d, x, 4); /* b is host memory */
+}
+
+static void device_loss(void)
+{
+    float *logits = G->op.alloc(G->ctx, sizeof(float) * 8), *lse = G->op.alloc(G->ctx, 8);
+    float *loss = G->op.alloc(G->ctx, sizeof(float));
+    G->op.memset(G->ctx, logits, 0, sizeof(float) * 8);
+    G->op.z_loss_fwd(G->ctx, loss, lse, logits, 2, 4, 1.0f); /* loss must be a host value */
+}
+
+static void test_faults(void **state)
+{
+    (void)state;
+    char msg[1024];
+    int st = in_child(read_outside_op, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+    assert_non_null(strstr(msg, "host code touched backend memory"));
+    assert_non_null(strstr(msg, "byte 4120 of allocation"));
+
+    st = in_child(host_tensor, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "add: argument 'b'"));
+    assert_non_null(strstr(msg, "is host memory"));
+
+    st = in_child(device_loss, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "z_loss_fwd: argument 'loss'"));
+    assert_non_null(strstr(msg, "writes a host value"));
+}
+
+int main(void)
+{
+    G = mt_kernels_guard();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_results),
+        cmocka_unit_test(test_faults),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
