@@ -266,7 +266,8 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
         *out = mt_kernels_guard();
         static const struct mt_device_memory dm = { NULL, dm_is_guard, dm_guard_open,
                                                     dm_guard_close };
-        return par ? mt_parallel_use_device(par, &dm, false, NULL, err) : MT_OK;
+        return par && par->world->size > 1 ? mt_parallel_use_device(par, &dm, false, NULL, err)
+                                           : MT_OK;
     }
     if (!bf16)
         return mt_err_set(err, MT_EINVAL,
@@ -280,16 +281,15 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
     const struct mt_kernels *k = mt_kernels_cuda(err);
     if (!k) return err->code;
     *out = k;
-    if (par) {
+    if (par && par->world->size > 1) { /* one process trains without collectives */
 #ifdef HAVE_NCCL
         static const struct mt_device_memory dm = { NULL, dm_is_cuda, NULL, NULL };
         return mt_parallel_use_device(par, &dm, true, mt_cuda_stream(k), err);
 #else
-        if (par->world->size > 1)
-            return mt_err_set(err, MT_EUNSUPPORTED,
-                              "--backend cuda with %d processes: this moetrain was built without "
-                              "NCCL (see ./configure --with-nccl)",
-                              par->world->size);
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "--backend cuda with %d processes: this moetrain was built without "
+                          "NCCL (see ./configure --with-nccl)",
+                          par->world->size);
 #endif
     }
     return MT_OK;

@@ -106,8 +106,9 @@ int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out
  * mt_p2p_batch matches by tag within a batch (posted in tag order).
  * A build without NCCL returns MT_EUNSUPPORTED. */
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err);
-/* Enqueues c's calls on stream (a cudaStream_t; NULL: the comm's own stream),
- * so they follow the caller's kernels without a host-side sync first. */
+/* Orders c's calls with stream (a cudaStream_t, the compute stream; NULL: none):
+ * each call runs on the comm's own stream after the work queued on stream so far
+ * and before the work queued on it afterwards (CUDA events, no host-side sync). */
 int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err);
 
 /* How a comm tells device memory from host memory (a compute backend's). */

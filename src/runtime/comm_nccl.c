@@ -5,9 +5,12 @@
  * ncclCommGetAsyncError, then the stream with cudaStreamQuery, both until the
  * comm's timeout. On expiry ncclCommAbort ends the communicator (its kernels
  * stop waiting for peers) and the call returns MT_ERUNTIME like every other
- * timeout. Each call completes before it returns, as with the other backends;
- * mt_comm_nccl_set_stream puts the calls on the caller's compute stream so
- * that they follow its kernels in order. all_to_all_v and p2p_batch are
+ * timeout. Each call completes before it returns, as with the other backends.
+ * Communication runs on the comm's own stream; mt_comm_nccl_set_stream names the
+ * caller's compute stream, and each call is then ordered after the compute work
+ * queued so far (an event the comm stream waits for) and before the compute work
+ * queued after it (an event the compute stream waits for), without a host-side
+ * synchronisation of the compute stream. all_to_all_v and p2p_batch are
  * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int. */
 #include "runtime/comm_internal.h"
 
@@ -24,7 +27,9 @@
 struct nccl_impl {
     struct mt_comm_common common;
     ncclComm_t comm;
-    cudaStream_t own, stream; /* own: created here; stream: where calls go */
+    cudaStream_t own, stream; /* own: created here; stream: where calls go (own) */
+    cudaStream_t order;       /* the compute stream calls are ordered with, or NULL */
+    cudaEvent_t ready, done;  /* compute -> comm, comm -> compute */
     int *scratch;             /* one device int for barrier */
 };
 
@@ -97,6 +102,16 @@ static int wait_comm(struct mt_comm *c, const char *op, struct mt_deadline *d, s
     }
 }
 
+/* Before a call: the comm stream waits for the compute work queued so far. */
+static int order_before(struct mt_comm *c, const char *op, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    if (!n->order) return MT_OK;
+    cudaError_t e = cudaEventRecord(n->ready, n->order);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->ready, 0);
+    return e == cudaSuccess ? MT_OK : cuda_error(c, op, e, err);
+}
+
 /* Completes a call whose enqueue returned started. */
 static int finish(struct mt_comm *c, const char *op, ncclResult_t started, struct mt_deadline *d,
                   struct mt_err *err)
@@ -104,6 +119,11 @@ static int finish(struct mt_comm *c, const char *op, ncclResult_t started, struc
     struct nccl_impl *n = impl_of(c);
     if (started != ncclSuccess && started != ncclInProgress) return nccl_error(c, op, started, err);
     MT_CHECK(wait_comm(c, op, d, err));
+    if (n->order) { /* later compute work follows the call on the device, too */
+        cudaError_t e = cudaEventRecord(n->done, n->stream);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(n->order, n->done, 0);
+        if (e != cudaSuccess) return cuda_error(c, op, e, err);
+    }
     for (;;) {
         cudaError_t e = cudaStreamQuery(n->stream);
         if (e == cudaSuccess) return MT_OK;
@@ -122,6 +142,7 @@ static int nccl_all_reduce(struct mt_comm *c, void *buf, size_t count, enum mt_d
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "all_reduce",
                   ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->comm, n->stream),
                   &d, err);
@@ -132,6 +153,7 @@ static int nccl_reduce_scatter(struct mt_comm *c, const void *send, void *recv, 
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "reduce_scatter",
                   ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->comm,
                                     n->stream),
@@ -143,6 +165,7 @@ static int nccl_all_gather(struct mt_comm *c, const void *send, void *recv, size
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "all_gather",
                   ncclAllGather(send, recv, count, nccl_type(dt), n->comm, n->stream), &d, err);
 }
@@ -153,6 +176,7 @@ static int nccl_all_to_all_v(struct mt_comm *c, const void *send, const size_t *
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     size_t sz = mt_dt_size(dt);
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; p < c->size && r == ncclSuccess; p++) {
@@ -172,6 +196,7 @@ static int nccl_broadcast(struct mt_comm *c, void *buf, size_t count, enum mt_dt
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "broadcast",
                   ncclBroadcast(buf, buf, count, nccl_type(dt), root, n->comm, n->stream), &d,
                   err);
@@ -182,6 +207,7 @@ static int nccl_send(struct mt_comm *c, const void *buf, size_t count, enum mt_d
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "send", ncclSend(buf, count, nccl_type(dt), peer, n->comm, n->stream), &d,
                   err);
 }
@@ -191,6 +217,7 @@ static int nccl_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, 
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "recv", ncclRecv(buf, count, nccl_type(dt), peer, n->comm, n->stream), &d,
                   err);
 }
@@ -223,6 +250,7 @@ static int nccl_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int nops,
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     ncclResult_t r = ncclGroupStart();
     int tag = 0;
     for (bool first = true; r == ncclSuccess && next_tag(ops, nops, first, &tag); first = false)
@@ -240,6 +268,7 @@ static int nccl_barrier(struct mt_comm *c, struct mt_err *err)
 {
     struct nccl_impl *n = impl_of(c);
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
     return finish(c, "barrier",
                   ncclAllReduce(n->scratch, n->scratch, 1, ncclInt32, ncclSum, n->comm,
                                 n->stream),
@@ -257,6 +286,8 @@ static void nccl_destroy(struct mt_comm *c)
     }
     if (n->scratch) cudaFree(n->scratch);
     if (n->own) cudaStreamDestroy(n->own);
+    if (n->ready) cudaEventDestroy(n->ready);
+    if (n->done) cudaEventDestroy(n->done);
     mt_comm_free(c);
 }
 
@@ -328,6 +359,11 @@ int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err)
         return mt_err_set(err, MT_EINVAL, "communicator %s is not an NCCL communicator",
                           c ? c->name : "?");
     struct nccl_impl *n = impl_of(c);
-    n->stream = stream ? (cudaStream_t)stream : n->own;
+    if (stream && !n->ready) {
+        cudaError_t e = cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming);
+        if (e != cudaSuccess) return cuda_error(c, "set_stream", e, err);
+    }
+    n->order = (cudaStream_t)stream;
     return MT_OK;
 }

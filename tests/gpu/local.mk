@@ -2,8 +2,12 @@
 # (included from kernels/local.mk). The programs exit 77 (skip) without a CUDA device,
 # except test_cuda_table, which checks the op table and the no-device error everywhere.
 # The .sh wrappers run them under the exit-status driver, which understands 77.
-MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh bench/gpu_step.sh
+MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
+	bench/gpu_step.sh
 MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c bench/gpu_ops.c
+# The training-parity script's comparisons, CPU against CPU: needs no GPU, runs everywhere.
+TESTS += tests/gpu/train_parity_cpu.sh
+EXTRA_DIST += tests/gpu/train_parity_cpu.sh bench/torch_moe_step.py bench/qwen3_30b_proxy.nml
 # numpy emulation of the kernels' tensor-core index math, for work without a GPU (manual)
 EXTRA_DIST += tests/gpu/mma_emulation.py
 
@@ -11,7 +15,7 @@ if HAVE_CUDA
 GPU_TEST_LIBS = libmt_cuda.la libmt_kernels.la libmt_util.la $(MT_LIBS) $(cuda_LIBS) -lstdc++
 
 check_PROGRAMS += tests/gpu/test_cuda_table tests/gpu/test_parity bench/gpu_ops
-TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh
+TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh
 EXTRA_DIST += $(MT_GPU_TEST_SH)
 
 tests_gpu_test_cuda_table_SOURCES = tests/gpu/test_cuda_table.c

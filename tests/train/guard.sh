@@ -41,3 +41,11 @@ run second guard "$moe" training%train_iters=6 "checkpoint%load='r'" "checkpoint
 grep -q "loaded checkpoint" second.log || fail "the resumed run did not load"
 cmp s/iter_0000006/state.bin r/iter_0000006/state.bin || fail "resume under the guard backend differs"
 echo "checkpoint save and resume under guard: bit-exact"
+# --backend cuda refuses fp32 (its GEMMs are bf16), before touching a device
+if "$MOETRAIN" --backend=cuda "$small" > cuda.log 2>&1; then
+    fail "--backend cuda with params_dtype fp32 ran"
+fi
+grep -q "set precision%params_dtype = 'bf16'" cuda.log || { cat cuda.log; fail "no fix named for --backend cuda in fp32"; }
+"$MOETRAIN" --backend=gpu "$small" > bad.log 2>&1 && fail "--backend gpu accepted"
+grep -q "takes cpu, cuda or guard" bad.log || { cat bad.log; fail "unclear message for --backend gpu"; }
+echo "--backend errors ok"
