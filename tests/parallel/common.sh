@@ -8,16 +8,20 @@
 # outputs. In fp32 (unit roundoff u = 6e-8) each reduced value then differs by a few u
 # relative, and AdamW, which normalises the gradient, passes a relative gradient
 # difference into the update at the same relative size: over 12 steps the
-# trajectories measured here stay within ~1e-8 (loss), ~6e-7 (grad norm), ~1e-6
-# (parameters, norm-based per tensor) and ~2e-6 (Adam moments of the norm weights).
-# The bounds leave 5x to 100x of headroom; a real fault (a missing TP reduction, a replica counted twice in the norm,
+# trajectories measured here stay within ~1e-8 (loss), ~1e-6 (grad norm), ~1e-6
+# (parameters, norm-based per tensor) and ~2e-6 (Adam moments of the norm weights),
+# except at rounding-sensitive steps: with tied embeddings over PP 2 (seed 1234, step
+# 8) the gradient norm differs by 8.7e-6 and the second moment of layer 0's q_norm
+# weight by 1.3e-5 (a norm weight's gradient is a sum of many cancelling terms). The
+# bounds leave 4x to 100x over the worst of these; a real fault (a missing TP
+# reduction, a replica counted twice in the norm,
 # a wrong shard, a token routed by local instead of global statistics) moves the loss
 # by 1e-3 or more and the gradient norm by percents. Routing decisions (top-k,
 # capacity drops) must be identical: expert loads and dropped tokens compare exactly.
 TOL_LOSS=2e-6     # lm loss, validation loss
 TOL_AUX=1e-5      # balancing and z losses (small sums of many terms)
-TOL_NORM=1e-5     # gradient norm
-TOL_PARAMS=1e-5   # final parameters and moments, per tensor
+TOL_NORM=5e-5     # gradient norm
+TOL_PARAMS=5e-5   # final parameters and moments, per tensor
 
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
