@@ -351,7 +351,7 @@ int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out
     return mt_comm_self_create_at(name, timeout_s, 0, out, err);
 }
 
-#ifndef HAVE_NCCL
+#if !defined(HAVE_NCCL) || !defined(HAVE_CUDA) /* configure builds NCCL only with CUDA */
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err)
 {
     return mt_err_set(err, MT_EUNSUPPORTED,
