@@ -3,6 +3,7 @@
 # except test_cuda_table, which checks the op table and the no-device error everywhere.
 # The .sh wrappers run them under the exit-status driver, which understands 77.
 MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
+	tests/gpu/test_parity_cpu.sh \
 	bench/gpu_step.sh
 MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c bench/gpu_ops.c
 # The training-parity script's comparisons, CPU against CPU: needs no GPU, runs everywhere.
@@ -15,7 +16,8 @@ if HAVE_CUDA
 GPU_TEST_LIBS = libmt_cuda.la libmt_kernels.la libmt_util.la $(MT_LIBS) $(cuda_LIBS) -lstdc++
 
 check_PROGRAMS += tests/gpu/test_cuda_table tests/gpu/test_parity bench/gpu_ops
-TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh
+TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
+	tests/gpu/test_parity_cpu.sh
 EXTRA_DIST += $(MT_GPU_TEST_SH)
 
 tests_gpu_test_cuda_table_SOURCES = tests/gpu/test_cuda_table.c
