@@ -1051,13 +1051,12 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
     if (m->nmoe > 0) {
         memset(m->expert_bias, 0, sizeof(float) * (size_t)m->nmoe * m->E);
         mt_model_reset_expert_counts(m);
+        mt_model_buffers_updated(m);
     }
     mt_model_params_updated(m);
 }
 
-/* The routers read the expert biases from backend memory; the host copy is the master
- * (updated from host counts, checkpointed). */
-static void sync_expert_bias(struct mt_model *m)
+void mt_model_buffers_updated(struct mt_model *m)
 {
     if (m->expert_bias_dev)
         m->k->op.copy(m->k->ctx, m->expert_bias_dev, m->expert_bias,
@@ -1067,7 +1066,6 @@ static void sync_expert_bias(struct mt_model *m)
 void mt_model_params_updated(struct mt_model *m)
 {
     if (m->bf16) m->k->op.bf16_round(m->k->ctx, m->work, m->params, m->nparams);
-    sync_expert_bias(m);
 }
 
 void mt_model_zero_grad(struct mt_model *m)
@@ -1111,7 +1109,7 @@ void mt_model_update_expert_bias(struct mt_model *m)
             b[e] += m->bias_rate * (float)((off > 0) - (off < 0));
         }
     }
-    sync_expert_bias(m);
+    mt_model_buffers_updated(m);
 }
 
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)

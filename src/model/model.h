@@ -136,6 +136,9 @@ float *mt_model_grads(struct mt_model *m);      /* same layout */
 /* Non-trainable state to checkpoint: the expert biases, [num_moe_layers][num_experts]
  * fp32 (HF: mlp.gate.e_score_correction_bias); *n gets the count (0 when disabled). */
 float *mt_model_buffers(struct mt_model *m, size_t *n);
+/* After the buffers were written through mt_model_buffers (a checkpoint load): the
+ * routers read the expert biases from a backend-memory copy of that host master. */
+void mt_model_buffers_updated(struct mt_model *m);
 /* The backend the model's memory belongs to (params and grads are its memory). */
 const struct mt_kernels *mt_model_kernels(const struct mt_model *m);
 

@@ -4,8 +4,6 @@
  * device path, and host-side bookkeeping (a few scalars, counts) the host one. */
 #include "runtime/comm_internal.h"
 
-#include <stdlib.h>
-#include <string.h>
 
 struct dual_impl {
     struct mt_comm_common common;
@@ -16,19 +14,20 @@ struct dual_impl {
 
 static struct dual_impl *dual(struct mt_comm *c) { return c->impl; }
 
-/* Which comm takes a call on these buffers (n of them, NULL ones ignored): the device
- * comm when all are device memory, the host comm when none is; NULL with an error when
- * they are mixed. */
-static struct mt_comm *route(struct mt_comm *c, const char *call, const void *const *bufs, int n,
-                             struct mt_err *err)
+/* Counts the buffers set (NULL ones are ignored) and those in device memory. */
+static void classify(const struct dual_impl *d, const void *p, int *nset, int *ndev)
+{
+    if (!p) return;
+    (*nset)++;
+    if (d->dm.is_device(d->dm.arg, p)) (*ndev)++;
+}
+
+/* Which comm takes a call whose nset buffers hold ndev in device memory: the device
+ * comm when all are, the host comm when none is; NULL with an error when mixed. */
+static struct mt_comm *pick(struct mt_comm *c, const char *call, int nset, int ndev,
+                            struct mt_err *err)
 {
     struct dual_impl *d = dual(c);
-    int ndev = 0, nset = 0;
-    for (int i = 0; i < n; i++) {
-        if (!bufs[i]) continue;
-        nset++;
-        if (d->dm.is_device(d->dm.arg, bufs[i])) ndev++;
-    }
     if (ndev && ndev != nset) {
         mt_err_set(err, MT_EINVAL,
                    "%s on %s: buffers in both host and device memory (an internal error: a "
@@ -37,6 +36,14 @@ static struct mt_comm *route(struct mt_comm *c, const char *call, const void *co
         return NULL;
     }
     return ndev ? d->device : d->host;
+}
+
+static struct mt_comm *route(struct mt_comm *c, const char *call, const void *const *bufs, int n,
+                             struct mt_err *err)
+{
+    int nset = 0, ndev = 0;
+    for (int i = 0; i < n; i++) classify(dual(c), bufs[i], &nset, &ndev);
+    return pick(c, call, nset, ndev, err);
 }
 
 #define ROUTED(call, expr, ...)                                                            \
@@ -102,13 +109,11 @@ static int d_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int
 static int d_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
                        struct mt_err *err)
 {
-    const void **bufs = calloc((size_t)(n > 0 ? n : 1), sizeof *bufs);
-    if (!bufs) return mt_err_set(err, MT_ENOMEM, "p2p_batch on %s: out of memory", c->name);
-    for (int i = 0; i < n; i++) bufs[i] = ops[i].buf;
-    struct mt_comm *to = route(c, "p2p_batch", bufs, n, err);
-    free(bufs);
-    if (!to) return err->code;
     struct dual_impl *d = dual(c);
+    int nset = 0, ndev = 0;
+    for (int i = 0; i < n; i++) classify(d, ops[i].buf, &nset, &ndev);
+    struct mt_comm *to = pick(c, "p2p_batch", nset, ndev, err);
+    if (!to) return err->code;
     bool dev = to == d->device;
     if (dev && d->dm.enter) d->dm.enter(d->dm.arg);
     int rc = mt_p2p_batch(to, ops, n, dt, err);

@@ -334,6 +334,7 @@ int mt_ckpt_load_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
         own_pack(m, mo, vo, &me, false, buf, false);
         mt_optim_import(o, mo, vo);
         mt_model_params_updated(m);
+        mt_model_buffers_updated(m);
         *found = true;
     }
     free(infos);

@@ -193,6 +193,7 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
                           sizeof(float) * v.nparams);
             mt_optim_import(t->optim, v.adam_m, v.adam_v);
             mt_model_params_updated(t->model);
+            mt_model_buffers_updated(t->model);
         }
         free_view(&vs);
         if (rc != MT_OK) return rc;

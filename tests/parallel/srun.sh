@@ -6,21 +6,7 @@
 # parallel one (PP 2 x EP 2) whose stages talk across the nodes (tolerances:
 # tests/parallel/common.sh). Skips (77) when Slurm cannot be started here.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
-[ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
-command -v srun > /dev/null 2>&1 || skip "no srun"
-cluster="$MT_TOP_SRCDIR/tests/slurm/cluster.sh"
-dir="$tmp/cluster"
-MT_SLURM_NODES=2 sh "$cluster" start "$dir"
-rc=$?
-[ $rc -eq 77 ] && skip "no Slurm cluster here (see above)"
-[ $rc -eq 0 ] || fail "cluster.sh start"
-cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
-eval "$(sh "$cluster" env "$dir")"
-srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
-# OpenMPI across emulated nodes of one host: TCP over loopback, no shared memory.
-OMPI_MCA_btl=self,tcp
-OMPI_MCA_btl_tcp_if_include=lo
-export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
+start_slurm_cluster 2
 # launch NP PROGRAM ARGS...: a batch job (sbatch --wait) whose one step is
 # srun --mpi=pmix over both nodes; prints the job's output, returns its status.
 launch() {

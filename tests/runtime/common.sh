@@ -48,3 +48,29 @@ need_mpirun() { have_mpirun || skip "$why"; }
 mpirun_np() { n=$1; shift; timeout 120 "$MPIRUN" --oversubscribe -np "$n" "$@"; }
 # count PATTERN FILE: lines of FILE matching PATTERN (fixed string)
 count() { grep -cF -- "$1" "$2"; }
+
+# start_slurm_cluster [NODES]: starts the local Slurm cluster of tests/slurm/cluster.sh
+# (NODES nodes, else its default) under $tmp/cluster, stopped on exit; puts its
+# environment in this shell and OpenMPI on TCP over loopback (emulated nodes of one
+# host). Skips (77) when the build lacks MPI or PMIx, when Slurm cannot run here, or
+# when srun has no pmix plugin. Sets cluster (the script) and dir (the cluster's state).
+start_slurm_cluster() {
+    [ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
+    command -v srun > /dev/null 2>&1 || skip "no srun"
+    cluster="$MT_TOP_SRCDIR/tests/slurm/cluster.sh"
+    dir="$tmp/cluster"
+    if [ -n "${1:-}" ]; then
+        MT_SLURM_NODES=$1 sh "$cluster" start "$dir"
+    else
+        sh "$cluster" start "$dir"
+    fi
+    rc=$?
+    [ $rc -eq 77 ] && skip "no Slurm cluster here (see above)"
+    [ $rc -eq 0 ] || fail "cluster.sh start"
+    cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
+    eval "$(sh "$cluster" env "$dir")"
+    srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
+    OMPI_MCA_btl=self,tcp
+    OMPI_MCA_btl_tcp_if_include=lo
+    export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
+}

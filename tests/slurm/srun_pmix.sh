@@ -6,29 +6,17 @@
 # printing a layout error once. The cluster is stopped and nothing is left
 # running. Skips (77) when Slurm cannot be started here.
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
-[ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
-command -v srun > /dev/null 2>&1 || skip "no srun"
-cluster="$MT_TOP_SRCDIR/tests/slurm/cluster.sh"
 prog=$(own mt_srun "$MT_TOP_BUILDDIR/tests/runtime/comm_check")
 mt=$(own mt_srun_cli "$MOETRAIN")
 nml="$MT_TOP_SRCDIR/tests/fixtures/train/small.nml"
 cd "$tmp"
 
-dir="$tmp/cluster"
-MT_SLURM_NODES=4 sh "$cluster" start "$dir"
-rc=$?
-[ $rc -eq 77 ] && skip "no Slurm cluster here (see above)"
-[ $rc -eq 0 ] || fail "cluster.sh start"
-cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
+start_slurm_cluster 4
 daemons=$(cat "$dir"/*.pid "$dir"/munge/munged.pid 2>/dev/null)
-eval "$(sh "$cluster" env "$dir")"
-srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
 # Every PMIx fence must be a barrier across nodes: OpenMPI's MPI_Init ends
 # with a fence without data (cluster.sh: PMIxCollFence=ring, and why).
 scontrol show config 2>/dev/null | grep -q '^PMIxCollFence *= *ring' ||
     { scontrol show config | grep -i pmix; fail "cluster.sh: PMIxCollFence is not ring"; }
-# OpenMPI across emulated nodes of one host: TCP over loopback, no shared memory.
-OMPI_MCA_btl=self,tcp; OMPI_MCA_btl_tcp_if_include=lo; export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
 
 # 1. srun: 4 tasks on n1 (switch s0) and n3 (switch s1).
 timeout 60 srun --mpi=pmix -w n1,n3 -N 2 -n 4 --overcommit "$prog" > out 2> err ||

@@ -7,23 +7,11 @@
 # switch, 'linear' shows the split. Bindings with --cpu-bind=none.
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 . "$MT_TOP_SRCDIR/tests/topo/common.sh"
-[ "$MT_HAVE_MPI" = yes ] && [ "$MT_HAVE_PMIX" = yes ] || skip "built without MPI or PMIx"
-command -v srun > /dev/null 2>&1 || skip "no srun"
-cluster="$MT_TOP_SRCDIR/tests/slurm/cluster.sh"
-[ -f "$cluster" ] || skip "no tests/slurm/cluster.sh"
 F="$MT_TOP_SRCDIR/tests/fixtures/topo"
 mt=$(own mt_topo_srun "$MOETRAIN")
 cd "$tmp"
 
-dir="$tmp/cluster"
-sh "$cluster" start "$dir"
-rc=$?
-[ $rc -eq 77 ] && skip "no Slurm cluster here (see above)"
-[ $rc -eq 0 ] || fail "cluster.sh start"
-cleanup "[ -d '$dir' ] && sh '$cluster' stop '$dir'"
-eval "$(sh "$cluster" env "$dir")"
-srun --mpi=list 2>&1 | grep -q pmix || skip "srun has no mpi/pmix plugin"
-OMPI_MCA_btl=self,tcp; OMPI_MCA_btl_tcp_if_include=lo; export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
+start_slurm_cluster
 sizes="parallel%tensor_model_parallel_size=2 parallel%expert_model_parallel_size=2"
 sizes="$sizes parallel%expert_tensor_parallel_size=1"
 run() { timeout 90 srun --mpi=pmix -w n1,n3 -N 2 -n 4 -m cyclic --cpu-bind=none "$mt" topo "$@"; }
