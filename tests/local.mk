@@ -27,3 +27,4 @@ check-unit:
 	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(UNIT_TESTS)'
 .PHONY: check-unit
 include tests/train/local.mk
+include tests/doc/local.mk
