@@ -31,7 +31,11 @@ int main(void)
          ".PP\n"
          "Group and key names follow Megatron-Core's command-line flags with \\fB_\\fR for "
          "\\fB\\-\\fR, scoped by group. A default of 0 described as derived is resolved from "
-         "other keys; \\fBmoetrain \\-\\-print\\-config\\fR shows every resolved value.");
+         "other keys; \\fBmoetrain \\-\\-print\\-config\\fR shows every resolved value. "
+         "Sizes derived from several keys (such as 4 x hidden_size, num_attention_heads x "
+         "kv_channels, micro_batch_size x seq_length x router_topk, micro_batch_size x the "
+         "data-parallel size) are checked in 64 bits and must not exceed 2147483647; "
+         "\\fBmoetrain \\-\\-check\\fR names the keys of one that does.");
     puts(".SH KEYS");
     const char *group = "";
     for (const struct mt_key *k = mt_schema; k->name; k++) {

@@ -2,8 +2,8 @@
 #include "config/config.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,6 +361,7 @@ static int check_order(const char *order, const struct mt_layout *l, struct mt_e
 {
     static const char *const dims[] = { "tp", "cp", "ep", "dp", "pp" };
     bool seen[5] = { false };
+    int last = -1;
     char buf[64];
     snprintf(buf, sizeof buf, "%s", order);
     for (char *save = NULL, *tok = strtok_r(buf, "-", &save); tok;
@@ -377,7 +378,18 @@ static int check_order(const char *order, const struct mt_layout *l, struct mt_e
             return mt_err_set(err, MT_EINVAL, "&parallel order = '%s': '%s' appears twice",
                               order, dims[d]);
         seen[d] = true;
+        last = d;
     }
+    /* Megatron builds the attention and the expert groups from two rank generators
+     * that share this order; only with pp slowest (last) do both put a rank in the
+     * same pipeline stage. Otherwise expert-data-parallel groups span stages. */
+    if (seen[4] && last != 4)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel order = '%s': 'pp' must come last (the slowest-varying "
+                          "dimension), or expert-data-parallel groups would span pipeline "
+                          "stages; accepted orders are tp, cp, ep, dp in any order followed "
+                          "by pp, e.g. 'tp-cp-ep-dp-pp' (the default) or 'tp-dp-pp'",
+                          order);
     const int sizes[5] = { l->tp, l->cp, l->ep, l->dp, l->pp };
     for (int j = 0; j < 5; j++)
         if (!seen[j] && sizes[j] > 1)
@@ -387,12 +399,22 @@ static int check_order(const char *order, const struct mt_layout *l, struct mt_e
     return MT_OK;
 }
 
-static bool is_number(const char *s)
+/* A size derived from the namelist, computed in 64 bits: refused beyond MT_SIZE_MAX
+ * with what it is made of (the printf-style `what`, e.g. "micro_batch_size (8) x
+ * seq_length (128)") and the fix. */
+static int check_size(long long v, struct mt_err *err, const char *fix, const char *what, ...)
+    __attribute__((format(printf, 4, 5)));
+static int check_size(long long v, struct mt_err *err, const char *fix, const char *what, ...)
 {
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    return end != s && *end == '\0' && isfinite(x);
+    if (v <= MT_SIZE_MAX) return MT_OK;
+    char buf[512];
+    va_list ap;
+    va_start(ap, what);
+    vsnprintf(buf, sizeof buf, what, ap);
+    va_end(ap);
+    return mt_err_set(err, MT_EINVAL,
+                      "%s = %lld, more than %d, the largest size moetrain computes with; %s",
+                      buf, v, MT_SIZE_MAX, fix);
 }
 
 static int check_data(const struct mt_config *c, struct mt_err *err)
@@ -403,38 +425,17 @@ static int check_data(const struct mt_config *c, struct mt_err *err)
                           "&data: no data_path and mock_data = .false.; set data_path = "
                           "'PREFIX' (a .bin/.idx pair from moetrain-preprocess) or mock_data = "
                           ".true.");
-    if (d->data_path_len > 1) {
-        if (d->data_path_len % 2)
-            return mt_err_set(err, MT_EINVAL,
-                              "&data data_path has %d entries; a blend is pairs of weight and "
-                              "prefix: '0.3','prefix1','0.7','prefix2'",
-                              d->data_path_len);
-        for (int i = 0; i < d->data_path_len; i += 2)
-            if (!is_number(d->data_path[i]) || strtod(d->data_path[i], NULL) < 0)
-                return mt_err_set(err, MT_EINVAL,
-                                  "&data data_path(%d) = '%s' should be a non-negative weight "
-                                  "(blends are weight, prefix pairs)",
-                                  i + 1, d->data_path[i]);
+    if (d->data_path_len > 0) {
+        struct mt_data_blend *b = malloc(sizeof *b);
+        if (!b)
+            return mt_err_set(err, MT_ENOMEM, "out of memory checking &data data_path (%zu "
+                              "bytes)", sizeof *b);
+        int rc = mt_config_data_blend(d, b, err);
+        free(b);
+        MT_CHECK(rc);
     }
-    for (int i = 0; i < d->data_path_len; i++)
-        if (d->data_path[i][0] == '\0')
-            return mt_err_set(err, MT_EINVAL, "&data data_path(%d) is empty", i + 1);
-    double parts[3] = { 0, 0, 0 };
-    int n = 0;
-    char buf[64];
-    snprintf(buf, sizeof buf, "%s", d->split);
-    for (char *save = NULL, *tok = strtok_r(buf, ",/", &save); tok;
-         tok = strtok_r(NULL, ",/", &save)) {
-        if (n == 3 || !is_number(tok) || strtod(tok, NULL) < 0)
-            return mt_err_set(err, MT_EINVAL,
-                              "&data split = '%s': expected up to three non-negative numbers "
-                              "such as '969,30,1'",
-                              d->split);
-        parts[n++] = strtod(tok, NULL);
-    }
-    if (parts[0] + parts[1] + parts[2] <= 0)
-        return mt_err_set(err, MT_EINVAL, "&data split = '%s' sums to zero", d->split);
-    return MT_OK;
+    double split[3];
+    return mt_config_data_split(d->split, split, err);
 }
 
 int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
@@ -457,7 +458,12 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                               m->hidden_size, m->num_attention_heads);
         m->kv_channels = m->hidden_size / m->num_attention_heads;
     }
-    if (m->ffn_hidden_size == 0) m->ffn_hidden_size = 4 * m->hidden_size;
+    if (m->ffn_hidden_size == 0) {
+        MT_CHECK(check_size(4LL * m->hidden_size, err, "set ffn_hidden_size explicitly",
+                            "&model ffn_hidden_size = 0 defaults to 4 x hidden_size (%d)",
+                            m->hidden_size));
+        m->ffn_hidden_size = 4 * m->hidden_size;
+    }
     if (e->moe_ffn_hidden_size == 0) e->moe_ffn_hidden_size = m->ffn_hidden_size;
     if (p->expert_tensor_parallel_size == 0)
         p->expert_tensor_parallel_size = p->tensor_model_parallel_size;
@@ -477,6 +483,15 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
         return mt_err_set(err, MT_EINVAL,
                           "&model kv_channels = %d must be even (RoPE rotates pairs)",
                           m->kv_channels);
+    MT_CHECK(check_size((long long)m->num_attention_heads * m->kv_channels, err,
+                        "lower one of them",
+                        "&model num_attention_heads (%d) x kv_channels (%d), the query width",
+                        m->num_attention_heads, m->kv_channels));
+    const long long tokens = (long long)t->micro_batch_size * t->seq_length;
+    MT_CHECK(check_size(tokens, err, "lower one of them",
+                        "&training micro_batch_size (%d) x seq_length (%d), the tokens of a "
+                        "micro-batch",
+                        t->micro_batch_size, t->seq_length));
 
     /* MoE */
     if (e->num_experts > 0) {
@@ -502,6 +517,23 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                                   i + 1);
         for (int i = 0; i < m->num_layers; i++) e->layer_freq[i] = 0;
         e->layer_freq_len = m->num_layers;
+    }
+    if (e->num_experts > 0) {
+        MT_CHECK(check_size(tokens * e->router_topk, err, "lower one of them",
+                            "&training micro_batch_size (%d) x seq_length (%d) x &moe "
+                            "router_topk (%d), the expert rows of a micro-batch",
+                            t->micro_batch_size, t->seq_length, e->router_topk));
+        /* Megatron's capacity: ceil(tokens * topk / num_experts * factor) per expert */
+        double cap = ceil((double)tokens * e->router_topk / e->num_experts *
+                          e->expert_capacity_factor);
+        if (cap * e->num_experts > MT_SIZE_MAX)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe expert_capacity_factor = %g gives each of the num_experts = "
+                              "%d experts a capacity of %.0f rows of a micro-batch (%d x %d "
+                              "tokens, router_topk %d), more than %d in all, the largest size "
+                              "moetrain computes with; lower expert_capacity_factor",
+                              e->expert_capacity_factor, e->num_experts, cap,
+                              t->micro_batch_size, t->seq_length, e->router_topk, MT_SIZE_MAX);
     }
     if (e->pad_expert_input_to_capacity && e->expert_capacity_factor <= 0)
         return mt_err_set(err, MT_EINVAL,
@@ -630,8 +662,13 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           l->cp);
 
     /* batch */
-    if (t->global_batch_size == 0) t->global_batch_size = t->micro_batch_size * l->dp;
-    long long per_step = (long long)t->micro_batch_size * l->dp;
+    const long long per_step = (long long)t->micro_batch_size * l->dp;
+    MT_CHECK(check_size(per_step, err, "lower micro_batch_size",
+                        "&training micro_batch_size (%d) x data-parallel size (%d), the "
+                        "sequences of one micro-batch step%s",
+                        t->micro_batch_size, l->dp,
+                        t->global_batch_size ? "" : " and the default global_batch_size"));
+    if (t->global_batch_size == 0) t->global_batch_size = (int)per_step;
     if (t->global_batch_size % per_step)
         return mt_err_set(err, MT_EINVAL,
                           "&training global_batch_size = %d is not divisible by "

@@ -7,6 +7,7 @@
 #ifndef MT_CONFIG_CONFIG_H
 #define MT_CONFIG_CONFIG_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -16,6 +17,10 @@
 #define MT_MAX_LAYERS 1024
 #define MT_MAX_DATA_PATHS 64
 #define MT_STR_MAX 1024
+/* The largest size or count the trainer computes with: widths, tokens of a
+ * micro-batch, rows routed to experts and batch sizes are C ints (the kernels take
+ * int sizes), so every one derived from the namelist must fit. */
+#define MT_SIZE_MAX INT_MAX
 
 struct mt_config_model {
     int num_layers;
@@ -112,6 +117,7 @@ struct mt_config_checkpoint {
     char load[MT_STR_MAX];
     int save_interval;
     int keep_last;                   /* 0: keep all */
+    bool load_optional;              /* a load dir without a checkpoint: start fresh */
 };
 
 struct mt_config_logging {
@@ -175,6 +181,27 @@ int mt_config_resolve(struct mt_config *cfg, int world_size, struct mt_layout *l
  * give the first/last stage their own count, the rest split evenly over the others. */
 void mt_config_pp_layers(const struct mt_config *cfg, int stage, int chunk, int *first_layer,
                          int *count);
+
+/* &data data_path, read as Megatron's get_blend_from_list reads --data-path: the
+ * elements are split at blanks into words; an even number of words whose 1st, 3rd,
+ * ... are all numbers is weight/prefix pairs (a weighted blend), anything else is
+ * prefixes only (one prefix, or an unweighted blend: one epoch of each, blended by
+ * size). A weight must be finite and > 0 and the weights' sum finite; they are
+ * normalised to sum 1 (0 when unweighted). The one rule both --check (through
+ * mt_config_resolve) and the data loader apply. */
+struct mt_data_blend {
+    int n;                                      /* datasets */
+    bool weighted;
+    double weight[MT_MAX_DATA_PATHS];
+    char prefix[MT_MAX_DATA_PATHS][MT_STR_MAX];
+};
+int mt_config_data_blend(const struct mt_config_data *d, struct mt_data_blend *out,
+                         struct mt_err *err);
+
+/* &data split, as Megatron's parse_and_normalize_split: up to three finite,
+ * non-negative numbers (train, valid, test; missing ones are 0) separated by ',',
+ * '/' or blanks, with a finite sum > 0; normalised to sum 1. */
+int mt_config_data_split(const char *split, double vec[3], struct mt_err *err);
 
 /* Writes the whole configuration as namelist groups (gfortran-readable). */
 int mt_config_print(const struct mt_config *cfg, FILE *out);

@@ -1,7 +1,7 @@
 noinst_LTLIBRARIES += libmt_config.la
 MT_MODULE_LIBS += libmt_config.la
 libmt_config_la_SOURCES = src/config/config.c src/config/config.h \
-	src/config/schema.c src/config/schema.h
+	src/config/schema.c src/config/schema.h src/config/data_rules.c
 
 check_PROGRAMS += tests/config/test_config
 TESTS += tests/config/test_config tests/config/print_config_gfortran.sh

@@ -100,7 +100,9 @@ const struct mt_key mt_schema[] = {
     KINT(parallel, expert_tensor_parallel_size, 0, 0, IMAX,
          "tensor parallel size inside each expert (ETP); 0 = tensor_model_parallel_size"),
     KSTR(parallel, order, "tp-cp-ep-dp-pp",
-         "rank order of the parallel dimensions, fastest first"),
+         "rank order of the parallel dimensions, fastest first: tp, cp, ep, dp in any order, "
+         "then pp, which must come last (as Megatron requires: otherwise expert-data-parallel "
+         "groups span pipeline stages); a dimension of size 1 may be left out"),
     KBOOL(parallel, sequence_parallel, 0,
           "split norms, residuals and dropout-free regions along the sequence across TP ranks "
           "(required with TP > 1 and MoE)"),
@@ -113,7 +115,8 @@ const struct mt_key mt_schema[] = {
     /* &training */
     KINT(training, micro_batch_size, 1, 1, IMAX, "sequences per micro-batch"),
     KINT(training, global_batch_size, 0, 0, IMAX,
-         "sequences per iteration; 0 = micro_batch_size * data-parallel size"),
+         "sequences per iteration; 0 = micro_batch_size * data-parallel size (which, like "
+         "micro_batch_size * seq_length, must not exceed 2147483647)"),
     KINT(training, seq_length, 128, 1, IMAX, "tokens per sequence"),
     KINT(training, train_iters, 100, 1, IMAX, "iterations to train"),
     KINT(training, seed, 1234, 0, IMAX, "seed for init, data order and routing noise"),
@@ -142,16 +145,32 @@ const struct mt_key mt_schema[] = {
 
     /* &data */
     KSARR(data, data_path,
-          "dataset prefixes, optionally weighted: 'prefix' or '0.3','p1','0.7','p2'"),
-    KSTR(data, split, "969,30,1", "train,valid,test proportions of the documents"),
+          "dataset prefixes, optionally weighted: 'prefix', 'p1','p2' (an unweighted blend: "
+          "one epoch of each, blended by size, as in Megatron) or '0.3','p1','0.7','p2'; "
+          "elements are also split at blanks; weights must be finite and > 0 (0 is refused: "
+          "remove the dataset) with a finite sum. Replace a dataset only atomically (write "
+          "new files and rename them over the old ones): a .bin rewritten in place while a "
+          "run reads it stops the run if its size changed, and feeds it other tokens if not"),
+    KSTR(data, split, "969,30,1",
+         "train,valid,test proportions of the documents: up to three finite, non-negative "
+         "numbers separated by ',', '/' or blanks, with a finite sum > 0"),
     KBOOL(data, mock_data, 0, "random tokens instead of a dataset (benchmarks)"),
     KSTR(data, data_cache_path, "", "directory for cached sample indices; '' = no cache"),
 
     /* &checkpoint */
     KSTR(checkpoint, save, "", "directory to save checkpoints into; '' = never save"),
-    KSTR(checkpoint, load, "", "checkpoint directory to resume from; '' = start fresh"),
+    KSTR(checkpoint, load, "",
+         "checkpoint directory (or one of its iter_* directories) to resume from; '' = start "
+         "from initialisation. A directory that holds no checkpoint is an error unless "
+         "load_optional"),
     KINT(checkpoint, save_interval, 0, 0, IMAX, "iterations between saves; 0 = only at the end"),
-    KINT(checkpoint, keep_last, 0, 0, IMAX, "keep only the newest N checkpoints; 0 = keep all"),
+    KINT(checkpoint, keep_last, 0, 0, IMAX,
+         "keep only the N most recently written checkpoints (never the one 'latest' names); "
+         "0 = keep all"),
+    KBOOL(checkpoint, load_optional, 0,
+          ".true.: a load directory that does not exist or holds no checkpoint yet starts "
+          "from initialisation (a job that saves and resumes in one directory); .false.: "
+          "that is an error"),
 
     /* &logging */
     KINT(logging, log_interval, 10, 1, IMAX, "iterations between log lines"),

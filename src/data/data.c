@@ -7,7 +7,6 @@
  * both kinds of index are cached (cache.c). */
 #include "data/data_internal.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -90,42 +89,6 @@ static int requested_samples(const struct mt_config_training *t, uint64_t out[MT
     return MT_OK;
 }
 
-/* Megatron's parse_and_normalize_split: up to three non-negative numbers. */
-static int parse_split(const char *s, double vec[MT_NUM_SPLITS], struct mt_err *err)
-{
-    int n = 0;
-    double sum = 0;
-    const char *p = s;
-    vec[0] = vec[1] = vec[2] = 0;
-    while (*p) {
-        if (*p == ',' || *p == '/' || *p == ' ' || *p == '\t') {
-            p++;
-            continue;
-        }
-        char *end;
-        errno = 0;
-        double v = strtod(p, &end);
-        if (end == p || errno || !isfinite(v) || v < 0 || (*end && !strchr(",/ \t", *end)))
-            return mt_err_set(err, MT_EINVAL,
-                              "data%%split = '%s': expected up to three non-negative weights"
-                              " for train,valid,test, e.g. '969,30,1'",
-                              s);
-        if (n == MT_NUM_SPLITS)
-            return mt_err_set(err, MT_EINVAL,
-                              "data%%split = '%s' has more than three weights (train,valid,test)",
-                              s);
-        vec[n++] = v;
-        sum += v;
-        p = end;
-    }
-    if (!(sum > 0))
-        return mt_err_set(err, MT_EINVAL,
-                          "data%%split = '%s': the weights must not all be zero, e.g. '969,30,1'",
-                          s);
-    for (int i = 0; i < MT_NUM_SPLITS; i++) vec[i] /= sum;
-    return MT_OK;
-}
-
 /* Megatron's split matrix applied to n sequences: the range of split i, or
  * false when split i has weight 0. */
 static bool split_range(const double vec[MT_NUM_SPLITS], int i, uint64_t n, uint64_t *beg,
@@ -141,67 +104,23 @@ static bool split_range(const double vec[MT_NUM_SPLITS], int i, uint64_t n, uint
     return true;
 }
 
-/* data%data_path as Megatron's get_blend_from_list: prefixes, or weight/prefix
- * pairs. Elements are also split at whitespace ('0.3 a 0.7 b' is four). */
+/* data%data_path by the rule --check applies (mt_config_data_blend). */
 static int parse_blend(struct mt_data *d, const struct mt_config_data *dc, struct mt_err *err)
 {
-    char *tok[2 * MT_MAX_DATA_PATHS + 1];
-    int ntok = 0, rc = MT_OK;
-    for (int i = 0; i < dc->data_path_len && rc == MT_OK; i++) {
-        const char *p = dc->data_path[i];
-        while (*p && rc == MT_OK) {
-            size_t skip = strspn(p, " \t"), len = strcspn(p + skip, " \t");
-            p += skip;
-            if (!len) break;
-            if (ntok == 2 * MT_MAX_DATA_PATHS) {
-                rc = mt_err_set(err, MT_EINVAL, "data%%data_path: more than %d datasets",
-                                MT_MAX_DATA_PATHS);
-                break;
-            }
-            tok[ntok] = strndup(p, len);
-            if (!tok[ntok]) rc = mt_err_set(err, MT_ENOMEM, "out of memory");
-            else ntok++;
-            p += len;
-        }
+    struct mt_data_blend *b = malloc(sizeof *b);
+    if (!b)
+        return mt_err_set(err, MT_ENOMEM, "out of memory reading data%%data_path (%zu bytes)",
+                          sizeof *b);
+    int rc = mt_config_data_blend(dc, b, err);
+    d->weighted = b->weighted;
+    for (int k = 0; rc == MT_OK && k < b->n; k++) {
+        struct source *s = &d->src[d->n];
+        s->name = strdup(b->prefix[k]);
+        if (!s->name) rc = mt_err_set(err, MT_ENOMEM, "out of memory");
+        else d->n++;
+        s->weight = b->weight[k];
     }
-    if (rc == MT_OK && ntok == 0)
-        rc = mt_err_set(err, MT_EINVAL,
-                        "data%%data_path is empty: name a dataset prefix (e.g. data_path ="
-                        " 'corpus/kjv_text_document') or set mock_data = .true.");
-    int nweights = 0;
-    double weights[MT_MAX_DATA_PATHS];
-    if (rc == MT_OK && ntok % 2 == 0) {
-        for (int i = 0; i < ntok; i += 2) {
-            char *end;
-            double w = strtod(tok[i], &end);
-            if (end != tok[i] && *end == '\0') weights[nweights++] = w;
-        }
-        if (nweights != 0 && nweights != ntok / 2)
-            rc = mt_err_set(err, MT_EINVAL,
-                            "data%%data_path mixes weights and prefixes: give prefixes only"
-                            " ('p1', 'p2') or weight/prefix pairs ('0.3', 'p1', '0.7', 'p2')");
-    }
-    d->weighted = rc == MT_OK && nweights > 0;
-    int step = d->weighted ? 2 : 1;
-    if (rc == MT_OK && ntok / step > MT_MAX_DATA_PATHS)
-        rc = mt_err_set(err, MT_EINVAL, "data%%data_path: more than %d datasets",
-                        MT_MAX_DATA_PATHS);
-    double sum = 0;
-    for (int i = 0; rc == MT_OK && d->weighted && i < nweights; i++) {
-        if (!isfinite(weights[i]) || weights[i] <= 0)
-            rc = mt_err_set(err, MT_EINVAL,
-                            "data%%data_path: weight '%s' of '%s' must be a positive number"
-                            " (remove a dataset rather than give it weight 0)",
-                            tok[2 * i], tok[2 * i + 1]);
-        sum += weights[i];
-    }
-    for (int i = step - 1; rc == MT_OK && i < ntok; i += step) {
-        struct source *s = &d->src[d->n++];
-        s->name = tok[i];
-        tok[i] = NULL;
-        s->weight = d->weighted ? weights[i / 2] / sum : 0;
-    }
-    for (int i = 0; i < ntok; i++) free(tok[i]);
+    free(b);
     return rc;
 }
 
@@ -508,7 +427,7 @@ int mt_data_open(const struct mt_config *cfg, struct mt_data **out, struct mt_er
     }
     snprintf(d->split, sizeof d->split, "%s", cfg->data.split);
     snprintf(d->cache_dir, sizeof d->cache_dir, "%s", cfg->data.data_cache_path);
-    MT_CHECK_GOTO(parse_split(d->split, d->split_vec, err), fail);
+    MT_CHECK_GOTO(mt_config_data_split(d->split, d->split_vec, err), fail);
     MT_CHECK_GOTO(parse_blend(d, &cfg->data, err), fail);
     for (int k = 0; k < d->n; k++) {
         struct source *s = &d->src[k];

@@ -85,9 +85,11 @@ enum mt_dtype {
 size_t mt_dtype_size(int code);
 const char *mt_dtype_name(int code);
 
-/* A read-only, memory-mapped dataset. Opening validates the whole index
+/* A read-only dataset. Opening reads the whole index into memory and validates it
  * (header, sizes against file lengths, pointers against the .bin); any problem
- * is MT_ECORRUPT with the file, the fault and the fix. */
+ * is MT_ECORRUPT with the file, the fault and the fix. Tokens are read from the
+ * .bin as needed (never memory-mapped), so a dataset must be replaced atomically
+ * while a run reads it: new files renamed over the old ones. */
 struct mt_indexed;
 
 int mt_indexed_open(const char *prefix, struct mt_indexed **out, struct mt_err *err);
@@ -106,7 +108,9 @@ uint64_t mt_indexed_document_of(const struct mt_indexed *ix, uint64_t seq);
 
 /* Copies count tokens of sequence seq from token offset off into out[],
  * converting the file's dtype; every token must lie in [0, vocab) or the call
- * fails with MT_ECORRUPT naming the .bin file, document and position. */
+ * fails with MT_ECORRUPT naming the .bin file, document and position. A .bin
+ * whose size changed since open (truncated or rewritten in place) is MT_ECORRUPT
+ * naming the file, with the fix. */
 int mt_indexed_read(const struct mt_indexed *ix, uint64_t seq, uint64_t off, uint64_t count,
                     int32_t vocab, int32_t *out, struct mt_err *err);
 

@@ -11,8 +11,13 @@
  *   int64    document_indices[D+1]  0, then the sequence index ending each document
  * <prefix>.bin is the tokens of every sequence, back to back.
  *
- * The arrays start at byte 34, so they are unaligned in the mapping: every
- * element is read with memcpy. */
+ * The arrays start at byte 34, so they are unaligned: every element is read with
+ * memcpy.
+ *
+ * Nothing is memory-mapped: the .idx is read into memory at open (12 bytes per
+ * sequence, 8 per document) and the tokens are read from the .bin with pread, so
+ * a file truncated or rewritten in place during a run is an error naming it, not a
+ * SIGBUS. Datasets must be replaced atomically (new files renamed over the old). */
 #include "data/data.h"
 
 #include <errno.h>
@@ -23,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,15 +70,16 @@ const char *mt_dtype_name(int code)
 /* Reader                                                                     */
 /* ------------------------------------------------------------------------- */
 
-struct mapping {
-    const unsigned char *p;
-    uint64_t size;
-};
+#define REPLACE_HINT                                                                    \
+    "hint: datasets must be replaced atomically: write the new .bin and .idx under other " \
+    "names and rename them over the old ones (moetrain-preprocess does), never rewrite "   \
+    "them in place while a run reads them"
 
 struct mt_indexed {
     char *prefix;
     char *idx_path, *bin_path;
-    struct mapping idx, bin;
+    struct { unsigned char *p; uint64_t size; } idx;  /* the whole .idx, in memory */
+    struct { int fd; uint64_t size; } bin;            /* the .bin, read with pread */
     int dtype;
     size_t elem;
     uint64_t nseq, ndocidx;   /* ndocidx = documents + 1 */
@@ -113,43 +118,60 @@ static char *concat(const char *a, const char *b)
     return s;
 }
 
-static int map_file(const char *path, struct mapping *m, struct mt_err *err)
+/* Reads bytes [pos, pos+n) of fd into buf; a file that ends before is MT_ECORRUPT. */
+static int read_at(int fd, const char *path, uint64_t pos, void *buf, size_t n,
+                   struct mt_err *err)
 {
-    m->p = NULL;
-    m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return mt_err_errno(err, "%s", path);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int rc = mt_err_errno(err, "%s", path);
-        close(fd);
-        return rc;
+    for (size_t got = 0; got < n;) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(pos + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return mt_err_errno(err, "%s: read of bytes %" PRIu64 "..%" PRIu64, path,
+                                       pos, pos + n);
+        if (r == 0)
+            return mt_err_set(err, MT_ECORRUPT,
+                              "%s: the file ends at byte %" PRIu64 ", before bytes %" PRIu64
+                              "..%" PRIu64 " it had when opened: it was truncated or rewritten"
+                              " while being read\n" REPLACE_HINT,
+                              path, pos + got, pos, pos + n);
+        got += (size_t)r;
     }
-    m->size = (uint64_t)st.st_size;
-    if (m->size > 0) {
-        void *p = mmap(NULL, m->size, PROT_READ, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            int rc = mt_err_errno(err, "%s: mmap", path);
-            close(fd);
-            return rc;
-        }
-        m->p = p;
-    }
-    close(fd);
     return MT_OK;
 }
 
-static void unmap_file(struct mapping *m)
+static int open_sized(const char *path, int *fd, uint64_t *size, struct mt_err *err)
 {
-    if (m->p) munmap((void *)m->p, m->size);
-    m->p = NULL;
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) return mt_err_errno(err, "%s", path);
+    struct stat st;
+    if (fstat(*fd, &st) != 0) {
+        int rc = mt_err_errno(err, "%s", path);
+        close(*fd);
+        *fd = -1;
+        return rc;
+    }
+    *size = (uint64_t)st.st_size;
+    return MT_OK;
+}
+
+static int load_idx(struct mt_indexed *ix, struct mt_err *err)
+{
+    int fd;
+    MT_CHECK(open_sized(ix->idx_path, &fd, &ix->idx.size, err));
+    int rc = MT_OK;
+    if (!(ix->idx.p = malloc(ix->idx.size ? (size_t)ix->idx.size : 1)))
+        rc = mt_err_set(err, MT_ENOMEM, "%s: out of memory reading the index (%" PRIu64
+                        " bytes)", ix->idx_path, ix->idx.size);
+    else
+        rc = read_at(fd, ix->idx_path, 0, ix->idx.p, (size_t)ix->idx.size, err);
+    close(fd);
+    return rc;
 }
 
 void mt_indexed_close(struct mt_indexed *ix)
 {
     if (!ix) return;
-    unmap_file(&ix->idx);
-    unmap_file(&ix->bin);
+    free(ix->idx.p);
+    if (ix->bin.fd >= 0) close(ix->bin.fd);
     free(ix->prefix);
     free(ix->idx_path);
     free(ix->bin_path);
@@ -286,6 +308,7 @@ int mt_indexed_open(const char *prefix, struct mt_indexed **out, struct mt_err *
     *out = NULL;
     struct mt_indexed *ix = calloc(1, sizeof *ix);
     if (!ix) return mt_err_set(err, MT_ENOMEM, "out of memory opening %s", prefix);
+    ix->bin.fd = -1;
     ix->prefix = strdup(prefix);
     ix->idx_path = concat(prefix, ".idx");
     ix->bin_path = concat(prefix, ".bin");
@@ -294,8 +317,8 @@ int mt_indexed_open(const char *prefix, struct mt_indexed **out, struct mt_err *
         rc = mt_err_set(err, MT_ENOMEM, "out of memory opening %s", prefix);
         goto fail;
     }
-    MT_CHECK_GOTO(map_file(ix->idx_path, &ix->idx, err), fail);
-    MT_CHECK_GOTO(map_file(ix->bin_path, &ix->bin, err), fail);
+    MT_CHECK_GOTO(load_idx(ix, err), fail);
+    MT_CHECK_GOTO(open_sized(ix->bin_path, &ix->bin.fd, &ix->bin.size, err), fail);
     MT_CHECK_GOTO(check_header(ix, err), fail);
     MT_CHECK_GOTO(check_documents(ix, err), fail);
     MT_CHECK_GOTO(check_sequences(ix, err), fail);
@@ -359,6 +382,19 @@ static int64_t token_at(int dtype, const unsigned char *p, uint64_t i, bool *int
     return (int64_t)v;
 }
 
+/* The .bin still has the size it had at open (else it is being rewritten in place). */
+static int check_bin_size(const struct mt_indexed *ix, struct mt_err *err)
+{
+    struct stat st;
+    if (fstat(ix->bin.fd, &st) != 0) return mt_err_errno(err, "%s", ix->bin_path);
+    if ((uint64_t)st.st_size == ix->bin.size) return MT_OK;
+    return mt_err_set(err, MT_ECORRUPT,
+                      "%s: the file is now %lld bytes, not the %" PRIu64 " it had when the run"
+                      " opened it: it was truncated or rewritten while this run reads it\n"
+                      REPLACE_HINT,
+                      ix->bin_path, (long long)st.st_size, ix->bin.size);
+}
+
 int mt_indexed_read(const struct mt_indexed *ix, uint64_t seq, uint64_t off, uint64_t count,
                     int32_t vocab, int32_t *out, struct mt_err *err)
 {
@@ -368,27 +404,35 @@ int mt_indexed_read(const struct mt_indexed *ix, uint64_t seq, uint64_t off, uin
                           "%s: read of tokens %" PRIu64 "..%" PRIu64 " of sequence %" PRIu64
                           " is out of range",
                           ix->bin_path, off, off + count, seq);
-    if (count == 0) return MT_OK;  /* an empty .bin is not even mapped */
-    const unsigned char *p =
-        ix->bin.p + (uint64_t)load_i64(ix->pointers, seq) + off * ix->elem;
-    for (uint64_t i = 0; i < count; i++) {
-        bool integral;
-        int64_t t = token_at(ix->dtype, p, i, &integral);
-        if (!integral || t < 0 || t >= vocab) {
-            char val[64];
-            if (integral)
-                snprintf(val, sizeof val, "%" PRId64, t);
-            else
-                snprintf(val, sizeof val, "a non-integer %s", mt_dtype_name(ix->dtype));
-            return mt_err_set(err, MT_ECORRUPT,
-                              "%s: token %s at position %" PRIu64 " of document %" PRIu64
-                              " (sequence %" PRIu64 ") is outside the vocabulary [0, %" PRId32
-                              ")\nhint: set model%%vocab_size to the tokenizer's vocabulary"
-                              " (moetrain-preprocess: %d), or re-tokenize the data",
-                              ix->bin_path, val, off + i, mt_indexed_document_of(ix, seq), seq,
-                              vocab, MT_BYTE_VOCAB);
+    if (count == 0) return MT_OK;
+    MT_CHECK(check_bin_size(ix, err));
+    const uint64_t start = (uint64_t)load_i64(ix->pointers, seq) + off * ix->elem;
+    unsigned char buf[4096];
+    const uint64_t chunk = sizeof buf / ix->elem;
+    for (uint64_t done = 0; done < count; done += chunk) {
+        const uint64_t n = count - done < chunk ? count - done : chunk;
+        MT_CHECK(read_at(ix->bin.fd, ix->bin_path, start + done * ix->elem, buf,
+                         (size_t)(n * ix->elem), err));
+        for (uint64_t i = 0; i < n; i++) {
+            bool integral;
+            int64_t t = token_at(ix->dtype, buf, i, &integral);
+            if (!integral || t < 0 || t >= vocab) {
+                char val[64];
+                if (integral)
+                    snprintf(val, sizeof val, "%" PRId64, t);
+                else
+                    snprintf(val, sizeof val, "a non-integer %s", mt_dtype_name(ix->dtype));
+                return mt_err_set(err, MT_ECORRUPT,
+                                  "%s: token %s at position %" PRIu64 " of document %" PRIu64
+                                  " (sequence %" PRIu64 ") is outside the vocabulary [0, %"
+                                  PRId32 ")\nhint: set model%%vocab_size to the tokenizer's"
+                                  " vocabulary (moetrain-preprocess: %d), or re-tokenize the"
+                                  " data",
+                                  ix->bin_path, val, off + done + i,
+                                  mt_indexed_document_of(ix, seq), seq, vocab, MT_BYTE_VOCAB);
+            }
+            out[done + i] = (int32_t)t;
         }
-        out[i] = (int32_t)t;
     }
     return MT_OK;
 }

@@ -10,7 +10,7 @@ libmt_data_la_LIBADD = -lm
 
 bin_PROGRAMS += moetrain-preprocess
 moetrain_preprocess_SOURCES = src/data/preprocess_main.c
-moetrain_preprocess_LDADD = libmt_data.la libmt_util.la -lm
+moetrain_preprocess_LDADD = libmt_data.la libmt_config.la libmt_util.la -lm
 
 # The bundled corpus (corpus/README): tokenised at build time by the tool just
 # built, so data_path = 'corpus/kjv_text_document' works from the build tree
@@ -37,7 +37,7 @@ DATA_TESTS = tests/data/test_indexed tests/data/test_sampling \
 check_PROGRAMS += $(DATA_TESTS)
 TESTS += $(DATA_TESTS) tests/data/preprocess_cli.sh tests/data/megatron_fixture.sh
 DATA_TEST_SOURCES = tests/data/helpers.c tests/data/helpers.h
-DATA_TEST_LDADD = libmt_data.la libmt_util.la $(cmocka_LIBS) -lm
+DATA_TEST_LDADD = libmt_data.la libmt_config.la libmt_util.la $(cmocka_LIBS) -lm
 tests_data_test_indexed_SOURCES = tests/data/test_indexed.c $(DATA_TEST_SOURCES)
 tests_data_test_indexed_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_data_test_indexed_LDADD = $(DATA_TEST_LDADD)

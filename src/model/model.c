@@ -4,6 +4,7 @@
 #include "model/model_internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,12 @@ static int check_model(const struct mt_config *cfg, struct mt_err *err)
         return mt_err_set(err, MT_EINVAL,
                           "model%%kv_channels = %d must be even and >= 2 (RoPE rotates pairs)",
                           md->kv_channels);
+    if ((long long)md->num_attention_heads * md->kv_channels > MT_SIZE_MAX)
+        return mt_err_set(err, MT_EINVAL,
+                          "model%%num_attention_heads (%d) x kv_channels (%d) = %lld, more than "
+                          "%d, the largest width moetrain computes with; lower one of them",
+                          md->num_attention_heads, md->kv_channels,
+                          (long long)md->num_attention_heads * md->kv_channels, MT_SIZE_MAX);
     if (!(md->rotary_base > 0.0))
         return mt_err_set(err, MT_EINVAL, "model%%rotary_base = %g must be > 0", md->rotary_base);
     if (!(md->norm_epsilon >= 0.0))
@@ -170,6 +177,23 @@ int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
 
 /* ------------------------------------------------------------ parameter table */
 
+/* Size arithmetic that saturates at SIZE_MAX instead of wrapping: a model or a batch
+ * too large to count is then an allocation that cannot be made, never a small one. */
+static size_t sat_mul(size_t a, size_t b)
+{
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+static size_t sat_add(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+/* The backend allocator for sizes a machine can have: a saturated size never reaches
+ * it (its rounding up to the alignment would wrap it to a tiny block). */
+static void *dev_alloc(const struct mt_kernels *k, size_t bytes)
+{
+    return bytes <= SIZE_MAX / 2 ? k->op.alloc(k->ctx, bytes) : NULL;
+}
+
 static int add_tensor(struct mt_model *m, float std, bool no_wd, int ndim, const long long *shape,
                       const char *fmt, int layer, const char *leaf)
 {
@@ -187,7 +211,7 @@ static int add_tensor(struct mt_model *m, float std, bool no_wd, int ndim, const
         t->shape[d] = d < ndim ? shape[d] : 0;
         t->split[d] = MT_SPLIT_NONE;
     }
-    for (int d = 0; d < ndim; d++) t->global_numel *= (size_t)shape[d];
+    for (int d = 0; d < ndim; d++) t->global_numel = sat_mul(t->global_numel, (size_t)shape[d]);
     t->no_weight_decay = no_wd;
     t->layer = layer;
     m->std_of[id] = std;
@@ -354,11 +378,11 @@ static void build_tensors(struct mt_model *m)
         t->tp_replicated = whole_on_tp && !t->expert;
         mt_param_shard(t, &m->sc, t->local_shape, t->start);
         t->numel = 1;
-        for (int d = 0; d < t->ndim; d++) t->numel *= (size_t)t->local_shape[d];
+        for (int d = 0; d < t->ndim; d++) t->numel = sat_mul(t->numel, (size_t)t->local_shape[d]);
         if (!mt_model_tensor_on_stage(m, i, m->pp_rank, &t->pp_replica)) t->numel = 0;
         t->offset = m->nparams;
-        m->nparams += t->numel;
-        m->nparams_global += t->global_numel;
+        m->nparams = sat_add(m->nparams, t->numel);
+        m->nparams_global = sat_add(m->nparams_global, t->global_numel);
     }
 }
 
@@ -370,15 +394,16 @@ struct arena {
     size_t off;
 };
 
-static void *take(struct arena *a, size_t bytes)
+/* n elements of elem bytes, 64-byte aligned; the total saturates at SIZE_MAX. */
+static void *take(struct arena *a, size_t n, size_t elem)
 {
-    size_t at = (a->off + 63) / 64 * 64;
-    a->off = at + bytes;
+    size_t at = sat_mul(sat_add(a->off, 63) / 64, 64);
+    a->off = sat_add(at, sat_mul(n, elem));
     return a->base ? a->base + at : NULL;
 }
 
-#define TAKE_F(a, n) ((float *)take((a), sizeof(float) * (size_t)(n)))
-#define TAKE_I(a, n) ((int32_t *)take((a), sizeof(int32_t) * (size_t)(n)))
+#define TAKE_F(a, n) ((float *)take((a), (size_t)(n), sizeof(float)))
+#define TAKE_I(a, n) ((int32_t *)take((a), (size_t)(n), sizeof(int32_t)))
 
 /* Token counts of a micro-batch of Bmax sequences: the whole (N), this rank's part (Nl),
  * and the tokens gathered over the ETP x EP group by the allgather dispatcher (G*Nl). */
@@ -403,7 +428,7 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
     x->plan.offsets = TAKE_I(a, (size_t)m->E + 1);
     x->plan.row_slot = TAKE_I(a, R);
     x->plan.slot_row = TAKE_I(a, Nl * k);
-    x->plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
+    x->plan.kept = (int64_t *)take(a, (size_t)m->E, sizeof(int64_t));
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         x->xp = TAKE_F(a, R * m->H);
         x->ey = TAKE_F(a, R * m->H);
@@ -523,7 +548,7 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
         }
         if (m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->g_dprob = TAKE_F(a, G * k);
-            m->x_kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E_l);
+            m->x_kept = (int64_t *)take(a, (size_t)m->E_l, sizeof(int64_t));
         }
         if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->idx_full = TAKE_I(a, max_z(N, G) * k);
@@ -533,7 +558,7 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
             m->full_plan.offsets = TAKE_I(a, (size_t)m->E + 1);
             m->full_plan.row_slot = TAKE_I(a, N * k);
             m->full_plan.slot_row = TAKE_I(a, N * k);
-            m->full_plan.kept = (int64_t *)take(a, sizeof(int64_t) * (size_t)m->E);
+            m->full_plan.kept = (int64_t *)take(a, (size_t)m->E, sizeof(int64_t));
         }
         if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) m->route_idx = TAKE_I(a, Nl * k);
     }
@@ -553,23 +578,38 @@ static int capacity_for(const struct mt_model *m, long long N)
  * tokens fill (N*k, or E*capacity rows when padded); Rx what its experts receive from
  * the G = ETP x EP sources, each sending at most min(k, E_l) rows per token and, with a
  * capacity, at most capacity rows per expert (exactly that many when padded). */
-static void size_rows(struct mt_model *m)
+static int size_rows(struct mt_model *m, struct mt_err *err)
 {
     const long long N = (long long)tokens_all(m), Nl = (long long)tokens_local(m);
-    const long long cap = m->capacity_factor > 0.0 ? capacity_for(m, N) : 0;
+    const double capd = m->capacity_factor > 0.0
+                            ? ceil((double)(N * m->topk) / m->E * m->capacity_factor) : 0;
+    if (capd * m->E > MT_SIZE_MAX)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: moe%%expert_capacity_factor = %g gives %d experts %.0f rows "
+                          "each for a micro-batch of %lld tokens, more than %d in all; lower it",
+                          m->capacity_factor, m->E, capd, N, MT_SIZE_MAX);
+    const long long cap = (long long)capd;
     const long long R = Nl * m->topk, padded = (long long)m->E * cap;
-    m->rows_max = (int)(R > padded ? R : padded);
-    if (m->dispatch == MT_DISPATCH_LOCAL) {
-        m->x_rows_max = m->rows_max;
-        return;
+    const long long rows = R > padded ? R : padded;
+    long long x_rows = rows;
+    if (m->dispatch != MT_DISPATCH_LOCAL) {
+        const long long kmin = m->topk < m->E_l ? m->topk : m->E_l;
+        long long per_source = Nl * kmin;
+        if (cap > 0) {
+            long long capped = (long long)m->E_l * cap;
+            per_source = m->pad_to_capacity || capped < per_source ? capped : per_source;
+        }
+        x_rows = per_source * m->xg;
     }
-    const long long kmin = m->topk < m->E_l ? m->topk : m->E_l;
-    long long per_source = Nl * kmin;
-    if (cap > 0) {
-        long long capped = (long long)m->E_l * cap;
-        per_source = m->pad_to_capacity || capped < per_source ? capped : per_source;
-    }
-    m->x_rows_max = (int)(per_source * m->xg);
+    if (rows > MT_SIZE_MAX || x_rows > MT_SIZE_MAX)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: a micro-batch of %lld tokens routes %lld rows to this rank's "
+                          "experts (router_topk %d, %d expert-parallel sources), more than %d; "
+                          "lower training%%micro_batch_size or seq_length",
+                          N, rows > x_rows ? rows : x_rows, m->topk, m->xg, MT_SIZE_MAX);
+    m->rows_max = (int)rows;
+    m->x_rows_max = (int)x_rows;
+    return MT_OK;
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -599,7 +639,7 @@ static int take_layout(struct mt_model *m, const struct mt_parallel *par, struct
 
 /* Host memory that lives as long as the model: per MoE layer the plan offsets and the
  * rows received from each source, and the routing bookkeeping. */
-static int alloc_host(struct mt_model *m)
+static int alloc_host(struct mt_model *m, size_t *bytes)
 {
     const size_t N = tokens_all(m), G = tokens_gathered(m), k = (size_t)m->topk;
     const size_t E = (size_t)m->E, S = (size_t)m->sc.ep * (size_t)m->E_l;
@@ -609,6 +649,7 @@ static int alloc_host(struct mt_model *m)
         if (m->moe_of_layer[l] < 0) continue;
         m->la[l].h_offsets = calloc(E + 1, sizeof(long long));
         m->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
+        *bytes = sizeof(long long) * (E + 1 + (size_t)m->sc.etp * S);
         if (!m->la[l].h_offsets || !m->la[l].recv_counts) return MT_ENOMEM;
     }
     struct arena a = {NULL, 0};
@@ -618,12 +659,13 @@ static int alloc_host(struct mt_model *m)
         m->h_sort = TAKE_I(&a, Rx);
         m->h_unsort = TAKE_I(&a, Rx);
         m->h_offs = TAKE_I(&a, E + 1);
-        m->h_send = (long long *)take(&a, sizeof(long long) * E);
-        m->h_recv = (long long *)take(&a, sizeof(long long) * S);
-        m->h_start = (long long *)take(&a, sizeof(long long) * (size_t)m->sc.etp * S);
-        m->h_cnt = (size_t *)take(&a, sizeof(size_t) * 8 * P);
+        m->h_send = (long long *)take(&a, E, sizeof(long long));
+        m->h_recv = (long long *)take(&a, S, sizeof(long long));
+        m->h_start = (long long *)take(&a, (size_t)m->sc.etp * S, sizeof(long long));
+        m->h_cnt = (size_t *)take(&a, 8 * P, sizeof(size_t));
         if (pass == 0) {
-            m->host_scratch = malloc(a.off);
+            *bytes = a.off;
+            m->host_scratch = a.off < SIZE_MAX ? malloc(a.off) : NULL;
             if (!m->host_scratch) return MT_ENOMEM;
             a = (struct arena){m->host_scratch, 0};
         }
@@ -681,14 +723,22 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->eps = (float)cfg->model.norm_epsilon;
     m->theta = (float)cfg->model.rotary_base;
     const int tp = m->sc.tp;
-    if (m->nh % tp || m->ng % tp || m->F % tp || (m->T * max_micro_batch) % tp) {
+    const long long tokens = (long long)m->T * max_micro_batch;
+    if (tokens > MT_SIZE_MAX) {
         mt_model_destroy(m);
         return mt_err_set(err, MT_EINVAL,
-                          "model: heads %d, KV groups %d, ffn_hidden_size %d and the %d tokens of "
-                          "a micro-batch must divide by tensor_model_parallel_size = %d",
+                          "model: a micro-batch of %d x training%%seq_length %d = %lld tokens is "
+                          "more than %d, the most moetrain computes with; lower "
+                          "training%%micro_batch_size or seq_length",
+                          max_micro_batch, m->T, tokens, MT_SIZE_MAX);
+    }
+    if (m->nh % tp || m->ng % tp || m->F % tp || tokens % tp) {
+        mt_model_destroy(m);
+        return mt_err_set(err, MT_EINVAL,
+                          "model: heads %d, KV groups %d, ffn_hidden_size %d and the %lld tokens "
+                          "of a micro-batch must divide by tensor_model_parallel_size = %d",
                           cfg->model.num_attention_heads, cfg->model.num_query_groups,
-                          cfg->model.ffn_hidden_size, cfg->training.seq_length * max_micro_batch,
-                          tp);
+                          cfg->model.ffn_hidden_size, tokens, tp);
     }
     m->nh_l = m->nh / tp;
     m->ng_l = m->ng / tp;
@@ -700,12 +750,25 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->v0 = (int)v0;
     m->V_l = (int)vlen;
 
+    /* What an allocation that fails was for and its size, for the message: most come
+     * before the parameter table exists. */
+    const char *what = NULL;
+    size_t bytes = 0;
+#define NEED(ok, w, b)                                                                  \
+    do {                                                                                \
+        if (!(ok)) {                                                                    \
+            what = (w);                                                                 \
+            bytes = (b);                                                                \
+            goto fail;                                                                  \
+        }                                                                               \
+    } while (0)
     rc = MT_ENOMEM;
     m->moe_of_layer = calloc((size_t)m->L, sizeof(int));
     m->lt = calloc((size_t)m->L, sizeof *m->lt);
     m->la = calloc((size_t)m->L, sizeof *m->la);
     m->res = calloc((size_t)m->L + 1, sizeof(float *));
-    if (!m->moe_of_layer || !m->lt || !m->la || !m->res) goto fail;
+    NEED(m->moe_of_layer && m->lt && m->la && m->res, "per-layer tables",
+         (size_t)m->L * (sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(float *)));
     for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
     m->dispatch = MT_DISPATCH_LOCAL;
     if (m->nmoe > 0) {
@@ -746,33 +809,44 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         m->force_balance = mo->router_force_load_balancing;
         m->expert_bias_on = mo->router_enable_expert_bias;
         m->bias_rate = (float)mo->router_bias_update_rate;
-        size_rows(m);
+        if ((rc = size_rows(m, err)) != MT_OK) {
+            mt_model_destroy(m);
+            return rc;
+        }
+        rc = MT_ENOMEM;
         m->expert_bias = calloc((size_t)m->nmoe * m->E, sizeof(float));
         m->expert_counts = calloc((size_t)m->nmoe * m->E, sizeof(long long));
         m->host_kept = calloc((size_t)m->E, sizeof(int64_t));
-        if (!m->expert_bias || !m->expert_counts || !m->host_kept) goto fail;
+        NEED(m->expert_bias && m->expert_counts && m->host_kept, "expert routing tables",
+             (size_t)m->nmoe * m->E * (sizeof(float) + sizeof(long long)) +
+                 (size_t)m->E * sizeof(int64_t));
     }
     m->host_tokens = calloc((size_t)3 * m->Bmax * m->T, sizeof(int32_t));
-    if (!m->host_tokens || alloc_host(m) != MT_OK) goto fail;
+    NEED(m->host_tokens, "host token buffers", (size_t)3 * m->Bmax * m->T * sizeof(int32_t));
+    NEED(alloc_host(m, &bytes) == MT_OK, "host routing buffers", bytes);
 
     int max_tensors = 3 + m->L * 16;
     m->tensors = calloc((size_t)max_tensors, sizeof *m->tensors);
     m->names = calloc((size_t)max_tensors, NAME_MAX_LEN);
     m->std_of = calloc((size_t)max_tensors, sizeof(float));
-    if (!m->tensors || !m->names || !m->std_of) goto fail;
+    NEED(m->tensors && m->names && m->std_of, "parameter table",
+         (size_t)max_tensors * (sizeof *m->tensors + NAME_MAX_LEN + sizeof(float)));
     build_tensors(m);
 
     const struct mt_kernel_ops *o = &k->op;
-    m->params = o->alloc(k->ctx, sizeof(float) * m->nparams);
-    m->grads = o->alloc(k->ctx, sizeof(float) * m->nparams);
-    m->work = m->bf16 ? o->alloc(k->ctx, sizeof(float) * m->nparams) : m->params;
-    if (!m->params || !m->grads || !m->work) goto fail;
+    const size_t param_bytes = sat_mul(sizeof(float), m->nparams);
+    m->params = dev_alloc(k, param_bytes);
+    NEED(m->params, "parameters", param_bytes);
+    m->grads = dev_alloc(k, param_bytes);
+    NEED(m->grads, "gradients", param_bytes);
+    m->work = m->bf16 ? dev_alloc(k, param_bytes) : m->params;
+    NEED(m->work, "bf16 working copy of the parameters", param_bytes);
     if (m->expert_bias_on) {
-        m->expert_bias_dev = o->alloc(k->ctx, sizeof(float) * (size_t)m->nmoe * m->E);
-        if (!m->expert_bias_dev) goto fail;
+        m->expert_bias_dev = dev_alloc(k, sizeof(float) * (size_t)m->nmoe * m->E);
+        NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
     }
-    o->memset(k->ctx, m->params, 0, sizeof(float) * m->nparams);
-    o->memset(k->ctx, m->grads, 0, sizeof(float) * m->nparams);
+    o->memset(k->ctx, m->params, 0, param_bytes);
+    o->memset(k->ctx, m->grads, 0, param_bytes);
 
     struct arena a = {NULL, 0};
     layout_acts(m, &a);
@@ -782,9 +856,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->scratch_bytes = s.off;
     /* a pipeline stage gets its activations from mt_model_set_stage (its slots) */
     if (m->pp > 1) m->acts_bytes = 0;
-    m->acts = m->pp > 1 ? NULL : o->alloc(k->ctx, m->acts_bytes);
-    m->scratch = o->alloc(k->ctx, m->scratch_bytes);
-    if ((!m->acts && m->pp == 1) || !m->scratch) goto fail;
+    m->acts = m->pp > 1 ? NULL : dev_alloc(k, m->acts_bytes);
+    NEED(m->acts || m->pp > 1, "activations", m->acts_bytes);
+    m->scratch = dev_alloc(k, m->scratch_bytes);
+    NEED(m->scratch, "scratch buffers", m->scratch_bytes);
+#undef NEED
     if (m->acts) {
         a = (struct arena){m->acts, 0};
         layout_acts(m, &a);
@@ -795,10 +871,20 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     *out = m;
     return MT_OK;
 fail:;
-    size_t nparams = m->nparams;
+    char size[64], params[96] = "";
+    if (bytes >= SIZE_MAX / 2)
+        snprintf(size, sizeof size, "more bytes than a 64-bit size counts");
+    else
+        snprintf(size, sizeof size, "%zu bytes", bytes);
+    if (m->ntensors > 0)
+        snprintf(params, sizeof params, ", %zu parameters on this rank", m->nparams);
     mt_model_destroy(m);
-    return mt_err_set(err, rc, "model: out of memory (%zu parameters, batch %d x %d tokens)",
-                      nparams, max_micro_batch, cfg->training.seq_length);
+    return mt_err_set(err, rc,
+                      "model: out of memory allocating the %s (%s; micro-batch of %d x %d "
+                      "tokens%s)\nhint: lower training%%micro_batch_size or seq_length, or "
+                      "spread the model over more processes (tensor, pipeline or expert "
+                      "parallelism)",
+                      what, size, max_micro_batch, cfg->training.seq_length, params);
 }
 
 void mt_model_destroy(struct mt_model *m)
@@ -937,6 +1023,7 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
     float **res0 = m->res;
     struct mt_layer_acts *la0 = m->la;
     m->acts_bytes = 0;
+    size_t want = 0; /* the slot being allocated, for the message */
     for (int c = 0; c < nchunks; c++) {
         use_chunk(m, c);
         struct arena a = {NULL, 0};
@@ -958,7 +1045,8 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
                     if (!x->la[l].h_offsets || !x->la[l].recv_counts) goto oom;
                 }
             }
-            x->mem = o->alloc(m->k->ctx, m->slot_bytes[c] ? m->slot_bytes[c] : 1);
+            want = m->slot_bytes[c];
+            x->mem = dev_alloc(m->k, want ? want : 1);
             if (!x->mem) goto oom;
             m->res = x->res;
             m->la = x->la;
@@ -981,7 +1069,11 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
 oom:
     m->res = res0;
     m->la = la0;
-    return mt_err_set(err, MT_ENOMEM, "model: out of memory for %d pipeline slots", total);
+    return mt_err_set(err, MT_ENOMEM,
+                      "model: out of memory allocating the activations of %d pipeline slots "
+                      "(%zu bytes for the one that failed)\nhint: lower "
+                      "training%%micro_batch_size or seq_length, or use more pipeline stages",
+                      total, want);
 }
 
 size_t mt_model_slot_bytes(const struct mt_model *m, int chunk)

@@ -42,18 +42,26 @@ static int load_text(struct mt_config *c, const char *text, int nov, char *const
     return mt_config_resolve(c, world, &l, err);
 }
 
-static void expect_error(const char *text, const char *needle)
+/* Loads text and resolves for world processes, expecting an error containing needle
+ * (and needle2, unless NULL). */
+static void expect_error_world(const char *text, int world, const char *needle,
+                               const char *needle2)
 {
     struct mt_config *c = malloc(sizeof *c);
     struct mt_err err = { 0 };
-    int rc = load_text(c, text, 0, NULL, 1, &err);
-    if (rc == 0 || !strstr(err.msg, needle)) {
-        print_error("input:\n%s\nexpected an error containing: %s\ngot rc=%d: %s\n", text,
-                    needle, rc, err.msg);
+    int rc = load_text(c, text, 0, NULL, world, &err);
+    if (rc == 0 || !strstr(err.msg, needle) || (needle2 && !strstr(err.msg, needle2))) {
+        print_error("input:\n%s\nexpected an error containing: %s %s\ngot rc=%d: %s\n", text,
+                    needle, needle2 ? needle2 : "", rc, err.msg);
         free(c);
         fail();
     }
     free(c);
+}
+
+static void expect_error(const char *text, const char *needle)
+{
+    expect_error_world(text, 1, needle, NULL);
 }
 
 static void test_defaults_resolve(void **state)
@@ -172,8 +180,8 @@ static void test_cross_field(void **state)
     expect_error("&moe pad_expert_input_to_capacity = T, num_experts = 2 /\n",
                  "needs expert_capacity_factor > 0");
     expect_error("&optimizer lr = 1e-3, min_lr = 1e-2 /\n", "min_lr = 0.01 exceeds lr = 0.001");
-    expect_error("&data data_path = 'a', 'b' /\n", "should be a non-negative weight");
-    expect_error("&data split = '1,x' /\n", "&data split = '1,x'");
+    expect_error("&data split = '1,x' /\n", "&data split = '1,x': the valid value 'x' is not a "
+                 "number");
     expect_error("&checkpoint save_interval = 5 /\n", "save is empty");
     struct mt_config *c = malloc(sizeof *c);
     struct mt_err err = { 0 };
@@ -189,6 +197,94 @@ static void test_cross_field(void **state)
     expect_error("&parallel context_parallel_size = 1, virtual_pipeline_model_parallel_size "
                  "= 2 /\n",
                  "needs pipeline_model_parallel_size > 1");
+}
+
+/* Loads text and overrides for world processes, expecting success. */
+static void expect_ok(const char *text, int nov, char *const ov[], int world)
+{
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    int rc = load_text(c, text, nov, ov, world, &err);
+    if (rc) print_error("input:\n%s\nexpected success, got rc=%d: %s\n", text, rc, err.msg);
+    free(c);
+    assert_int_equal(rc, 0);
+}
+
+/* Sizes derived from several keys are computed in 64 bits and refused beyond what
+ * the trainer holds (an int), naming the keys and values, instead of wrapping. */
+static void test_derived_sizes_overflow(void **state)
+{
+    (void)state;
+    /* 2^30 x DP 4 wrapped to a global batch of 0 and "0 micro-batches" */
+    expect_error_world("&training micro_batch_size = 1073741824, global_batch_size = 0,"
+                       " seq_length = 1 /\n",
+                       4, "micro_batch_size (1073741824) x data-parallel size (4)",
+                       "= 4294967296, more than 2147483647");
+    expect_error_world("&training micro_batch_size = 1073741824, global_batch_size = 0 /\n", 4,
+                       "micro_batch_size (1073741824) x seq_length (128)", "= 137438953472");
+    expect_error("&model hidden_size = 1073741824, num_attention_heads = 2 /\n",
+                 "ffn_hidden_size = 0 defaults to 4 x hidden_size (1073741824) = 4294967296");
+    expect_error("&model num_attention_heads = 65536, kv_channels = 65536 /\n",
+                 "num_attention_heads (65536) x kv_channels (65536), the query width = "
+                 "4294967296");
+    expect_error("&model max_position_embeddings = 1024 /\n&moe num_experts = 64, "
+                 "router_topk = 64 /\n&training micro_batch_size = 65536, seq_length = 1024 /\n",
+                 "router_topk (64), the expert rows of a micro-batch = 4294967296");
+    expect_error("&moe num_experts = 2, expert_capacity_factor = 1e9 /\n",
+                 "expert_capacity_factor = 1e+09 gives each of the num_experts = 2 experts a "
+                 "capacity of 128000000000 rows");
+    /* The largest sizes that fit are accepted. */
+    expect_ok("&training micro_batch_size = 536870911, global_batch_size = 0, seq_length = 1 /\n",
+              0, NULL, 4);
+}
+
+/* One rule for data_path and split, shared with the data loader: unweighted blends
+ * are accepted, zero, infinite and overflowing weights or splits refused by name. */
+static void test_data_rules(void **state)
+{
+    (void)state;
+    expect_ok("&data data_path = 'a', 'b' /\n", 0, NULL, 1);
+    expect_ok("&data data_path = 'a b c' /\n", 0, NULL, 1);
+    expect_ok("&data data_path = '0.3 a', '0.7', 'b' /\n", 0, NULL, 1);
+    expect_error("&data data_path = '0', 'a', '1', 'b' /\n",
+                 "data_path(1) = '0': the weight of dataset 'a' is 0: remove the dataset");
+    expect_error("&data data_path = '1', 'a', '-1', 'b' /\n",
+                 "data_path(3) = '-1': the weight of dataset 'b' is negative");
+    expect_error("&data data_path = '1e308', 'p1', '1e308', 'p2' /\n",
+                 "the blend weights sum to more than the largest number");
+    expect_error("&data data_path = '1e309', 'p1', '1', 'p2' /\n",
+                 "data_path(1) = '1e309': the weight of dataset 'p1' is not a finite number");
+    expect_error("&data data_path = '0.3', 'a', 'b', 'c' /\n", "mixes weights and prefixes");
+    expect_error("&data data_path = '0.3', 'a', 'b' /\n",
+                 "data_path(1) = '0.3' looks like a weight");
+    expect_error("&data data_path = 'a', ' ', 'b' /\n", "data_path(2) is empty");
+    expect_error("&data split = '1e308,1e308,1' /\n",
+                 "&data split = '1e308,1e308,1': the values sum to more than the largest");
+    expect_error("&data split = '1e309,1' /\n",
+                 "the train value '1e309' is not a finite number");
+    expect_error("&data split = '1,-1' /\n", "the valid value '-1' is negative");
+    expect_error("&data split = '0,0' /\n", "must not all be zero");
+    expect_error("&data split = '1,1,1,1' /\n", "more than three values");
+    expect_ok("&data split = '98 / 1 / 1' /\n", 0, NULL, 1);
+}
+
+/* pp must be the last (slowest) dimension of the order, as Megatron requires. */
+static void test_order_pp_last(void **state)
+{
+    (void)state;
+    const char *moe = "&model num_layers = 2 /\n&moe num_experts = 4 /\n";
+    char text[512];
+    snprintf(text, sizeof text,
+             "%s&parallel order = 'tp-pp-cp-ep-dp', pipeline_model_parallel_size = 2,"
+             " expert_model_parallel_size = 2 /\n", moe);
+    expect_error_world(text, 4, "&parallel order = 'tp-pp-cp-ep-dp': 'pp' must come last",
+                       "'tp-cp-ep-dp-pp' (the default)");
+    expect_error("&parallel order = 'pp-tp-dp' /\n", "'pp' must come last");
+    snprintf(text, sizeof text,
+             "%s&parallel order = 'ep-dp-tp-cp-pp', pipeline_model_parallel_size = 2,"
+             " expert_model_parallel_size = 2 /\n", moe);
+    expect_ok(text, 0, NULL, 4);
+    expect_ok("&parallel order = 'dp-tp' /\n", 0, NULL, 1); /* pp of size 1 may be left out */
 }
 
 static void test_world_layout(void **state)
@@ -396,6 +492,8 @@ int main(void)
         cmocka_unit_test(test_cross_field),        cmocka_unit_test(test_world_layout),
         cmocka_unit_test(test_print_round_trip),   cmocka_unit_test(test_schema_table),
         cmocka_unit_test(test_bad_override),       cmocka_unit_test(test_pipeline_layout),
+        cmocka_unit_test(test_derived_sizes_overflow), cmocka_unit_test(test_data_rules),
+        cmocka_unit_test(test_order_pp_last),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -184,6 +184,16 @@ static void blend_errors(void **state)
     set_paths(&cfg, 4, zero);
     assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
     assert_non_null(strstr(err.msg, "positive"));
+    /* Weights that overflow when summed are blamed on the weights, not the split. */
+    const char *huge[4] = {"1e308", t.a, "1e308", t.b};
+    set_paths(&cfg, 4, huge);
+    assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "the blend weights sum to more than the largest number"));
+    const char *inf[4] = {"1e309", t.a, "1", t.b};
+    set_paths(&cfg, 4, inf);
+    assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "'1e309': the weight of dataset"));
+    assert_non_null(strstr(err.msg, "is not a finite number"));
     const char *missing[4] = {"1", t.a, "1", "no/such/prefix"};
     set_paths(&cfg, 4, missing);
     assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);

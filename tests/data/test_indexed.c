@@ -321,6 +321,64 @@ static void writer_is_atomic(void **state)
     free(dir);
 }
 
+/* A .bin truncated or rewritten in place while a run reads it is an error naming the
+ * file and the fix (atomic replacement), never a SIGBUS; a .bin replaced atomically
+ * (renamed over) leaves the open dataset reading the files it opened. */
+static void bin_changed_during_run(void **state)
+{
+    (void)state;
+    char *dir = th_tmpdir();
+    char *prefix = th_join(dir, "/ds");
+    char *bin = th_join(prefix, ".bin");
+    static const int lens[3] = {700, 5, 900};  /* more than a page of int32 tokens */
+    th_write_dataset(prefix, MT_DTYPE_INT32, 3, lens, 7);
+    struct mt_err err = {0};
+    struct mt_indexed *ix;
+    assert_int_equal(mt_indexed_open(prefix, &ix, &err), MT_OK);
+    int32_t got[900];
+    assert_int_equal(mt_indexed_read(ix, 2, 0, 900, 1 << 20, got, &err), MT_OK);
+    assert_int_equal(got[899], TH_TOKEN(7, 2, 899));
+
+    /* Truncated to nothing: the next read fails with the file and the fix. */
+    assert_int_equal(truncate(bin, 0), 0);
+    assert_int_equal(mt_indexed_read(ix, 2, 0, 900, 1 << 20, got, &err), MT_ECORRUPT);
+    print_message("# %s\n", err.msg);
+    assert_non_null(strstr(err.msg, bin));
+    assert_non_null(strstr(err.msg, "truncated or rewritten"));
+    assert_non_null(strstr(err.msg, "replaced atomically"));
+    /* Rewritten in place (same inode) with contents of another size: the same. */
+    FILE *f = fopen(bin, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(got, 4, 900, f), 900);
+    fclose(f);
+    assert_int_equal(mt_indexed_read(ix, 0, 0, 700, 1 << 20, got, &err), MT_ECORRUPT);
+    assert_non_null(strstr(err.msg, "not the 6420 it had"));
+    mt_indexed_close(ix);
+
+    /* Replaced atomically (renamed over) while open: reads go on from the opened file. */
+    th_write_dataset(prefix, MT_DTYPE_INT32, 3, lens, 7);
+    assert_int_equal(mt_indexed_open(prefix, &ix, &err), MT_OK);
+    static const int other[2] = {3, 3};
+    th_write_dataset(prefix, MT_DTYPE_INT32, 2, other, 9);
+    assert_int_equal(mt_indexed_read(ix, 2, 0, 900, 1 << 20, got, &err), MT_OK);
+    assert_int_equal(got[0], TH_TOKEN(7, 2, 0));
+    /* ... but truncating the file it opened in place, by its other name, is caught. */
+    mt_indexed_close(ix);
+    th_write_dataset(prefix, MT_DTYPE_INT32, 3, lens, 7);
+    assert_int_equal(mt_indexed_open(prefix, &ix, &err), MT_OK);
+    f = fopen(bin, "r+b");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), 4 * 700), 0);
+    fclose(f);
+    assert_int_equal(mt_indexed_read(ix, 0, 0, 700, 1 << 20, got, &err), MT_ECORRUPT);
+    assert_non_null(strstr(err.msg, "replaced atomically"));
+    mt_indexed_close(ix);
+    th_rmtree(dir);
+    free(bin);
+    free(prefix);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +387,7 @@ int main(void)
         cmocka_unit_test(every_corruption_is_reported),
         cmocka_unit_test(token_outside_vocab),
         cmocka_unit_test(writer_is_atomic),
+        cmocka_unit_test(bin_changed_during_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

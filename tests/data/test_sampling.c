@@ -421,7 +421,11 @@ static void empty_split_is_an_error(void **state)
     /* A malformed split string. */
     snprintf(cfg.data.split, sizeof cfg.data.split, "90,x,10");
     assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
-    assert_non_null(strstr(err.msg, "data%split"));
+    assert_non_null(strstr(err.msg, "&data split = '90,x,10'"));
+    assert_non_null(strstr(err.msg, "'x' is not a number"));
+    snprintf(cfg.data.split, sizeof cfg.data.split, "1e308,1e308,1");
+    assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "the values sum to more than the largest number"));
     snprintf(cfg.data.split, sizeof cfg.data.split, "0,0,0");
     assert_int_equal(mt_data_open(&cfg, &d, &err), MT_EINVAL);
     snprintf(cfg.data.split, sizeof cfg.data.split, "1,1,1,1");

@@ -32,4 +32,27 @@ expect_fail "latest_checkpointed_iteration.txt" "$small" "checkpoint%load='ck'"
 expect_fail "no_such_prefix" "$small" "data%data_path='no_such_prefix'"
 # a diverging run stops after a bounded number of non-finite steps
 expect_fail "in a row" "$small" optimizer%lr=1e30 optimizer%min_lr=1e29 optimizer%clip_grad=0 training%train_iters=60
+# sizes derived from several keys are checked in 64 bits, not wrapped (2^30 x DP 4 was "0 micro-batches")
+tiny="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
+expect_fail "micro_batch_size (1073741824) x seq_length (128)" --check --world-size 4 "$tiny" \
+    training%micro_batch_size=1073741824 training%global_batch_size=0
+expect_fail "4 x hidden_size (1073741824) = 4294967296" --check "$tiny" model%hidden_size=1073741824 \
+    model%ffn_hidden_size=0 model%kv_channels=0 model%num_attention_heads=2 model%num_query_groups=2
+# one data_path rule for --check and training: unweighted blends pass, zero or overflowing weights do not
+"$MOETRAIN" --check "$small" "data%data_path='corpus/kjv_text_document','corpus/kjv_text_document'" \
+    > /dev/null 2>&1 || fail "an unweighted blend is refused by --check"
+expect_fail "the weight of dataset 'b' is 0" --check "$small" "data%data_path='1','a','0','b'"
+expect_fail "blend weights sum to more than" "$small" "data%data_path='1e308','a','1e308','b'"
+expect_fail "values sum to more than" "$small" "data%split='1e308,1e308,1'"
+# pipeline stages must be the slowest dimension of the rank order
+expect_fail "'pp' must come last" --check --world-size 4 "$small" "parallel%order='tp-pp-cp-ep-dp'" \
+    parallel%pipeline_model_parallel_size=2 parallel%expert_model_parallel_size=2
+# out of memory before the parameter table exists names what was being allocated
+# (a 1 GB address-space limit; skipped where the binary cannot start under one, e.g. ASan)
+if (ulimit -v 1000000 && "$MOETRAIN" --version) > /dev/null 2>&1; then
+    (ulimit -v 1000000
+     expect_fail "out of memory allocating the host token buffers (3221225472 bytes" "$small" \
+         training%micro_batch_size=8388608 training%global_batch_size=0 training%train_iters=3 \
+         data%mock_data=T "data%data_path=''") || exit 1
+fi
 echo "all bad inputs rejected"
