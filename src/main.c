@@ -11,10 +11,12 @@
  * the world and need no launcher. */
 #include "config.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "config/schema.h"
@@ -302,8 +304,52 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
 #endif
 }
 
+/* SIGTERM, SIGINT, SIGUSR1, SIGHUP: the first asks the training loop to save and stop
+ * at the next iteration boundary (every rank agrees on which); a second one ends the
+ * process at once, by the signal's default action. */
+static void on_stop_signal(int sig)
+{
+    static const char msg[] = "moetrain: signal received: saving a checkpoint and stopping at "
+                              "the end of this iteration (a second signal ends the process "
+                              "at once)\n";
+    if (mt_train_request_stop(sig) > 0) {
+        signal(sig, SIG_DFL);
+        raise(sig); /* delivered when this handler returns */
+        return;
+    }
+    ssize_t ignored = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)ignored;
+}
+
+static void install_stop_handlers(void)
+{
+    static const int sigs[] = { SIGTERM, SIGINT, SIGUSR1, SIGHUP };
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+}
+
+/* Every process names what it found (its own differing keys, or rank 0 the ranks
+ * that differ), then the job ends: nothing has been allocated yet. */
+static void agree_on_config_or_exit(struct mt_world *w, const struct mt_config *cfg)
+{
+    struct mt_err err = { 0 };
+    bool report;
+    if (mt_train_agree_config(w, cfg, &report, &err) == MT_OK) return;
+    if (report) mt_cli_print_rank_error("moetrain", w, &err);
+    fflush(stderr);
+    struct mt_err berr = { 0 };
+    if (mt_barrier(w->comm, &berr) != MT_OK) mt_world_abort(w);
+    mt_world_finalize(w);
+    exit(1);
+}
+
 /* A training run: the world, the config on every process, the groups, the
- * loop. Returns the exit status (failures after world init do not return). */
+ * loop. Returns the exit status (failures after world init do not return): 0, or
+ * 128 + the signal that stopped the run (after its checkpoint was saved). */
 static int train(struct mt_config *cfg, const struct cli *cli)
 {
     struct mt_err err = { 0 };
@@ -327,6 +373,8 @@ static int train(struct mt_config *cfg, const struct cli *cli)
                         "(here %d process%s); --world-size is for --check and --print-config",
                         cli->world, w->size, w->size == 1 ? "" : "es");
     agree_or_abort(w, rc, &err);
+    agree_on_config_or_exit(w, cfg);
+    install_stop_handlers();
     mt_world_set_timeout(w, cfg->parallel.distributed_timeout_minutes * 60.0);
     if (w->rank == 0) print_startup(w, cfg, &layout);
 
@@ -353,12 +401,14 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     if (w->rank == 0) printf("moetrain: backend %s (%s)\n", k->name, why);
 
     /* Only rank 0 writes the training log. */
-    rc = mt_train_run(cfg, &layout, par, k, w->rank == 0 ? stdout : NULL, &err);
+    int stopped_by = 0;
+    rc = mt_train_run(cfg, &layout, par, k, w->rank == 0 ? stdout : NULL, &stopped_by, &err);
+    fflush(stdout);
     agree_or_abort(w, rc, &err);
     mt_parallel_destroy(par);
     mt_topo_setup_free(topo);
     mt_world_finalize(w);
-    return 0;
+    return stopped_by ? 128 + stopped_by : 0;
 }
 
 static int is_override(const char *a)

@@ -5,9 +5,14 @@
  * DIR/iter_0000100/config.nml  the resolved configuration (for people)
  * DIR/latest_checkpointed_iteration.txt
  *
+ * DIR/.moetrain.lock           held (a POSIX lock) by the run saving here
+ *
  * A save is written to DIR/iter_0000100.tmp, fsynced, and renamed into place;
  * only then does the "latest" file (itself replaced by rename) point to it, so a
- * crash at any moment leaves the previous checkpoint whole and referenced. */
+ * crash at any moment leaves the previous checkpoint whole and referenced. A run
+ * holds the directory's lock from start to end: a second run saving there is
+ * refused at its start, and leftovers of crashed saves are removed only under the
+ * lock. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "train/train.h"
@@ -84,7 +90,7 @@ static int mkdir_p(const char *path, struct mt_err *err)
 static void remove_ckpt_dir(const char *dir)
 {
     static const char *const files[] = { "state.bin", "config.nml" };
-    char path[4096];
+    char path[4200];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         unlink(path);
@@ -103,6 +109,158 @@ static int write_text_file(const char *path, const char *text, struct mt_err *er
     if (!ok) return mt_err_errno(err, "checkpoint: cannot write '%s'", path);
     return MT_OK;
 }
+
+/* ---- the save directory, held for the whole run ------------------------- */
+
+struct mt_ckpt_dir {
+    char path[4096];
+    int lock_fd;
+};
+
+/* The name of an iteration's directory: iter_%07lld and nothing after it. */
+static bool iter_name(const char *name, long long *it)
+{
+    char tail;
+    return sscanf(name, "iter_%lld%c", it, &tail) == 1 && *it >= 0 &&
+           !strncmp(name, "iter_", 5) && name[5] >= '0' && name[5] <= '9';
+}
+
+/* Who holds the lock, as the holder wrote it into the lock file. */
+static void lock_holder(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl) *nl = '\0';
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    if (!buf[0] && fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+        snprintf(buf, len, "pid %d on this host", (int)fl.l_pid);
+    if (!buf[0]) snprintf(buf, len, "an unknown process");
+}
+
+static int take_lock(struct mt_ckpt_dir *d, struct mt_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", d->path, MT_CKPT_LOCK_FILE);
+    d->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (d->lock_fd < 0)
+        return mt_err_errno(err, "checkpoint%%save '%s': cannot create the lock file '%s'",
+                            d->path, path);
+    /* a POSIX record lock: honoured across the nodes of NFS and Lustre (mounted with
+     * -o flock), released by the kernel when the process ends however it ends */
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+    if (fcntl(d->lock_fd, F_SETLK, &fl) != 0) {
+        int e = errno;
+        char who[512];
+        lock_holder(d->lock_fd, who, sizeof who);
+        if (e == EACCES || e == EAGAIN)
+            return mt_err_set(err, MT_EIO,
+                              "checkpoint%%save '%s' is in use by another run (%s): two runs "
+                              "saving into one directory would overwrite each other's "
+                              "checkpoints. Wait for that run to end, or give this run another "
+                              "checkpoint%%save directory",
+                              d->path, who);
+        errno = e;
+        return mt_err_errno(err, "checkpoint%%save '%s': cannot lock '%s' (the file system "
+                            "must support POSIX locks; on Lustre mount with -o flock)",
+                            d->path, path);
+    }
+    char host[256] = "?", text[600];
+    gethostname(host, sizeof host - 1);
+    const char *job = getenv("SLURM_JOB_ID");
+    snprintf(text, sizeof text, "pid %d on host %s%s%s, since %lld\n", (int)getpid(), host,
+             job ? ", Slurm job " : "", job ? job : "", (long long)time(NULL));
+    size_t n = strlen(text);
+    if (ftruncate(d->lock_fd, 0) != 0 || pwrite(d->lock_fd, text, n, 0) != (ssize_t)n)
+        return mt_err_errno(err, "checkpoint%%save '%s': cannot write the lock file '%s'",
+                            d->path, path);
+    return MT_OK;
+}
+
+/* Proves that a checkpoint can be written: a file is created, written, synced and
+ * removed. */
+static int write_test(const struct mt_ckpt_dir *d, struct mt_err *err)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.moetrain-write-test", d->path);
+    int rc = write_text_file(path, "moetrain checks that it can save here\n", err);
+    unlink(path);
+    if (rc) return mt_err_prefix(err, "checkpoint%%save '%s' is not writable", d->path);
+    return MT_OK;
+}
+
+/* What crashed saves left (under the lock, so no other run's save is in progress):
+ * iter_N.tmp directories are removed; an iter_N.old whose iter_N is missing (a crash
+ * between the two renames of a re-save) is renamed back, otherwise removed; a
+ * half-written latest file is removed. */
+static int clean_leftovers(const struct mt_ckpt_dir *d, int *removed, int *restored)
+{
+    *removed = *restored = 0;
+    DIR *dir = opendir(d->path);
+    if (!dir) return MT_OK;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        char base[300], path[4400], orig[4400];
+        long long it;
+        size_t len = strlen(e->d_name);
+        if (len < 5 || len >= sizeof base) continue;
+        const char *suffix = e->d_name + len - 4;
+        if (strcmp(suffix, ".tmp") && strcmp(suffix, ".old")) continue;
+        memcpy(base, e->d_name, len - 4);
+        base[len - 4] = '\0';
+        snprintf(path, sizeof path, "%s/%s", d->path, e->d_name);
+        if (!strcmp(base, LATEST_FILE) && !strcmp(suffix, ".tmp")) {
+            if (unlink(path) == 0) ++*removed;
+            continue;
+        }
+        if (!iter_name(base, &it)) continue;
+        snprintf(orig, sizeof orig, "%s/%s", d->path, base);
+        struct stat sb;
+        if (!strcmp(suffix, ".old") && stat(orig, &sb) != 0 && rename(path, orig) == 0) {
+            ++*restored;
+            continue;
+        }
+        remove_ckpt_dir(path);
+        ++*removed;
+    }
+    closedir(dir);
+    return MT_OK;
+}
+
+int mt_ckpt_dir_open(const char *path, struct mt_ckpt_dir **out, int *removed, int *restored,
+                     struct mt_err *err)
+{
+    *out = NULL;
+    if (strlen(path) >= sizeof((struct mt_ckpt_dir *)0)->path - 64)
+        return mt_err_set(err, MT_EINVAL, "checkpoint%%save '%.100s...' is too long a path",
+                          path);
+    struct mt_ckpt_dir *d = calloc(1, sizeof *d);
+    if (!d) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    snprintf(d->path, sizeof d->path, "%s", path);
+    d->lock_fd = -1;
+    int rc = mkdir_p(path, err);
+    if (rc) mt_err_prefix(err, "checkpoint%%save");
+    if (rc == MT_OK) rc = take_lock(d, err);
+    if (rc == MT_OK) rc = write_test(d, err);
+    if (rc == MT_OK) rc = clean_leftovers(d, removed, restored);
+    if (rc) {
+        mt_ckpt_dir_close(d);
+        return rc;
+    }
+    *out = d;
+    return MT_OK;
+}
+
+const char *mt_ckpt_dir_path(const struct mt_ckpt_dir *d) { return d->path; }
+
+void mt_ckpt_dir_close(struct mt_ckpt_dir *d)
+{
+    if (!d) return;
+    if (d->lock_fd >= 0) close(d->lock_fd); /* releases the lock */
+    free(d);
+}
+
+/* ---- saving ------------------------------------------------------------ */
 
 static int write_state(const char *path, const struct mt_ckpt_view *v,
                        const struct mt_train_state *st, struct mt_err *err)
@@ -139,43 +297,100 @@ static int write_state(const char *path, const struct mt_ckpt_view *v,
     return MT_OK;
 }
 
-static int cmp_ll(const void *a, const void *b)
+/* An iteration directory and when its state was written. */
+struct saved {
+    long long it;
+    struct timespec when;
+};
+
+/* Newest first: by the time the state file was written, then by iteration. */
+static int cmp_newest(const void *a, const void *b)
 {
-    long long x = *(const long long *)a, y = *(const long long *)b;
-    return (x > y) - (x < y);
+    const struct saved *x = a, *y = b;
+    if (x->when.tv_sec != y->when.tv_sec) return x->when.tv_sec < y->when.tv_sec ? 1 : -1;
+    if (x->when.tv_nsec != y->when.tv_nsec) return x->when.tv_nsec < y->when.tv_nsec ? 1 : -1;
+    return (x->it < y->it) - (x->it > y->it);
 }
 
-/* Keeps the newest keep iter_* directories of dir. */
-static void prune(const char *dir, int keep)
+/* Keeps the keep most recently written checkpoints of the directory (whatever their
+ * iteration numbers: after a rollback the newest save may have the smallest), and
+ * never the one just written, which latest names. Directories without a state file
+ * are not checkpoints of this format and are left alone. */
+static void prune(const char *dir, int keep, long long just_written)
 {
     DIR *d = opendir(dir);
     if (!d) return;
-    long long iters[4096];
-    int n = 0;
+    struct saved *all = NULL;
+    size_t n = 0, cap = 0;
     struct dirent *e;
-    while ((e = readdir(d)) && n < 4096) {
+    while ((e = readdir(d))) {
         long long it;
-        char tail;
-        if (sscanf(e->d_name, "iter_%lld%c", &it, &tail) == 1) iters[n++] = it;
+        char path[4400];
+        struct stat sb;
+        if (!iter_name(e->d_name, &it)) continue;
+        snprintf(path, sizeof path, "%s/%s/state.bin", dir, e->d_name);
+        if (stat(path, &sb) != 0) continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            struct saved *g = realloc(all, nc * sizeof *g);
+            if (!g) break; /* no memory: prune what was listed */
+            all = g;
+            cap = nc;
+        }
+        all[n++] = (struct saved){it, sb.st_mtim};
     }
     closedir(d);
-    qsort(iters, (size_t)n, sizeof iters[0], cmp_ll);
-    for (int i = 0; i + keep < n; i++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/iter_%07lld", dir, iters[i]);
+    if (n) qsort(all, n, sizeof *all, cmp_newest);
+    int kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (all[i].it == just_written || kept < keep) {
+            kept++;
+            continue;
+        }
+        char path[4400];
+        snprintf(path, sizeof path, "%s/iter_%07lld", dir, all[i].it);
         remove_ckpt_dir(path);
     }
+    free(all);
 }
 
-int mt_ckpt_save(const char *dir, const struct mt_ckpt_view *v, const struct mt_train_state *st,
-                 const char *config_text, int keep_last, struct mt_err *err)
+/* Puts the whole new directory tmp in final's place, replacing an older save of the
+ * same iteration so that some whole iter_N exists at every moment: an atomic
+ * exchange where the file system has one; otherwise the old one is moved to
+ * iter_N.old first, which a load and the next start fall back to (see
+ * clean_leftovers and locate). */
+static int publish(const char *tmp, const char *final, const char *old, struct mt_err *err)
 {
-    char final_dir[4096], tmp_dir[4200], old_dir[4200], path[4400];
-    MT_CHECK(mkdir_p(dir, err));
+    struct stat sb;
+    if (stat(final, &sb) != 0) {
+        if (rename(tmp, final) != 0)
+            return mt_err_errno(err, "checkpoint: cannot rename '%s' to '%s'", tmp, final);
+        return MT_OK;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        remove_ckpt_dir(tmp); /* now the older save */
+        return MT_OK;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+        return mt_err_errno(err, "checkpoint: cannot exchange '%s' and '%s'", tmp, final);
+    if (rename(final, old) != 0)
+        return mt_err_errno(err, "checkpoint: cannot move aside '%s'", final);
+    if (rename(tmp, final) != 0)
+        return mt_err_errno(err, "checkpoint: cannot rename '%s' to '%s'", tmp, final);
+    remove_ckpt_dir(old);
+    return MT_OK;
+}
+
+int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
+                 const struct mt_train_state *st, const char *config_text, int keep_last,
+                 struct mt_err *err)
+{
+    const char *dir = d->path;
+    char final_dir[4200], tmp_dir[4300], old_dir[4300], path[4400];
     snprintf(final_dir, sizeof final_dir, "%s/iter_%07lld", dir, st->iteration);
     snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp", final_dir);
     snprintf(old_dir, sizeof old_dir, "%s.old", final_dir);
-    remove_ckpt_dir(tmp_dir); /* left over from a crash */
+    remove_ckpt_dir(tmp_dir); /* ours: the lock keeps other runs out */
     if (mkdir(tmp_dir, 0755) != 0)
         return mt_err_errno(err, "checkpoint: cannot create '%s'", tmp_dir);
 
@@ -185,19 +400,7 @@ int mt_ckpt_save(const char *dir, const struct mt_ckpt_view *v, const struct mt_
     snprintf(path, sizeof path, "%s/config.nml", tmp_dir);
     MT_CHECK_GOTO(write_text_file(path, config_text, err), fail);
     MT_CHECK_GOTO(fsync_path(tmp_dir, err), fail);
-
-    /* an older save of the same iteration is replaced only once this one is whole */
-    struct stat sb;
-    bool had_old = stat(final_dir, &sb) == 0;
-    if (had_old && rename(final_dir, old_dir) != 0) {
-        rc = mt_err_errno(err, "checkpoint: cannot move aside '%s'", final_dir);
-        goto fail;
-    }
-    if (rename(tmp_dir, final_dir) != 0) {
-        rc = mt_err_errno(err, "checkpoint: cannot rename '%s' to '%s'", tmp_dir, final_dir);
-        goto fail;
-    }
-    if (had_old) remove_ckpt_dir(old_dir);
+    MT_CHECK_GOTO(publish(tmp_dir, final_dir, old_dir, err), fail);
     MT_CHECK(fsync_path(dir, err));
 
     char latest[4200], latest_tmp[4300], text[64];
@@ -208,7 +411,7 @@ int mt_ckpt_save(const char *dir, const struct mt_ckpt_view *v, const struct mt_
     if (rename(latest_tmp, latest) != 0)
         return mt_err_errno(err, "checkpoint: cannot rename '%s'", latest_tmp);
     MT_CHECK(fsync_path(dir, err));
-    if (keep_last > 0) prune(dir, keep_last);
+    if (keep_last > 0) prune(dir, keep_last, st->iteration);
     return MT_OK;
 fail:
     remove_ckpt_dir(tmp_dir);
@@ -343,22 +546,67 @@ static int parse_state(const char *path, const unsigned char *data, size_t n,
     return MT_OK;
 }
 
-int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state *st,
-                 bool *found, char *loaded, size_t loaded_len, struct mt_err *err)
+/* Some entries of dir (iter_* directories first) into out, as "a, b, c (and N more)";
+ * returns how many iter_* directories it holds. */
+static int list_dir(const char *dir, char *out, size_t len)
 {
-    char path[4400], iter_dir[4200];
+    snprintf(out, len, "nothing");
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int shown = 0, more = 0, iters = 0;
+    size_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        while ((e = readdir(d))) {
+            long long it;
+            if (e->d_name[0] == '.') continue;
+            if ((pass == 0) != iter_name(e->d_name, &it)) continue;
+            iters += pass == 0;
+            if (shown == 8 || at + strlen(e->d_name) + 4 >= len) {
+                more++;
+                continue;
+            }
+            at += (size_t)snprintf(out + at, len - at, "%s%s", shown ? ", " : "", e->d_name);
+            shown++;
+        }
+    }
+    closedir(d);
+    if (more && at + 32 < len) snprintf(out + at, len - at, " (and %d more)", more);
+    return iters;
+}
+
+int mt_ckpt_locate(const char *dir, bool optional, char *iter_dir, size_t len, bool *found,
+                   struct mt_err *err)
+{
+    char path[4400];
     struct stat sb;
     *found = false;
     snprintf(path, sizeof path, "%s/state.bin", dir);
-    if (stat(path, &sb) == 0) {
-        snprintf(iter_dir, sizeof iter_dir, "%s", dir); /* dir is an iter_* directory */
-    } else {
-        snprintf(path, sizeof path, "%s/%s", dir, LATEST_FILE);
-        FILE *f = fopen(path, "r");
-        if (!f) {
-            if (errno == ENOENT) return MT_OK; /* nothing saved yet */
-            return mt_err_errno(err, "checkpoint: cannot open '%s'", path);
-        }
+    if (stat(path, &sb) == 0) { /* dir is an iter_* directory */
+        snprintf(iter_dir, len, "%s", dir);
+        *found = true;
+        return MT_OK;
+    }
+    if (stat(dir, &sb) != 0) {
+        if (errno == ENOENT && optional) return MT_OK; /* a first run: nothing saved yet */
+        if (errno == ENOENT)
+            return mt_err_set(err, MT_EINVAL,
+                              "checkpoint%%load '%s' does not exist. Check the path; to start "
+                              "from initialisation when it holds no checkpoint yet (a job "
+                              "that saves and resumes there), set checkpoint%%load_optional "
+                              "= .true.",
+                              dir);
+        return mt_err_errno(err, "checkpoint%%load '%s'", dir);
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return mt_err_set(err, MT_EINVAL,
+                          "checkpoint%%load '%s' is not a directory: give a checkpoint "
+                          "directory or one of its iter_* directories",
+                          dir);
+    snprintf(path, sizeof path, "%s/%s", dir, LATEST_FILE);
+    FILE *f = fopen(path, "r");
+    if (f) {
         long long it = -1;
         char extra;
         int got = fscanf(f, "%lld %c", &it, &extra);
@@ -368,9 +616,49 @@ int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state 
                               "checkpoint: '%s' should hold one iteration number; fix or "
                               "remove it",
                               path);
-        snprintf(iter_dir, sizeof iter_dir, "%s/iter_%07lld", dir, it);
-        snprintf(path, sizeof path, "%s/state.bin", iter_dir);
+        snprintf(iter_dir, len, "%s/iter_%07lld", dir, it);
+        if (stat(iter_dir, &sb) != 0) {
+            /* a crash between the two renames of a re-save (see publish) */
+            char old[4400];
+            snprintf(old, sizeof old, "%s.old", iter_dir);
+            if (stat(old, &sb) != 0) {
+                char what[2048];
+                list_dir(dir, what, sizeof what);
+                return mt_err_set(err, MT_ECORRUPT,
+                                  "checkpoint: '%s' names iteration %lld, but '%s' is missing. "
+                                  "Set checkpoint%%load to one of the directories there: %s",
+                                  path, it, iter_dir, what);
+            }
+            snprintf(iter_dir, len, "%s", old);
+        }
+        *found = true;
+        return MT_OK;
     }
+    if (errno != ENOENT) return mt_err_errno(err, "checkpoint: cannot open '%s'", path);
+    char what[2048];
+    if (list_dir(dir, what, sizeof what) > 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "checkpoint%%load '%s' has no %s but holds %s: set checkpoint%%load "
+                          "to the iter_* directory to resume from (or write its iteration "
+                          "number into %s)",
+                          dir, LATEST_FILE, what, path);
+    if (optional) return MT_OK;
+    return mt_err_set(err, MT_EINVAL,
+                      "checkpoint%%load '%s' holds no checkpoint (no %s; it holds %s). Check "
+                      "the path; to start from initialisation when it holds no checkpoint yet, "
+                      "set checkpoint%%load_optional = .true.",
+                      dir, LATEST_FILE, what);
+}
+
+int mt_ckpt_load(const char *dir, bool optional, struct mt_ckpt_view *v,
+                 struct mt_train_state *st, bool *found, char *loaded, size_t loaded_len,
+                 struct mt_err *err)
+{
+    char iter_dir[4200], path[4400];
+    MT_CHECK(mt_ckpt_locate(dir, optional, iter_dir, sizeof iter_dir, found, err));
+    if (!*found) return MT_OK;
+    *found = false;
+    snprintf(path, sizeof path, "%s/state.bin", iter_dir);
     unsigned char *data = NULL;
     size_t n = 0;
     MT_CHECK(read_file(path, &data, &n, err));

@@ -188,8 +188,7 @@ static int alloc_moments(struct mt_model *m, float **mo, float **vo, struct mt_e
     return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory for %zu moments", n);
 }
 
-/* Every rank returns rank 0's outcome; rank 0 keeps its message. */
-static int agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
+int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
                           struct mt_err *err)
 {
     struct mt_comm *world = par->world->comm;
@@ -204,7 +203,7 @@ static int agree_on_rank0(const struct mt_parallel *par, int rc, const char *wha
     return code;
 }
 
-int mt_ckpt_save_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, const struct mt_train_state *s,
                       const char *config_text, int keep_last, struct mt_err *err)
 {
@@ -263,10 +262,10 @@ int mt_ckpt_save_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
     free(mo);
     free(vo);
     if (rc != MT_OK && world->rank != 0) return rc; /* a failed send: the comm's message */
-    return agree_on_rank0(par, rc, "saving the checkpoint", err);
+    return mt_ckpt_agree_on_rank0(par, rc, "saving the checkpoint", err);
 }
 
-int mt_ckpt_load_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
                       char *loaded_path, size_t loaded_path_len, struct mt_err *err)
 {
@@ -280,11 +279,11 @@ int mt_ckpt_load_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
     if (world->rank == 0) {
         rc = whole_alloc(m, &w, &v, err);
         if (rc == MT_OK) {
-            rc = mt_ckpt_load(dir, &v, s, &have, loaded_path, loaded_path_len, err);
+            rc = mt_ckpt_load(dir, optional, &v, s, &have, loaded_path, loaded_path_len, err);
             if (rc) whole_free(&w);
         }
     }
-    MT_CHECK(agree_on_rank0(par, rc, "loading the checkpoint", err));
+    MT_CHECK(mt_ckpt_agree_on_rank0(par, rc, "loading the checkpoint", err));
     int32_t flag = have;
     MT_CHECK(mt_broadcast(world, &flag, 1, MT_DT_I32, 0, err));
     if (!flag) {

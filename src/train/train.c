@@ -7,11 +7,15 @@
  * writes the log (log is NULL elsewhere), the metrics file and checkpoints. */
 #include "train/train.h"
 
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/data.h"
 
@@ -31,6 +35,7 @@ struct trainer {
     struct mt_optim *optim;
     int32_t *tokens;              /* (micro_batch, seq_length+1) */
     FILE *metrics;
+    struct mt_ckpt_dir *save_dir; /* world rank 0's, with &checkpoint save set */
     char *config_text;            /* resolved namelist, stored in checkpoints */
     struct mt_train_state st;
     int nonfinite_streak;
@@ -52,6 +57,18 @@ struct trainer {
     bool pp_logged;
 };
 
+/* The stop a signal handler asked for: the first signal, and how many were asked for.
+ * Lock-free atomics: handlers of two signals can run at once on two threads (OpenMP
+ * workers take process signals too), and exactly one of them must see itself second. */
+static atomic_int stop_signal, stop_count;
+
+int mt_train_request_stop(int sig)
+{
+    int none = 0;
+    atomic_compare_exchange_strong(&stop_signal, &none, sig);
+    return atomic_fetch_add(&stop_count, 1);
+}
+
 #define TAG_PP_FWD 7201
 #define TAG_PP_BWD 7202
 
@@ -70,6 +87,70 @@ __attribute__((format(printf, 2, 3))) static void say(struct trainer *t, const c
     va_start(ap, fmt);
     vfprintf(t->log, fmt, ap);
     va_end(ap);
+}
+
+/* A number for JSON: %.9g, or null for NaN and Inf (which JSON cannot hold). */
+static const char *jnum(char buf[32], double x)
+{
+    if (!isfinite(x)) return "null";
+    snprintf(buf, 32, "%.9g", x);
+    return buf;
+}
+
+/* Writes a line to the metrics file (world rank 0's) and flushes it: a failed write
+ * (a full disk) ends the run with an error rather than losing the trajectory. */
+__attribute__((format(printf, 3, 4))) static int metrics_put(struct trainer *t,
+                                                             struct mt_err *err,
+                                                             const char *fmt, ...)
+{
+    if (!t->metrics) return MT_OK;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(t->metrics, fmt, ap);
+    va_end(ap);
+    if (n < 0 || fflush(t->metrics) != 0 || ferror(t->metrics))
+        return mt_err_errno(err, "&logging metrics_file '%s': writing failed (the run stops "
+                            "so that the trajectory is not lost; free space or choose "
+                            "another file, then resume from the last checkpoint)",
+                            t->cfg->logging.metrics_file);
+    return MT_OK;
+}
+
+/* A resumed run continues the trajectory in its metrics file: the lines of iterations
+ * after the checkpoint it resumes from (written by a run that crashed or was rolled
+ * back) are dropped, so that no iteration appears twice. The file is rewritten
+ * through a temporary file and a rename. */
+static int metrics_truncate_after(const char *path, long long upto, struct mt_err *err)
+{
+    FILE *in = fopen(path, "r");
+    if (!in) return errno == ENOENT ? MT_OK : mt_err_errno(err, "&logging metrics_file '%s'", path);
+    char tmp[MT_STR_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fclose(in);
+        return mt_err_errno(err, "&logging metrics_file: cannot create '%s'", tmp);
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    bool ok = true;
+    while (getline(&line, &cap, in) > 0) {
+        long long it;
+        if (sscanf(line, "{\"iteration\": %lld", &it) == 1 && it > upto) continue;
+        ok = fputs(line, out) >= 0 && ok;
+    }
+    free(line);
+    ok = !ferror(in) && ok;
+    fclose(in);
+    ok = fflush(out) == 0 && fsync(fileno(out)) == 0 && ok;
+    ok = fclose(out) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int rc = mt_err_errno(err, "&logging metrics_file '%s': rewriting it for the resumed "
+                              "run failed", path);
+        unlink(tmp);
+        return rc;
+    }
+    return MT_OK;
 }
 
 /* In-place sum over c (NULL with one process: nothing to do). */
@@ -160,13 +241,14 @@ static int save_checkpoint(struct trainer *t, struct mt_err *err)
     const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
     int rc;
     if (t->par) {
-        rc = mt_ckpt_save_dist(ck->save, t->model, t->optim, t->par, &t->st, t->config_text,
+        rc = mt_ckpt_save_dist(t->save_dir, t->model, t->optim, t->par, &t->st, t->config_text,
                                ck->keep_last, err);
     } else {
         struct mt_ckpt_view v;
         struct view_storage vs = { 0 };
         rc = make_view(t, &v, &vs, true, err);
-        if (rc == MT_OK) rc = mt_ckpt_save(ck->save, &v, &t->st, t->config_text, ck->keep_last, err);
+        if (rc == MT_OK)
+            rc = mt_ckpt_save(t->save_dir, &v, &t->st, t->config_text, ck->keep_last, err);
         free_view(&vs);
     }
     if (rc == MT_OK)
@@ -178,16 +260,18 @@ static int save_checkpoint(struct trainer *t, struct mt_err *err)
 static int load_checkpoint(struct trainer *t, struct mt_err *err)
 {
     const char *dir = t->cfg->checkpoint.load;
+    const bool optional = t->cfg->checkpoint.load_optional;
     bool found = false;
     char where[4200] = "";
     if (t->par) {
-        MT_CHECK(mt_ckpt_load_dist(dir, t->model, t->optim, t->par, &t->st, &found, where,
-                                   sizeof where, err));
+        MT_CHECK(mt_ckpt_load_dist(dir, optional, t->model, t->optim, t->par, &t->st, &found,
+                                   where, sizeof where, err));
     } else {
         struct mt_ckpt_view v;
         struct view_storage vs = { 0 };
         int rc = make_view(t, &v, &vs, false, err);
-        if (rc == MT_OK) rc = mt_ckpt_load(dir, &v, &t->st, &found, where, sizeof where, err);
+        if (rc == MT_OK)
+            rc = mt_ckpt_load(dir, optional, &v, &t->st, &found, where, sizeof where, err);
         if (rc == MT_OK && found) { /* into the backend only once the whole load succeeded */
             t->k->op.copy(t->k->ctx, mt_model_params(t->model), v.params,
                           sizeof(float) * v.nparams);
@@ -202,7 +286,8 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
         say(t, "loaded checkpoint %s: iteration %lld, %lld samples consumed\n", where,
             t->st.iteration, t->st.consumed_samples);
     else
-        say(t, "no checkpoint in '%s' yet: starting from initialisation\n", dir);
+        say(t, "no checkpoint in '%s' yet (checkpoint%%load_optional): starting from "
+               "initialisation\n", dir);
     return MT_OK;
 }
 
@@ -620,13 +705,10 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
         "%.0f ms\n"
         "-----------------------------------------------------------------------------\n",
         label, t->st.iteration, loss, ppl, now_ms() - t0);
-    if (t->metrics) {
-        fprintf(t->metrics, "{\"iteration\": %lld, \"%s_loss\": %.9g, \"%s_ppl\": %.9g}\n",
-                t->st.iteration, split == MT_SPLIT_VALID ? "val" : "test", loss,
-                split == MT_SPLIT_VALID ? "val" : "test", ppl);
-        fflush(t->metrics);
-    }
-    return MT_OK;
+    const char *which = split == MT_SPLIT_VALID ? "val" : "test";
+    char b1[32], b2[32];
+    return metrics_put(t, err, "{\"iteration\": %lld, \"%s_loss\": %s, \"%s_ppl\": %s}\n",
+                       t->st.iteration, which, jnum(b1, loss), which, jnum(b2, ppl));
 }
 
 /* ---- logging ----------------------------------------------------------- */
@@ -638,7 +720,7 @@ static void accumulate_counts(struct trainer *t)
     for (size_t i = 0; i < t->ncounts; i++) t->acc_counts[i] += c[i];
 }
 
-static void log_interval(struct trainer *t, double lr)
+static int log_interval(struct trainer *t, double lr, struct mt_err *err)
 {
     const struct mt_config_training *tr = &t->cfg->training;
     double n = (double)t->acc_iters;
@@ -669,21 +751,19 @@ static void log_interval(struct trainer *t, double lr)
     say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |\n", t->acc_gnorm / n,
         t->st.skipped_iters);
     if (t->log) fflush(t->log);
-    if (t->metrics) {
-        fprintf(t->metrics,
-                "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "
-                "\"tokens_per_s\": %.1f, \"tflops\": %.6f, \"lr\": %.9g, \"loss\": %.9g, "
-                "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"grad_norm\": %.9g, \"skipped\": %lld, "
-                "\"dropped_tokens\": %lld, \"expert_load_min\": %.3f, \"expert_load_max\": "
-                "%.3f}\n",
-                t->st.iteration, t->st.consumed_samples, ms, tok_s, tflops, lr,
-                t->acc_loss / n, t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n,
-                t->st.skipped_iters, t->acc_dropped, load_lo, load_hi);
-        fflush(t->metrics);
-    }
+    int rc = metrics_put(
+        t, err,
+        "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "
+        "\"tokens_per_s\": %.1f, \"tflops\": %.6f, \"lr\": %.9g, \"loss\": %.9g, "
+        "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"grad_norm\": %.9g, \"skipped\": %lld, "
+        "\"dropped_tokens\": %lld, \"expert_load_min\": %.3f, \"expert_load_max\": %.3f}\n",
+        t->st.iteration, t->st.consumed_samples, ms, tok_s, tflops, lr, t->acc_loss / n,
+        t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n, t->st.skipped_iters, t->acc_dropped,
+        load_lo, load_hi);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
+    return rc;
 }
 
 /* This rank's bytes (parameters and gradients are its shards). */
@@ -720,9 +800,49 @@ static char *config_to_text(const struct mt_config *cfg)
     return buf;
 }
 
+/* Before anything is allocated, world rank 0 takes the save directory (created, locked,
+ * proven writable, cleaned of crashed saves) and finds the checkpoint to load, so that
+ * a bad path fails now rather than after hours of training. */
+static int open_checkpoint_dirs(struct trainer *t, struct mt_err *err)
+{
+    const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
+    int rc = MT_OK;
+    if (t->rank0 && ck->save[0]) {
+        int removed = 0, restored = 0;
+        rc = mt_ckpt_dir_open(ck->save, &t->save_dir, &removed, &restored, err);
+        if (rc == MT_OK && removed)
+            say(t, "checkpoint%%save '%s': removed %d leftover%s of interrupted saves\n", ck->save,
+                removed, removed == 1 ? "" : "s");
+        if (rc == MT_OK && restored)
+            say(t, "checkpoint%%save '%s': put back %d checkpoint%s that an interrupted save was "
+                   "replacing\n", ck->save, restored, restored == 1 ? "" : "s");
+    }
+    if (rc == MT_OK && t->rank0 && ck->load[0]) {
+        char where[4200];
+        bool found;
+        rc = mt_ckpt_locate(ck->load, ck->load_optional, where, sizeof where, &found, err);
+    }
+    if (t->par) rc = mt_ckpt_agree_on_rank0(t->par, rc, "checking the checkpoint directories", err);
+    return rc;
+}
+
+/* World rank 0's metrics file: a fresh start writes a new one, a resumed run continues
+ * the one it finds (see metrics_truncate_after). */
+static int open_metrics(struct trainer *t, struct mt_err *err)
+{
+    const char *path = t->cfg->logging.metrics_file;
+    if (!path[0] || !t->rank0) return MT_OK;
+    bool resumed = t->st.iteration > 0;
+    if (resumed) MT_CHECK(metrics_truncate_after(path, t->st.iteration, err));
+    t->metrics = fopen(path, resumed ? "a" : "w");
+    if (!t->metrics) return mt_err_errno(err, "&logging metrics_file '%s' cannot be opened", path);
+    return MT_OK;
+}
+
 static int setup(struct trainer *t, struct mt_err *err)
 {
     const struct mt_config *c = t->cfg;
+    MT_CHECK(open_checkpoint_dirs(t, err));
     MT_CHECK(mt_data_open(c, &t->data, err));
     char desc[1024];
     mt_data_describe(t->data, desc, sizeof desc);
@@ -771,19 +891,13 @@ static int setup(struct trainer *t, struct mt_err *err)
     if (c->logging.log_memory) log_memory(t);
 
     if (c->checkpoint.load[0]) MT_CHECK(load_checkpoint(t, err));
-    if (c->logging.metrics_file[0] && t->rank0) {
-        /* a resumed run appends to the trajectory it continues */
-        t->metrics = fopen(c->logging.metrics_file, t->st.iteration > 0 ? "a" : "w");
-        if (!t->metrics)
-            return mt_err_errno(err, "&logging metrics_file '%s' cannot be opened",
-                                c->logging.metrics_file);
-    }
-    return MT_OK;
+    return open_metrics(t, err);
 }
 
 static void teardown(struct trainer *t)
 {
     if (t->metrics) fclose(t->metrics);
+    mt_ckpt_dir_close(t->save_dir);
     mt_optim_destroy(t->optim);
     mt_model_destroy(t->model);
     mt_data_close(t->data);
@@ -865,6 +979,13 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         t->st.skipped_iters++;
         say(t, "iteration %lld: %s is not finite (loss %g, grad norm %g): step skipped\n",
             t->st.iteration, isfinite(loss) ? "the gradient" : "the loss", loss, gnorm);
+        char b1[32], b2[32];
+        MT_CHECK(metrics_put(t, err,
+                             "{\"iteration\": %lld, \"consumed_samples\": %lld, \"lr\": %.9g, "
+                             "\"loss\": %s, \"grad_norm\": %s, \"skipped\": %lld, "
+                             "\"step_skipped\": true}\n",
+                             t->st.iteration, t->st.consumed_samples, lr, jnum(b1, loss),
+                             jnum(b2, gnorm), t->st.skipped_iters));
         if (++t->nonfinite_streak >= MT_MAX_CONSECUTIVE_NONFINITE)
             return mt_err_set(err, MT_ERUNTIME,
                               "%d iterations in a row had a NaN or Inf loss or gradient (last "
@@ -891,9 +1012,20 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     return MT_OK;
 }
 
+/* Whether a stop was requested on any rank: every rank learns the same answer at the
+ * same iteration boundary (the largest signal number requested anywhere), so no rank
+ * stops while the others go on into the next step's collectives. */
+static int agree_on_stop(struct trainer *t, int *sig, struct mt_err *err)
+{
+    int32_t s = atomic_load(&stop_signal);
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, &s, 1, MT_DT_I32, MT_OP_MAX, err));
+    *sig = s;
+    return MT_OK;
+}
+
 int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
                  struct mt_parallel *par, const struct mt_kernels *k, FILE *log,
-                 struct mt_err *err)
+                 int *stopped_by, struct mt_err *err)
 {
     if (!par && layout->world_size != 1)
         return mt_err_set(err, MT_EINVAL,
@@ -923,21 +1055,25 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     }
     t.rank0 = !par || par->world->rank == 0;
     t.log = t.rank0 ? log : NULL;
+    *stopped_by = 0;
     int rc = setup(&t, err);
     const struct mt_config_training *tr = &cfg->training;
     const struct mt_config_checkpoint *ck = &cfg->checkpoint;
+    const long long first_iter = t.st.iteration;
     long long last_saved = -1;
     bool do_eval_end = true;
     double t_start = now_ms();
-    while (rc == MT_OK && t.st.iteration < tr->train_iters) {
+    while (rc == MT_OK) {
+        rc = agree_on_stop(&t, stopped_by, err);
+        if (rc || *stopped_by || t.st.iteration >= tr->train_iters) break;
         double lr = 0;
         rc = train_step(&t, &lr, err);
         if (rc) break;
         long long it = t.st.iteration;
         if (t.acc_iters && (it % cfg->logging.log_interval == 0 || it == tr->train_iters))
-            log_interval(&t, lr);
+            rc = log_interval(&t, lr, err);
         do_eval_end = true;
-        if (it % tr->eval_interval == 0) {
+        if (rc == MT_OK && it % tr->eval_interval == 0) {
             rc = evaluate(&t, MT_SPLIT_VALID, "validation", err);
             do_eval_end = false;
         }
@@ -951,6 +1087,17 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
             teardown(&t);
             return rc;
         }
+    }
+    if (rc == MT_OK && *stopped_by) {
+        /* told to stop (a time limit's warning signal, scancel, Ctrl-C): save what was
+         * trained since the last save, skip the final evaluations, leave */
+        if (ck->save[0] && last_saved != t.st.iteration && t.st.iteration > first_iter)
+            rc = save_checkpoint(&t, err);
+        say(&t, "stopping at iteration %lld on signal %d (%s)%s\n", t.st.iteration, *stopped_by,
+            strsignal(*stopped_by),
+            !ck->save[0] ? ": no checkpoint%save is set, nothing saved" : "");
+        teardown(&t);
+        return rc;
     }
     if (rc == MT_OK)
         say(&t, "training done: %lld iterations in %.1f s\n", t.st.iteration,

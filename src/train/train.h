@@ -31,11 +31,28 @@
  * rank 0's; the others' may be NULL). par is this process's place in the layout, NULL
  * for one process; with a device backend its comms must route device memory
  * (mt_parallel_use_device).
+ * A stop requested with mt_train_request_stop ends the run at the next iteration
+ * boundary that every rank agrees on: it saves a checkpoint (when &checkpoint save is
+ * set), flushes the log and metrics and returns MT_OK with *stopped_by set to the
+ * signal (0 when the run ended otherwise).
  * Returns MT_OK, or an error (bad data, unreadable checkpoint, a streak of NaN/Inf
  * steps, I/O, a failed collective). */
 int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
                  struct mt_parallel *par, const struct mt_kernels *k, FILE *log,
-                 struct mt_err *err);
+                 int *stopped_by, struct mt_err *err);
+
+/* Asks the running training loop to stop at the next iteration boundary (sig: the
+ * signal number to report). Async-signal-safe: a signal handler calls it. Returns how
+ * many stops had been requested before this one. */
+int mt_train_request_stop(int sig);
+
+/* A collective over the world, before anything is allocated: every process compares
+ * the executable it runs and its resolved configuration with world rank 0's. On a
+ * difference every process returns MT_EINVAL: a rank whose configuration differs
+ * names its differing keys with both values, rank 0 names the ranks that differ, and
+ * *report says whether this process's message is one of those to print. */
+int mt_train_agree_config(struct mt_world *w, const struct mt_config *cfg, bool *report,
+                          struct mt_err *err);
 
 /* Learning rate for the step that follows `steps_done` completed iterations
  * (Megatron's OptimizerParamScheduler: linear warmup from 0, then constant,
@@ -63,18 +80,41 @@ struct mt_ckpt_view {
     float *buffers;                /* non-trainable state (expert biases) */
 };
 
-/* Saves into DIR/iter_%07lld atomically (temporary dir, fsync, rename), updates
- * DIR/latest_checkpointed_iteration.txt, then prunes to keep_last (0 = keep
- * all). config_text (the resolved namelist) is stored beside the state. */
-int mt_ckpt_save(const char *dir, const struct mt_ckpt_view *v, const struct mt_train_state *s,
-                 const char *config_text, int keep_last, struct mt_err *err);
+/* The directory a run saves into, held from the run's start to its end. Opening it
+ * creates it, takes an exclusive lock on DIR/.moetrain.lock (refused, naming the
+ * holder, while another run holds it), proves it writable, and cleans up after
+ * crashed saves: *removed counts the leftovers removed, *restored the older saves
+ * put back (a crash in the middle of replacing one). Closing releases the lock. */
+#define MT_CKPT_LOCK_FILE ".moetrain.lock"
+struct mt_ckpt_dir;
+int mt_ckpt_dir_open(const char *path, struct mt_ckpt_dir **out, int *removed, int *restored,
+                     struct mt_err *err);
+const char *mt_ckpt_dir_path(const struct mt_ckpt_dir *d);
+void mt_ckpt_dir_close(struct mt_ckpt_dir *d);
 
-/* Loads the newest checkpoint under dir (or dir itself if it is one) into v and
- * s, verifying its checksum and that its tensors match v's. *found is false
- * when dir holds no checkpoint yet (a first run); corrupt or mismatched
- * checkpoints are errors and leave v untouched. */
-int mt_ckpt_load(const char *dir, struct mt_ckpt_view *v, struct mt_train_state *s,
-                 bool *found, char *loaded_path, size_t loaded_path_len, struct mt_err *err);
+/* Saves into DIR/iter_%07lld atomically (temporary dir, fsync, rename; an existing
+ * save of the iteration is replaced without a moment where none exists), updates
+ * DIR/latest_checkpointed_iteration.txt, then prunes to the keep_last most recently
+ * written checkpoints (0 = keep all; never the one just written). config_text (the
+ * resolved namelist) is stored beside the state. */
+int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
+                 const struct mt_train_state *s, const char *config_text, int keep_last,
+                 struct mt_err *err);
+
+/* Finds the checkpoint a load of dir reads: dir itself if it is an iter_* directory,
+ * else the one its latest file names. *found is false only when dir holds no
+ * checkpoint at all (missing, or without a latest file and iter_* directories) and
+ * optional is true; otherwise that is an error listing what dir holds, as is a dir
+ * with iter_* directories but no latest file. iter_dir gets the directory to read. */
+int mt_ckpt_locate(const char *dir, bool optional, char *iter_dir, size_t len, bool *found,
+                   struct mt_err *err);
+
+/* Loads the checkpoint mt_ckpt_locate finds into v and s, verifying its checksum and
+ * that its tensors match v's. Corrupt or mismatched checkpoints are errors and leave
+ * v untouched. */
+int mt_ckpt_load(const char *dir, bool optional, struct mt_ckpt_view *v,
+                 struct mt_train_state *s, bool *found, char *loaded_path,
+                 size_t loaded_path_len, struct mt_err *err);
 
 /* A checkpoint file (a state.bin) read whole, its tables and arrays allocated:
  * for tools and tests that compare checkpoints. */
@@ -145,11 +185,16 @@ size_t mt_optim_memory(const struct mt_optim *o);
  * parallel rank 0, TP rank 0 for TP-replicated tensors, the pipeline stage holding the
  * tensor, the first stage for a tied embedding) and the moments to world rank 0,
  * which writes them with mt_ckpt_save; a load reads on rank 0 and sends every rank its
- * shards (of its stage's tensors). Both are collectives over all processes. */
-int mt_ckpt_save_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+ * shards (of its stage's tensors). Both are collectives over all processes; dir is
+ * world rank 0's save directory (NULL elsewhere). */
+int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, const struct mt_train_state *s,
                       const char *config_text, int keep_last, struct mt_err *err);
-int mt_ckpt_load_dist(const char *dir, struct mt_model *m, struct mt_optim *o,
+/* A collective over all processes: every rank returns world rank 0's outcome rc of
+ * what; rank 0 keeps its message, the others say that rank 0 failed. */
+int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
+                           struct mt_err *err);
+int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
                       char *loaded_path, size_t loaded_path_len, struct mt_err *err);
 
