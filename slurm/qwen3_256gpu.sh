@@ -12,6 +12,18 @@
 #   sbatch slurm/qwen3_256gpu.sh "data%data_path='/lustre/corpus/qwen_text_document'" \
 #          data%mock_data=.false. "checkpoint%save='/lustre/ckpt/qwen3'" checkpoint%save_interval=1000
 #
+# Time limits and requeue (doc/what-happens.md): with MOETRAIN_CKPT set, e.g.
+#   MOETRAIN_CKPT=/lustre/ckpt/qwen3 MOETRAIN_REQUEUE=1 sbatch slurm/qwen3_256gpu.sh
+# the job saves into and resumes from that directory (the first run starts from
+# initialisation: checkpoint%load_optional). --signal below makes Slurm send SIGUSR1
+# to every task 10 minutes before the time limit: moetrain saves a checkpoint at the
+# end of the iteration it is in (all ranks agree on which) and exits with status 138
+# (128 + SIGUSR1). With MOETRAIN_REQUEUE=1 the script then requeues the job, which
+# resumes from that checkpoint. 10 minutes must cover one iteration plus one save on
+# your file system; raise it if a save takes longer. scancel --signal=USR1 JOBID
+# stops a job the same way by hand (a plain scancel sends SIGTERM: moetrain saves then
+# too, if Slurm's KillWait leaves it the time).
+#
 # Layout (Megatron vocabulary; order tp-cp-ep-dp-pp):
 #   attention/dense: TP 2 (with sequence parallelism) x PP 4 x DP 32
 #   experts:         ETP 1 x EP 8 x EDP 8 x PP 4 (MoE parallel folding, same ranks)
@@ -39,6 +51,8 @@
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.out
+#SBATCH --signal=USR1@600
+#SBATCH --requeue
 
 set -euo pipefail
 
@@ -62,8 +76,21 @@ if [ "${1:-}" = --check ]; then
     exec moetrain --check --world-size $((NODES * GPUS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
 fi
 
+CKPT=()
+if [ -n "${MOETRAIN_CKPT:-}" ]; then
+    CKPT=("checkpoint%save='$MOETRAIN_CKPT'" "checkpoint%load='$MOETRAIN_CKPT'"
+          checkpoint%load_optional=.true.)
+fi
+
 # One OpenMP thread pool per process over its cores.
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-16}
 
+rc=0
 srun --mpi=pmix --cpu-bind=none --kill-on-bad-exit=1 \
-    moetrain "$NML" "${LAYOUT[@]}" "$@"
+    moetrain "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
+# 138: stopped by the time limit's SIGUSR1 after saving its checkpoint
+if [ "$rc" -eq 138 ] && [ "${MOETRAIN_REQUEUE:-0}" = 1 ] && [ -n "${MOETRAIN_CKPT:-}" ]; then
+    echo "moetrain saved and stopped before the time limit: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$rc"
