@@ -20,6 +20,8 @@
  * Megatron's MoEAlltoAllTokenDispatcher and MoEAllGatherTokenDispatcher. */
 #include "model/model_internal.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,6 +93,174 @@ static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, long 
     return MT_OK;
 }
 
+/* ------------------------------------------------------------ routing dump */
+
+/* MT_DEBUG_ROUTING=FILE writes every routing decision of the process to FILE (FILE.R
+ * for PMIX_RANK R under mpirun or srun), to see what a decision hinges on when layouts
+ * disagree (tests/parallel/common.sh reads it). It only reads: training is
+ * bit-identical with and without it. Per MoE layer forward, in words:
+ *   topk MB L TOK k: E_1..E_k keys: K_0..K_{E-1} margin M [aux_margin A]
+ *   slot MB L TOK E PROB kept|dropped                      (with a capacity)
+ *   capacity MB L E CANDIDATES CAPACITY margin M           (an over-full expert)
+ * MB names the micro-batch in every layout: the FNV-1a hash of its input tokens, then t
+ * (training) or e (evaluation); L is the layer, TOK the token in the micro-batch. Keys
+ * rank the experts as the router does: the logits for softmax (before or after the
+ * top-k: the same order), sigmoid + expert bias, in double from the fp32 logits;
+ * M = the smallest chosen key minus the largest other, and A the same for the
+ * balancing loss's top-k (sigmoid scores without the bias, when the bias is on).
+ * capacity: the probs policy's margin, the lowest kept minus the highest dropped
+ * PROB of the expert (-1 under the position policy, which compares no scores). With
+ * TP, each rank writes its own tokens' topk lines and TP rank 0 the plan's. */
+static FILE *routing_dump;
+static bool routing_dump_read;
+
+static void close_routing_dump(void) { fclose(routing_dump); }
+
+/* The dump file, NULL without MT_DEBUG_ROUTING; the variable is read once. */
+static int routing_dump_file(FILE **out, struct mt_err *err)
+{
+    if (!routing_dump_read) {
+        routing_dump_read = true;
+        const char *path = getenv("MT_DEBUG_ROUTING"), *rank = getenv("PMIX_RANK");
+        if (path && *path) {
+            char name[4096];
+            if (rank)
+                snprintf(name, sizeof name, "%s.%s", path, rank);
+            else
+                snprintf(name, sizeof name, "%s", path);
+            routing_dump = fopen(name, "w");
+            if (!routing_dump) return mt_err_errno(err, "MT_DEBUG_ROUTING: cannot write %s", name);
+            atexit(close_routing_dump);
+        }
+    }
+    *out = routing_dump;
+    return MT_OK;
+}
+
+/* key (E) = what the router ranks for logits l (E) (see above); score (E) = without the bias */
+static void routing_keys(const pass_t *p, int moe, const float *l, double *key, double *score)
+{
+    const struct mt_model *m = p->m;
+    const int E = m->E;
+    for (int e = 0; e < E; e++) {
+        score[e] = m->router.score_fn == MT_SCORE_SIGMOID ? 1.0 / (1.0 + exp(-(double)l[e])) : l[e];
+        key[e] = score[e] + (m->expert_bias_on ? m->expert_bias[(size_t)moe * E + e] : 0.0);
+    }
+}
+
+/* The smallest of x over the chosen experts (k) minus the largest over the others. */
+static double topk_margin(const double *x, const int32_t *chosen, int E, int k)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (int e = 0; e < E; e++) {
+        bool in = false;
+        for (int j = 0; j < k; j++) in = in || chosen[j] == e;
+        if (in)
+            lo = x[e] < lo ? x[e] : lo;
+        else
+            hi = x[e] > hi ? x[e] : hi;
+    }
+    return lo - hi;
+}
+
+/* The k largest of x (E), best first (ties: the lower expert), as the balancing loss picks. */
+static void topk_of(int32_t *idx, const double *x, int E, int k)
+{
+    for (int j = 0; j < k; j++) {
+        idx[j] = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++) taken = taken || idx[i] == e;
+            if (!taken && (idx[j] < 0 || x[e] > x[idx[j]])) idx[j] = e;
+        }
+    }
+}
+
+/* The slot and capacity lines of one plan over the N tokens of the micro-batch. */
+static void dump_plan(FILE *f, const pass_t *p, const char *mb, int l, const int32_t *idx,
+                      const float *prob, const int32_t *slot_row, int cap)
+{
+    const struct mt_model *m = p->m;
+    const int k = m->topk, S = p->N * k;
+    for (int s = 0; s < S; s++)
+        if (idx[s] >= 0)
+            fprintf(f, "slot %s %d %d %d %.9g %s\n", mb, l, s / k, idx[s], prob[s],
+                    slot_row[s] < 0 ? "dropped" : "kept");
+    for (int e = 0; e < m->E; e++) {
+        int n = 0;
+        double lo = INFINITY, hi = -INFINITY;
+        for (int s = 0; s < S; s++) {
+            if (idx[s] != e) continue;
+            n++;
+            if (slot_row[s] >= 0)
+                lo = prob[s] < lo ? prob[s] : lo;
+            else
+                hi = prob[s] > hi ? prob[s] : hi;
+        }
+        if (n > cap)
+            fprintf(f, "capacity %s %d %d %d %d margin %.6e\n", mb, l, e, n, cap,
+                    m->drop_policy == MT_DROP_PROBS ? lo - hi : -1.0);
+    }
+}
+
+/* The decisions of route() for layer l (see MT_DEBUG_ROUTING above). */
+static int dump_routing(FILE *f, const pass_t *p, int l, const struct mt_layer_acts *a, int cap)
+{
+    const struct mt_model *m = p->m;
+    const int E = m->E, k = m->topk, Nl = p->Nl, moe = m->moe_of_layer[l];
+    const size_t nk = (size_t)p->N * k;
+    float *logits = malloc(sizeof(float) * (size_t)Nl * E), *prob = malloc(sizeof(float) * nk);
+    int32_t *idx = malloc(sizeof(int32_t) * nk), *slot_row = malloc(sizeof(int32_t) * nk);
+    double *key = malloc(sizeof(double) * 2 * (size_t)E), *score = key + E;
+    int32_t *aux_idx = malloc(sizeof(int32_t) * (size_t)k);
+    int rc = MT_OK;
+    if (!logits || !prob || !idx || !slot_row || !key || !aux_idx) {
+        rc = mt_err_set(p->err, MT_ENOMEM, "MT_DEBUG_ROUTING: out of memory");
+        goto done;
+    }
+    uint32_t h = 2166136261u; /* FNV-1a over the bytes of the input tokens */
+    for (size_t i = 0; i < sizeof(int32_t) * (size_t)p->N; i++)
+        h = (h ^ ((const unsigned char *)m->host_tokens)[i]) * 16777619u;
+    char mb[16];
+    snprintf(mb, sizeof mb, "%08x%c", h, p->train ? 't' : 'e');
+
+    p->o->copy(p->ctx, logits, a->logits, sizeof(float) * (size_t)Nl * E);
+    p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * (size_t)Nl * k);
+    for (int n = 0; n < Nl; n++) {
+        const int32_t *chosen = idx + (size_t)n * k;
+        routing_keys(p, moe, logits + (size_t)n * E, key, score);
+        fprintf(f, "topk %s %d %lld k:", mb, l, p->tok0 + n);
+        for (int j = 0; j < k; j++) fprintf(f, " %d", chosen[j]);
+        fprintf(f, " keys:");
+        for (int e = 0; e < E; e++) fprintf(f, " %.9g", key[e]);
+        fprintf(f, " margin %.6e", topk_margin(key, chosen, E, k));
+        if (m->expert_bias_on && a->aux_counts) {
+            topk_of(aux_idx, score, E, k);
+            fprintf(f, " aux_margin %.6e", topk_margin(score, aux_idx, E, k));
+        }
+        fputc('\n', f);
+    }
+    if (cap > 0 && m->sc.tp > 1 && m->sc.tp_rank == 0) {
+        p->o->copy(p->ctx, idx, m->idx_full, sizeof(int32_t) * nk);
+        p->o->copy(p->ctx, prob, m->prob_full, sizeof(float) * nk);
+        p->o->copy(p->ctx, slot_row, m->full_plan.slot_row, sizeof(int32_t) * nk);
+        dump_plan(f, p, mb, l, idx, prob, slot_row, cap);
+    } else if (cap > 0 && m->sc.tp == 1) {
+        p->o->copy(p->ctx, prob, a->topk_prob, sizeof(float) * nk);
+        p->o->copy(p->ctx, slot_row, a->plan.slot_row, sizeof(int32_t) * nk);
+        dump_plan(f, p, mb, l, idx, prob, slot_row, cap);
+    }
+    if (ferror(f)) rc = mt_err_set(p->err, MT_EIO, "MT_DEBUG_ROUTING: write error");
+done:
+    free(logits);
+    free(prob);
+    free(idx);
+    free(slot_row);
+    free(key);
+    free(aux_idx);
+    return rc;
+}
+
 /* Router, balancing and z losses, top-k, capacity and the plan of this rank's tokens. */
 static int route(const pass_t *p, int l)
 {
@@ -130,6 +300,9 @@ static int route(const pass_t *p, int l)
     dropped += p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap,
                                    m->drop_policy, m->pad_to_capacity);
     p->st->dropped_tokens += dropped;
+    FILE *dump;
+    MT_CHECK(routing_dump_file(&dump, p->err));
+    if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
     int32_t *offs = m->h_offs;
     p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
     for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
