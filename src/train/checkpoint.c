@@ -78,16 +78,18 @@ static int mkdir_p(const char *path, struct mt_err *err)
         if (*p != '/') continue;
         *p = '\0';
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return mt_err_errno(err, "checkpoint: cannot create directory '%s'", buf);
+            return mt_err_errno(err, "checkpoint%%save '%s': cannot create directory '%s'",
+                                path, buf);
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return mt_err_errno(err, "checkpoint: cannot create directory '%s'", buf);
+        return mt_err_errno(err, "checkpoint%%save '%s': cannot create the directory", path);
     return MT_OK;
 }
 
-/* Removes a checkpoint directory (only the files a checkpoint holds). */
-static void remove_ckpt_dir(const char *dir)
+/* Removes a checkpoint directory (only the files a checkpoint holds: a directory with
+ * anything else in it stays). Returns whether it is gone. */
+static bool remove_ckpt_dir(const char *dir)
 {
     static const char *const files[] = { "state.bin", "config.nml" };
     char path[4200];
@@ -95,7 +97,7 @@ static void remove_ckpt_dir(const char *dir)
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         unlink(path);
     }
-    rmdir(dir);
+    return rmdir(dir) == 0;
 }
 
 static int write_text_file(const char *path, const char *text, struct mt_err *err)
@@ -220,8 +222,7 @@ static int clean_leftovers(const struct mt_ckpt_dir *d, int *removed, int *resto
             ++*restored;
             continue;
         }
-        remove_ckpt_dir(path);
-        ++*removed;
+        if (remove_ckpt_dir(path)) ++*removed;
     }
     closedir(dir);
     return MT_OK;
@@ -239,7 +240,6 @@ int mt_ckpt_dir_open(const char *path, struct mt_ckpt_dir **out, int *removed, i
     snprintf(d->path, sizeof d->path, "%s", path);
     d->lock_fd = -1;
     int rc = mkdir_p(path, err);
-    if (rc) mt_err_prefix(err, "checkpoint%%save");
     if (rc == MT_OK) rc = take_lock(d, err);
     if (rc == MT_OK) rc = write_test(d, err);
     if (rc == MT_OK) rc = clean_leftovers(d, removed, restored);

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -122,6 +123,8 @@ __attribute__((format(printf, 3, 4))) static int metrics_put(struct trainer *t,
  * through a temporary file and a rename. */
 static int metrics_truncate_after(const char *path, long long upto, struct mt_err *err)
 {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return MT_OK; /* none, or a pipe */
     FILE *in = fopen(path, "r");
     if (!in) return errno == ENOENT ? MT_OK : mt_err_errno(err, "&logging metrics_file '%s'", path);
     char tmp[MT_STR_MAX + 16];

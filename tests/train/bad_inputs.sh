@@ -48,9 +48,11 @@ expect_fail "values sum to more than" "$small" "data%split='1e308,1e308,1'"
 expect_fail "'pp' must come last" --check --world-size 4 "$small" "parallel%order='tp-pp-cp-ep-dp'" \
     parallel%pipeline_model_parallel_size=2 parallel%expert_model_parallel_size=2
 # out of memory before the parameter table exists names what was being allocated
-# (a 1 GB address-space limit; skipped where the binary cannot start under one, e.g. ASan)
-if (ulimit -v 1000000 && "$MOETRAIN" --version) > /dev/null 2>&1; then
-    (ulimit -v 1000000
+# (a 1 GB limit on writable memory, ulimit -d: an address-space limit, ulimit -v, makes
+# the CUDA libraries' start-up spin; skipped where the binary cannot start under it, e.g.
+# ASan's shadow memory)
+if (ulimit -d 1000000 && timeout 20 "$MOETRAIN" --version) > /dev/null 2>&1; then
+    (ulimit -d 1000000
      expect_fail "out of memory allocating the host token buffers (3221225472 bytes" "$small" \
          training%micro_batch_size=8388608 training%global_batch_size=0 training%train_iters=3 \
          data%mock_data=T "data%data_path=''") || exit 1
