@@ -2,8 +2,10 @@
 # The layout tests under more than one BLAS kernel. OpenBLAS (DYNAMIC_ARCH) picks its
 # kernels for the CPU, and each kernel rounds the layouts' sums its own way: a routing
 # decision near a tie that one kernel happens to take alike in every layout, another
-# takes apart (common.sh, ROUTE_MARGIN). make check runs capacity.sh and
-# equivalence.sh with the kernel OpenBLAS picks; this runs them again under two more,
+# takes apart (common.sh, ROUTE_MARGIN), unless the test's reference is clear of ties,
+# as every mpirun layout test's is (reference() in common.sh). make check runs
+# capacity.sh and equivalence.sh, which stand for them, with the kernel OpenBLAS picks;
+# this runs them again under two more,
 # OPENBLAS_CORETYPE = Haswell (AVX2 and FMA), Nehalem (SSE, no FMA) or Sandybridge
 # (AVX, no FMA): the first two of these that the CPU can execute (by /proc/cpuinfo)
 # other than the one OpenBLAS picks. Skips without a DYNAMIC_ARCH OpenBLAS on x86-64.

@@ -1,65 +1,76 @@
 #!/bin/sh
 # Distributed checkpoints use the one-process format: a run that stops half-way in one
 # layout resumes in another, both ways, and ends where an uninterrupted one-process run
-# ends (within the tolerances of tests/parallel/common.sh); a resume in the same
-# distributed layout is bit-exact.
+# ends, taking the same routing decisions (within the tolerances of
+# tests/parallel/common.sh); a resume in the same distributed layout is bit-exact.
+#
+# Short runs (common.sh, ROUTE_MARGIN): 4 steps of 8 one-sequence micro-batches of 8
+# tokens, stopped after 2; the uninterrupted one-process runs are the references (768
+# and 1152 top-k decisions, all clear of ties at 11 to 14 seeds of 20), and a run and
+# its resumption together take each of their routing decisions.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
-ITERS="training%train_iters=16"
-HALF="training%exit_interval=8"
+SHORT="training%micro_batch_size=1 training%global_batch_size=8 training%seq_length=8
+training%train_iters=4 training%eval_interval=4"
+HALF="training%exit_interval=2"
+# resumed NAME FROM: NAME loaded FROM's checkpoint of iteration 2
+resumed() {
+    grep -q "loaded checkpoint $2/iter_0000002" "$1.log" || { cat "$1.log"; fail "$1 did not resume"; }
+}
+# ends_as REF FIRST SECOND: FIRST, resumed by SECOND, took REF's routing decisions
+# and ended with REF's state
+ends_as() {
+    same_routing "$1" "$2" "$3" || fail "$2 resumed by $3 routes otherwise than $1"
+    "$ckpt_diff" "$1/iter_0000004/state.bin" "$3/iter_0000004/state.bin" "$TOL_PARAMS" ||
+        fail "$2 resumed by $3: the state differs from $1's"
+}
 # shellcheck disable=SC2086 # lists of overrides
 {
-    run straight 1 $ITERS
+    reference straight $SHORT
     # 8 processes (TP, EP, ZeRO) -> one process
-    run a 8 $ITERS $HALF $TP2 $EP2 $ETP1 $ZERO
-    grep -q "exiting at iteration 8" a.log || fail "the first half did not stop at 8"
-    run a 1 $ITERS "checkpoint%load='a'"
-    grep -q "loaded checkpoint a/iter_0000008" a.log || { cat a.log; fail "did not resume"; }
+    run a 8 $SHORT "$seed" $HALF $TP2 $EP2 $ETP1 $ZERO
+    grep -q "exiting at iteration 2" a.log || fail "the first half did not stop at 2"
+    run a_resumed 1 $SHORT "$seed" "checkpoint%load='a'"
+    resumed a_resumed a
     echo "8 processes -> 1:"
-    "$ckpt_diff" straight/iter_0000016/state.bin a/iter_0000016/state.bin $TOL_PARAMS ||
-        fail "resumed in one process, the state differs from the straight run's"
+    ends_as straight a a_resumed
     # one process -> 4 processes (EP x ETP, ZeRO)
-    run b 1 $ITERS $HALF
-    run b 4 $ITERS "checkpoint%load='b'" $EP2 $ETP2 $ZERO
-    grep -q "loaded checkpoint b/iter_0000008" b.log || { cat b.log; fail "did not resume"; }
+    run b 1 $SHORT "$seed" $HALF
+    run b_resumed 4 $SHORT "$seed" "checkpoint%load='b'" $EP2 $ETP2 $ZERO
+    resumed b_resumed b
     echo "1 process -> 4:"
-    "$ckpt_diff" straight/iter_0000016/state.bin b/iter_0000016/state.bin $TOL_PARAMS ||
-        fail "resumed in 4 processes, the state differs from the straight run's"
+    ends_as straight b b_resumed
     # the same distributed layout: bit-exact
-    run c_straight 4 $ITERS $TP2 $EP2 $ETP1 $ZERO
-    run c 4 $ITERS $HALF $TP2 $EP2 $ETP1 $ZERO
-    run c 4 $ITERS "checkpoint%load='c'" $TP2 $EP2 $ETP1 $ZERO
-    cmp c_straight/iter_0000016/state.bin c/iter_0000016/state.bin ||
+    run c_straight 4 $SHORT "$seed" $TP2 $EP2 $ETP1 $ZERO
+    run c 4 $SHORT "$seed" $HALF $TP2 $EP2 $ETP1 $ZERO
+    run c_resumed 4 $SHORT "$seed" "checkpoint%load='c'" $TP2 $EP2 $ETP1 $ZERO
+    resumed c_resumed c
+    cmp c_straight/iter_0000004/state.bin c_resumed/iter_0000004/state.bin ||
         fail "a resume in the same layout is not bit-exact"
     echo "resume in the same layout is bit-exact"
     # pipeline stages: each saves its own layers; 4 processes (PP 2 x DP 2, ZeRO) -> PP 2 x
-    # VPP 2, one process -> PP 4, and tied embeddings PP 2 -> one process (12 iterations
-    # of the 4-layer model: like every layout, it drifts past TOL_PARAMS in the Adam
-    # moments of the norm weights by 16)
-    L4="model%num_layers=4 moe%layer_freq=1,0,1,1 training%train_iters=12"
-    H6="training%exit_interval=6"
+    # VPP 2, one process -> PP 4, and tied embeddings PP 2 -> one process
+    L4="model%num_layers=4 moe%layer_freq=1,0,1,1"
     PP2="parallel%pipeline_model_parallel_size=2"
     PP4="parallel%pipeline_model_parallel_size=4"
     VPP2="parallel%virtual_pipeline_model_parallel_size=2"
     TIED="model%untie_embeddings_and_output_weights=F"
-    run p_straight 1 $L4
-    run p 4 $L4 $H6 $PP2 $ZERO
-    run p 2 $L4 "checkpoint%load='p'" $PP2 $VPP2
-    grep -q "loaded checkpoint p/iter_0000006" p.log || { cat p.log; fail "did not resume"; }
+    reference p_straight $SHORT $L4
+    run p 4 $SHORT "$seed" $L4 $HALF $PP2 $ZERO
+    run p_resumed 2 $SHORT "$seed" $L4 "checkpoint%load='p'" $PP2 $VPP2
+    resumed p_resumed p
     echo "PP 2 x DP 2 -> PP 2 x VPP 2:"
-    "$ckpt_diff" p_straight/iter_0000012/state.bin p/iter_0000012/state.bin $TOL_PARAMS ||
-        fail "resumed with a virtual pipeline, the state differs from the straight run's"
-    run q 1 $L4 $H6
-    run q 4 $L4 "checkpoint%load='q'" $PP4
-    grep -q "loaded checkpoint q/iter_0000006" q.log || { cat q.log; fail "did not resume"; }
+    ends_as p_straight p p_resumed
+    run q 1 $SHORT "$seed" $L4 $HALF
+    run q_resumed 4 $SHORT "$seed" $L4 "checkpoint%load='q'" $PP4
+    resumed q_resumed q
     echo "1 process -> PP 4:"
-    "$ckpt_diff" p_straight/iter_0000012/state.bin q/iter_0000012/state.bin $TOL_PARAMS ||
-        fail "resumed in 4 pipeline stages, the state differs from the straight run's"
-    run r_straight 1 $L4 $TIED
-    run r 2 $L4 $H6 $TIED $PP2
-    run r 1 $L4 "checkpoint%load='r'" $TIED
-    grep -q "loaded checkpoint r/iter_0000006" r.log || { cat r.log; fail "did not resume"; }
+    ends_as p_straight q q_resumed
+    reference r_straight $SHORT $L4 $TIED
+    run r 2 $SHORT "$seed" $L4 $HALF $TIED $PP2
+    run r_resumed 1 $SHORT "$seed" $L4 "checkpoint%load='r'" $TIED
+    resumed r_resumed r
     echo "tied embeddings, PP 2 -> 1 process:"
-    "$ckpt_diff" r_straight/iter_0000012/state.bin r/iter_0000012/state.bin $TOL_PARAMS ||
-        fail "resumed from pipeline stages with tied embeddings, the state differs"
+    ends_as r_straight r r_resumed
 }
+echo "checkpoints resume in other layouts"

@@ -32,20 +32,31 @@ done
 grep -qxF "  stage 0: layers 0-1 (embedding)" check.out && grep -qxF "pipeline: PP 2 x VPP 1, 1F1B schedule, 8 micro-batches; bubble fraction (PP-1)/(m*VPP+PP-1) = 1/9 = 0.1111" check.out ||
     { cat check.out; fail "--check: wrong 1F1B layout"; }
 echo "--check prints the stages and the bubble"
-run one 1
-run one4 1 $L4 logging%log_memory=T
-run one6 1 $L6
-run hyb 1 $HYB
-run one10 1 $L10
-run one4_m2 1 $L4 training%global_batch_size=4
-run tied 1 $L4 $TIED
-run one8_m4 1 $L8 training%global_batch_size=8
-run one6_m6 1 $L6 training%global_batch_size=12
-run one10_m4 1 $L10 training%global_batch_size=8
+# Short runs (common.sh, ROUTE_MARGIN): 3 steps of one-sequence micro-batches of 8
+# tokens, m = 8 per step (2, 4 and 6 where named); 240 to 1920 top-k decisions per
+# reference, all clear of ties at 13 to 19 seeds of 20 (8 for the 10-layer model).
+SHORT="training%micro_batch_size=1 training%global_batch_size=8 training%seq_length=8
+training%train_iters=3 training%eval_interval=3"
+M2="training%global_batch_size=2"
+M4="training%global_batch_size=4"
+M6="training%global_batch_size=6"
+# shellcheck disable=SC2086 # lists of overrides
+{
+    reference one $SHORT
+    reference one4 $SHORT $L4 logging%log_memory=T
+    reference one6 $SHORT $L6
+    reference hyb $SHORT $HYB
+    reference one10 $SHORT $L10
+    reference one4_m2 $SHORT $L4 $M2
+    reference tied $SHORT $L4 $TIED
+    reference one8_m4 $SHORT $L8 $M4
+    reference one6_m6 $SHORT $L6 $M6
+    reference one10_m4 $SHORT $L10 $M4
+}
 while read -r ref name np layout; do
     [ -n "$name" ] || continue
     # shellcheck disable=SC2086 # layout is a list of overrides
-    run "$name" "$np" $layout
+    run "$name" "$np" $SHORT "$(cat "$ref.seed")" $layout
     same_as "$ref" "$name"
 done <<LAYOUTS
 one4 pp2 2 $L4 $PP2
@@ -59,14 +70,14 @@ one4 pp2_ep2_dp2 8 $L4 $PP2 $EP2 $TP2 $ETP1
 one4 pp2_ep2_dp4_zero1 8 $L4 $PP2 $EP2 $ZERO
 hyb pp2_ep2_dense_stage 4 $HYB $PP2 $EP2
 one4 pp2_vpp2 2 $L4 $PP2 $VPP2
-one4_m2 pp2_vpp2_m2 2 $L4 $PP2 $VPP2 training%global_batch_size=4
+one4_m2 pp2_vpp2_m2 2 $L4 $PP2 $VPP2 $M2
 one10 pp4_vpp2_first2_last4 4 $L10 $PP4 $VPP2 parallel%decoder_first_pipeline_num_layers=2 parallel%decoder_last_pipeline_num_layers=4
 one4 pp2_vpp2_tp2_ep2 4 $L4 $PP2 $VPP2 $TP2 $EP2 $ETP1
 hyb pp2_vpp2_ep2_dense_chunk 4 $HYB $PP2 $VPP2 $EP2
-one8_m4 pp4_vpp2_m4 4 $L8 $PP4 $VPP2 training%global_batch_size=8
-one6_m6 pp3_vpp2 3 $L6 parallel%pipeline_model_parallel_size=3 $VPP2 training%global_batch_size=12
+one8_m4 pp4_vpp2_m4 4 $L8 $PP4 $VPP2 $M4
+one6_m6 pp3_vpp2 3 $L6 parallel%pipeline_model_parallel_size=3 $VPP2 $M6
 tied pp2_tied 2 $L4 $TIED $PP2
-one10_m4 pp4_vpp3_first2_last2 4 $L10 $PP4 parallel%virtual_pipeline_model_parallel_size=3 parallel%decoder_first_pipeline_num_layers=2 parallel%decoder_last_pipeline_num_layers=2 training%global_batch_size=8
+one10_m4 pp4_vpp3_first2_last2 4 $L10 $PP4 parallel%virtual_pipeline_model_parallel_size=3 parallel%decoder_first_pipeline_num_layers=2 parallel%decoder_last_pipeline_num_layers=2 $M4
 tied pp4_tied_tp2_zero1 8 $L4 $TIED $PP4 $TP2 $ETP1 $ZERO
 tied pp2_vpp2_tied_dp2 4 $L4 $TIED $PP2 $VPP2
 LAYOUTS

@@ -26,14 +26,20 @@ launch() {
     return $rc
 }
 
-run one 1
+# Short runs as in equivalence.sh (common.sh, ROUTE_MARGIN): 4 steps of 8
+# one-sequence micro-batches of 16 tokens, the reference's routing clear of ties.
+SHORT="training%micro_batch_size=1 training%global_batch_size=8 training%seq_length=16
+training%train_iters=4 training%eval_interval=4"
 # shellcheck disable=SC2086 # lists of overrides
-run tp2_ep2_zero1_srun 4 $TP2 $EP2 $ETP1 $ZERO
+reference one $SHORT
+# shellcheck disable=SC2086 # lists of overrides
+run tp2_ep2_zero1_srun 4 $SHORT "$seed" $TP2 $EP2 $ETP1 $ZERO
 grep -q "launcher pmix (slurm), 4 processes on 2 nodes" tp2_ep2_zero1_srun.log ||
     { cat tp2_ep2_zero1_srun.log; fail "not started by Slurm over 2 nodes"; }
 same_as one tp2_ep2_zero1_srun
 # pipeline stages on different nodes (1F1B, uneven stages) with EP inside each stage
-run pp2_ep2_srun 4 parallel%pipeline_model_parallel_size=2 \
+# shellcheck disable=SC2086 # lists of overrides
+run pp2_ep2_srun 4 $SHORT "$seed" parallel%pipeline_model_parallel_size=2 \
     parallel%decoder_first_pipeline_num_layers=1 $EP2
 same_as one pp2_ep2_srun
 sh "$cluster" stop "$dir" || fail "cluster.sh stop"
