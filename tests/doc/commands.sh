@@ -115,11 +115,14 @@ without_apt() {
     PATH=$tmp/no-apt:$PATH "$@"
 }
 # configure_knows ARG...: configure --help lists every option the ARGs use;
-# remembers --prefix for staged_install.
+# remembers --prefix and --with-modulefiles-dir for staged_install.
 configure_knows() {
     help=$("$top/configure" --help) || return 1
     for a; do
-        case $a in --prefix=*) doc_prefix=${a#--prefix=} ;; esac
+        case $a in
+        --prefix=*) doc_prefix=${a#--prefix=} ;;
+        --with-modulefiles-dir=*) doc_modulefiles=${a#*=} ;;
+        esac
         o=${a%%=*}
         case $o in
         --with-*|--without-*) re="--with(out)?-${o#--with*-}" ;;
@@ -131,15 +134,16 @@ configure_knows() {
             { echo "configure --help has no $o"; return 1; }
     done
 }
-# staged_install: make install into $root (DESTDIR) under the prefix the doc's
-# configure named (else the build's), with the module files' prefix pointed at
-# the staged tree, as a build configured with that prefix would have it.
+# staged_install: make install into $root (DESTDIR) under the prefix and module
+# directory the doc's configure named (else the build's), with the module files'
+# paths pointed at the staged tree, as a build configured with that prefix would
+# have them.
 staged_install() {
-    built=$(sed -n 's/^prefix = //p' "$MT_TOP_BUILDDIR/Makefile")
-    p=${doc_prefix:-$built}
+    p=${doc_prefix:-$(sed -n 's/^prefix = //p' "$MT_TOP_BUILDDIR/Makefile")}
     env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL \
-        make -C "$MT_TOP_BUILDDIR" install DESTDIR="$root" prefix="$p" || return 1
-    find "$root$p" -path '*/modulefiles/moetrain.*' -exec sed -i "s|\"$built\"|\"$root$p\"|" {} +
+        make -C "$MT_TOP_BUILDDIR" install DESTDIR="$root" prefix="$p" \
+        ${doc_modulefiles:+modulefilesdir="$doc_modulefiles"} || return 1
+    find "$root" -path '*/modulefiles/moetrain/*' -exec sed -i "s#$p\([/\" ]\\|\$\)#$root$p\1#g" {} +
 }
 # module_load_staged MODULE...: module load, from the module trees under $root
 # that the doc's commands made; then the wrapper first on PATH again.
