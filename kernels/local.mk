@@ -9,6 +9,7 @@ MT_CUDA_SRC = \
 	kernels/cuda/cuda_backend.h \
 	kernels/cuda/cuda_ops.h \
 	kernels/cuda/cuda_common.cuh \
+	kernels/cuda/cuda_launch.cuh \
 	kernels/cuda/cuda_memory.cu \
 	kernels/cuda/cuda_gemm.cu \
 	kernels/cuda/cuda_grouped_gemm.cu \
@@ -36,6 +37,41 @@ libmt_cuda_la_LIBADD = $(cuda_LIBS) $(nccl_LIBS) -lstdc++
 AM_CPPFLAGS += $(cuda_CFLAGS) $(nccl_CFLAGS)
 else
 EXTRA_DIST += $(MT_CUDA_SRC)
+endif
+
+# The CUDA execution emulator (--enable-cuda-emulation): the same kernels/cuda sources,
+# each included by a one-line C++ file of kernels/cuda/emu, built by the host C++
+# compiler against the emulator; it links no CUDA library (doc/cuda-emulator.md).
+MT_CUDA_EMU_SRC = \
+	kernels/cuda/emu/mt_emu.h \
+	kernels/cuda/emu/emu_internal.h \
+	kernels/cuda/emu/emu_exec.cc \
+	kernels/cuda/emu/emu_runtime.cc \
+	kernels/cuda/emu/emu_cublaslt.cc \
+	kernels/cuda/emu/include/cub/device/device_radix_sort.cuh \
+	kernels/cuda/emu/tu_cuda_memory.cc \
+	kernels/cuda/emu/tu_cuda_gemm.cc \
+	kernels/cuda/emu/tu_cuda_grouped_gemm.cc \
+	kernels/cuda/emu/tu_cuda_layers.cc \
+	kernels/cuda/emu/tu_cuda_attention.cc \
+	kernels/cuda/emu/tu_cuda_moe.cc \
+	kernels/cuda/emu/tu_cuda_loss.cc \
+	kernels/cuda/emu/tu_cuda_optim.cc \
+	kernels/cuda/emu/tu_probe.cc
+# Device code was written for nvcc: type punning through pointers (bf16 pairs), no
+# FMA contraction wanted where _rn intrinsics stand, #pragma unroll, and unsigned
+# threadIdx compared with int bounds.
+MT_CUDA_EMU_CPPFLAGS = -DMT_CUDA_EMU -I$(top_srcdir)/kernels/cuda/emu/include $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
+MT_CUDA_EMU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-sign-compare \
+	-fno-strict-aliasing -ffp-contract=off
+
+if CUDA_EMULATION
+noinst_LTLIBRARIES += libmt_cuda_emu.la
+libmt_cuda_emu_la_SOURCES = $(MT_CUDA_EMU_SRC) kernels/cuda/cuda_backend.c
+libmt_cuda_emu_la_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+libmt_cuda_emu_la_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+else
+EXTRA_DIST += $(MT_CUDA_EMU_SRC)
 endif
 
 include tests/gpu/local.mk

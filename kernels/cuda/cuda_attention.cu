@@ -159,7 +159,7 @@ template <int DMAX>
 __global__ void __launch_bounds__(ATT_THREADS) att_fwd_kernel(att_args a)
 {
     constexpr int ST = att_shape<DMAX>::stride;
-    extern __shared__ __align__(16) unsigned char att_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, att_smem);
     __nv_bfloat16 *sQ = reinterpret_cast<__nv_bfloat16 *>(att_smem);
     __nv_bfloat16 *sK = sQ + att_shape<DMAX>::tile, *sV = sK + att_shape<DMAX>::tile;
     const int qt = gridDim.x - 1 - blockIdx.x; // longest rows first
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a)
     constexpr int ST = att_shape<DMAX>::stride;
     constexpr int ATT_BQ = att_shape<DMAX>::bq;
     constexpr int NQ = ATT_BQ / 8; // n8 tiles of queries
-    extern __shared__ __align__(16) unsigned char att_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, att_smem);
     __nv_bfloat16 *sK = reinterpret_cast<__nv_bfloat16 *>(att_smem);
     __nv_bfloat16 *sV = sK + att_shape<DMAX>::tile;
     __nv_bfloat16 *sQ = sV + att_shape<DMAX>::tile;
@@ -337,7 +337,7 @@ template <int DMAX>
 __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
 {
     constexpr int ST = att_shape<DMAX>::stride;
-    extern __shared__ __align__(16) unsigned char att_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, att_smem);
     __nv_bfloat16 *sQ = reinterpret_cast<__nv_bfloat16 *>(att_smem);
     __nv_bfloat16 *sO = sQ + att_shape<DMAX>::tile; // dO
     __nv_bfloat16 *sK = sO + att_shape<DMAX>::tile, *sV = sK + att_shape<DMAX>::tile;
@@ -410,7 +410,7 @@ static void launch_fwd(mt_cuda_ctx *c, const att_args &a, int B)
     static bool done = false;
     allow_smem((const void *)att_fwd_kernel<DMAX>, fwd_smem<DMAX>(), &done);
     dim3 grid(mt_cdiv(a.T, ATT_BR), a.Hq, B);
-    att_fwd_kernel<DMAX><<<grid, ATT_THREADS, fwd_smem<DMAX>(), c->stream>>>(a);
+    MT_LAUNCH(grid, ATT_THREADS, fwd_smem<DMAX>(), c->stream, att_fwd_kernel<DMAX>)(a);
     MT_CUDA_LAUNCHED();
 }
 
@@ -421,9 +421,9 @@ static void launch_bwd(mt_cuda_ctx *c, const att_args &a, int B)
     allow_smem((const void *)att_dkdv_kernel<DMAX>, dkdv_smem<DMAX>(), &done_kv);
     allow_smem((const void *)att_dq_kernel<DMAX>, dq_smem<DMAX>(), &done_q);
     dim3 grid_kv(mt_cdiv(a.T, ATT_BC), a.Hkv, B), grid_q(mt_cdiv(a.T, ATT_BR), a.Hq, B);
-    att_dkdv_kernel<DMAX><<<grid_kv, ATT_THREADS, dkdv_smem<DMAX>(), c->stream>>>(a);
+    MT_LAUNCH(grid_kv, ATT_THREADS, dkdv_smem<DMAX>(), c->stream, att_dkdv_kernel<DMAX>)(a);
     MT_CUDA_LAUNCHED();
-    att_dq_kernel<DMAX><<<grid_q, ATT_THREADS, dq_smem<DMAX>(), c->stream>>>(a);
+    MT_LAUNCH(grid_q, ATT_THREADS, dq_smem<DMAX>(), c->stream, att_dq_kernel<DMAX>)(a);
     MT_CUDA_LAUNCHED();
 }
 
@@ -481,7 +481,7 @@ extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv
     float *delta = (float *)mt_cuda_scratch(c, sizeof(float) * rows);
     a.dout = dout;
     a.delta_out = delta;
-    att_delta_kernel<<<mt_cdiv(rows, 8), 256, 0, c->stream>>>(a, B);
+    MT_LAUNCH(mt_cdiv(rows, 8), 256, 0, c->stream, att_delta_kernel)(a, B);
     MT_CUDA_LAUNCHED();
     a.delta = delta;
     a.dq = dq;

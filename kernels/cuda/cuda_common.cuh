@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_launch.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
 // A GEMM shape and layout: the key of the cuBLASLt plan cache.
@@ -177,10 +178,14 @@ __device__ __forceinline__ uint32_t mt_smem_addr(const void *p)
 __device__ __forceinline__ void mt_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
                                             uint32_t b1)
 {
+#ifdef MT_CUDA_EMU
+    ::mt_emu::mma_m16n8k16_bf16(c, a, b0, b1, __FILE__, __LINE__);
+#else
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of
@@ -189,17 +194,25 @@ __device__ __forceinline__ void mt_mma_bf16(float c[4], const uint32_t a[4], uin
 // published the data.
 __device__ __forceinline__ void mt_ldsm_x4(uint32_t r[4], uint32_t addr)
 {
+#ifdef MT_CUDA_EMU
+    ::mt_emu::ldmatrix_x4(r, addr, false, __FILE__, __LINE__);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
+#endif
 }
 __device__ __forceinline__ void mt_ldsm_x4_t(uint32_t r[4], uint32_t addr)
 {
+#ifdef MT_CUDA_EMU
+    ::mt_emu::ldmatrix_x4(r, addr, true, __FILE__, __LINE__);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
+#endif
 }
 
 // Operand fragments from bf16 tiles in shared memory (stride in elements, rows padded

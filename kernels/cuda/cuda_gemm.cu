@@ -97,7 +97,7 @@ extern "C" void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
-        scale_rows_kernel<<<mt_cdiv((size_t)M * N, 256), 256, 0, c->stream>>>(C, M, N, ldc, beta);
+        MT_LAUNCH(mt_cdiv((size_t)M * N, 256), 256, 0, c->stream, scale_rows_kernel)(C, M, N, ldc, beta);
         MT_CUDA_LAUNCHED();
         return;
     }

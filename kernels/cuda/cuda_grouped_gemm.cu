@@ -197,9 +197,9 @@ struct gg_args {
 template <bool B_K, bool VEC>
 __global__ void __launch_bounds__(GG_THREADS, 2) gg_rows_kernel(gg_args a)
 {
-    __shared__ int tile_start[GG_MAX_GROUPS + 1];
-    __shared__ __align__(16) __nv_bfloat16 sA[2 * gg_smem_shape<true>::elems];
-    __shared__ __align__(16) __nv_bfloat16 sB[2 * gg_smem_shape<B_K>::elems];
+    MT_SHARED(int, tile_start, [GG_MAX_GROUPS + 1]);
+    MT_SHARED(__nv_bfloat16, sA, [2 * gg_smem_shape<true>::elems]);
+    MT_SHARED(__nv_bfloat16, sB, [2 * gg_smem_shape<B_K>::elems]);
     const int tilesN = (a.N + GG_BN - 1) / GG_BN;
     const int lane = threadIdx.x & 31;
 
@@ -255,8 +255,8 @@ __global__ void __launch_bounds__(GG_THREADS, 2) gg_rows_kernel(gg_args a)
 template <bool VEC>
 __global__ void __launch_bounds__(GG_THREADS, 2) gg_wgrad_kernel(gg_args a)
 {
-    __shared__ __align__(16) __nv_bfloat16 sA[2 * gg_smem_shape<false>::elems];
-    __shared__ __align__(16) __nv_bfloat16 sB[2 * gg_smem_shape<false>::elems];
+    MT_SHARED(__nv_bfloat16, sA, [2 * gg_smem_shape<false>::elems]);
+    MT_SHARED(__nv_bfloat16, sB, [2 * gg_smem_shape<false>::elems]);
     const int tilesN = (a.N + GG_BN - 1) / GG_BN;
     const int g = blockIdx.y;
     const int r0 = a.offsets[g];
@@ -290,7 +290,8 @@ static int rows_grid(const mt_cuda_ctx *c)
 template <bool B_K, bool VEC>
 static void launch_rows(mt_cuda_ctx *c, const gg_args &a)
 {
-    gg_rows_kernel<B_K, VEC><<<rows_grid<B_K, VEC>(c), GG_THREADS, 0, c->stream>>>(a);
+    const int grid = rows_grid<B_K, VEC>(c);
+    MT_LAUNCH(grid, GG_THREADS, 0, c->stream, gg_rows_kernel<B_K, VEC>)(a);
     MT_CUDA_LAUNCHED();
 }
 
@@ -322,8 +323,8 @@ extern "C" void mt_cuda_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int 
         const int groups = num_groups - g0 < 65535 ? num_groups - g0 : 65535;
         const gg_args a = {offsets + g0, groups, M, N, K, alpha, beta, A, B, C + (size_t)g0 * M * N};
         dim3 grid(tiles, (unsigned)a.G);
-        if (vec) gg_wgrad_kernel<true><<<grid, GG_THREADS, 0, c->stream>>>(a);
-        else gg_wgrad_kernel<false><<<grid, GG_THREADS, 0, c->stream>>>(a);
+        if (vec) MT_LAUNCH(grid, GG_THREADS, 0, c->stream, gg_wgrad_kernel<true>)(a);
+        else MT_LAUNCH(grid, GG_THREADS, 0, c->stream, gg_wgrad_kernel<false>)(a);
         MT_CUDA_LAUNCHED();
     }
 }

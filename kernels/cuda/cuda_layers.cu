@@ -40,8 +40,8 @@ extern "C" void mt_cuda_embedding_fwd(void *ctx, float *out, const int32_t *toke
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
     const bool vec = C % 4 == 0 && aligned16(out) && aligned16(wte);
-    if (vec) embedding_fwd_kernel<true><<<N, 128, 0, c->stream>>>(out, tokens, wte, C);
-    else embedding_fwd_kernel<false><<<N, 128, 0, c->stream>>>(out, tokens, wte, C);
+    if (vec) MT_LAUNCH(N, 128, 0, c->stream, embedding_fwd_kernel<true>)(out, tokens, wte, C);
+    else MT_LAUNCH(N, 128, 0, c->stream, embedding_fwd_kernel<false>)(out, tokens, wte, C);
     MT_CUDA_LAUNCHED();
 }
 
@@ -72,7 +72,7 @@ extern "C" void mt_cuda_embedding_bwd(void *ctx, float *dwte, const float *dout,
     if (N <= 0 || C <= 0) return;
     int32_t *buf = (int32_t *)mt_cuda_scratch(c, sizeof(int32_t) * 3 * (size_t)N);
     int32_t *rows_in = buf, *tok_out = buf + N, *rows_out = buf + 2 * (size_t)N;
-    mt_iota_kernel<<<mt_cdiv(N, 256), 256, 0, c->stream>>>(rows_in, N);
+    MT_LAUNCH(mt_cdiv(N, 256), 256, 0, c->stream, mt_iota_kernel)(rows_in, N);
     MT_CUDA_LAUNCHED();
     size_t temp_bytes = 0;
     MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, temp_bytes, tokens, tok_out, rows_in, rows_out, N,
@@ -80,7 +80,7 @@ extern "C" void mt_cuda_embedding_bwd(void *ctx, float *dwte, const float *dout,
     void *temp = mt_cuda_scratch(c, temp_bytes);
     MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, tok_out, rows_in, rows_out, N,
                                                   0, 32, c->stream));
-    embedding_bwd_kernel<<<N, 128, 0, c->stream>>>(dwte, dout, tok_out, rows_out, N, C);
+    MT_LAUNCH(N, 128, 0, c->stream, embedding_bwd_kernel)(dwte, dout, tok_out, rows_out, N, C);
     MT_CUDA_LAUNCHED();
     mt_cuda_scratch_free(c, temp);
     mt_cuda_scratch_free(c, buf);
@@ -110,7 +110,7 @@ extern "C" void mt_cuda_rmsnorm_fwd(void *ctx, float *out, float *rstd, const fl
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
-    rmsnorm_fwd_kernel<<<mt_cdiv(N, 8), 256, 0, c->stream>>>(out, rstd, x, w, N, C, eps);
+    MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, rmsnorm_fwd_kernel)(out, rstd, x, w, N, C, eps);
     MT_CUDA_LAUNCHED();
 }
 
@@ -121,8 +121,8 @@ extern "C" void mt_cuda_rmsnorm_fwd(void *ctx, float *out, float *rstd, const fl
 __global__ static void rmsnorm_bwd_kernel(float *dx, float *partial, const float *dout, const float *x,
                                           const float *w, const float *rstd, int N, int C, int rows_per_chunk)
 {
-    extern __shared__ float part[]; // (C): column c belongs to thread c % blockDim.x
-    __shared__ float red[32];
+    MT_DYNAMIC_SHARED(float, part); // (C): column c belongs to thread c % blockDim.x
+    MT_SHARED(float, red, [32]);
     const int n0 = blockIdx.x * rows_per_chunk;
     const int n1 = min(N, n0 + rows_per_chunk);
     for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = 0.0f;
@@ -146,7 +146,7 @@ __global__ static void rmsnorm_bwd_kernel(float *dx, float *partial, const float
 // each slice strided, then the 8 slice sums in order.
 __global__ static void rmsnorm_dw_kernel(float *dw, const float *partial, int nchunks, int C)
 {
-    __shared__ float s[8][33];
+    MT_SHARED(float, s, [8][33]);
     const int c = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.0f;
     if (c < C)
@@ -178,10 +178,10 @@ extern "C" void mt_cuda_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float
     const int nchunks = (N + rows_per_chunk - 1) / rows_per_chunk;
     const int threads = C >= 1024 ? 256 : C >= 256 ? 128 : 32;
     float *partial = (float *)mt_cuda_scratch(c, sizeof(float) * (size_t)nchunks * C);
-    rmsnorm_bwd_kernel<<<nchunks, threads, smem, c->stream>>>(dx, partial, dout, x, w, rstd, N, C,
+    MT_LAUNCH(nchunks, threads, smem, c->stream, rmsnorm_bwd_kernel)(dx, partial, dout, x, w, rstd, N, C,
                                                              rows_per_chunk);
     MT_CUDA_LAUNCHED();
-    rmsnorm_dw_kernel<<<mt_cdiv(C, 32), dim3(32, 8), 0, c->stream>>>(dw, partial, nchunks, C);
+    MT_LAUNCH(mt_cdiv(C, 32), dim3(32, 8), 0, c->stream, rmsnorm_dw_kernel)(dw, partial, nchunks, C);
     MT_CUDA_LAUNCHED();
     mt_cuda_scratch_free(c, partial);
 }
@@ -241,7 +241,7 @@ static void rope(mt_cuda_ctx *c, float *out, const float *x, int B, int T, int H
     if (B <= 0 || T <= 0 || H <= 0 || D <= 1) return;
     const float *tab = rope_table(c, T, D, theta);
     const size_t pairs = (size_t)B * T * H * (D / 2);
-    rope_kernel<<<mt_cdiv(pairs, 256), 256, 0, c->stream>>>(out, x, tab, pairs, T, H, D / 2, sign);
+    MT_LAUNCH(mt_cdiv(pairs, 256), 256, 0, c->stream, rope_kernel)(out, x, tab, pairs, T, H, D / 2, sign);
     MT_CUDA_LAUNCHED();
 }
 
@@ -327,9 +327,9 @@ extern "C" void mt_cuda_swiglu_fwd(void *ctx, float *out, const float *gate, con
     const size_t n = (size_t)N * F;
     if (N <= 0 || F <= 0) return;
     if (n % 4 == 0 && aligned16(out) && aligned16(gate) && aligned16(up))
-        swiglu_fwd_kernel<true><<<mt_cdiv(n / 4, 256), 256, 0, c->stream>>>(out, gate, up, n);
+        MT_LAUNCH(mt_cdiv(n / 4, 256), 256, 0, c->stream, swiglu_fwd_kernel<true>)(out, gate, up, n);
     else
-        swiglu_fwd_kernel<false><<<mt_cdiv(n, 256), 256, 0, c->stream>>>(out, gate, up, n);
+        MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, swiglu_fwd_kernel<false>)(out, gate, up, n);
     MT_CUDA_LAUNCHED();
 }
 
@@ -341,9 +341,9 @@ extern "C" void mt_cuda_swiglu_bwd(void *ctx, float *dgate, float *dup, const fl
     if (N <= 0 || F <= 0) return;
     if (n % 4 == 0 && aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) &&
         aligned16(up))
-        swiglu_bwd_kernel<true><<<mt_cdiv(n / 4, 256), 256, 0, c->stream>>>(dgate, dup, dout, gate, up, n);
+        MT_LAUNCH(mt_cdiv(n / 4, 256), 256, 0, c->stream, swiglu_bwd_kernel<true>)(dgate, dup, dout, gate, up, n);
     else
-        swiglu_bwd_kernel<false><<<mt_cdiv(n, 256), 256, 0, c->stream>>>(dgate, dup, dout, gate, up, n);
+        MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, swiglu_bwd_kernel<false>)(dgate, dup, dout, gate, up, n);
     MT_CUDA_LAUNCHED();
 }
 
@@ -352,8 +352,8 @@ extern "C" void mt_cuda_add(void *ctx, float *out, const float *a, const float *
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
     if (n % 4 == 0 && aligned16(out) && aligned16(a) && aligned16(b))
-        add_kernel<true><<<mt_cdiv(n / 4, 256), 256, 0, c->stream>>>(out, a, b, n);
+        MT_LAUNCH(mt_cdiv(n / 4, 256), 256, 0, c->stream, add_kernel<true>)(out, a, b, n);
     else
-        add_kernel<false><<<mt_cdiv(n, 256), 256, 0, c->stream>>>(out, a, b, n);
+        MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, add_kernel<false>)(out, a, b, n);
     MT_CUDA_LAUNCHED();
 }

@@ -40,7 +40,8 @@ template <bool VEC>
 __global__ static void ce_fwd_kernel(float *lse, float *tlogit, const float *logits, const int32_t *targets, int V,
                                      int v0)
 {
-    __shared__ float sm[32], ss[32];
+    MT_SHARED(float, sm, [32]);
+    MT_SHARED(float, ss, [32]);
     const size_t n = blockIdx.x;
     const float *l = logits + n * V;
     float m = -INFINITY, s = 0.0f;
@@ -81,9 +82,9 @@ extern "C" void mt_cuda_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, 
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || V <= 0) return;
     if (V % 4 == 0 && ((uintptr_t)logits & 15) == 0)
-        ce_fwd_kernel<true><<<N, 512, 0, c->stream>>>(lse, tlogit, logits, targets, V, v0);
+        MT_LAUNCH(N, 512, 0, c->stream, ce_fwd_kernel<true>)(lse, tlogit, logits, targets, V, v0);
     else
-        ce_fwd_kernel<false><<<N, 512, 0, c->stream>>>(lse, tlogit, logits, targets, V, v0);
+        MT_LAUNCH(N, 512, 0, c->stream, ce_fwd_kernel<false>)(lse, tlogit, logits, targets, V, v0);
     MT_CUDA_LAUNCHED();
 }
 
@@ -125,10 +126,10 @@ extern "C" void mt_cuda_cross_entropy_bwd(void *ctx, float *dlogits, const float
     if (N <= 0 || V <= 0) return;
     const size_t total = (size_t)N * V;
     if (V % 4 == 0 && ((uintptr_t)logits & 15) == 0 && ((uintptr_t)dlogits & 15) == 0)
-        ce_bwd_kernel<true><<<mt_cdiv(total / 4, 256), 256, 0, c->stream>>>(dlogits, logits, lse, targets, total, V,
+        MT_LAUNCH(mt_cdiv(total / 4, 256), 256, 0, c->stream, ce_bwd_kernel<true>)(dlogits, logits, lse, targets, total, V,
                                                                            v0, scale);
     else
-        ce_bwd_kernel<false><<<mt_cdiv(total, 256), 256, 0, c->stream>>>(dlogits, logits, lse, targets, total, V, v0,
+        MT_LAUNCH(mt_cdiv(total, 256), 256, 0, c->stream, ce_bwd_kernel<false>)(dlogits, logits, lse, targets, total, V, v0,
                                                                          scale);
     MT_CUDA_LAUNCHED();
 }

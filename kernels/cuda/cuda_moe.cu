@@ -113,7 +113,7 @@ __device__ __forceinline__ float sum_k(float v, int k)
 __global__ static void router_fwd_kernel(mt_router_args a, const float *logits, const float *bias,
                                          int32_t *topk_idx, float *topk_prob)
 {
-    extern __shared__ __align__(16) unsigned char moe_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, moe_smem);
     const int E = a.num_experts, k = a.topk, lane = threadIdx.x & 31;
     const int n = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (n >= a.num_tokens) return; // whole warps leave together
@@ -151,7 +151,7 @@ extern "C" void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, co
     check_router_shape(a->num_experts, a->topk);
     static size_t set = 48u << 10;
     const size_t smem = warp_smem(c, a->num_experts, 2, (const void *)router_fwd_kernel, &set);
-    router_fwd_kernel<<<mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream>>>(
+    MT_LAUNCH(mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream, router_fwd_kernel)(
         *a, logits, expert_bias, topk_idx, topk_prob);
     MT_CUDA_LAUNCHED();
 }
@@ -159,7 +159,7 @@ extern "C" void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, co
 __global__ static void router_bwd_kernel(mt_router_args a, float *dlogits, const float *dprob,
                                          const float *logits, const int32_t *topk_idx)
 {
-    extern __shared__ __align__(16) unsigned char moe_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, moe_smem);
     const int E = a.num_experts, k = a.topk, lane = threadIdx.x & 31;
     const int n = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (n >= a.num_tokens) return;
@@ -205,7 +205,7 @@ extern "C" void mt_cuda_router_bwd(void *ctx, const struct mt_router_args *a, fl
     check_router_shape(a->num_experts, a->topk);
     static size_t set = 48u << 10;
     const size_t smem = warp_smem(c, a->num_experts, 2, (const void *)router_bwd_kernel, &set);
-    router_bwd_kernel<<<mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream>>>(
+    MT_LAUNCH(mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream, router_bwd_kernel)(
         *a, dlogits, dprob, logits, topk_idx);
     MT_CUDA_LAUNCHED();
 }
@@ -236,7 +236,7 @@ __device__ __forceinline__ float aux_scores(float *p, const float *l, int E, mt_
 __global__ static void aux_scores_kernel(float *P, unsigned char *sel, const float *logits, int N, int E, int k,
                                          mt_score_fn fn)
 {
-    extern __shared__ __align__(16) unsigned char moe_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, moe_smem);
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -336,14 +336,14 @@ static void aux_sums(mt_cuda_ctx *c, const mt_aux_args *a, const float *logits, 
     if (N > 0) {
         static size_t set = 48u << 10;
         const size_t smem = warp_smem(c, E, 1, (const void *)aux_scores_kernel, &set);
-        aux_scores_kernel<<<mt_cdiv(N, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream>>>(P, sel, logits, N, E, a->topk,
+        MT_LAUNCH(mt_cdiv(N, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream, aux_scores_kernel)(P, sel, logits, N, E, a->topk,
                                                                                      a->score_fn);
         MT_CUDA_LAUNCHED();
     }
-    aux_partial_kernel<<<dim3(mt_cdiv(E, 128), chunks, a->num_seqs), 128, 0, c->stream>>>(*a, psum_part, cnt_part,
+    MT_LAUNCH(dim3(mt_cdiv(E, 128), chunks, a->num_seqs), 128, 0, c->stream, aux_partial_kernel)(*a, psum_part, cnt_part,
                                                                                           P, sel, chunks);
     MT_CUDA_LAUNCHED();
-    aux_reduce_kernel<<<dim3(mt_cdiv(E, 128), a->num_seqs), 128, 0, c->stream>>>(counts, psum, psum_part, cnt_part,
+    MT_LAUNCH(dim3(mt_cdiv(E, 128), a->num_seqs), 128, 0, c->stream, aux_reduce_kernel)(counts, psum, psum_part, cnt_part,
                                                                                 E, chunks);
     MT_CUDA_LAUNCHED();
     mt_cuda_scratch_free(c, buf);
@@ -369,7 +369,7 @@ extern "C" void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, flo
     double *psum = (double *)mt_cuda_scratch(c, nse * sizeof(double) + 16);
     float *dloss = (float *)(psum + nse);
     aux_sums(c, a, logits, NULL, psum);
-    aux_loss_kernel<<<1, 1, 0, c->stream>>>(dloss, counts, psum, *a);
+    MT_LAUNCH(1, 1, 0, c->stream, aux_loss_kernel)(dloss, counts, psum, *a);
     MT_CUDA_LAUNCHED();
     *loss = *(const float *)mt_cuda_to_host(c, dloss, sizeof(float));
     mt_cuda_scratch_free(c, psum);
@@ -377,7 +377,7 @@ extern "C" void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, flo
 
 __global__ static void aux_bwd_kernel(mt_aux_args a, float *dlogits, const float *counts, const float *logits, float cf)
 {
-    extern __shared__ __align__(16) unsigned char moe_smem[];
+    MT_DYNAMIC_SHARED(unsigned char, moe_smem);
     const int E = a.num_experts, lane = threadIdx.x & 31;
     const int n = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     if (n >= a.num_tokens) return;
@@ -407,7 +407,7 @@ extern "C" void mt_cuda_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, flo
     const float cf = (float)((double)dloss * a->coeff * a->num_experts / (S * S * a->topk * a->num_seqs));
     static size_t set = 48u << 10;
     const size_t smem = warp_smem(c, a->num_experts, 1, (const void *)aux_bwd_kernel, &set);
-    aux_bwd_kernel<<<mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream>>>(*a, dlogits, counts,
+    MT_LAUNCH(mt_cdiv(a->num_tokens, MOE_WARPS), 32 * MOE_WARPS, smem, c->stream, aux_bwd_kernel)(*a, dlogits, counts,
                                                                                           logits, cf);
     MT_CUDA_LAUNCHED();
 }
@@ -431,7 +431,7 @@ __global__ static void lse_rows_kernel(float *lse, const float *logits, int N, i
 // loss = coeff * sum lse^2 / N, summed in double by one block in a fixed tree.
 __global__ static void z_loss_kernel(float *loss, const float *lse, int N, float coeff)
 {
-    __shared__ double part[32];
+    MT_SHARED(double, part, [32]);
     double acc = 0.0;
     for (int n = threadIdx.x; n < N; n += blockDim.x) acc += (double)lse[n] * lse[n];
     acc = mt_warp_sum_d(acc);
@@ -452,10 +452,10 @@ extern "C" void mt_cuda_z_loss_fwd(void *ctx, float *loss, float *lse, const flo
         *loss = 0.0f;
         return;
     }
-    lse_rows_kernel<<<mt_cdiv(N, 8), 256, 0, c->stream>>>(lse, logits, N, E);
+    MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, lse_rows_kernel)(lse, logits, N, E);
     MT_CUDA_LAUNCHED();
     float *d = (float *)mt_cuda_scratch(c, sizeof(float));
-    z_loss_kernel<<<1, 1024, 0, c->stream>>>(d, lse, N, coeff);
+    MT_LAUNCH(1, 1024, 0, c->stream, z_loss_kernel)(d, lse, N, coeff);
     MT_CUDA_LAUNCHED();
     *loss = *(const float *)mt_cuda_to_host(c, d, sizeof(float));
     mt_cuda_scratch_free(c, d);
@@ -476,7 +476,7 @@ extern "C" void mt_cuda_z_loss_bwd(void *ctx, float *dlogits, float dloss, const
     if (N <= 0) return;
     const float cf = dloss * coeff * 2.0f / (float)N;
     const size_t total = (size_t)N * E;
-    z_bwd_kernel<<<mt_cdiv(total, 256), 256, 0, c->stream>>>(dlogits, lse, logits, total, E, cf);
+    MT_LAUNCH(mt_cdiv(total, 256), 256, 0, c->stream, z_bwd_kernel)(dlogits, lse, logits, total, E, cf);
     MT_CUDA_LAUNCHED();
 }
 
@@ -632,29 +632,29 @@ extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *p
     MT_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * (size_t)E, c->stream));
     const unsigned gs = mt_cdiv(S > 0 ? S : 1, 256);
     if (S > 0) {
-        mt_iota_kernel<<<gs, 256, 0, c->stream>>>(iota, S);
-        expert_hist_kernel<<<gs, 256, 0, c->stream>>>(counts, topk_idx, S);
+        MT_LAUNCH(gs, 256, 0, c->stream, mt_iota_kernel)(iota, S);
+        MT_LAUNCH(gs, 256, 0, c->stream, expert_hist_kernel)(counts, topk_idx, S);
         MT_CUDA_LAUNCHED();
     }
     if (by_prob && S > 0) {
-        prob_key_kernel<<<gs, 256, 0, c->stream>>>(key1, topk_idx, topk_prob, S, E);
-        expert_starts_kernel<<<1, 1, 0, c->stream>>>(start, counts, E);
+        MT_LAUNCH(gs, 256, 0, c->stream, prob_key_kernel)(key1, topk_idx, topk_prob, S, E);
+        MT_LAUNCH(1, 1, 0, c->stream, expert_starts_kernel)(start, counts, E);
         MT_CUDA_LAUNCHED();
         sort_pairs(c, (const unsigned long long *)key1, key1_sorted, iota, slot_sorted, S, 32 + bits_for((unsigned)E));
-        prob_drop_kernel<<<gs, 256, 0, c->stream>>>(drop, key1_sorted, slot_sorted, start, S, E, capacity);
+        MT_LAUNCH(gs, 256, 0, c->stream, prob_drop_kernel)(drop, key1_sorted, slot_sorted, start, S, E, capacity);
         MT_CUDA_LAUNCHED();
     }
-    plan_offsets_kernel<<<1, 1, 0, c->stream>>>(*plan, start, kept, dropped, counts, E, capacity, pad, by_prob);
+    MT_LAUNCH(1, 1, 0, c->stream, plan_offsets_kernel)(*plan, start, kept, dropped, counts, E, capacity, pad, by_prob);
     MT_CUDA_LAUNCHED();
     if (S > 0) {
-        expert_key_kernel<<<gs, 256, 0, c->stream>>>(key2, topk_idx, by_prob ? drop : NULL, S, E);
+        MT_LAUNCH(gs, 256, 0, c->stream, expert_key_kernel)(key2, topk_idx, by_prob ? drop : NULL, S, E);
         MT_CUDA_LAUNCHED();
         sort_pairs(c, (const int32_t *)key2, key2_sorted, iota, slot_sorted, S, bits_for((unsigned)E));
-        plan_place_kernel<<<gs, 256, 0, c->stream>>>(*plan, key2_sorted, slot_sorted, start, kept, S, E);
+        MT_LAUNCH(gs, 256, 0, c->stream, plan_place_kernel)(*plan, key2_sorted, slot_sorted, start, kept, S, E);
         MT_CUDA_LAUNCHED();
     }
     if (pad && capacity > 0 && E > 0) {
-        plan_pad_kernel<<<mt_cdiv((size_t)E * capacity, 256), 256, 0, c->stream>>>(*plan, kept, E, capacity);
+        MT_LAUNCH(mt_cdiv((size_t)E * capacity, 256), 256, 0, c->stream, plan_pad_kernel)(*plan, kept, E, capacity);
         MT_CUDA_LAUNCHED();
     }
     const long long d = *(const long long *)mt_cuda_to_host(c, dropped, sizeof(long long));
@@ -686,7 +686,7 @@ extern "C" void mt_cuda_permute_fwd(void *ctx, float *xp, const float *x, const 
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (rows <= 0 || C <= 0) return;
     const bool vec = C % 4 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    permute_fwd_kernel<<<rows, 128, 0, c->stream>>>(xp, x, row_slot, topk, C, vec);
+    MT_LAUNCH(rows, 128, 0, c->stream, permute_fwd_kernel)(xp, x, row_slot, topk, C, vec);
     MT_CUDA_LAUNCHED();
 }
 
@@ -709,7 +709,7 @@ extern "C" void mt_cuda_permute_bwd(void *ctx, float *dx, const float *dxp, cons
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
-    permute_bwd_kernel<<<mt_cdiv((size_t)N * C, 256), 256, 0, c->stream>>>(dx, dxp, slot_row, N, topk, C);
+    MT_LAUNCH(mt_cdiv((size_t)N * C, 256), 256, 0, c->stream, permute_bwd_kernel)(dx, dxp, slot_row, N, topk, C);
     MT_CUDA_LAUNCHED();
 }
 
@@ -734,7 +734,7 @@ extern "C" void mt_cuda_unpermute_fwd(void *ctx, float *out, const float *yp, co
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
-    unpermute_fwd_kernel<<<mt_cdiv((size_t)N * C, 256), 256, 0, c->stream>>>(out, yp, slot_row, prob, N, topk, C);
+    MT_LAUNCH(mt_cdiv((size_t)N * C, 256), 256, 0, c->stream, unpermute_fwd_kernel)(out, yp, slot_row, prob, N, topk, C);
     MT_CUDA_LAUNCHED();
 }
 
@@ -769,6 +769,6 @@ extern "C" void mt_cuda_unpermute_bwd(void *ctx, float *dyp, float *dprob, const
     if (rows > 0 && C > 0) MT_CUDA_CHECK(cudaMemsetAsync(dyp, 0, sizeof(float) * (size_t)rows * C, c->stream));
     if (N <= 0 || topk <= 0) return;
     const size_t slots = (size_t)N * topk;
-    unpermute_bwd_kernel<<<mt_cdiv(slots, 8), 256, 0, c->stream>>>(dyp, dprob, dout, yp, slot_row, prob, N, topk, C);
+    MT_LAUNCH(mt_cdiv(slots, 8), 256, 0, c->stream, unpermute_bwd_kernel)(dyp, dprob, dout, yp, slot_row, prob, N, topk, C);
     MT_CUDA_LAUNCHED();
 }

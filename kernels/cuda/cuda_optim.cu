@@ -43,7 +43,7 @@ extern "C" void mt_cuda_adamw(void *ctx, float *param, const float *grad, float 
     k.one_m_b2 = 1.0f - beta2;
     k.eps = eps;
     k.grad_scale = grad_scale;
-    adamw_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(param, grad, m, v, n, k);
+    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, adamw_kernel)(param, grad, m, v, n, k);
     MT_CUDA_LAUNCHED();
 }
 
@@ -64,7 +64,7 @@ extern "C" void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
-    bf16_round_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(out, x, n);
+    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, bf16_round_kernel)(out, x, n);
     MT_CUDA_LAUNCHED();
 }
 
@@ -78,7 +78,7 @@ extern "C" void mt_cuda_scale(void *ctx, float *x, float s, size_t n)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0 || s == 1.0f) return;
-    scale_kernel<<<mt_cdiv(n, 256), 256, 0, c->stream>>>(x, s, n);
+    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, scale_kernel)(x, s, n);
     MT_CUDA_LAUNCHED();
 }
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ double sumsq_block(double v, double *sh)
 
 __global__ static void sumsq_partial_kernel(double *part, const float *x, size_t n)
 {
-    __shared__ double sh[32];
+    MT_SHARED(double, sh, [32]);
     double a = 0.0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -113,7 +113,7 @@ __global__ static void sumsq_partial_kernel(double *part, const float *x, size_t
 
 __global__ static void sumsq_final_kernel(double *acc, const double *part, int nparts)
 {
-    __shared__ double sh[32];
+    MT_SHARED(double, sh, [32]);
     double a = 0.0;
     for (int i = threadIdx.x; i < nparts; i += blockDim.x) a += part[i];
     a = sumsq_block(a, sh);
@@ -127,9 +127,9 @@ extern "C" void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n)
     size_t blocks = (n + 8 * MT_SUMSQ_THREADS - 1) / (8 * MT_SUMSQ_THREADS);
     if (blocks > MT_SUMSQ_MAX_BLOCKS) blocks = MT_SUMSQ_MAX_BLOCKS;
     double *part = (double *)mt_cuda_scratch(c, sizeof(double) * blocks);
-    sumsq_partial_kernel<<<(unsigned)blocks, MT_SUMSQ_THREADS, 0, c->stream>>>(part, x, n);
+    MT_LAUNCH((unsigned)blocks, MT_SUMSQ_THREADS, 0, c->stream, sumsq_partial_kernel)(part, x, n);
     MT_CUDA_LAUNCHED();
-    sumsq_final_kernel<<<1, MT_SUMSQ_THREADS, 0, c->stream>>>(acc, part, (int)blocks);
+    MT_LAUNCH(1, MT_SUMSQ_THREADS, 0, c->stream, sumsq_final_kernel)(acc, part, (int)blocks);
     MT_CUDA_LAUNCHED();
     mt_cuda_scratch_free(c, part);
 }

@@ -1,6 +1,7 @@
 // Device discovery and a self-test kernel: the smallest proof that the CUDA build
 // and the runtime work. The op table's CUDA implementation lives beside this file.
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_launch.cuh"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -47,7 +48,7 @@ extern "C" int mt_cuda_selftest(char *buf, size_t n)
     if ((e = cudaMalloc(&dy, sizeof(float) * len)) != cudaSuccess) goto cuda_fail;
     if ((e = cudaMemcpy(dx, hx, sizeof(float) * len, cudaMemcpyHostToDevice)) != cudaSuccess) goto cuda_fail;
     if ((e = cudaMemcpy(dy, hy, sizeof(float) * len, cudaMemcpyHostToDevice)) != cudaSuccess) goto cuda_fail;
-    saxpy_kernel<<<(len + 255) / 256, 256>>>(len, 2.0f, dx, dy);
+    MT_LAUNCH((len + 255) / 256, 256, 0, 0, saxpy_kernel)(len, 2.0f, dx, dy);
     if ((e = cudaGetLastError()) != cudaSuccess) goto cuda_fail;
     if ((e = cudaMemcpy(hy, dy, sizeof(float) * len, cudaMemcpyDeviceToHost)) != cudaSuccess) goto cuda_fail;
     for (int i = 0; i < len; i++) {

@@ -3,7 +3,7 @@
 # except test_cuda_table, which checks the op table and the no-device error everywhere.
 # The .sh wrappers run them under the exit-status driver, which understands 77.
 MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
-	tests/gpu/test_parity_cpu.sh \
+	tests/gpu/test_parity_cpu.sh tests/gpu/test_parity_emu.sh \
 	bench/gpu_step.sh
 MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c bench/gpu_ops.c
 # The training-parity script's comparisons, CPU against CPU: needs no GPU, runs everywhere.
@@ -30,4 +30,13 @@ bench_gpu_ops_SOURCES = bench/gpu_ops.c
 bench_gpu_ops_LDADD = $(GPU_TEST_LIBS)
 else
 EXTRA_DIST += $(MT_GPU_TEST_SH) $(MT_GPU_TEST_SRC)
+endif
+
+# The same parity harness on the CUDA execution emulator (--enable-cuda-emulation):
+# the real kernels/cuda code, every case, against the CPU reference, without a GPU.
+if CUDA_EMULATION
+check_PROGRAMS += tests/gpu/test_parity_emu
+TESTS += tests/gpu/test_parity_emu.sh
+tests_gpu_test_parity_emu_SOURCES = tests/gpu/test_parity.c
+tests_gpu_test_parity_emu_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS) -lstdc++
 endif

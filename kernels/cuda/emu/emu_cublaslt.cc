@@ -1,0 +1,292 @@
+// The CUDA execution emulator: the part of cuBLASLt that kernels/cuda uses, written
+// from the cuBLASLt documentation.
+//
+// D = alpha op(A) op(B) + beta C, column-major, fp32 matrices (CUDA_R_32F) with any
+// leading dimension >= rows, op = N or T. Compute types: CUBLAS_COMPUTE_32F (fp32
+// operands), CUBLAS_COMPUTE_32F_FAST_16BF (A and B rounded to bf16, nearest-even),
+// CUBLAS_COMPUTE_32F_FAST_TF32 (rounded to tf32, 10 mantissa bits, nearest with ties
+// away from zero as cvt.rna.tf32.f32). Products are summed in fp64 and rounded once
+// (cuBLAS does not specify its order); with beta == 0, C is not read (it may hold
+// NaN). The heuristic returns one algorithm that records the preference's minimum
+// pointer alignment (256 bytes when unset, as documented); cublasLtMatmul refuses
+// pointers less aligned than that.
+#include "kernels/cuda/emu/emu_internal.h"
+
+#include <cublasLt.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include <new>
+
+namespace {
+
+struct matmul_desc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    cublasOperation_t ta, tb;
+};
+struct layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct preference {
+    uint64_t workspace;
+    uint32_t align[4]; // A, B, C, D
+};
+struct algo {
+    uint32_t magic;
+    uint32_t align[4];
+};
+const uint32_t algo_magic = 0x6d74656d; // "mtem"
+
+static_assert(sizeof(matmul_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descriptor fits");
+static_assert(sizeof(layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
+static_assert(sizeof(preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "preference fits");
+static_assert(sizeof(algo) <= sizeof(cublasLtMatmulAlgo_t), "algorithm fits");
+
+template <typename T, typename O>
+T *as(O *o)
+{
+    return reinterpret_cast<T *>(o->data);
+}
+
+float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+float round_tf32(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u += 0x1000u; // half of the 13 dropped bits: nearest, ties away from zero
+    u &= 0xffffe000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+bool report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool report(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moetrain CUDA emulator: cuBLASLt: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return false;
+}
+
+} // namespace
+
+extern "C" {
+
+const char *cublasLtGetStatusString(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    default: return "CUBLAS_STATUS_(emulator: unexpected)";
+    }
+}
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    static int handle;
+    *h = reinterpret_cast<cublasLtHandle_t>(&handle);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale)
+{
+    *d = new (std::nothrow) cublasLtMatmulDescOpaque_t();
+    if (!*d) return CUBLAS_STATUS_ALLOC_FAILED;
+    *as<matmul_desc>(*d) = matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t n)
+{
+    matmul_desc *m = as<matmul_desc>(d);
+    if ((attr == CUBLASLT_MATMUL_DESC_TRANSA || attr == CUBLASLT_MATMUL_DESC_TRANSB) && n == sizeof(int32_t)) {
+        int32_t v;
+        memcpy(&v, buf, sizeof v);
+        if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
+        (attr == CUBLASLT_MATMUL_DESC_TRANSA ? m->ta : m->tb) = (cublasOperation_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    report("matmul descriptor attribute %d is not emulated", (int)attr);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols,
+                                          int64_t ld)
+{
+    if (ld < (int64_t)rows || ld < 1) {
+        report("matrix layout %llu x %llu with leading dimension %lld (< rows)", (unsigned long long)rows,
+               (unsigned long long)cols, (long long)ld);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    *l = new (std::nothrow) cublasLtMatrixLayoutOpaque_t();
+    if (!*l) return CUBLAS_STATUS_ALLOC_FAILED;
+    *as<layout>(*l) = layout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = new (std::nothrow) cublasLtMatmulPreferenceOpaque_t();
+    if (!*p) return CUBLAS_STATUS_ALLOC_FAILED;
+    *as<preference>(*p) = preference{0, {256, 256, 256, 256}};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t n)
+{
+    preference *q = as<preference>(p);
+    uint32_t v32;
+    switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+        if (n != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&q->workspace, buf, n);
+        return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+        if (n != sizeof v32) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&v32, buf, n);
+        q->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES] = v32;
+        return CUBLAS_STATUS_SUCCESS;
+    default: report("preference attribute %d is not emulated", (int)attr); return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
+static bool supported(const matmul_desc &m, const layout *ls[4])
+{
+    if (m.compute != CUBLAS_COMPUTE_32F && m.compute != CUBLAS_COMPUTE_32F_FAST_16BF &&
+        m.compute != CUBLAS_COMPUTE_32F_FAST_TF32)
+        return report("compute type %d is not emulated (32F, 32F_FAST_16BF, 32F_FAST_TF32 are)", (int)m.compute);
+    if (m.scale != CUDA_R_32F) return report("scale type %d is not emulated (CUDA_R_32F is)", (int)m.scale);
+    for (int i = 0; i < 4; i++)
+        if (ls[i]->type != CUDA_R_32F) return report("matrix type %d is not emulated (CUDA_R_32F is)", (int)ls[i]->type);
+    return true;
+}
+
+// Shapes: op(A) m x k, op(B) k x n, C and D m x n.
+static bool shapes(const matmul_desc &m, const layout *ls[4], uint64_t *M, uint64_t *N, uint64_t *K)
+{
+    const layout &a = *ls[0], &b = *ls[1], &c = *ls[2], &d = *ls[3];
+    *M = m.ta == CUBLAS_OP_N ? a.rows : a.cols;
+    *K = m.ta == CUBLAS_OP_N ? a.cols : a.rows;
+    const uint64_t kb = m.tb == CUBLAS_OP_N ? b.rows : b.cols;
+    *N = m.tb == CUBLAS_OP_N ? b.cols : b.rows;
+    if (kb != *K || c.rows != *M || c.cols != *N || d.rows != *M || d.cols != *N)
+        return report("inconsistent shapes: op(A) %llu x %llu, op(B) %llu x %llu, C %llu x %llu, D %llu x %llu",
+                      (unsigned long long)*M, (unsigned long long)*K, (unsigned long long)kb, (unsigned long long)*N,
+                      (unsigned long long)c.rows, (unsigned long long)c.cols, (unsigned long long)d.rows,
+                      (unsigned long long)d.cols);
+    return true;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A,
+                                              cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+                                              cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t *res, int *found)
+{
+    *found = 0;
+    const matmul_desc &m = *as<matmul_desc>(op);
+    const layout *ls[4] = {as<layout>(A), as<layout>(B), as<layout>(C), as<layout>(D)};
+    uint64_t M, N, K;
+    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+    memset(res, 0, sizeof *res);
+    algo *g = reinterpret_cast<algo *>(res->algo.data);
+    g->magic = algo_magic;
+    memcpy(g->align, as<preference>(pref)->align, sizeof g->align);
+    res->workspaceSize = 0;
+    res->state = CUBLAS_STATUS_SUCCESS;
+    res->wavesCount = 1.0f;
+    *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void *alpha_p, const void *A_p,
+                              cublasLtMatrixLayout_t Adesc, const void *B_p, cublasLtMatrixLayout_t Bdesc,
+                              const void *beta_p, const void *C_p, cublasLtMatrixLayout_t Cdesc, void *D_p,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo_p, void *ws, size_t ws_bytes,
+                              cudaStream_t)
+{
+    (void)ws;
+    (void)ws_bytes;
+    const matmul_desc &m = *as<matmul_desc>(op);
+    const layout *ls[4] = {as<layout>(Adesc), as<layout>(Bdesc), as<layout>(Cdesc), as<layout>(Ddesc)};
+    uint64_t M, N, K;
+    if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!algo_p) return report("no algorithm given (the emulator does not pick one)"), CUBLAS_STATUS_INVALID_VALUE;
+    const algo *g = reinterpret_cast<const algo *>(algo_p->data);
+    if (g->magic != algo_magic) return report("the algorithm does not come from the heuristic"), CUBLAS_STATUS_INVALID_VALUE;
+    const void *ptrs[4] = {A_p, B_p, C_p, D_p};
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)ptrs[i] % g->align[i])
+            return report("matrix %c at %p is less aligned than the %u bytes the algorithm was chosen for",
+                          "ABCD"[i], ptrs[i], g->align[i]),
+                   CUBLAS_STATUS_INVALID_VALUE;
+    const float alpha = *static_cast<const float *>(alpha_p), beta = *static_cast<const float *>(beta_p);
+    const float *Am = static_cast<const float *>(A_p), *Bm = static_cast<const float *>(B_p);
+    const float *Cm = static_cast<const float *>(C_p);
+    float *Dm = static_cast<float *>(D_p);
+    const int64_t lda = ls[0]->ld, ldb = ls[1]->ld, ldc = ls[2]->ld, ldd = ls[3]->ld;
+    float (*rnd)(float) = m.compute == CUBLAS_COMPUTE_32F_FAST_16BF  ? round_bf16
+                          : m.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? round_tf32
+                                                                      : nullptr;
+    for (uint64_t j = 0; j < N; j++)
+        for (uint64_t i = 0; i < M; i++) {
+            double s = 0.0;
+            for (uint64_t k = 0; k < K; k++) {
+                float a = m.ta == CUBLAS_OP_N ? Am[i + k * lda] : Am[k + i * lda];
+                float b = m.tb == CUBLAS_OP_N ? Bm[k + j * ldb] : Bm[j + k * ldb];
+                if (rnd) {
+                    a = rnd(a);
+                    b = rnd(b);
+                }
+                s += (double)a * (double)b;
+            }
+            float d = alpha * (float)s;
+            if (beta != 0.0f) d += beta * Cm[i + j * ldc];
+            Dm[i + j * ldd] = d;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"

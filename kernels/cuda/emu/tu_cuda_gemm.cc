@@ -1,0 +1,2 @@
+// cuda_gemm.cu compiled against the CUDA execution emulator (kernels/local.mk)
+#include "kernels/cuda/cuda_gemm.cu"

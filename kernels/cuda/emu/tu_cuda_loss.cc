@@ -1,0 +1,2 @@
+// cuda_loss.cu compiled against the CUDA execution emulator (kernels/local.mk)
+#include "kernels/cuda/cuda_loss.cu"

@@ -1,0 +1,2 @@
+// cuda_memory.cu compiled against the CUDA execution emulator (kernels/local.mk)
+#include "kernels/cuda/cuda_memory.cu"
