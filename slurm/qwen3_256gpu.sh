@@ -43,6 +43,12 @@
 # Site-specific: --cpus-per-task (the cores that belong to one GPU on your
 # nodes) and --time.
 #
+# The job's shape lives in the #SBATCH lines below and nowhere else: --check
+# reads --nodes and --ntasks-per-node from them, and a job stops at once if
+# Slurm gave it another shape (sbatch -N on the command line overrides the
+# lines: change them instead, then run --check). One task per GPU:
+# --ntasks-per-node must equal --gpus-per-node.
+#
 #SBATCH --job-name=qwen3-30b-a3b
 #SBATCH --nodes=64
 #SBATCH --ntasks-per-node=4
@@ -56,8 +62,14 @@
 
 set -euo pipefail
 
-NODES=${SLURM_JOB_NUM_NODES:-64}   # keep in step with --nodes above
-GPUS_PER_NODE=4                    # and with --ntasks-per-node / --gpus-per-node
+# sbatch_value OPTION: the value of this script's '#SBATCH --OPTION=N' line
+sbatch_value() { sed -n "s/^#SBATCH --$1=\([0-9][0-9]*\)\$/\1/p" "$0"; }
+NODES=$(sbatch_value nodes)
+TASKS_PER_NODE=$(sbatch_value ntasks-per-node)
+if [ -z "$NODES" ] || [ -z "$TASKS_PER_NODE" ] || [ "$TASKS_PER_NODE" != "$(sbatch_value gpus-per-node)" ]; then
+    echo "$0: needs '#SBATCH --nodes=N', '#SBATCH --ntasks-per-node=G' and '#SBATCH --gpus-per-node=G' lines (one task per GPU)" >&2
+    exit 2
+fi
 NML="${MOETRAIN_NAMELISTS:-namelists}/qwen3_30b_a3b.nml"
 
 LAYOUT=(
@@ -73,7 +85,14 @@ LAYOUT=(
 
 if [ "${1:-}" = --check ]; then
     shift
-    exec moetrain --check --world-size $((NODES * GPUS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
+    exec moetrain --check --world-size $((NODES * TASKS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
+fi
+
+if [ "${SLURM_JOB_NUM_NODES:-}" != "$NODES" ] || [ "${SLURM_NTASKS_PER_NODE:-}" != "$TASKS_PER_NODE" ]; then
+    echo "$0: this job has ${SLURM_JOB_NUM_NODES:-?} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks per node; its layout is for" \
+         "$NODES x $TASKS_PER_NODE (the #SBATCH lines). Edit --nodes/--ntasks-per-node there, check the layout" \
+         "with this script's --check mode, and submit without overriding them." >&2
+    exit 2
 fi
 
 CKPT=()
