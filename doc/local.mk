@@ -7,4 +7,4 @@ doc_gen_nml_man_LDADD = libmt_config.la libmt_nml.la libmt_util.la -lm
 doc/moetrain.nml.5: doc/gen_nml_man$(EXEEXT)
 	$(AM_V_GEN)$(MKDIR_P) doc && doc/gen_nml_man$(EXEEXT) > $@.tmp && mv $@.tmp $@
 CLEANFILES += doc/moetrain.nml.5
-dist_doc_DATA += doc/site-install.md doc/what-happens.md
+dist_doc_DATA += doc/site-install.md doc/what-happens.md doc/cuda-emulator.md doc/checkpoints.md

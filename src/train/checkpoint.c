@@ -1,7 +1,9 @@
-/* Single-process checkpoints: one self-checking file per iteration directory.
+/* The save directory and the one-process format.
  *
- * DIR/iter_0000100/state.bin   header, tensor table, params, Adam m and v,
- *                              buffers, then an FNV-1a 64 checksum of all before
+ * DIR/iter_0000100/            one checkpoint: the sharded format (index.json and
+ *                              rank_*.safetensors, ckpt_shard.h) or the one-process
+ *                              state.bin (header, tensor table, params, Adam m and v,
+ *                              buffers, then an FNV-1a 64 checksum of all before)
  * DIR/iter_0000100/config.nml  the resolved configuration (for people)
  * DIR/latest_checkpointed_iteration.txt
  *
@@ -24,10 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "train/ckpt_shard.h"
 #include "train/train.h"
 
-#define CKPT_MAGIC "MTCKPT01"
-#define CKPT_VERSION 1u
 #define LATEST_FILE "latest_checkpointed_iteration.txt"
 
 /* ---- a writer that checksums what it writes ---------------------------- */
@@ -38,7 +39,7 @@ struct sink {
     bool failed;
 };
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+uint64_t mt_ckpt_fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) {
@@ -51,7 +52,7 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 static void put(struct sink *s, const void *p, size_t n)
 {
     if (s->failed) return;
-    s->hash = fnv1a(s->hash, p, n);
+    s->hash = mt_ckpt_fnv1a(s->hash, p, n);
     if (n && fwrite(p, 1, n, s->f) != n) s->failed = true;
 }
 
@@ -87,17 +88,44 @@ static int mkdir_p(const char *path, struct mt_err *err)
     return MT_OK;
 }
 
+/* Whether name is a file a checkpoint directory holds: the one-process state, the
+ * sharded format's index and shard files, the configuration. */
+static bool ckpt_file_name(const char *name)
+{
+    int r, end = 0;
+    if (!strcmp(name, "state.bin") || !strcmp(name, "config.nml") ||
+        !strcmp(name, MT_SHARD_INDEX))
+        return true;
+    return sscanf(name, "rank_%d.safetensors%n", &r, &end) == 1 && r >= 0 &&
+           name[end] == '\0' && !strncmp(name, "rank_", 5);
+}
+
 /* Removes a checkpoint directory (only the files a checkpoint holds: a directory with
  * anything else in it stays). Returns whether it is gone. */
 static bool remove_ckpt_dir(const char *dir)
 {
-    static const char *const files[] = { "state.bin", "config.nml" };
-    char path[4200];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    char path[4400];
+    while ((e = readdir(d))) {
+        if (!ckpt_file_name(e->d_name)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         unlink(path);
     }
+    closedir(d);
     return rmdir(dir) == 0;
+}
+
+/* The file that marks dir as a whole checkpoint (the last written): index.json of the
+ * sharded format, else state.bin. Returns whether there is one (sb gets its stat). */
+static bool ckpt_marker(const char *dir, struct stat *sb)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, MT_SHARD_INDEX);
+    if (stat(path, sb) == 0) return true;
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    return stat(path, sb) == 0;
 }
 
 static int write_text_file(const char *path, const char *text, struct mt_err *err)
@@ -268,8 +296,8 @@ static int write_state(const char *path, const struct mt_ckpt_view *v,
     FILE *f = fopen(path, "wb");
     if (!f) return mt_err_errno(err, "checkpoint: cannot create '%s'", path);
     struct sink s = { f, 0xcbf29ce484222325ull, false };
-    put(&s, CKPT_MAGIC, 8);
-    put_u64(&s, CKPT_VERSION);
+    put(&s, MT_CKPT1_MAGIC, 8);
+    put_u64(&s, MT_CKPT1_VERSION);
     put_u64(&s, (uint64_t)st->iteration);
     put_u64(&s, (uint64_t)st->consumed_samples);
     put_u64(&s, (uint64_t)st->eval_count);
@@ -297,13 +325,13 @@ static int write_state(const char *path, const struct mt_ckpt_view *v,
     return MT_OK;
 }
 
-/* An iteration directory and when its state was written. */
+/* An iteration directory and when its index (or state) was written. */
 struct saved {
     long long it;
     struct timespec when;
 };
 
-/* Newest first: by the time the state file was written, then by iteration. */
+/* Newest first: by the time the marker file was written, then by iteration. */
 static int cmp_newest(const void *a, const void *b)
 {
     const struct saved *x = a, *y = b;
@@ -314,8 +342,8 @@ static int cmp_newest(const void *a, const void *b)
 
 /* Keeps the keep most recently written checkpoints of the directory (whatever their
  * iteration numbers: after a rollback the newest save may have the smallest), and
- * never the one just written, which latest names. Directories without a state file
- * are not checkpoints of this format and are left alone. */
+ * never the one just written, which latest names. Directories without an index.json
+ * or state.bin are not checkpoints and are left alone. */
 static void prune(const char *dir, int keep, long long just_written)
 {
     DIR *d = opendir(dir);
@@ -328,8 +356,8 @@ static void prune(const char *dir, int keep, long long just_written)
         char path[4400];
         struct stat sb;
         if (!iter_name(e->d_name, &it)) continue;
-        snprintf(path, sizeof path, "%s/%s/state.bin", dir, e->d_name);
-        if (stat(path, &sb) != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!ckpt_marker(path, &sb)) continue;
         if (n == cap) {
             size_t nc = cap ? 2 * cap : 64;
             struct saved *g = realloc(all, nc * sizeof *g);
@@ -381,22 +409,40 @@ static int publish(const char *tmp, const char *final, const char *old, struct m
     return MT_OK;
 }
 
-int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
-                 const struct mt_train_state *st, const char *config_text, int keep_last,
-                 struct mt_err *err)
+static void iter_paths(const struct mt_ckpt_dir *d, long long it, char *final_dir,
+                       char *tmp_dir, char *old_dir)
 {
-    const char *dir = d->path;
-    char final_dir[4200], tmp_dir[4300], old_dir[4300], path[4400];
-    snprintf(final_dir, sizeof final_dir, "%s/iter_%07lld", dir, st->iteration);
-    snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp", final_dir);
-    snprintf(old_dir, sizeof old_dir, "%s.old", final_dir);
+    snprintf(final_dir, 4200, "%s/iter_%07lld", d->path, it);
+    snprintf(tmp_dir, 4300, "%s.tmp", final_dir);
+    snprintf(old_dir, 4300, "%s.old", final_dir);
+}
+
+int mt_ckpt_begin(const struct mt_ckpt_dir *d, long long it, char *tmp, size_t len,
+                  struct mt_err *err)
+{
+    char final_dir[4200], tmp_dir[4300], old_dir[4300];
+    iter_paths(d, it, final_dir, tmp_dir, old_dir);
     remove_ckpt_dir(tmp_dir); /* ours: the lock keeps other runs out */
     if (mkdir(tmp_dir, 0755) != 0)
         return mt_err_errno(err, "checkpoint: cannot create '%s'", tmp_dir);
+    snprintf(tmp, len, "%s", tmp_dir);
+    return MT_OK;
+}
 
+void mt_ckpt_abort(const struct mt_ckpt_dir *d, long long it)
+{
+    char final_dir[4200], tmp_dir[4300], old_dir[4300];
+    iter_paths(d, it, final_dir, tmp_dir, old_dir);
+    remove_ckpt_dir(tmp_dir);
+}
+
+int mt_ckpt_publish(const struct mt_ckpt_dir *d, long long it, const char *config_text,
+                    int keep_last, struct mt_err *err)
+{
+    const char *dir = d->path;
+    char final_dir[4200], tmp_dir[4300], old_dir[4300], path[4400];
+    iter_paths(d, it, final_dir, tmp_dir, old_dir);
     int rc;
-    snprintf(path, sizeof path, "%s/state.bin", tmp_dir);
-    MT_CHECK_GOTO(write_state(path, v, st, err), fail);
     snprintf(path, sizeof path, "%s/config.nml", tmp_dir);
     MT_CHECK_GOTO(write_text_file(path, config_text, err), fail);
     MT_CHECK_GOTO(fsync_path(tmp_dir, err), fail);
@@ -406,145 +452,34 @@ int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
     char latest[4200], latest_tmp[4300], text[64];
     snprintf(latest, sizeof latest, "%s/%s", dir, LATEST_FILE);
     snprintf(latest_tmp, sizeof latest_tmp, "%s.tmp", latest);
-    snprintf(text, sizeof text, "%lld\n", st->iteration);
+    snprintf(text, sizeof text, "%lld\n", it);
     MT_CHECK(write_text_file(latest_tmp, text, err));
     if (rename(latest_tmp, latest) != 0)
         return mt_err_errno(err, "checkpoint: cannot rename '%s'", latest_tmp);
     MT_CHECK(fsync_path(dir, err));
-    if (keep_last > 0) prune(dir, keep_last, st->iteration);
+    if (keep_last > 0) prune(dir, keep_last, it);
     return MT_OK;
 fail:
     remove_ckpt_dir(tmp_dir);
     return rc;
 }
 
+int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
+                 const struct mt_train_state *st, const char *config_text, int keep_last,
+                 struct mt_err *err)
+{
+    char tmp_dir[4300], path[4400];
+    MT_CHECK(mt_ckpt_begin(d, st->iteration, tmp_dir, sizeof tmp_dir, err));
+    snprintf(path, sizeof path, "%s/state.bin", tmp_dir);
+    int rc = write_state(path, v, st, err);
+    if (rc) {
+        remove_ckpt_dir(tmp_dir);
+        return rc;
+    }
+    return mt_ckpt_publish(d, st->iteration, config_text, keep_last, err);
+}
+
 /* ---- loading ----------------------------------------------------------- */
-
-struct source {
-    const unsigned char *p;
-    size_t n, off;
-    bool short_read;
-};
-
-static uint64_t get_u64(struct source *s)
-{
-    uint64_t x = 0;
-    if (s->off + 8 > s->n) {
-        s->short_read = true;
-        return 0;
-    }
-    memcpy(&x, s->p + s->off, 8);
-    s->off += 8;
-    return x;
-}
-
-static const void *get_bytes(struct source *s, size_t n)
-{
-    if (n > s->n || s->off > s->n - n) {
-        s->short_read = true;
-        return NULL;
-    }
-    const void *p = s->p + s->off;
-    s->off += n;
-    return p;
-}
-
-static int read_file(const char *path, unsigned char **data, size_t *n, struct mt_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_err_errno(err, "checkpoint: cannot open '%s'", path);
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return mt_err_set(err, MT_ECORRUPT, "checkpoint: '%s' is not a regular file", path);
-    }
-    *n = (size_t)sb.st_size;
-    *data = malloc(*n ? *n : 1);
-    if (!*data) {
-        fclose(f);
-        return mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s' (%zu bytes)",
-                          path, *n);
-    }
-    size_t got = fread(*data, 1, *n, f);
-    fclose(f);
-    if (got != *n) {
-        free(*data);
-        return mt_err_errno(err, "checkpoint: reading '%s' failed", path);
-    }
-    return MT_OK;
-}
-
-static int corrupt(struct mt_err *err, const char *path, const char *what)
-{
-    return mt_err_set(err, MT_ECORRUPT,
-                      "checkpoint '%s' is corrupt: %s. Load an older checkpoint (set "
-                      "checkpoint%%load to its iter_* directory) or start without load",
-                      path, what);
-}
-
-static int parse_state(const char *path, const unsigned char *data, size_t n,
-                       struct mt_ckpt_view *v, struct mt_train_state *st, struct mt_err *err)
-{
-    if (n < 16 || memcmp(data, CKPT_MAGIC, 8) != 0)
-        return corrupt(err, path, "it does not start with the moetrain checkpoint magic");
-    uint64_t stored;
-    memcpy(&stored, data + n - 8, 8);
-    if (fnv1a(0xcbf29ce484222325ull, data, n - 8) != stored)
-        return corrupt(err, path, "the checksum does not match (truncated or damaged file)");
-    struct source s = { data, n - 8, 8, false };
-    uint64_t version = get_u64(&s);
-    if (version != CKPT_VERSION)
-        return mt_err_set(err, MT_ECORRUPT,
-                          "checkpoint '%s' has format version %" PRIu64
-                          "; this moetrain reads version %u",
-                          path, version, CKPT_VERSION);
-    struct mt_train_state t;
-    t.iteration = (long long)get_u64(&s);
-    t.consumed_samples = (long long)get_u64(&s);
-    t.eval_count = (long long)get_u64(&s);
-    t.skipped_iters = (long long)get_u64(&s);
-    t.adam_step = (long long)get_u64(&s);
-    uint64_t ntensors = get_u64(&s), nparams = get_u64(&s), nbuffers = get_u64(&s);
-    if (s.short_read) return corrupt(err, path, "the header is truncated");
-    if (ntensors != (uint64_t)v->ntensors || nparams != v->nparams || nbuffers != v->nbuffers)
-        return mt_err_set(err, MT_EINVAL,
-                          "checkpoint '%s' holds %" PRIu64 " tensors / %" PRIu64
-                          " parameters / %" PRIu64 " buffer values, but this model has %d / "
-                          "%zu / %zu: the &model or &moe settings differ from the run that "
-                          "saved it (its config.nml shows them)",
-                          path, ntensors, nparams, nbuffers, v->ntensors, v->nparams,
-                          v->nbuffers);
-    for (int i = 0; i < v->ntensors; i++) {
-        uint64_t len = get_u64(&s);
-        const char *name = len < 4096 ? get_bytes(&s, len) : NULL;
-        uint64_t ndim = get_u64(&s);
-        long long shape[4];
-        for (int d = 0; d < 4; d++) shape[d] = (long long)get_u64(&s);
-        if (s.short_read || !name) return corrupt(err, path, "the tensor table is truncated");
-        if (len != strlen(v->names[i]) || memcmp(name, v->names[i], len) ||
-            ndim != (uint64_t)v->ndims[i] || memcmp(shape, v->shapes[i], sizeof shape))
-            return mt_err_set(err, MT_EINVAL,
-                              "checkpoint '%s': tensor %d is '%.*s' [%lld,%lld,%lld,%lld] but "
-                              "this model expects '%s' [%lld,%lld,%lld,%lld]: the model "
-                              "configuration differs from the run that saved it",
-                              path, i, (int)(len > 200 ? 200 : len), name, shape[0], shape[1],
-                              shape[2], shape[3], v->names[i], v->shapes[i][0],
-                              v->shapes[i][1], v->shapes[i][2], v->shapes[i][3]);
-    }
-    size_t pbytes = v->nparams * sizeof(float);
-    const void *params = get_bytes(&s, pbytes);
-    const void *m = get_bytes(&s, pbytes);
-    const void *vv = get_bytes(&s, pbytes);
-    const void *buf = get_bytes(&s, v->nbuffers * sizeof(float));
-    if (s.short_read || s.off != s.n)
-        return corrupt(err, path, "its size does not match its header");
-    memcpy(v->params, params, pbytes);
-    memcpy(v->adam_m, m, pbytes);
-    memcpy(v->adam_v, vv, pbytes);
-    if (v->nbuffers) memcpy(v->buffers, buf, v->nbuffers * sizeof(float));
-    *st = t;
-    return MT_OK;
-}
 
 /* Some entries of dir (iter_* directories first) into out, as "a, b, c (and N more)";
  * returns how many iter_* directories it holds. */
@@ -582,8 +517,7 @@ int mt_ckpt_locate(const char *dir, bool optional, char *iter_dir, size_t len, b
     char path[4400];
     struct stat sb;
     *found = false;
-    snprintf(path, sizeof path, "%s/state.bin", dir);
-    if (stat(path, &sb) == 0) { /* dir is an iter_* directory */
+    if (ckpt_marker(dir, &sb)) { /* dir is an iter_* directory */
         snprintf(iter_dir, len, "%s", dir);
         *found = true;
         return MT_OK;
@@ -650,81 +584,72 @@ int mt_ckpt_locate(const char *dir, bool optional, char *iter_dir, size_t len, b
                       dir, LATEST_FILE, what);
 }
 
-int mt_ckpt_load(const char *dir, bool optional, struct mt_ckpt_view *v,
-                 struct mt_train_state *st, bool *found, char *loaded, size_t loaded_len,
-                 struct mt_err *err)
-{
-    char iter_dir[4200], path[4400];
-    MT_CHECK(mt_ckpt_locate(dir, optional, iter_dir, sizeof iter_dir, found, err));
-    if (!*found) return MT_OK;
-    *found = false;
-    snprintf(path, sizeof path, "%s/state.bin", iter_dir);
-    unsigned char *data = NULL;
-    size_t n = 0;
-    MT_CHECK(read_file(path, &data, &n, err));
-    int rc = parse_state(path, data, n, v, st, err);
-    free(data);
-    if (rc == MT_OK) {
-        *found = true;
-        if (loaded) snprintf(loaded, loaded_len, "%s", iter_dir);
-    }
-    return rc;
-}
+/* ---- reading a checkpoint whole (tools and tests) ------------------------------ */
 
-/* ---- reading a file whole (tools and tests) ------------------------------ */
-
-/* Builds f's view from the file's own header and table, then parses as a load does. */
 int mt_ckpt_read(const char *path, struct mt_ckpt_file *f, struct mt_err *err)
 {
     memset(f, 0, sizeof *f);
-    unsigned char *data = NULL;
-    size_t n = 0;
-    MT_CHECK(read_file(path, &data, &n, err));
-    struct source s = { data, n, 8 + 6 * 8, false }; /* magic, version, 5 state words */
-    uint64_t ntensors = get_u64(&s), nparams = get_u64(&s), nbuffers = get_u64(&s);
-    int rc = MT_OK;
-    if (n < 16 || memcmp(data, CKPT_MAGIC, 8) != 0 || s.short_read || ntensors > 1000000 ||
-        nparams > n / sizeof(float) || nbuffers > n / sizeof(float)) {
-        rc = corrupt(err, path, "its header is not a moetrain checkpoint's");
-        goto out;
+    char dir[4200];
+    struct stat sb;
+    if (stat(path, &sb) != 0) return mt_err_errno(err, "checkpoint: '%s'", path);
+    snprintf(dir, sizeof dir, "%s", path);
+    if (!S_ISDIR(sb.st_mode)) { /* a state.bin: its directory */
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
     }
-    struct mt_ckpt_view *v = &f->view;
-    v->ntensors = (int)ntensors;
-    v->nparams = nparams;
-    v->nbuffers = nbuffers;
-    char **names = calloc(ntensors + 1, sizeof *names);
-    int *ndims = calloc(ntensors + 1, sizeof *ndims);
-    long long (*shapes)[4] = calloc(ntensors + 1, sizeof *shapes);
+    char *text = NULL;
+    size_t len = 0;
+    MT_CHECK(mt_shard_index_text(dir, &text, &len, err));
+    struct mt_shard_index *ix = NULL;
+    int rc = mt_shard_index_open(dir, text, len, &ix, err);
+    free(text);
+    if (rc) return rc;
+    struct mt_ckpt_view table, *v = &f->view;
+    mt_shard_index_table(ix, &table);
+    const int n = table.ntensors;
+    char **names = calloc((size_t)n + 1, sizeof *names);
+    int *ndims = calloc((size_t)n + 1, sizeof *ndims);
+    long long (*shapes)[4] = calloc((size_t)n + 1, sizeof *shapes);
+    struct mt_shard_piece *p = calloc(3 * (size_t)n + 1, sizeof *p);
     v->names = (const char *const *)names;
     v->ndims = ndims;
     v->shapes = (const long long (*)[4])shapes;
-    v->params = malloc(sizeof(float) * (nparams ? nparams : 1));
-    v->adam_m = malloc(sizeof(float) * (nparams ? nparams : 1));
-    v->adam_v = malloc(sizeof(float) * (nparams ? nparams : 1));
-    v->buffers = malloc(sizeof(float) * (nbuffers ? nbuffers : 1));
-    if (!names || !ndims || !shapes || !v->params || !v->adam_m || !v->adam_v || !v->buffers) {
-        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s'", path);
+    v->ntensors = n;
+    v->nparams = table.nparams;
+    v->nbuffers = table.nbuffers;
+    v->params = malloc(sizeof(float) * (table.nparams ? table.nparams : 1));
+    v->adam_m = malloc(sizeof(float) * (table.nparams ? table.nparams : 1));
+    v->adam_v = malloc(sizeof(float) * (table.nparams ? table.nparams : 1));
+    v->buffers = malloc(sizeof(float) * (table.nbuffers ? table.nbuffers : 1));
+    if (!names || !ndims || !shapes || !p || !v->params || !v->adam_m || !v->adam_v ||
+        !v->buffers) {
+        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s' whole", dir);
         goto out;
     }
-    for (uint64_t i = 0; i < ntensors; i++) {
-        uint64_t len = get_u64(&s);
-        const char *name = len < 4096 ? get_bytes(&s, len) : NULL;
-        uint64_t nd = get_u64(&s);
-        for (int d = 0; d < 4; d++) shapes[i][d] = (long long)get_u64(&s);
-        if (s.short_read || !name || nd > 4) {
-            rc = corrupt(err, path, "the tensor table is truncated");
+    static const char *const prefixes[3] = {"", MT_SHARD_PREFIX_M, MT_SHARD_PREFIX_V};
+    float *arrays[3] = {v->params, v->adam_m, v->adam_v};
+    size_t at = 0;
+    int np = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(names[i] = strdup(table.names[i]))) {
+            rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
             goto out;
         }
-        names[i] = strndup(name, len);
-        if (!names[i]) {
-            rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no memory to read '%s'", path);
-            goto out;
-        }
-        ndims[i] = (int)nd;
+        ndims[i] = table.ndims[i];
+        memcpy(shapes[i], table.shapes[i], sizeof shapes[i]);
+        for (int k = 0; k < 3; k++)
+            mt_shard_whole_piece(&p[np++], prefixes[k], names[i], ndims[i], shapes[i],
+                                 arrays[k] + at);
+        at += p[np - 1].hi;
     }
-    rc = parse_state(path, data, n, v, &f->state, err);
+    const long long nb = (long long)table.nbuffers;
+    if (nb) mt_shard_whole_piece(&p[np++], "", MT_SHARD_BIAS, 1, &nb, v->buffers);
+    rc = mt_shard_read(ix, p, np, err);
+    f->state = *mt_shard_index_state(ix);
 out:
-    free(data);
+    free(p);
+    mt_shard_index_free(ix);
     if (rc != MT_OK) mt_ckpt_file_free(f);
     return rc;
 }

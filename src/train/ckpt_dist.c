@@ -1,197 +1,74 @@
-/* Distributed checkpoints in the one-process format (see train.h): world rank 0
- * assembles the whole tensors from the shards and writes them; a load goes the other
- * way. Rank 0 learns what every process holds from its coordinates, so a checkpoint
- * written by any layout loads into any other. */
+/* Checkpoints of a run in any layout, in the sharded format (ckpt_shard.h).
+ *
+ * A save: world rank 0 creates DIR/iter_N.tmp; every rank writes what it owns into
+ * its own rank_R.safetensors there and syncs it; the ranks agree that all succeeded;
+ * rank 0 gathers the slices' index entries, writes index.json and publishes the
+ * directory (checkpoint.c: one rename, then latest). Nothing passes through one rank
+ * but the index.
+ *
+ * What a rank owns: of each tensor, the copy of data-parallel rank 0 (expert-DP rank
+ * 0 for routed experts), of a TP-replicated tensor TP rank 0's, of a tied embedding
+ * the first stage's; with ZeRO-1 every data-parallel rank owns its slices of the
+ * parameters and moments (the moments exist only there).
+ *
+ * A load: rank 0 finds the checkpoint and reads its index (or verifies a one-process
+ * state.bin), every rank gets the index, computes the slices it needs (its shards of
+ * the parameters, its moments: whole shards or ZeRO slices, the expert biases) and
+ * reads the parts of the stored slices that overlap them, a block at a time. The
+ * model and optimizer change only once every rank has read everything. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
+#include "train/ckpt_shard.h"
 #include "train/train.h"
 
-#define TAG_INFO 7101
-#define TAG_DATA 7102
+#define TAG_SLICES 7103
 
 /* Where a process sits: what decides its shards and whether it owns them. */
 struct rank_info {
     struct mt_shard_coords sc;
     int dp_rank, edp_rank;
     int stage;                  /* pipeline stage: which tensors it holds */
+    int world_rank;
 };
-#define INFO_INTS 9
 
 static void info_of(const struct mt_parallel *par, struct rank_info *r)
 {
+    if (!par) {
+        *r = (struct rank_info){{1, 0, 1, 0, 1, 0}, 0, 0, 0, 0};
+        return;
+    }
     r->sc = (struct mt_shard_coords){par->tp, par->tp_rank, par->ep, par->ep_rank, par->etp,
                                      par->etp_rank};
     r->dp_rank = par->dp_rank;
     r->edp_rank = par->edp_rank;
     r->stage = par->pp_rank;
+    r->world_rank = par->world->comm->rank;
 }
 
-static void info_pack(const struct rank_info *r, int32_t out[INFO_INTS])
-{
-    const int32_t v[INFO_INTS] = {r->sc.tp, r->sc.tp_rank, r->sc.ep, r->sc.ep_rank, r->sc.etp,
-                                  r->sc.etp_rank, r->dp_rank, r->edp_rank, r->stage};
-    memcpy(out, v, sizeof v);
-}
-
-static void info_unpack(const int32_t in[INFO_INTS], struct rank_info *r)
-{
-    r->sc = (struct mt_shard_coords){in[0], in[1], in[2], in[3], in[4], in[5]};
-    r->dp_rank = in[6];
-    r->edp_rank = in[7];
-    r->stage = in[8];
-}
-
-/* Whether the rank holds tensor i (its pipeline stage's), and whether as the tied
- * embedding's copy. */
-static bool holds(const struct mt_model *m, int i, const struct rank_info *r, bool *replica)
-{
-    return mt_model_tensor_on_stage(m, i, r->stage, replica);
-}
-
-/* The one copy of a tensor's shard that a save takes: data-parallel rank 0's, and for a
- * tensor whole on every TP rank, TP rank 0's; of the tied embedding, the first
- * pipeline stage's. */
-static bool owns(const struct mt_model *m, int i, const struct rank_info *r)
+/* Whether this rank's piece of tensor i is the one a save stores (see above). */
+static bool owns(const struct mt_model *m, int i, const struct rank_info *r, bool zero)
 {
     const struct mt_param_info *t = mt_model_tensor(m, i);
     bool replica;
-    if (!holds(m, i, r, &replica) || replica) return false;
-    if (t->expert) return r->edp_rank == 0;
-    return r->dp_rank == 0 && (!t->tp_replicated || r->sc.tp_rank == 0);
+    if (!mt_model_tensor_on_stage(m, i, r->stage, &replica) || replica) return false;
+    if (!t->expert && t->tp_replicated && r->sc.tp_rank != 0) return false;
+    if (zero) return true;
+    return t->expert ? r->edp_rank == 0 : r->dp_rank == 0;
 }
 
-static size_t shard_numel(const struct mt_param_info *t, const struct rank_info *r,
-                          long long ls[4], long long st[4])
+static struct mt_comm *world_of(const struct mt_parallel *par)
 {
-    mt_param_shard(t, &r->sc, ls, st);
-    size_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= (size_t)ls[d];
-    return n;
-}
-
-/* The whole model's arrays on rank 0, in the one-process layout. */
-struct whole {
-    size_t *at;                 /* per tensor: offset in the arrays */
-    float *p, *m, *v;
-    const char **names;
-    int *ndims;
-    long long (*shapes)[4];
-};
-
-static void whole_free(struct whole *w)
-{
-    free(w->at);
-    free(w->p);
-    free(w->m);
-    free(w->v);
-    free(w->names);
-    free(w->ndims);
-    free(w->shapes);
-}
-
-static int whole_alloc(struct mt_model *m, struct whole *w, struct mt_ckpt_view *v,
-                       struct mt_err *err)
-{
-    const int n = mt_model_num_tensors(m);
-    const size_t total = mt_model_num_global_params(m);
-    memset(w, 0, sizeof *w);
-    w->at = calloc((size_t)n, sizeof *w->at);
-    w->p = malloc(sizeof(float) * (total ? total : 1));
-    w->m = malloc(sizeof(float) * (total ? total : 1));
-    w->v = malloc(sizeof(float) * (total ? total : 1));
-    w->names = calloc((size_t)n, sizeof *w->names);
-    w->ndims = calloc((size_t)n, sizeof *w->ndims);
-    w->shapes = calloc((size_t)n, sizeof *w->shapes);
-    if (!w->at || !w->p || !w->m || !w->v || !w->names || !w->ndims || !w->shapes) {
-        whole_free(w);
-        return mt_err_set(err, MT_ENOMEM,
-                          "checkpoint: rank 0 has no memory for the whole model (%zu values x 3)",
-                          total);
-    }
-    size_t at = 0;
-    for (int i = 0; i < n; i++) {
-        const struct mt_param_info *t = mt_model_tensor(m, i);
-        w->at[i] = at;
-        at += t->global_numel;
-        w->names[i] = t->name;
-        w->ndims[i] = t->ndim;
-        memcpy(w->shapes[i], t->shape, sizeof w->shapes[i]);
-    }
-    v->ntensors = n;
-    v->names = w->names;
-    v->ndims = w->ndims;
-    v->shapes = (const long long (*)[4])w->shapes;
-    v->nparams = total;
-    v->params = w->p;
-    v->adam_m = w->m;
-    v->adam_v = w->v;
-    v->buffers = mt_model_buffers(m, &v->nbuffers);
-    return MT_OK;
-}
-
-/* Copies between the whole arrays and a rank's shards, packed tensor after tensor
- * (params, m, v of each) for the tensors selected (owned ones, or all). */
-static size_t exchange(struct mt_model *m, struct whole *w, const struct rank_info *r,
-                       bool only_owned, float *packed, bool to_packed)
-{
-    size_t at = 0;
-    for (int i = 0; i < mt_model_num_tensors(m); i++) {
-        const struct mt_param_info *t = mt_model_tensor(m, i);
-        if (only_owned ? !owns(m, i, r) : !holds(m, i, r, NULL)) continue;
-        long long ls[4], st[4];
-        size_t n = shard_numel(t, r, ls, st);
-        if (packed) {
-            float *whole[3] = {w->p + w->at[i], w->m + w->at[i], w->v + w->at[i]};
-            for (int k = 0; k < 3; k++)
-                mt_param_copy_shard(t, ls, st, whole[k], packed + at + k * n, to_packed);
-        }
-        at += 3 * n;
-    }
-    return at;
-}
-
-/* This rank's own arrays packed the same way: params, m, v per tensor. */
-static void own_pack(struct mt_model *m, const float *mo, const float *vo, const struct rank_info *r,
-                     bool only_owned, float *packed, bool to_packed)
-{
-    float *p = mt_model_params(m); /* backend memory; mo, vo and packed are host memory */
-    const struct mt_kernels *k = mt_model_kernels(m);
-    size_t at = 0;
-    for (int i = 0; i < mt_model_num_tensors(m); i++) {
-        const struct mt_param_info *t = mt_model_tensor(m, i);
-        if (only_owned ? !owns(m, i, r) : !holds(m, i, r, NULL)) continue;
-        const size_t n = t->numel, bytes = sizeof(float) * n;
-        if (to_packed)
-            k->op.copy(k->ctx, packed + at, p + t->offset, bytes);
-        else
-            k->op.copy(k->ctx, p + t->offset, packed + at, bytes);
-        float *mine[2] = {(float *)mo + t->offset, (float *)vo + t->offset};
-        for (int j = 0; j < 2; j++) {
-            if (to_packed)
-                memcpy(packed + at + (j + 1) * n, mine[j], bytes);
-            else
-                memcpy(mine[j], packed + at + (j + 1) * n, bytes);
-        }
-        at += 3 * n;
-    }
-}
-
-static int alloc_moments(struct mt_model *m, float **mo, float **vo, struct mt_err *err)
-{
-    const size_t n = mt_model_num_params(m);
-    *mo = malloc(sizeof(float) * (n ? n : 1));
-    *vo = malloc(sizeof(float) * (n ? n : 1));
-    if (*mo && *vo) return MT_OK;
-    free(*mo);
-    free(*vo);
-    return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory for %zu moments", n);
+    return par ? par->world->comm : NULL;
 }
 
 int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
-                          struct mt_err *err)
+                           struct mt_err *err)
 {
-    struct mt_comm *world = par->world->comm;
+    struct mt_comm *world = world_of(par);
+    if (!world || world->size == 1) return rc;
     int32_t code = rc;
     struct mt_err berr;
     if (mt_broadcast(world, &code, 1, MT_DT_I32, 0, &berr)) {
@@ -203,142 +80,449 @@ int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *wh
     return code;
 }
 
-int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
-                      const struct mt_parallel *par, const struct mt_train_state *s,
-                      const char *config_text, int keep_last, struct mt_err *err)
+/* Every rank's outcome: MT_OK when all succeeded; otherwise a failed rank keeps its
+ * message and the others name the first rank that failed. */
+static int agree_all(struct mt_comm *world, int rc, const char *what, struct mt_err *err)
 {
-    struct mt_comm *world = par->world->comm;
-    float *mo, *vo;
-    MT_CHECK(alloc_moments(m, &mo, &vo, err));
-    int rc = mt_optim_export(o, mo, vo, err);
-    struct rank_info me;
-    info_of(par, &me);
-    float *buf = NULL;
-    if (rc == MT_OK && world->rank != 0) {
-        int32_t info[INFO_INTS];
-        info_pack(&me, info);
-        size_t n = exchange(m, NULL, &me, true, NULL, true);
-        buf = malloc(sizeof(float) * (n ? n : 1));
-        if (!buf) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-        if (rc == MT_OK) {
-            own_pack(m, mo, vo, &me, true, buf, true);
-            rc = mt_send(world, info, INFO_INTS, MT_DT_I32, 0, TAG_INFO, err);
+    if (!world || world->size == 1) return rc;
+    int32_t first = rc ? world->rank : world->size;
+    struct mt_err berr;
+    if (mt_all_reduce(world, &first, 1, MT_DT_I32, MT_OP_MIN, &berr)) {
+        if (rc) return rc;
+        *err = berr;
+        return berr.code;
+    }
+    if (first == world->size || rc) return rc;
+    return mt_err_set(err, MT_EIO, "%s failed on rank %d (its message says why)", what, first);
+}
+
+/* ---- measuring host memory ----------------------------------------------------- */
+
+static long long proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n)) {
+            kb = atoll(line + n);
+            break;
         }
-        if (rc == MT_OK && n) rc = mt_send(world, buf, n, MT_DT_F32, 0, TAG_DATA, err);
-    } else if (rc == MT_OK) {
-        struct whole w;
-        struct mt_ckpt_view v;
-        rc = whole_alloc(m, &w, &v, err);
+    fclose(f);
+    return kb;
+}
+
+/* Resets the process's peak resident size to its current one (Linux clear_refs 5);
+ * returns the current size in bytes, or -1 where that cannot be done. */
+static long long rss_mark(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    bool ok = fputs("5", f) >= 0;
+    ok = fclose(f) == 0 && ok;
+    long long kb = proc_status_kb("VmRSS:");
+    return ok && kb >= 0 ? kb * 1024 : -1;
+}
+
+/* How far the peak resident size rose above mark (bytes; -1 unknown). */
+static long long rss_rise(long long mark)
+{
+    long long kb = mark < 0 ? -1 : proc_status_kb("VmHWM:");
+    if (kb < 0) return -1;
+    return kb * 1024 > mark ? kb * 1024 - mark : 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The figures of every rank, reduced: the largest of each (a collective). */
+static void finish_stats(struct mt_comm *world, struct mt_ckpt_stats *stats, double t0,
+                         long long mark, size_t shard_bytes)
+{
+    int64_t v[3] = {(int64_t)mt_shard_mem_peak(), rss_rise(mark), (int64_t)shard_bytes};
+    struct mt_err ignored;
+    if (world && world->size > 1) mt_all_reduce(world, v, 3, MT_DT_I64, MT_OP_MAX, &ignored);
+    stats->seconds = now_s() - t0;
+    stats->counted_peak = (size_t)v[0];
+    stats->rss_rise = v[1];
+    stats->shard_bytes = (size_t)v[2];
+    stats->block_bytes = mt_shard_block_bytes();
+}
+
+/* ---- the pieces a rank stores or needs -------------------------------------------- */
+
+static void piece_of(const struct mt_param_info *t, const struct rank_info *r,
+                     const char *prefix, size_t lo, size_t hi, float *data, bool backend,
+                     struct mt_shard_piece *p)
+{
+    snprintf(p->name, sizeof p->name, "%s%s", prefix, t->name);
+    p->ndim = t->ndim;
+    long long ls[4] = {0}, st[4] = {0};
+    mt_param_shard(t, &r->sc, ls, st);
+    for (int d = 0; d < 4; d++) {
+        p->start[d] = d < t->ndim ? st[d] : 0;
+        p->shape[d] = d < t->ndim ? ls[d] : 0;
+    }
+    p->lo = lo;
+    p->hi = hi;
+    p->data = data;
+    p->backend = backend;
+}
+
+static int alloc_pieces(size_t n, struct mt_shard_piece **p, struct mt_err *err)
+{
+    *p = calloc(n ? n : 1, sizeof **p);
+    if (!*p) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    return MT_OK;
+}
+
+/* The model's table as a checkpoint view (names and global shapes). */
+static int model_table(struct mt_model *m, struct mt_ckpt_view *v, struct mt_err *err)
+{
+    const int n = mt_model_num_tensors(m);
+    memset(v, 0, sizeof *v);
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    int *ndims = calloc((size_t)n + 1, sizeof *ndims);
+    long long (*shapes)[4] = calloc((size_t)n + 1, sizeof *shapes);
+    if (!names || !ndims || !shapes) {
+        free(names);
+        free(ndims);
+        free(shapes);
+        return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        const struct mt_param_info *t = mt_model_tensor(m, i);
+        names[i] = t->name;
+        ndims[i] = t->ndim;
+        for (int d = 0; d < 4; d++) shapes[i][d] = d < t->ndim ? t->shape[d] : 0;
+    }
+    v->ntensors = n;
+    v->names = names;
+    v->ndims = ndims;
+    v->shapes = (const long long (*)[4])shapes;
+    v->nparams = mt_model_num_global_params(m);
+    mt_model_buffers(m, &v->nbuffers);
+    return MT_OK;
+}
+
+static void model_table_free(struct mt_ckpt_view *v)
+{
+    free((void *)v->names);
+    free((void *)v->ndims);
+    free((void *)v->shapes);
+}
+
+/* ---- saving --------------------------------------------------------------------- */
+
+static void layout_json(const struct mt_parallel *par, const struct mt_config *cfg, bool zero,
+                        char *out, size_t len)
+{
+    int world = par ? par->world->comm->size : 1;
+    snprintf(out, len,
+             "{\"world\": %d, \"tp\": %d, \"pp\": %d, \"vpp\": %d, \"ep\": %d, \"etp\": %d, "
+             "\"dp\": %d, \"edp\": %d, \"zero1\": %s}",
+             world, par ? par->tp : 1, par ? par->pp : 1,
+             cfg->parallel.virtual_pipeline_model_parallel_size > 0
+                 ? cfg->parallel.virtual_pipeline_model_parallel_size : 1,
+             par ? par->ep : 1, par ? par->etp : 1, par ? par->dp : 1, par ? par->edp : 1,
+             zero ? "true" : "false");
+}
+
+/* Writes this rank's file into tmp_dir; *slices gets its index entries. */
+static int write_own(const char *tmp_dir, struct mt_model *m, struct mt_optim *o,
+                     const struct rank_info *r, const struct mt_kernels *k, char **slices,
+                     size_t *slices_len, size_t *shard_bytes, struct mt_err *err)
+{
+    struct mt_optim_piece *op = NULL;
+    int nop = 0;
+    MT_CHECK(mt_optim_pieces(o, &op, &nop, err));
+    struct mt_shard_piece *p = NULL;
+    int rc = alloc_pieces(3 * (size_t)nop + 1, &p, err);
+    int n = 0;
+    const bool zero = mt_optim_zero(o);
+    float *params = mt_model_params(m);
+    for (int j = 0; rc == MT_OK && j < nop; j++) {
+        const struct mt_param_info *t = mt_model_tensor(m, op[j].tensor);
+        if (!owns(m, op[j].tensor, r, zero)) continue;
+        size_t lo = op[j].at, hi = op[j].at + op[j].n;
+        piece_of(t, r, "", lo, hi, params + t->offset + lo, true, &p[n++]);
+        piece_of(t, r, MT_SHARD_PREFIX_M, lo, hi, op[j].m, true, &p[n++]);
+        piece_of(t, r, MT_SHARD_PREFIX_V, lo, hi, op[j].v, true, &p[n++]);
+    }
+    size_t nb = 0;
+    float *bias = mt_model_buffers(m, &nb);
+    const long long nbl = (long long)nb;
+    if (rc == MT_OK && nb && r->world_rank == 0)
+        mt_shard_whole_piece(&p[n++], "", MT_SHARD_BIAS, 1, &nbl, bias);
+    *shard_bytes = 0;
+    for (int i = 0; i < n; i++) *shard_bytes += sizeof(float) * (p[i].hi - p[i].lo);
+    FILE *f = open_memstream(slices, slices_len);
+    if (rc == MT_OK && !f) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    if (rc == MT_OK && n) {
+        char file[64];
+        snprintf(file, sizeof file, "rank_%05d.safetensors", r->world_rank);
+        rc = mt_shard_write(tmp_dir, file, p, n, k, mt_shard_block_bytes(), f, err);
+    }
+    if (f && fclose(f) != 0 && rc == MT_OK)
+        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    free(p);
+    free(op);
+    return rc;
+}
+
+/* Rank 0 collects every rank's index entries, in rank order (a collective). */
+static int gather_slices(struct mt_comm *world, char **text, size_t *len, struct mt_err *err)
+{
+    if (!world || world->size == 1) return MT_OK;
+    const int P = world->size;
+    int64_t mine = (int64_t)*len, *lens = malloc(sizeof(int64_t) * (size_t)P);
+    if (!lens) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    int rc = mt_all_gather(world, &mine, lens, 1, MT_DT_I64, err);
+    if (rc == MT_OK && world->rank != 0 && mine)
+        rc = mt_send(world, *text, (size_t)mine, MT_DT_U8, 0, TAG_SLICES, err);
+    if (rc == MT_OK && world->rank == 0) {
+        size_t total = 0;
+        for (int r = 0; r < P; r++) total += (size_t)lens[r];
+        char *all = malloc(total + 1);
+        if (!all) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+        size_t at = 0;
+        if (rc == MT_OK && mine) memcpy(all, *text, (size_t)mine);
+        at += (size_t)mine;
+        for (int r = 1; rc == MT_OK && r < P; r++) {
+            if (lens[r]) rc = mt_recv(world, all + at, (size_t)lens[r], MT_DT_U8, r, TAG_SLICES,
+                                      err);
+            at += (size_t)lens[r];
+        }
         if (rc == MT_OK) {
-            size_t n = exchange(m, NULL, &me, true, NULL, true);
-            buf = malloc(sizeof(float) * (n ? n : 1));
-            if (!buf) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-            if (rc == MT_OK) {
-                own_pack(m, mo, vo, &me, true, buf, true);
-                exchange(m, &w, &me, true, buf, false);
-            }
-            for (int r = 1; rc == MT_OK && r < world->size; r++) {
-                int32_t info[INFO_INTS];
-                struct rank_info them;
-                rc = mt_recv(world, info, INFO_INTS, MT_DT_I32, r, TAG_INFO, err);
-                if (rc) break;
-                info_unpack(info, &them);
-                size_t nr = exchange(m, NULL, &them, true, NULL, true);
-                if (!nr) continue;
-                float *got = malloc(sizeof(float) * nr);
-                if (!got) {
-                    rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-                    break;
-                }
-                rc = mt_recv(world, got, nr, MT_DT_F32, r, TAG_DATA, err);
-                if (rc == MT_OK) exchange(m, &w, &them, true, got, false);
-                free(got);
-            }
-            if (rc == MT_OK) rc = mt_ckpt_save(dir, &v, s, config_text, keep_last, err);
-            whole_free(&w);
+            free(*text);
+            *text = all;
+            *len = total;
+        } else {
+            free(all);
         }
     }
-    free(buf);
-    free(mo);
-    free(vo);
-    if (rc != MT_OK && world->rank != 0) return rc; /* a failed send: the comm's message */
-    return mt_ckpt_agree_on_rank0(par, rc, "saving the checkpoint", err);
+    free(lens);
+    return rc;
+}
+
+int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
+                      const struct mt_parallel *par, const struct mt_config *cfg,
+                      const struct mt_train_state *s, const char *config_text,
+                      struct mt_ckpt_stats *stats, struct mt_err *err)
+{
+    struct mt_comm *world = world_of(par);
+    const double t0 = now_s();
+    mt_shard_mem_reset();
+    const long long mark = rss_mark();
+    struct rank_info me;
+    info_of(par, &me);
+    const bool rank0 = me.world_rank == 0;
+    int rc = MT_OK;
+    char tmp_dir[4300];
+    if (rank0) rc = mt_ckpt_begin(dir, s->iteration, tmp_dir, sizeof tmp_dir, err);
+    MT_CHECK(mt_ckpt_agree_on_rank0(par, rc, "creating the checkpoint directory", err));
+    snprintf(tmp_dir, sizeof tmp_dir, "%s/iter_%07lld.tmp", cfg->checkpoint.save, s->iteration);
+
+    char *slices = NULL;
+    size_t slices_len = 0, shard_bytes = 0;
+    struct stat sb;
+    if (stat(tmp_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        rc = mt_err_set(err, MT_EIO,
+                        "checkpoint: rank %d does not see '%s', which rank 0 created: "
+                        "checkpoint%%save must be a directory that every node shares",
+                        me.world_rank, tmp_dir);
+    if (rc == MT_OK)
+        rc = write_own(tmp_dir, m, o, &me, mt_model_kernels(m), &slices, &slices_len,
+                       &shard_bytes, err);
+    rc = agree_all(world, rc, "writing the checkpoint", err);
+    if (rc == MT_OK) rc = gather_slices(world, &slices, &slices_len, err);
+    if (rank0 && rc == MT_OK) {
+        struct mt_ckpt_view table;
+        char layout[512];
+        layout_json(par, cfg, mt_optim_zero(o), layout, sizeof layout);
+        rc = model_table(m, &table, err);
+        if (rc == MT_OK) {
+            rc = mt_shard_write_index(tmp_dir, &table, s, layout, mt_shard_block_bytes(),
+                                      slices, slices_len, err);
+            model_table_free(&table);
+        }
+        if (rc == MT_OK)
+            rc = mt_ckpt_publish(dir, s->iteration, config_text, cfg->checkpoint.keep_last,
+                                 err);
+        else
+            mt_ckpt_abort(dir, s->iteration);
+    } else if (rank0) {
+        mt_ckpt_abort(dir, s->iteration);
+    }
+    free(slices);
+    rc = mt_ckpt_agree_on_rank0(par, rc, "saving the checkpoint", err);
+    if (rc == MT_OK && stats) finish_stats(world, stats, t0, mark, shard_bytes);
+    return rc;
+}
+
+/* ---- loading -------------------------------------------------------------------- */
+
+/* The host copies a load fills before anything changes: this rank's parameters (every
+ * tensor it holds), its moments (its optimizer pieces) and the expert biases. */
+struct staging {
+    float *params, *m, *v, *bias;
+    size_t np, nm, nb;
+    struct mt_optim_piece *op;
+    int nop;
+};
+
+static void staging_free(struct staging *g)
+{
+    mt_shard_free(g->params, sizeof(float) * g->np);
+    mt_shard_free(g->m, sizeof(float) * g->nm);
+    mt_shard_free(g->v, sizeof(float) * g->nm);
+    mt_shard_free(g->bias, sizeof(float) * g->nb);
+    free(g->op);
+}
+
+/* Builds the targets of this rank's load into staging g. */
+static int plan_load(struct mt_model *m, struct mt_optim *o, const struct rank_info *r,
+                     struct staging *g, struct mt_shard_piece **out, int *count,
+                     struct mt_err *err)
+{
+    memset(g, 0, sizeof *g);
+    MT_CHECK(mt_optim_pieces(o, &g->op, &g->nop, err));
+    g->np = mt_model_num_params(m);
+    for (int j = 0; j < g->nop; j++) g->nm += g->op[j].n;
+    mt_model_buffers(m, &g->nb);
+    g->params = mt_shard_malloc(sizeof(float) * g->np);
+    g->m = mt_shard_malloc(sizeof(float) * g->nm);
+    g->v = mt_shard_malloc(sizeof(float) * g->nm);
+    g->bias = mt_shard_malloc(sizeof(float) * g->nb);
+    if (!g->params || !g->m || !g->v || !g->bias)
+        return mt_err_set(err, MT_ENOMEM,
+                          "checkpoint: no host memory to load this rank's %zu parameters and "
+                          "%zu moments",
+                          g->np, 2 * g->nm);
+    const int nt = mt_model_num_tensors(m);
+    struct mt_shard_piece *p;
+    MT_CHECK(alloc_pieces((size_t)nt + 2 * (size_t)g->nop + 1, &p, err));
+    int n = 0;
+    for (int i = 0; i < nt; i++) {
+        const struct mt_param_info *t = mt_model_tensor(m, i);
+        if (t->numel) piece_of(t, r, "", 0, t->numel, g->params + t->offset, false, &p[n++]);
+    }
+    size_t at = 0;
+    for (int j = 0; j < g->nop; j++) {
+        const struct mt_param_info *t = mt_model_tensor(m, g->op[j].tensor);
+        size_t lo = g->op[j].at, hi = lo + g->op[j].n;
+        piece_of(t, r, MT_SHARD_PREFIX_M, lo, hi, g->m + at, false, &p[n++]);
+        piece_of(t, r, MT_SHARD_PREFIX_V, lo, hi, g->v + at, false, &p[n++]);
+        at += g->op[j].n;
+    }
+    const long long nbl = (long long)g->nb;
+    if (g->nb) mt_shard_whole_piece(&p[n++], "", MT_SHARD_BIAS, 1, &nbl, g->bias);
+    *out = p;
+    *count = n;
+    return MT_OK;
+}
+
+/* Puts the staged values into the model and optimizer. */
+static void apply_load(struct mt_model *m, const struct staging *g)
+{
+    const struct mt_kernels *k = mt_model_kernels(m);
+    k->op.copy(k->ctx, mt_model_params(m), g->params, sizeof(float) * g->np);
+    size_t at = 0;
+    for (int j = 0; j < g->nop; j++) {
+        k->op.copy(k->ctx, g->op[j].m, g->m + at, sizeof(float) * g->op[j].n);
+        k->op.copy(k->ctx, g->op[j].v, g->v + at, sizeof(float) * g->op[j].n);
+        at += g->op[j].n;
+    }
+    size_t nb;
+    float *bias = mt_model_buffers(m, &nb);
+    if (nb) memcpy(bias, g->bias, sizeof(float) * nb);
+    mt_model_params_updated(m);
+    mt_model_buffers_updated(m);
+}
+
+/* Rank 0's findings, sent to every rank: the directory and the index text (a length
+ * of -1: a one-process state.bin). */
+static int share_index(struct mt_comm *world, char *iter_dir, size_t dir_len, char **text,
+                       size_t *len, struct mt_err *err)
+{
+    if (!world || world->size == 1) return MT_OK;
+    int64_t lens[2] = {(int64_t)strlen(iter_dir), *text ? (int64_t)*len : -1};
+    MT_CHECK(mt_broadcast(world, lens, 2, MT_DT_I64, 0, err));
+    if ((size_t)lens[0] >= dir_len)
+        return mt_err_set(err, MT_EINVAL, "checkpoint: the path is too long");
+    MT_CHECK(mt_broadcast(world, iter_dir, (size_t)lens[0] + 1, MT_DT_U8, 0, err));
+    if (lens[1] < 0) return MT_OK;
+    if (world->rank != 0) {
+        *text = malloc((size_t)lens[1] + 1);
+        if (!*text) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+        *len = (size_t)lens[1];
+    }
+    if (*len) MT_CHECK(mt_broadcast(world, *text, *len, MT_DT_U8, 0, err));
+    return MT_OK;
 }
 
 int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
-                      char *loaded_path, size_t loaded_path_len, struct mt_err *err)
+                      char *loaded, size_t loaded_len, struct mt_ckpt_stats *stats,
+                      struct mt_err *err)
 {
-    struct mt_comm *world = par->world->comm;
-    const int P = world->size;
-    struct whole w;
-    struct mt_ckpt_view v;
-    int rc = MT_OK;
-    bool have = false;
-    *found = false;
-    if (world->rank == 0) {
-        rc = whole_alloc(m, &w, &v, err);
-        if (rc == MT_OK) {
-            rc = mt_ckpt_load(dir, optional, &v, s, &have, loaded_path, loaded_path_len, err);
-            if (rc) whole_free(&w);
-        }
-    }
-    MT_CHECK(mt_ckpt_agree_on_rank0(par, rc, "loading the checkpoint", err));
-    int32_t flag = have;
-    MT_CHECK(mt_broadcast(world, &flag, 1, MT_DT_I32, 0, err));
-    if (!flag) {
-        if (world->rank == 0) whole_free(&w);
-        return MT_OK;
-    }
-    long long st[5] = {s->iteration, s->consumed_samples, s->eval_count, s->skipped_iters,
-                       s->adam_step};
-    size_t nbuf;
-    float *bufs = mt_model_buffers(m, &nbuf);
-    rc = mt_broadcast(world, st, 5, MT_DT_I64, 0, err);
-    if (rc == MT_OK && nbuf) rc = mt_broadcast(world, bufs, nbuf, MT_DT_F32, 0, err);
-    *s = (struct mt_train_state){st[0], st[1], st[2], st[3], st[4]};
-
-    /* every process's coordinates, then rank 0 sends each its shards */
+    struct mt_comm *world = world_of(par);
+    const double t0 = now_s();
+    mt_shard_mem_reset();
+    const long long mark = rss_mark();
     struct rank_info me;
     info_of(par, &me);
-    int32_t *infos = malloc(sizeof(int32_t) * INFO_INTS * (size_t)P), mine[INFO_INTS];
-    float *mo = NULL, *vo = NULL, *buf = NULL;
-    if (!infos) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-    if (rc == MT_OK) rc = alloc_moments(m, &mo, &vo, err);
-    info_pack(&me, mine);
-    if (rc == MT_OK) rc = mt_all_gather(world, mine, infos, INFO_INTS, MT_DT_I32, err);
-    const size_t n = exchange(m, NULL, &me, false, NULL, true);
-    if (rc == MT_OK && !(buf = malloc(sizeof(float) * (n ? n : 1))))
-        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-    if (world->rank == 0) {
-        for (int r = 1; rc == MT_OK && r < P; r++) {
-            struct rank_info them;
-            info_unpack(infos + (size_t)r * INFO_INTS, &them);
-            size_t nr = exchange(m, NULL, &them, false, NULL, true);
-            float *out = malloc(sizeof(float) * (nr ? nr : 1));
-            if (!out) {
-                rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-                break;
-            }
-            exchange(m, &w, &them, false, out, true);
-            if (nr) rc = mt_send(world, out, nr, MT_DT_F32, r, TAG_DATA, err);
-            free(out);
-        }
-        if (rc == MT_OK) exchange(m, &w, &me, false, buf, true);
-        whole_free(&w);
-    } else if (rc == MT_OK && n) {
-        rc = mt_recv(world, buf, n, MT_DT_F32, 0, TAG_DATA, err);
+    *found = false;
+    char iter_dir[4200] = "";
+    char *text = NULL;
+    size_t len = 0;
+    bool have = false;
+    int rc = MT_OK;
+    if (me.world_rank == 0) {
+        rc = mt_ckpt_locate(dir, optional, iter_dir, sizeof iter_dir, &have, err);
+        if (rc == MT_OK && have) rc = mt_shard_index_text(iter_dir, &text, &len, err);
     }
+    rc = mt_ckpt_agree_on_rank0(par, rc, "loading the checkpoint", err);
+    int32_t flag = have;
+    if (rc == MT_OK && world && world->size > 1)
+        rc = mt_broadcast(world, &flag, 1, MT_DT_I32, 0, err);
+    if (rc || !flag) {
+        free(text);
+        return rc;
+    }
+    rc = share_index(world, iter_dir, sizeof iter_dir, &text, &len, err);
+    struct mt_shard_index *ix = NULL;
+    struct mt_ckpt_view table = { 0 };
+    struct staging g = { 0 };
+    struct mt_shard_piece *targets = NULL;
+    int ntargets = 0;
+    if (rc == MT_OK) rc = mt_shard_index_open(iter_dir, text, len, &ix, err);
+    free(text);
+    if (rc == MT_OK) rc = model_table(m, &table, err);
     if (rc == MT_OK) {
-        own_pack(m, mo, vo, &me, false, buf, false);
-        mt_optim_import(o, mo, vo);
-        mt_model_params_updated(m);
-        mt_model_buffers_updated(m);
-        *found = true;
+        rc = mt_shard_index_check(ix, &table, err);
+        model_table_free(&table);
     }
-    free(infos);
-    free(mo);
-    free(vo);
-    free(buf);
+    if (rc == MT_OK) rc = plan_load(m, o, &me, &g, &targets, &ntargets, err);
+    if (rc == MT_OK) rc = mt_shard_read(ix, targets, ntargets, err);
+    rc = agree_all(world, rc, "loading the checkpoint", err);
+    if (rc == MT_OK) {
+        apply_load(m, &g);
+        *s = *mt_shard_index_state(ix);
+        *found = true;
+        if (loaded) snprintf(loaded, loaded_len, "%s", iter_dir);
+        if (stats) snprintf(stats->layout, sizeof stats->layout, "%s", mt_shard_index_layout(ix));
+    }
+    size_t own = sizeof(float) * (g.np + 2 * g.nm + g.nb);
+    staging_free(&g);
+    free(targets);
+    mt_shard_index_free(ix);
+    if (rc == MT_OK && stats) finish_stats(world, stats, t0, mark, own);
     return rc;
 }

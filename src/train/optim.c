@@ -426,6 +426,53 @@ void mt_optim_import(struct mt_optim *o, const float *m, const float *v)
     }
 }
 
+int mt_optim_pieces(const struct mt_optim *o, struct mt_optim_piece **out, int *count,
+                    struct mt_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    const int nt = mt_model_num_tensors(o->model);
+    size_t cap = (size_t)nt + 1;
+    if (o->zero)
+        for (int ci = 0; ci < 2; ci++) cap += (size_t)o->c[ci].nbuckets;
+    struct mt_optim_piece *p = calloc(cap, sizeof *p);
+    if (!p) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+    int n = 0;
+    if (!o->zero) {
+        for (int i = 0; i < nt; i++) {
+            const struct mt_param_info *t = mt_model_tensor(o->model, i);
+            if (t->numel)
+                p[n++] = (struct mt_optim_piece){i, 0, t->numel, o->m_full + t->offset,
+                                                 o->v_full + t->offset};
+        }
+    } else {
+        /* a bucket's slice meets each tensor of the bucket in one contiguous run; the
+         * tensors' parts in the buckets number at most tensors + buckets */
+        for (int ci = 0; ci < 2; ci++) {
+            const struct klass *c = &o->c[ci];
+            for (int bi = 0; bi < c->nbuckets; bi++) {
+                const struct bucket *b = &c->b[bi];
+                size_t lo, hi;
+                slice_of(c, b, &lo, &hi);
+                for (int j = 0; j < c->n && lo < hi; j++) {
+                    const struct mt_param_info *t = mt_model_tensor(o->model, c->tensor[j]);
+                    size_t a = c->at[j], e = a + t->numel;
+                    size_t s = a > lo ? a : lo, f = e < hi ? e : hi;
+                    if (s >= f) continue;
+                    p[n++] = (struct mt_optim_piece){c->tensor[j], s - a, f - s,
+                                                     c->m + b->at + (s - lo),
+                                                     c->v + b->at + (s - lo)};
+                }
+            }
+        }
+    }
+    *out = p;
+    *count = n;
+    return MT_OK;
+}
+
+bool mt_optim_zero(const struct mt_optim *o) { return o->zero; }
+
 size_t mt_optim_memory(const struct mt_optim *o)
 {
     /* what mt_optim_create allocated: moments (ZeRO: gradient and moment slices),

@@ -186,78 +186,31 @@ static int load_batch(struct trainer *t, enum mt_split split, uint64_t first, in
     return MT_OK;
 }
 
-/* ---- checkpoint view --------------------------------------------------- */
+/* ---- checkpoints ----------------------------------------------------------- */
 
-struct view_storage {
-    const char **names;
-    int *ndims;
-    long long (*shapes)[4];
-    float *host;                  /* params, m, v in host memory (3 x nparams) */
-};
-
-/* The one-process checkpoint view: the tables, and host copies of the parameters and
- * moments (the model and optimizer hold them in backend memory); download fills the
- * copies from the backend. */
-static int make_view(struct trainer *t, struct mt_ckpt_view *v, struct view_storage *vs,
-                     bool download, struct mt_err *err)
+/* The cost of a save or load, as the log reports it: time, and the host memory the
+ * most demanding rank used beyond its training state (counted by the checkpoint code
+ * and measured as the rise of its peak resident size) next to its own part and the
+ * I/O block. */
+static void say_ckpt_cost(struct trainer *t, const char *what, const struct mt_ckpt_stats *cs)
 {
-    int n = mt_model_num_tensors(t->model);
-    const size_t np = mt_model_num_params(t->model);
-    vs->names = calloc((size_t)n, sizeof *vs->names);
-    vs->ndims = calloc((size_t)n, sizeof *vs->ndims);
-    vs->shapes = calloc((size_t)n, sizeof *vs->shapes);
-    vs->host = malloc(sizeof(float) * 3 * (np ? np : 1));
-    if (!vs->names || !vs->ndims || !vs->shapes || !vs->host)
-        return mt_err_set(err, MT_ENOMEM, "out of memory for the checkpoint table");
-    for (int i = 0; i < n; i++) {
-        const struct mt_param_info *p = mt_model_tensor(t->model, i);
-        vs->names[i] = p->name;
-        vs->ndims[i] = p->ndim;
-        for (int d = 0; d < 4; d++) vs->shapes[i][d] = d < p->ndim ? p->shape[d] : 0;
-    }
-    v->ntensors = n;
-    v->names = vs->names;
-    v->ndims = vs->ndims;
-    v->shapes = (const long long (*)[4])vs->shapes;
-    v->nparams = np;
-    v->params = vs->host;
-    v->adam_m = vs->host + np;
-    v->adam_v = vs->host + 2 * np;
-    v->buffers = mt_model_buffers(t->model, &v->nbuffers);
-    if (download) {
-        t->k->op.copy(t->k->ctx, v->params, mt_model_params(t->model), sizeof(float) * np);
-        MT_CHECK(mt_optim_export(t->optim, v->adam_m, v->adam_v, err));
-    }
-    return MT_OK;
-}
-
-static void free_view(struct view_storage *vs)
-{
-    free(vs->names);
-    free(vs->ndims);
-    free(vs->shapes);
-    free(vs->host);
+    char rise[64] = "unknown";
+    if (cs->rss_rise >= 0) snprintf(rise, sizeof rise, "%lld", cs->rss_rise);
+    say(t, "checkpoint %s: %.3f s; host memory per rank at most: counted %zu bytes, measured "
+           "rise %s bytes (own part %zu bytes, block %zu bytes)\n",
+        what, cs->seconds, cs->counted_peak, rise, cs->shard_bytes, cs->block_bytes);
 }
 
 static int save_checkpoint(struct trainer *t, struct mt_err *err)
 {
     const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
-    int rc;
-    if (t->par) {
-        rc = mt_ckpt_save_dist(t->save_dir, t->model, t->optim, t->par, &t->st, t->config_text,
-                               ck->keep_last, err);
-    } else {
-        struct mt_ckpt_view v;
-        struct view_storage vs = { 0 };
-        rc = make_view(t, &v, &vs, true, err);
-        if (rc == MT_OK)
-            rc = mt_ckpt_save(t->save_dir, &v, &t->st, t->config_text, ck->keep_last, err);
-        free_view(&vs);
-    }
-    if (rc == MT_OK)
-        say(t, "saved checkpoint at iteration %lld to %s/iter_%07lld\n", t->st.iteration,
-            ck->save, t->st.iteration);
-    return rc;
+    struct mt_ckpt_stats cs = { 0 };
+    MT_CHECK(mt_ckpt_save_dist(t->save_dir, t->model, t->optim, t->par, t->cfg, &t->st,
+                               t->config_text, &cs, err));
+    say(t, "saved checkpoint at iteration %lld to %s/iter_%07lld\n", t->st.iteration, ck->save,
+        t->st.iteration);
+    say_ckpt_cost(t, "save", &cs);
+    return MT_OK;
 }
 
 static int load_checkpoint(struct trainer *t, struct mt_err *err)
@@ -266,31 +219,17 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
     const bool optional = t->cfg->checkpoint.load_optional;
     bool found = false;
     char where[4200] = "";
-    if (t->par) {
-        MT_CHECK(mt_ckpt_load_dist(dir, optional, t->model, t->optim, t->par, &t->st, &found,
-                                   where, sizeof where, err));
+    struct mt_ckpt_stats cs = { 0 };
+    MT_CHECK(mt_ckpt_load_dist(dir, optional, t->model, t->optim, t->par, &t->st, &found, where,
+                               sizeof where, &cs, err));
+    if (found) {
+        say(t, "loaded checkpoint %s: iteration %lld, %lld samples consumed (saved by %s)\n",
+            where, t->st.iteration, t->st.consumed_samples, cs.layout);
+        say_ckpt_cost(t, "load", &cs);
     } else {
-        struct mt_ckpt_view v;
-        struct view_storage vs = { 0 };
-        int rc = make_view(t, &v, &vs, false, err);
-        if (rc == MT_OK)
-            rc = mt_ckpt_load(dir, optional, &v, &t->st, &found, where, sizeof where, err);
-        if (rc == MT_OK && found) { /* into the backend only once the whole load succeeded */
-            t->k->op.copy(t->k->ctx, mt_model_params(t->model), v.params,
-                          sizeof(float) * v.nparams);
-            mt_optim_import(t->optim, v.adam_m, v.adam_v);
-            mt_model_params_updated(t->model);
-            mt_model_buffers_updated(t->model);
-        }
-        free_view(&vs);
-        if (rc != MT_OK) return rc;
-    }
-    if (found)
-        say(t, "loaded checkpoint %s: iteration %lld, %lld samples consumed\n", where,
-            t->st.iteration, t->st.consumed_samples);
-    else
         say(t, "no checkpoint in '%s' yet (checkpoint%%load_optional): starting from "
                "initialisation\n", dir);
+    }
     return MT_OK;
 }
 

@@ -7,9 +7,9 @@
  * ordered activation-first for 1F1B, batched mt_p2p_batch exchanges around the ring
  * for the interleaved schedule), AdamW, global-norm clipping,
  * the LR schedule, evaluation, Megatron-style logs, a JSON-lines metrics file and
- * checkpoints. optim.c synchronises gradients and runs the (distributed) optimizer,
- * checkpoint.c and ckpt_dist.c write and read checkpoints in one format whatever the
- * layout. */
+ * checkpoints. optim.c synchronises gradients and runs the (distributed) optimizer;
+ * checkpoint.c holds the save directory and the one-process format, ckpt_shard.c the
+ * sharded format, ckpt_dist.c saves and loads it from any layout. */
 #ifndef MT_TRAIN_TRAIN_H
 #define MT_TRAIN_TRAIN_H
 
@@ -92,11 +92,22 @@ int mt_ckpt_dir_open(const char *path, struct mt_ckpt_dir **out, int *removed, i
 const char *mt_ckpt_dir_path(const struct mt_ckpt_dir *d);
 void mt_ckpt_dir_close(struct mt_ckpt_dir *d);
 
-/* Saves into DIR/iter_%07lld atomically (temporary dir, fsync, rename; an existing
- * save of the iteration is replaced without a moment where none exists), updates
- * DIR/latest_checkpointed_iteration.txt, then prunes to the keep_last most recently
- * written checkpoints (0 = keep all; never the one just written). config_text (the
- * resolved namelist) is stored beside the state. */
+/* The steps of a save into DIR/iter_%07lld (world rank 0's): begin creates the empty
+ * DIR/iter_N.tmp (tmp gets its path; a leftover is removed first); the ranks write
+ * their files there; publish writes config_text (the resolved namelist) beside them,
+ * syncs the directory, renames it into place (an existing save of the iteration is
+ * replaced without a moment where none exists), points
+ * DIR/latest_checkpointed_iteration.txt to it, then prunes to the keep_last most
+ * recently written checkpoints (0 = keep all; never the one just written). abort
+ * removes the unfinished directory. */
+int mt_ckpt_begin(const struct mt_ckpt_dir *d, long long iteration, char *tmp, size_t len,
+                  struct mt_err *err);
+int mt_ckpt_publish(const struct mt_ckpt_dir *d, long long iteration, const char *config_text,
+                    int keep_last, struct mt_err *err);
+void mt_ckpt_abort(const struct mt_ckpt_dir *d, long long iteration);
+
+/* Saves v and s in the one-process format (DIR/iter_N/state.bin: header, tensor table,
+ * params, Adam m and v, buffers, FNV-1a 64 checksum), through begin and publish. */
 int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
                  const struct mt_train_state *s, const char *config_text, int keep_last,
                  struct mt_err *err);
@@ -109,20 +120,14 @@ int mt_ckpt_save(const struct mt_ckpt_dir *d, const struct mt_ckpt_view *v,
 int mt_ckpt_locate(const char *dir, bool optional, char *iter_dir, size_t len, bool *found,
                    struct mt_err *err);
 
-/* Loads the checkpoint mt_ckpt_locate finds into v and s, verifying its checksum and
- * that its tensors match v's. Corrupt or mismatched checkpoints are errors and leave
- * v untouched. */
-int mt_ckpt_load(const char *dir, bool optional, struct mt_ckpt_view *v,
-                 struct mt_train_state *s, bool *found, char *loaded_path,
-                 size_t loaded_path_len, struct mt_err *err);
-
-/* A checkpoint file (a state.bin) read whole, its tables and arrays allocated:
- * for tools and tests that compare checkpoints. */
+/* A checkpoint read whole, its tables and arrays allocated: for tools and tests that
+ * compare or convert checkpoints. path: an iter_* directory of either format, or a
+ * state.bin. */
 struct mt_ckpt_file {
     struct mt_train_state state;
     struct mt_ckpt_view view;
 };
-int mt_ckpt_read(const char *state_path, struct mt_ckpt_file *f, struct mt_err *err);
+int mt_ckpt_read(const char *path, struct mt_ckpt_file *f, struct mt_err *err);
 void mt_ckpt_file_free(struct mt_ckpt_file *f);
 
 /* ---- the optimizer (optim.c): gradient synchronisation and AdamW over the
@@ -176,26 +181,58 @@ int mt_optim_export(struct mt_optim *o, float *m, float *v, struct mt_err *err);
 /* Sets the moments from arrays in the model's layout (each rank keeps what it owns). */
 void mt_optim_import(struct mt_optim *o, const float *m, const float *v);
 
+/* The optimizer state this rank keeps, as pieces: n moments of tensor `tensor` from
+ * element `at` of this rank's shard of it (row-major), at m and v in backend memory.
+ * Without ZeRO, every tensor the rank holds, whole; with ZeRO, its slices. */
+struct mt_optim_piece {
+    int tensor;
+    size_t at, n;
+    float *m, *v;
+};
+/* *out (free it) gets the pieces, *n their number. */
+int mt_optim_pieces(const struct mt_optim *o, struct mt_optim_piece **out, int *n,
+                    struct mt_err *err);
+/* Whether the moments are sharded over data parallelism (ZeRO-1). */
+bool mt_optim_zero(const struct mt_optim *o);
+
 /* Bytes of backend memory the optimizer holds: moments (with ZeRO, gradient and moment
  * slices), its staging buffers and the norm accumulator. */
 size_t mt_optim_memory(const struct mt_optim *o);
 
-/* ---- distributed checkpoints (ckpt_dist.c): the one-process format, whatever the
- * layout. A save gathers every tensor's shards (from the ranks that own them: data
- * parallel rank 0, TP rank 0 for TP-replicated tensors, the pipeline stage holding the
- * tensor, the first stage for a tied embedding) and the moments to world rank 0,
- * which writes them with mt_ckpt_save; a load reads on rank 0 and sends every rank its
- * shards (of its stage's tensors). Both are collectives over all processes; dir is
- * world rank 0's save directory (NULL elsewhere). */
+/* ---- checkpoints of a run in any layout (ckpt_dist.c): the sharded format of
+ * ckpt_shard.h and doc/checkpoints.md. A save: every rank writes what it owns (data
+ * parallel rank 0's copy, or with ZeRO-1 each rank's slices; TP rank 0's of a
+ * TP-replicated tensor; the pipeline stage holding the tensor, the first for a tied
+ * embedding) into its own file, rank 0 writes the index and publishes once all have
+ * written. A load: each rank reads the parts of the stored slices that overlap its
+ * shards and moments, from a checkpoint of any layout or a one-process state.bin.
+ * Both are collectives over all processes (par NULL: one process); dir is world
+ * rank 0's save directory (NULL elsewhere). */
+
+/* What a save or load cost, the largest over the ranks. */
+struct mt_ckpt_stats {
+    double seconds;
+    size_t counted_peak;  /* host bytes the checkpoint code held at once */
+    long long rss_rise;   /* the peak resident size's rise during it (-1: unknown) */
+    size_t shard_bytes;   /* the rank's own part: written, or staged to load */
+    size_t block_bytes;   /* the I/O block */
+    char layout[512];     /* a load: the layout that wrote the checkpoint */
+};
+
 int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
-                      const struct mt_parallel *par, const struct mt_train_state *s,
-                      const char *config_text, int keep_last, struct mt_err *err);
+                      const struct mt_parallel *par, const struct mt_config *cfg,
+                      const struct mt_train_state *s, const char *config_text,
+                      struct mt_ckpt_stats *stats, struct mt_err *err);
 /* A collective over all processes: every rank returns world rank 0's outcome rc of
  * what; rank 0 keeps its message, the others say that rank 0 failed. */
 int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
                            struct mt_err *err);
+/* Loads what mt_ckpt_locate finds in dir; *found as there. Corrupt or mismatched
+ * checkpoints are errors naming the file and tensor, and leave the model and
+ * optimizer untouched. */
 int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
-                      char *loaded_path, size_t loaded_path_len, struct mt_err *err);
+                      char *loaded_path, size_t loaded_path_len, struct mt_ckpt_stats *stats,
+                      struct mt_err *err);
 
 #endif

@@ -1,8 +1,11 @@
 #!/bin/sh
-# Distributed checkpoints use the one-process format: a run that stops half-way in one
-# layout resumes in another, both ways, and ends where an uninterrupted one-process run
-# ends, taking the same routing decisions (within the tolerances of
-# tests/parallel/common.sh); a resume in the same distributed layout is bit-exact.
+# Sharded checkpoints (doc/checkpoints.md) load in any layout: a run that stops
+# half-way in one layout resumes in another, both ways, and ends where an
+# uninterrupted one-process run ends, taking the same routing decisions (within the
+# tolerances of tests/parallel/common.sh); a resume in the same distributed layout is
+# bit-exact. The layouts of issue 16: TP 2 x EP 2 x PP 2 with ZeRO-1 on 8 processes ->
+# EP 4 (DP 8, expert-DP 2); PP 2 x VPP 2 x EP 2 -> TP 2 x EP 2 x ETP 1; one process ->
+# TP 2 x EP 4 on 8 and back.
 #
 # Short runs (common.sh, ROUTE_MARGIN): 4 steps of 8 one-sequence micro-batches of 8
 # tokens, stopped after 2; the uninterrupted one-process runs are the references (768
@@ -21,7 +24,7 @@ resumed() {
 # and ended with REF's state
 ends_as() {
     same_routing "$1" "$2" "$3" || fail "$2 resumed by $3 routes otherwise than $1"
-    "$ckpt_diff" "$1/iter_0000004/state.bin" "$3/iter_0000004/state.bin" "$TOL_PARAMS" ||
+    "$ckpt_diff" "$1/iter_0000004" "$3/iter_0000004" "$TOL_PARAMS" ||
         fail "$2 resumed by $3: the state differs from $1's"
 }
 # shellcheck disable=SC2086 # lists of overrides
@@ -45,7 +48,7 @@ ends_as() {
     run c 4 $SHORT "$seed" $HALF $TP2 $EP2 $ETP1 $ZERO
     run c_resumed 4 $SHORT "$seed" "checkpoint%load='c'" $TP2 $EP2 $ETP1 $ZERO
     resumed c_resumed c
-    cmp c_straight/iter_0000004/state.bin c_resumed/iter_0000004/state.bin ||
+    same_ckpt c_straight/iter_0000004 c_resumed/iter_0000004 ||
         fail "a resume in the same layout is not bit-exact"
     echo "resume in the same layout is bit-exact"
     # pipeline stages: each saves its own layers; 4 processes (PP 2 x DP 2, ZeRO) -> PP 2 x
@@ -72,5 +75,34 @@ ends_as() {
     resumed r_resumed r
     echo "tied embeddings, PP 2 -> 1 process:"
     ends_as r_straight r r_resumed
+    # TP 2 x EP 2 x PP 2, ZeRO-1 (8 processes: DP 2, expert-DP 2) -> EP 4 (DP 8,
+    # expert-DP 2), and the same layout resumed bit-exactly
+    run s 8 $SHORT "$(cat p_straight.seed)" $L4 $HALF $TP2 $EP2 $ETP1 $PP2 $ZERO
+    [ "$(ls s/iter_0000002/rank_*.safetensors | wc -l)" = 8 ] || { ls s/iter_0000002; fail "not every rank wrote its shard"; }
+    run s_resumed 8 $SHORT "$(cat p_straight.seed)" $L4 "checkpoint%load='s'" $EP4
+    resumed s_resumed s
+    echo "TP 2 x EP 2 x PP 2 x ZeRO-1 -> EP 4 (8 processes):"
+    ends_as p_straight s s_resumed
+    run s_same 8 $SHORT "$(cat p_straight.seed)" $L4 "checkpoint%load='s'" $TP2 $EP2 $ETP1 $PP2 $ZERO
+    run s_straight 8 $SHORT "$(cat p_straight.seed)" $L4 $TP2 $EP2 $ETP1 $PP2 $ZERO
+    same_ckpt s_straight/iter_0000004 s_same/iter_0000004 ||
+        fail "a resume in TP 2 x EP 2 x PP 2 x ZeRO-1 is not bit-exact"
+    echo "  and resumed in the same layout: bit-exact"
+    # PP 2 x VPP 2 x EP 2 (4 processes) -> TP 2 x EP 2 x ETP 1 (4 processes)
+    run v 4 $SHORT "$(cat p_straight.seed)" $L4 $HALF $PP2 $VPP2 $EP2
+    run v_resumed 4 $SHORT "$(cat p_straight.seed)" $L4 "checkpoint%load='v'" $TP2 $EP2 $ETP1
+    resumed v_resumed v
+    echo "PP 2 x VPP 2 x EP 2 -> TP 2 x EP 2 x ETP 1:"
+    ends_as p_straight v v_resumed
+    # one process -> TP 2 x EP 4 (8 processes) -> one process
+    run w 1 $SHORT "$(cat straight.seed)" $HALF
+    run w_resumed 8 $SHORT "$(cat straight.seed)" "checkpoint%load='w'" $TP2 $EP4 $ETP1 training%exit_interval=3
+    resumed w_resumed w
+    run w_back 1 $SHORT "$(cat straight.seed)" "checkpoint%load='w_resumed'"
+    grep -q "loaded checkpoint w_resumed/iter_0000003" w_back.log || { cat w_back.log; fail "w_back did not resume"; }
+    echo "1 process -> TP 2 x EP 4 (8 processes) -> 1 process:"
+    same_routing straight w w_resumed w_back || fail "w, w_resumed, w_back route otherwise than straight"
+    "$ckpt_diff" straight/iter_0000004 w_back/iter_0000004 "$TOL_PARAMS" ||
+        fail "1 -> 8 -> 1: the state differs from the uninterrupted run's"
 }
 echo "checkpoints resume in other layouts"

@@ -1,4 +1,5 @@
-/* ckpt_diff A B TOL: compares two checkpoint files (state.bin) written in any layouts.
+/* ckpt_diff A B TOL: compares two checkpoints written in any layouts (iter_* directories
+ * of the sharded format or with a state.bin, or state.bin files).
  * The tensor tables and the training state must be equal; every parameter tensor, the
  * Adam moments of each tensor and the expert biases must agree within TOL in the
  * norm-based relative error ||a - b|| / ||a|| (0 when both are 0). Prints the worst
@@ -25,7 +26,7 @@ static double rel(const float *a, const float *b, size_t n)
 int main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: ckpt_diff A/state.bin B/state.bin TOL\n");
+        fprintf(stderr, "usage: ckpt_diff A B TOL (iter_* directories or state.bin files)\n");
         return 2;
     }
     const double tol = atof(argv[3]);

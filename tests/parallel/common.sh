@@ -67,6 +67,7 @@ routing_awk="$MT_TOP_SRCDIR/tests/parallel/routing.awk"
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 ckpt_diff="$MT_TOP_BUILDDIR/tests/parallel/ckpt_diff"
+. "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"
 OMP_NUM_THREADS=1 # up to 8 processes on 2 cores
 export OMP_NUM_THREADS
 cd "$tmp" || exit 1
@@ -185,7 +186,7 @@ same_as() {
     done
     last=$(cat "$1/latest_checkpointed_iteration.txt")
     it=$(printf %07d "$last")
-    "$ckpt_diff" "$1/iter_$it/state.bin" "$2/iter_$it/state.bin" $TOL_PARAMS > diff.out || bad=1
+    "$ckpt_diff" "$1/iter_$it" "$2/iter_$it" $TOL_PARAMS > diff.out || bad=1
     sed 's/^/  /' diff.out
     [ $bad = 0 ] || fail "$2 differs from $1"
 }

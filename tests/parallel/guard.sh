@@ -24,7 +24,7 @@ while read -r lay np layout; do
     strip "${lay}_guard.jsonl" > b.txt
     [ -s a.txt ] || fail "$lay: no metrics"
     cmp -s a.txt b.txt || { diff a.txt b.txt | head; fail "$lay: guard differs from cpu"; }
-    cmp "${lay}_cpu/iter_0000004/state.bin" "${lay}_guard/iter_0000004/state.bin" ||
+    same_ckpt "${lay}_cpu/iter_0000004" "${lay}_guard/iter_0000004" ||
         fail "$lay: the final checkpoints differ"
     echo "$lay: guard = cpu"
 done <<LAYOUTS
@@ -38,6 +38,6 @@ set -- $TP2 $EP2 $ETP1 $ZERO $CAP
 run resume_a 4 --backend=guard training%train_iters=4 training%exit_interval=2 "$@"
 run resume_b 4 --backend=guard training%train_iters=4 "checkpoint%load='resume_a'" "$@"
 grep -q "loaded checkpoint" resume_b.log || fail "the resumed run did not load"
-cmp tp2_ep2_dp2_zero1_guard/iter_0000004/state.bin resume_b/iter_0000004/state.bin ||
+same_ckpt tp2_ep2_dp2_zero1_guard/iter_0000004 resume_b/iter_0000004 ||
     fail "resume under guard differs from the straight run"
 echo "resume under guard: bit-exact"

@@ -42,7 +42,7 @@ latest() { cat "$1/latest_checkpointed_iteration.txt"; }
     mpirun_np 4 "$MOETRAIN" "$nml" $long $EP2 $ZERO training%exit_interval=$end \
         "checkpoint%save='straight'" < /dev/null > straight.log 2>&1 || { cat straight.log; fail "straight"; }
     it=$(printf %07d $end)
-    cmp "sig/iter_$it/state.bin" "straight/iter_$it/state.bin" ||
+    same_ckpt "sig/iter_$it" "straight/iter_$it" ||
         fail "stopped at $k and resumed, the job differs from one that ran straight to $end"
     echo "resume after the stop is bit-exact ($k + 2 iterations)"
 

@@ -10,20 +10,33 @@ expect_fail() { # expect_fail NEEDLE ARGS...: moetrain must exit 1 with NEEDLE o
     [ "$(grep -c 'error: ' err.log)" -eq 1 ] || { cat err.log; fail "expected exactly one error message"; }
 }
 "$MOETRAIN" "$small" training%train_iters=3 "checkpoint%save='ck'" > /dev/null 2>&1 || fail "setup run"
-state=ck/iter_0000003/state.bin
-cp "$state" good.bin
-# flip one byte in the middle
+shard=ck/iter_0000003/rank_00000.safetensors
+index=ck/iter_0000003/index.json
+cp "$shard" good.bin
+cp "$index" good.json
+# flip one byte in the middle of the shard: the message names the file and the tensor
 size=$(wc -c < good.bin)
-printf '\377' | dd of="$state" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
-expect_fail "checksum does not match" "$small" "checkpoint%load='ck'"
+printf '\377' | dd of="$shard" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+expect_fail "the checksum of tensor 'model[.a-z_0-9]*' in 'rank_00000.safetensors' (bytes [0-9]*\.\.[0-9]*) does not match" \
+    "$small" "checkpoint%load='ck'"
+grep -q "Load an older checkpoint" err.log || { cat err.log; fail "no fix in the message"; }
 # truncated
-head -c 100 good.bin > "$state"
-expect_fail "is corrupt" "$small" "checkpoint%load='ck'"
-# not a checkpoint at all
-echo hello > "$state"
-expect_fail "moetrain checkpoint magic" "$small" "checkpoint%load='ck'"
+head -c $((size - 100)) good.bin > "$shard"
+expect_fail "'rank_00000.safetensors' ends before the data of tensor" "$small" "checkpoint%load='ck'"
+# a missing shard
+rm "$shard"
+expect_fail "cannot open its file 'rank_00000.safetensors'" "$small" "checkpoint%load='ck'"
+cp good.bin "$shard"
+# an index that is not JSON, or not this format's
+echo hello > "$index"
+expect_fail "index.json' is not valid JSON: line 1, column 1" "$small" "checkpoint%load='ck'"
+echo '{"format": "other"}' > "$index"
+expect_fail "does not name the format" "$small" "checkpoint%load='ck'"
+# an index whose slices leave part of a tensor out
+grep -v '"tensor": "model.norm.weight"' good.json > "$index"
+expect_fail "its slices of tensor 'model.norm.weight' hold 0 of the 32 values needed here" "$small" "checkpoint%load='ck'"
 # a checkpoint of another model
-cp good.bin "$state"
+cp good.json "$index"
 expect_fail "differ" "$small" model%hidden_size=64 model%kv_channels=16 "checkpoint%load='ck'"
 # a broken latest file
 echo garbage > ck/latest_checkpointed_iteration.txt

@@ -23,8 +23,8 @@ cp -a ckA ckR
 mt "checkpoint%load='ckR/iter_0000010'" "checkpoint%save='ckR'" checkpoint%save_interval=3 \
     checkpoint%keep_last=2 training%train_iters=13 > r.log 2>&1 || { cat r.log; fail "rollback run"; }
 [ "$(latest ckR)" = 13 ] || fail "latest after the rollback run is $(latest ckR)"
-[ -f ckR/iter_0000013/state.bin ] || { ls ckR; fail "the checkpoint just written was pruned"; }
-[ -f ckR/iter_0000012/state.bin ] || { ls ckR; fail "keep_last=2 did not keep the previous save"; }
+[ -f ckR/iter_0000013/index.json ] || { ls ckR; fail "the checkpoint just written was pruned"; }
+[ -f ckR/iter_0000012/index.json ] || { ls ckR; fail "keep_last=2 did not keep the previous save"; }
 [ "$(ls -d ckR/iter_* | wc -l)" -eq 2 ] || { ls ckR; fail "keep_last=2 left $(ls -d ckR/iter_* | wc -l)"; }
 mt "checkpoint%load='ckR'" training%train_iters=14 > l.log 2>&1 || { cat l.log; fail "load after the rollback"; }
 grep -q "loaded checkpoint ckR/iter_0000013" l.log || { cat l.log; fail "did not load iteration 13"; }
@@ -44,12 +44,12 @@ grep -q "iteration" out.log && fail "the refused run trained"
 kill -TERM $first
 wait $first
 [ $? = 143 ] || fail "the first run did not stop with 143 on SIGTERM"
-[ -f "ckB/iter_$(printf %07d "$(latest ckB)")/state.bin" ] || fail "the first run's checkpoint"
+[ -f "ckB/iter_$(printf %07d "$(latest ckB)")/index.json" ] || fail "the first run's checkpoint"
 echo "one run per save directory ok"
 
 # --- a crash between the renames of a re-save: iter_N.old is found and put back
 mt "checkpoint%save='ckC'" training%train_iters=4 > c.log 2>&1 || { cat c.log; fail "ckC"; }
-cp ckC/iter_0000004/state.bin saved.bin
+cp -a ckC/iter_0000004 saved
 mv ckC/iter_0000004 ckC/iter_0000004.old
 mt "checkpoint%load='ckC'" training%train_iters=4 > c2.log 2>&1 || { cat c2.log; fail "load from .old"; }
 grep -q "loaded checkpoint ckC/iter_0000004.old" c2.log || { cat c2.log; fail "did not load the .old"; }
@@ -60,7 +60,7 @@ mt "checkpoint%load='ckC'" "checkpoint%save='ckC'" training%train_iters=4 > c3.l
 grep -q "put back 1 checkpoint" c3.log || { cat c3.log; fail "the .old was not put back"; }
 grep -q "saved checkpoint at iteration 4" c3.log || { cat c3.log; fail "no re-save"; }
 ls -d ckC/*.old ckC/*.tmp 2>/dev/null && fail "the re-save left a temporary directory"
-cmp saved.bin ckC/iter_0000004/state.bin || fail "the re-saved state differs"
+same_ckpt saved ckC/iter_0000004 || fail "the re-saved state differs"
 echo "re-save ok"
 
 # --- loads that find no checkpoint ---------------------------------------
@@ -86,7 +86,7 @@ grep -q "iteration" out.log && { cat out.log; fail "trained before checking the 
 echo "save path checked at start ok"
 
 # --- leftovers of crashed saves are removed at the next start and counted ---------
-mkdir -p ckA/iter_0000025.tmp && echo partial > ckA/iter_0000025.tmp/state.bin
+mkdir -p ckA/iter_0000025.tmp && echo partial > ckA/iter_0000025.tmp/rank_00000.safetensors
 echo 7 > ckA/latest_checkpointed_iteration.txt.tmp
 mt "checkpoint%load='ckA'" "checkpoint%save='ckA'" training%train_iters=20 > t.log 2>&1 ||
     { cat t.log; fail "start beside leftovers"; }

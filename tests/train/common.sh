@@ -11,3 +11,4 @@ json_field() { sed -n "s/.*\"$2\": \([-0-9.eE+naif]*\).*/\1/p" "$1"; }
 LSAN_OPTIONS="suppressions=$MT_TOP_SRCDIR/tests/runtime/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 ASAN_OPTIONS="fast_unwind_on_malloc=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export LSAN_OPTIONS ASAN_OPTIONS
+. "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"

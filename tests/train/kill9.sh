@@ -22,7 +22,7 @@ for delay in 0.3 0.7 0.45 1.1 0.55 0.9; do
     k=$(cat ck/latest_checkpointed_iteration.txt)
     [ "$k" -gt "$prev" ] || fail "latest went from $prev to $k"
     # the named checkpoint is whole: it loads (train_iters reached: nothing to train)
-    "$MOETRAIN" "$small" "checkpoint%load='ck'" training%train_iters="$k" training%eval_iters=0 \
+    "$MOETRAIN" "$small" "checkpoint%load='ck'" training%train_iters="$k" optimizer%lr_decay_iters=200 training%eval_iters=0 \
         < /dev/null > load.log 2>&1 || { cat load.log; fail "after kill -9 (latest $k) the checkpoint does not load"; }
     grep -q "loaded checkpoint ck/iter_$(printf %07d "$k")" load.log || { cat load.log; fail "loaded another"; }
     echo "killed after ${delay}s: latest $k loads; directory: $(ls ck | tr '\n' ' ')"

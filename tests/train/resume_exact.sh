@@ -9,7 +9,7 @@ for dtype in fp32 bf16; do
     "$MOETRAIN" "$small" precision%params_dtype="'$dtype'" training%exit_interval=5 "checkpoint%save='split_$dtype'" > b.log 2>&1 || { cat b.log; fail "first half"; }
     "$MOETRAIN" "$small" precision%params_dtype="'$dtype'" "checkpoint%save='split_$dtype'" "checkpoint%load='split_$dtype'" > c.log 2>&1 || { cat c.log; fail "second half"; }
     grep -q "loaded checkpoint" c.log || fail "the resumed run did not load"
-    cmp "straight_$dtype/iter_0000012/state.bin" "split_$dtype/iter_0000012/state.bin" || fail "$dtype: resumed state differs from the straight run"
+    same_ckpt "straight_$dtype/iter_0000012" "split_$dtype/iter_0000012" || fail "$dtype: resumed state differs from the straight run"
     [ "$(cat split_$dtype/latest_checkpointed_iteration.txt)" = 12 ] || fail "latest file"
     echo "$dtype: resume is bit-exact"
 done
@@ -21,7 +21,7 @@ ls keep/*.tmp >/dev/null 2>&1 && fail "temporary directories left behind"
 echo "keep_last ok"
 # a save that died half-way (a leftover .tmp directory) is ignored on load and
 # cleaned up by the next save of that iteration
-mkdir -p keep/iter_0000015.tmp && echo partial > keep/iter_0000015.tmp/state.bin
+mkdir -p keep/iter_0000015.tmp && echo partial > keep/iter_0000015.tmp/rank_00000.safetensors
 "$MOETRAIN" "$small" "checkpoint%load='keep'" > e.log 2>&1 || { cat e.log; fail "load beside a partial save"; }
 grep -q "loaded checkpoint keep/iter_0000012" e.log || { cat e.log; fail "did not load the last whole checkpoint"; }
 "$MOETRAIN" "$small" training%train_iters=15 "checkpoint%load='keep'" "checkpoint%save='keep'" > f.log 2>&1 || { cat f.log; fail "save over a partial save"; }

@@ -48,7 +48,7 @@ started() {
     "$MOETRAIN" "$small" $long training%exit_interval=$end "checkpoint%save='straight'" \
         "logging%metrics_file='straight.jsonl'" < /dev/null > st.log 2>&1 || { cat st.log; fail "straight run"; }
     it=$(printf %07d $end)
-    cmp "sTERM/iter_$it/state.bin" "straight/iter_$it/state.bin" ||
+    same_ckpt "sTERM/iter_$it" "straight/iter_$it" ||
         fail "the run stopped at $k and resumed differs from the straight run at $end"
     json_field sTERM.jsonl loss > a.col
     json_field straight.jsonl loss > b.col
