@@ -1,4 +1,5 @@
-# What a site installs: the module files, loaded by Lmod and Environment Modules.
-TESTS += tests/install/modules.sh
-EXTRA_DIST += tests/install/modules.sh
-tests/install/modules.log: tests/runtime/build.env
+# What a site installs: the module files, loaded by Lmod and Environment Modules;
+# the EasyBuild easyconfig, built by eb from the release tarball.
+TESTS += tests/install/modules.sh tests/install/easybuild.sh
+EXTRA_DIST += tests/install/modules.sh tests/install/easybuild.sh
+tests/install/modules.log tests/install/easybuild.log: tests/runtime/build.env

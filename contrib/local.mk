@@ -1,0 +1,2 @@
+# Packaging recipes for sites (doc/site-install.md, "Packaging").
+EXTRA_DIST += contrib/easybuild/moetrain-0.1.0.eb
