@@ -345,8 +345,11 @@ int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[], int n
 {
     for (int i = 0; i < nfiles + noverrides; i++) {
         struct mt_nml_file *f = NULL;
-        int rc = i < nfiles ? mt_nml_parse_file(files[i], &f, err)
-                            : parse_override(overrides[i - nfiles], &f, err);
+        char path[4096];
+        int rc = i < nfiles ? mt_config_find_namelist(files[i], path, sizeof path, err) : MT_OK;
+        if (rc != MT_OK) return rc;
+        rc = i < nfiles ? mt_nml_parse_file(path, &f, err)
+                        : parse_override(overrides[i - nfiles], &f, err);
         if (rc != MT_OK) return rc;
         rc = apply_file(cfg, f, err);
         mt_nml_free(f);

@@ -164,8 +164,15 @@ struct mt_layout {
 /* Fills cfg with every default. */
 void mt_config_defaults(struct mt_config *cfg);
 
-/* Loads namelist files in order, then overrides ("group%key=value"), into cfg
- * (which should hold defaults first). Errors name file:line:col or the override. */
+/* The file a namelist argument names, into path: name itself when it exists (or is
+ * absolute); else name, less a leading "namelists/", in $MOETRAIN_NAMELISTS, then in
+ * the installed $(pkgdatadir)/namelists (found from the executable's own directory,
+ * then as configured). MT_EIO with every place looked at when it is nowhere. */
+int mt_config_find_namelist(const char *name, char *path, size_t len, struct mt_err *err);
+
+/* Loads namelist files in order (found by mt_config_find_namelist), then overrides
+ * ("group%key=value"), into cfg (which should hold defaults first). Errors name
+ * file:line:col or the override. */
 int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[],
                    int noverrides, char *const overrides[], struct mt_err *err);
 
