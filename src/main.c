@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/megatron.h"
 #include "config/schema.h"
 #include "model/model.h"
 #include "runtime/comm.h"
@@ -411,6 +412,24 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     return stopped_by ? 128 + stopped_by : 0;
 }
 
+/* An unknown option; Megatron's flags are named with the key they are here. */
+static void unknown_option(const char *a)
+{
+    const struct mt_megatron_flag *meg = mt_megatron_find(a);
+    if (meg && meg->key)
+        fprintf(stderr,
+                "moetrain: error: unknown option '%s'; did you mean %s%s? (Megatron's %s is a "
+                "namelist setting here, on the command line or in a file)\n",
+                a, meg->key,
+                meg->kind == MT_MEG_VALUE ? "=VALUE" : strchr(meg->key, '=') ? "" : "=.true.",
+                meg->flag);
+    else if (meg)
+        fprintf(stderr, "moetrain: error: unknown option '%s': Megatron's %s is %s in moetrain (%s)\n",
+                a, meg->flag, mt_megatron_kind_name(meg->kind), meg->why);
+    else
+        fprintf(stderr, "moetrain: error: unknown option '%s' (see moetrain --help)\n", a);
+}
+
 static int is_override(const char *a)
 {
     const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
@@ -454,7 +473,7 @@ static int parse_args(int argc, char **argv, struct cli *cli)
             }
             cli->backend = v;
         } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "moetrain: error: unknown option '%s' (see moetrain --help)\n", a);
+            unknown_option(a);
             return 1;
         } else if (is_override(a)) {
             cli->overrides[cli->noverrides++] = argv[i];

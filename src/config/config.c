@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "config/megatron.h"
 #include "config/schema.h"
 #include "nml/nml.h"
 
@@ -104,7 +105,18 @@ static int unknown_key(const struct mt_nml_file *f, const char *group,
         if (strcmp(k->group, group) == 0) names[n++] = k->name;
     const char *s = closest(a->name, names, n);
     char hint[512] = "";
-    if (s) {
+    const struct mt_megatron_flag *meg = mt_megatron_for_key(a->name);
+    /* a key both spell alike ("lr") is placed below by its group */
+    const char *meg_name = meg && meg->key ? strchr(meg->key, '%') + 1 : NULL;
+    if (meg_name && strncmp(meg_name, a->name, strcspn(meg_name, "=")) == 0 &&
+        a->name[strcspn(meg_name, "=")] == '\0')
+        meg = NULL;
+    if (meg && meg->key) { /* Megatron's spelling of a flag moetrain has as a key */
+        snprintf(hint, sizeof hint, "; did you mean '%s'? (Megatron's %s)", meg->key, meg->flag);
+    } else if (meg) {
+        snprintf(hint, sizeof hint, "; that is Megatron's %s: %s in moetrain (%s)", meg->flag,
+                 mt_megatron_kind_name(meg->kind), meg->why);
+    } else if (s) {
         snprintf(hint, sizeof hint, "; did you mean '%s'?", s);
     } else {
         for (const struct mt_key *k = mt_schema; k->name; k++)

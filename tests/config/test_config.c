@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "config/megatron.h"
 #include "config/schema.h"
 
 /* Writes text to a temporary file; returns its path (static buffer per slot). */
@@ -349,6 +350,50 @@ static void test_print_round_trip(void **state)
     free(b);
 }
 
+/* Megatron's spellings of moetrain keys: the flag's words joined by '_' */
+static void test_megatron_spellings(void **state)
+{
+    (void)state;
+    expect_error_world("&moe moe_aux_loss_coeff = 0.01 /\n", 1,
+                       "did you mean 'moe%aux_loss_coeff'? (Megatron's --moe-aux-loss-coeff)",
+                       ":1:6: error: unknown key 'moe_aux_loss_coeff' in &moe");
+    expect_error("&moe moe_router_topk = 2 /\n",
+                 "did you mean 'moe%router_topk'? (Megatron's --moe-router-topk)");
+    expect_error("&model sequence_parallel = .true. /\n", "'sequence_parallel' belongs in &parallel");
+    expect_error("&model recompute_granularity = 1 /\n",
+                 "Megatron's --recompute-granularity: not implemented in moetrain");
+    /* a plain typo still gets the nearest key */
+    expect_error("&moe router_top_k = 2 /\n", "did you mean 'router_topk'");
+}
+
+/* The flag table: flags unique and spelled --a-b; every key it maps to exists (the
+ * part before an '=' for a switch that sets a value); every unmapped flag says why. */
+static void test_megatron_table(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (const struct mt_megatron_flag *f = mt_megatron_flags; f->flag; f++, n++) {
+        assert_true(strncmp(f->flag, "--", 2) == 0 && !strchr(f->flag, '_'));
+        assert_ptr_equal(mt_megatron_find(f->flag), f);
+        if (!f->key) {
+            assert_true(f->kind != MT_MEG_VALUE && f->kind != MT_MEG_SWITCH);
+            assert_true(f->why && strlen(f->why) > 5);
+            continue;
+        }
+        char group[32], name[64];
+        assert_int_equal(sscanf(f->key, "%31[a-z]%%%63[a-z0-9_]", group, name), 2);
+        bool found = false;
+        for (const struct mt_key *k = mt_schema; k->name; k++)
+            found |= !strcmp(k->group, group) && !strcmp(k->name, name);
+        if (!found) print_error("%s maps to %s, which is not a key\n", f->flag, f->key);
+        assert_true(found);
+    }
+    assert_true(n > 100);
+    assert_null(mt_megatron_find("--no-such-flag"));
+    assert_non_null(mt_megatron_find("--moe-router-topk=8"));
+    assert_string_equal(mt_megatron_for_key("moe_router_topk")->key, "moe%router_topk");
+}
+
 static void test_schema_table(void **state)
 {
     (void)state;
@@ -493,7 +538,8 @@ int main(void)
         cmocka_unit_test(test_print_round_trip),   cmocka_unit_test(test_schema_table),
         cmocka_unit_test(test_bad_override),       cmocka_unit_test(test_pipeline_layout),
         cmocka_unit_test(test_derived_sizes_overflow), cmocka_unit_test(test_data_rules),
-        cmocka_unit_test(test_order_pp_last),
+        cmocka_unit_test(test_order_pp_last),      cmocka_unit_test(test_megatron_spellings),
+        cmocka_unit_test(test_megatron_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,198 @@
+/* Megatron-LM flags -> moetrain keys (megatron.h). Flags from Megatron-LM's
+ * arguments.py as the MoE examples use them. A flag missing here is reported by
+ * from-megatron as unknown, never silently dropped. */
+#include "config/megatron.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define V(f, k) { f, k, MT_MEG_VALUE, NULL }
+#define S(f, k) { f, k, MT_MEG_SWITCH, NULL }
+#define NI(f, why) { f, NULL, MT_MEG_NOT_IMPLEMENTED, why }
+#define NA(f, why) { f, NULL, MT_MEG_NOT_APPLICABLE, why }
+#define RF(f, why) { f, NULL, MT_MEG_REFUSED, why }
+
+const struct mt_megatron_flag mt_megatron_flags[] = {
+    /* model */
+    V("--num-layers", "model%num_layers"),
+    V("--hidden-size", "model%hidden_size"),
+    V("--num-attention-heads", "model%num_attention_heads"),
+    V("--num-query-groups", "model%num_query_groups"),
+    V("--kv-channels", "model%kv_channels"),
+    V("--ffn-hidden-size", "model%ffn_hidden_size"),
+    V("--vocab-size", "model%vocab_size"),
+    V("--max-position-embeddings", "model%max_position_embeddings"),
+    V("--rotary-base", "model%rotary_base"),
+    V("--norm-epsilon", "model%norm_epsilon"),
+    S("--qk-layernorm", "model%qk_layernorm"),
+    S("--untie-embeddings-and-output-weights", "model%untie_embeddings_and_output_weights"),
+    V("--init-method-std", "model%init_method_std"),
+    NA("--group-query-attention", "model%num_query_groups below num_attention_heads is GQA"),
+    NA("--use-mcore-models", "moetrain has one model implementation"),
+    NA("--disable-bias-linear", "moetrain's linear layers have no bias"),
+    NA("--swiglu", "moetrain's MLPs and experts are always SwiGLU"),
+    NA("--normalization", "moetrain always uses RMSNorm"),
+    NA("--position-embedding-type", "moetrain always uses RoPE"),
+    NA("--use-rotary-position-embeddings", "moetrain always uses RoPE"),
+    NA("--no-position-embedding", "moetrain has no learned position embedding"),
+    NA("--rotary-percent", "RoPE rotates the whole head dimension"),
+    NA("--no-rope-fusion", "kernel choice is moetrain's"),
+    NA("--attention-dropout", "moetrain trains without dropout"),
+    NA("--hidden-dropout", "moetrain trains without dropout"),
+    NA("--no-masked-softmax-fusion", "kernel choice is moetrain's"),
+    NA("--attention-softmax-in-fp32", "attention softmax is always fp32"),
+    NA("--use-flash-attn", "the CUDA backend's attention is always fused"),
+    NA("--attention-backend", "the CUDA backend's attention is always fused"),
+    NA("--transformer-impl", "moetrain has one implementation"),
+    NA("--make-vocab-size-divisible-by", "model%vocab_size is used as given"),
+    NA("--apply-layernorm-1p", "RMSNorm weights are used as stored"),
+    /* mixture of experts */
+    V("--num-experts", "moe%num_experts"),
+    V("--moe-ffn-hidden-size", "moe%moe_ffn_hidden_size"),
+    V("--moe-router-topk", "moe%router_topk"),
+    V("--moe-router-score-function", "moe%router_score_function"),
+    S("--moe-router-pre-softmax", "moe%router_pre_softmax"),
+    V("--moe-router-topk-scaling-factor", "moe%router_topk_scaling_factor"),
+    V("--moe-router-dtype", "moe%router_dtype"),
+    V("--moe-layer-freq", "moe%layer_freq"),
+    V("--moe-router-load-balancing-type", "moe%router_load_balancing_type"),
+    V("--moe-aux-loss-coeff", "moe%aux_loss_coeff"),
+    V("--moe-z-loss-coeff", "moe%z_loss_coeff"),
+    S("--moe-router-enable-expert-bias", "moe%router_enable_expert_bias"),
+    V("--moe-router-bias-update-rate", "moe%router_bias_update_rate"),
+    S("--moe-router-force-load-balancing", "moe%router_force_load_balancing"),
+    V("--moe-expert-capacity-factor", "moe%expert_capacity_factor"),
+    S("--moe-pad-expert-input-to-capacity", "moe%pad_expert_input_to_capacity"),
+    V("--moe-token-drop-policy", "moe%token_drop_policy"),
+    V("--moe-token-dispatcher-type", "moe%token_dispatcher_type"),
+    V("--moe-shared-expert-intermediate-size", "moe%shared_expert_intermediate_size"),
+    NA("--moe-grouped-gemm", "experts always run as one grouped GEMM"),
+    NA("--moe-permute-fusion", "kernel choice is moetrain's"),
+    NA("--moe-use-legacy-grouped-gemm", "kernel choice is moetrain's"),
+    NI("--moe-router-num-groups", "group-limited routing (DeepSeek-V3)"),
+    NI("--moe-router-group-topk", "group-limited routing (DeepSeek-V3)"),
+    NI("--moe-input-jitter-eps", "router input jitter"),
+    NI("--moe-layer-recompute", "activation recomputation"),
+    NI("--moe-shared-expert-overlap", "overlapping the shared expert with dispatch"),
+    NI("--moe-per-layer-logging", "per-layer MoE logging; the log has totals"),
+    /* parallelism */
+    V("--tensor-model-parallel-size", "parallel%tensor_model_parallel_size"),
+    V("--pipeline-model-parallel-size", "parallel%pipeline_model_parallel_size"),
+    V("--virtual-pipeline-model-parallel-size", "parallel%virtual_pipeline_model_parallel_size"),
+    NI("--num-layers-per-virtual-pipeline-stage",
+       "give parallel%virtual_pipeline_model_parallel_size (layers / PP / this value)"),
+    V("--decoder-first-pipeline-num-layers", "parallel%decoder_first_pipeline_num_layers"),
+    V("--decoder-last-pipeline-num-layers", "parallel%decoder_last_pipeline_num_layers"),
+    V("--context-parallel-size", "parallel%context_parallel_size"),
+    V("--expert-model-parallel-size", "parallel%expert_model_parallel_size"),
+    V("--expert-tensor-parallel-size", "parallel%expert_tensor_parallel_size"),
+    S("--sequence-parallel", "parallel%sequence_parallel"),
+    S("--use-distributed-optimizer", "parallel%use_distributed_optimizer"),
+    V("--distributed-timeout-minutes", "parallel%distributed_timeout_minutes"),
+    NA("--distributed-backend", "NCCL on the GPU, MPI on the CPU, chosen by the backend"),
+    NA("--overlap-grad-reduce", "communication scheduling is moetrain's"),
+    NA("--overlap-param-gather", "communication scheduling is moetrain's"),
+    NA("--accumulate-allreduce-grads-in-fp32", "gradients are always reduced in fp32"),
+    NI("--tp-comm-overlap", "TP communication overlap"),
+    NI("--recompute-granularity", "activation recomputation"),
+    NI("--recompute-method", "activation recomputation"),
+    NI("--recompute-num-layers", "activation recomputation"),
+    NI("--recompute-activations", "activation recomputation"),
+    /* training */
+    V("--micro-batch-size", "training%micro_batch_size"),
+    V("--global-batch-size", "training%global_batch_size"),
+    V("--seq-length", "training%seq_length"),
+    V("--train-iters", "training%train_iters"),
+    V("--seed", "training%seed"),
+    V("--eval-interval", "training%eval_interval"),
+    V("--eval-iters", "training%eval_iters"),
+    V("--exit-interval", "training%exit_interval"),
+    NI("--train-samples", "give training%train_iters (samples / global batch)"),
+    NI("--rampup-batch-size", "batch-size ramp-up"),
+    NA("--manual-gc", "moetrain has no garbage collector"),
+    NA("--num-workers", "moetrain's data loader has no worker processes"),
+    NA("--no-create-attention-mask-in-dataloader", "attention is causal without a mask"),
+    NA("--cross-entropy-loss-fusion", "kernel choice is moetrain's"),
+    /* optimizer */
+    V("--lr", "optimizer%lr"),
+    V("--min-lr", "optimizer%min_lr"),
+    V("--lr-decay-style", "optimizer%lr_decay_style"),
+    V("--lr-warmup-iters", "optimizer%lr_warmup_iters"),
+    V("--lr-decay-iters", "optimizer%lr_decay_iters"),
+    V("--weight-decay", "optimizer%weight_decay"),
+    V("--adam-beta1", "optimizer%adam_beta1"),
+    V("--adam-beta2", "optimizer%adam_beta2"),
+    V("--adam-eps", "optimizer%adam_eps"),
+    V("--clip-grad", "optimizer%clip_grad"),
+    NI("--lr-warmup-fraction", "give optimizer%lr_warmup_iters"),
+    NI("--lr-decay-samples", "give optimizer%lr_decay_iters"),
+    NI("--lr-warmup-samples", "give optimizer%lr_warmup_iters"),
+    NA("--optimizer", "moetrain's optimizer is AdamW"),
+    /* precision */
+    S("--bf16", "precision%params_dtype='bf16'"),
+    RF("--fp16", "fp16 with loss scaling: moetrain trains in bf16 or fp32"),
+    NI("--fp8-format", "FP8 training"),
+    NI("--fp8-recipe", "FP8 training"),
+    /* data */
+    V("--data-path", "data%data_path"),
+    V("--split", "data%split"),
+    S("--mock-data", "data%mock_data"),
+    V("--data-cache-path", "data%data_cache_path"),
+    NA("--tokenizer-type", "tokenize with moetrain-preprocess; training reads token ids"),
+    NA("--tokenizer-model", "tokenize with moetrain-preprocess; training reads token ids"),
+    NA("--vocab-file", "tokenize with moetrain-preprocess; training reads token ids"),
+    NA("--merge-file", "tokenize with moetrain-preprocess; training reads token ids"),
+    /* checkpoints */
+    V("--save", "checkpoint%save"),
+    V("--load", "checkpoint%load"),
+    V("--save-interval", "checkpoint%save_interval"),
+    NA("--ckpt-format", "moetrain writes its own sharded format"),
+    NA("--dist-ckpt-strictness", "moetrain writes its own sharded format"),
+    NA("--no-save-optim", "checkpoints always hold the optimizer state"),
+    NA("--no-save-rng", "checkpoints always hold the data position and seed"),
+    NI("--no-load-optim", "loading a model without its optimizer state"),
+    NI("--finetune", "loading a model without its optimizer state"),
+    NI("--auto-detect-ckpt-format", "reading Megatron checkpoints"),
+    /* logging */
+    V("--log-interval", "logging%log_interval"),
+    NA("--log-throughput", "the log always has tokens/s and TFLOP/s"),
+    NA("--log-timers-to-tensorboard", "no TensorBoard: logging%metrics_file is JSON lines"),
+    NA("--tensorboard-dir", "no TensorBoard: logging%metrics_file is JSON lines"),
+    NA("--timing-log-level", "the log has the step time"),
+    NA("--log-params-norm", "the log has the gradient norm"),
+    NA("--log-num-zeros-in-grad", "the log has the gradient norm"),
+    NA("--wandb-project", "no Weights & Biases: logging%metrics_file is JSON lines"),
+    NA("--wandb-exp-name", "no Weights & Biases: logging%metrics_file is JSON lines"),
+    NA("--eval-iters-per-log", "see training%eval_iters"),
+    { NULL, NULL, MT_MEG_NOT_APPLICABLE, NULL },
+};
+
+const struct mt_megatron_flag *mt_megatron_find(const char *flag)
+{
+    const size_t len = strcspn(flag, "=");
+    for (const struct mt_megatron_flag *f = mt_megatron_flags; f->flag; f++)
+        if (strlen(f->flag) == len && strncmp(f->flag, flag, len) == 0) return f;
+    return NULL;
+}
+
+const struct mt_megatron_flag *mt_megatron_for_key(const char *key)
+{
+    char flag[128] = "--";
+    size_t n = 2;
+    for (const char *p = key; *p && n + 1 < sizeof flag; p++)
+        flag[n++] = *p == '_' ? '-' : (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+    flag[n] = '\0';
+    return mt_megatron_find(flag);
+}
+
+const char *mt_megatron_kind_name(enum mt_megatron_kind kind)
+{
+    switch (kind) {
+    case MT_MEG_VALUE:
+    case MT_MEG_SWITCH: return "mapped";
+    case MT_MEG_NOT_IMPLEMENTED: return "not implemented";
+    case MT_MEG_NOT_APPLICABLE: return "not applicable";
+    case MT_MEG_REFUSED: return "refused";
+    }
+    return "?";
+}

@@ -1,0 +1,35 @@
+/* Megatron-LM's command-line flags and the moetrain keys they become (megatron.c):
+ * the one table behind "did you mean" for Megatron spellings and behind
+ * `moetrain from-megatron`. */
+#ifndef MT_CONFIG_MEGATRON_H
+#define MT_CONFIG_MEGATRON_H
+
+enum mt_megatron_kind {
+    MT_MEG_VALUE,           /* --flag V    -> key = V */
+    MT_MEG_SWITCH,          /* --flag      -> key = .true. (or the value in key: "k='v'") */
+    MT_MEG_NOT_IMPLEMENTED, /* a feature moetrain does not have (yet) */
+    MT_MEG_NOT_APPLICABLE,  /* what moetrain always does, or decides itself */
+    MT_MEG_REFUSED          /* a setting moetrain will not run with */
+};
+
+struct mt_megatron_flag {
+    const char *flag; /* "--moe-router-topk" */
+    const char *key;  /* "moe%router_topk" (MT_MEG_SWITCH: may carry "=value"), or NULL */
+    enum mt_megatron_kind kind;
+    const char *why;  /* for the kinds without a key: why, and what to do instead */
+};
+
+/* Every flag of the table; ends with a NULL flag. */
+extern const struct mt_megatron_flag mt_megatron_flags[];
+
+/* The entry for a flag spelled "--a-b" or "--a-b=V" (the value is ignored), or NULL. */
+const struct mt_megatron_flag *mt_megatron_find(const char *flag);
+
+/* The entry whose flag a namelist key spells, the flag's words joined by '_'
+ * ("moe_aux_loss_coeff" for --moe-aux-loss-coeff); NULL when there is none. */
+const struct mt_megatron_flag *mt_megatron_for_key(const char *key);
+
+/* "mapped", "not implemented", "not applicable", "refused" */
+const char *mt_megatron_kind_name(enum mt_megatron_kind kind);
+
+#endif

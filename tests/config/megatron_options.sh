@@ -1,0 +1,30 @@
+#!/bin/bash
+# Megatron's flags given to moetrain as options: one error naming the moetrain
+# setting (or why there is none), from the table of src/config/megatron.c.
+set -u
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+nml=$MT_TOP_SRCDIR/namelists/tiny_moe.nml
+
+# expect NEEDLE ARGS: moetrain ARGS fails with exactly one error line containing NEEDLE
+expect() {
+    needle=$1
+    shift
+    "$MOETRAIN" "$@" > "$tmp/out" 2>&1 && fail "moetrain $* succeeded"
+    cat "$tmp/out"
+    [ "$(grep -c 'error' "$tmp/out")" = 1 ] || fail "moetrain $*: not one error line"
+    grep -qF -- "$needle" "$tmp/out" || fail "moetrain $*: no '$needle'"
+}
+expect "unknown option '--moe-router-topk'; did you mean moe%router_topk=VALUE? (Megatron's --moe-router-topk" \
+    --moe-router-topk 2 "$nml"
+expect "did you mean moe%router_topk=VALUE?" --moe-router-topk=2 "$nml"
+expect "did you mean parallel%sequence_parallel=.true.?" --check --sequence-parallel "$nml"
+expect "did you mean precision%params_dtype='bf16'?" --bf16 "$nml"
+expect "Megatron's --recompute-granularity is not implemented in moetrain (activation recomputation)" \
+    --recompute-granularity full "$nml"
+expect "Megatron's --fp16 is refused in moetrain" --fp16 "$nml"
+expect "unknown option '--no-such-flag' (see moetrain --help)" --no-such-flag "$nml"
+# and as an override, in Megatron's spelling of the key
+expect "did you mean 'moe%router_topk'? (Megatron's --moe-router-topk)" --check "$nml" moe%moe_router_topk=2
+echo "ok: Megatron flags as options and overrides"
