@@ -2,13 +2,17 @@
 # Qwen3-30B-A3B (48 layers, 128 experts, top-8) on 256 GPUs: 64 nodes x 4 GPUs.
 #
 #   sbatch slurm/qwen3_256gpu.sh [group%key=value ...]   train (overrides go to moetrain)
-#   bash slurm/qwen3_256gpu.sh --check [group%key=value ...]
+#   bash slurm/qwen3_256gpu.sh --check [--verbose] [group%key=value ...]
 #                                   validate the namelist and this layout for
 #                                   256 processes on a login node, no Slurm
-#                                   needed: prints the layout and every group
+#                                   needed: prints the layout and the groups
+#                                   (--verbose: every group)
 #
 # Submit from the moetrain source tree, or after `module load moetrain` (which
-# sets MOETRAIN_NAMELISTS). Before a real run give it data, e.g.
+# sets MOETRAIN_NAMELISTS). The moetrain it runs: $MOETRAIN if set, else the one
+# on PATH (the installed one once the module is loaded), else the build in the
+# source tree it is run or submitted from (./moetrain, or the newest
+# */moetrain of an out-of-tree build); it says which. Before a real run give it data, e.g.
 #   sbatch slurm/qwen3_256gpu.sh "data%data_path='/lustre/corpus/qwen_text_document'" \
 #          data%mock_data=.false. "checkpoint%save='/lustre/ckpt/qwen3'" checkpoint%save_interval=1000
 #
@@ -72,6 +76,31 @@ if [ -z "$NODES" ] || [ -z "$TASKS_PER_NODE" ] || [ "$TASKS_PER_NODE" != "$(sbat
 fi
 NML="${MOETRAIN_NAMELISTS:-namelists}/qwen3_30b_a3b.nml"
 
+# find_moetrain: prints the moetrain to run and says on stderr which it is
+find_moetrain() {
+    local top=${SLURM_SUBMIT_DIR:-$PWD} bin= b
+    if [ -n "${MOETRAIN:-}" ]; then
+        bin=$MOETRAIN why='$MOETRAIN'
+    elif bin=$(command -v moetrain); then
+        why="on PATH"
+    elif [ -f "$top/namelists/qwen3_30b_a3b.nml" ]; then
+        bin=
+        for b in "$top/moetrain" "$top"/*/moetrain; do
+            [ -f "$b" ] && [ -x "$b" ] || continue
+            if [ -z "$bin" ] || [ "$b" -nt "$bin" ]; then bin=$b; fi
+        done
+        why="the newest build in the source tree $top"
+    fi
+    if [ -z "$bin" ]; then
+        echo "$0: no moetrain: not on PATH (module load moetrain), MOETRAIN not set, and no build in" \
+             "$top (run from a built source tree: ./configure && make)" >&2
+        return 1
+    fi
+    echo "$0: moetrain is $bin ($why)" >&2
+    echo "$bin"
+}
+MOETRAIN_BIN=$(find_moetrain) || exit 2
+
 LAYOUT=(
     parallel%tensor_model_parallel_size=2
     parallel%sequence_parallel=.true.
@@ -85,7 +114,7 @@ LAYOUT=(
 
 if [ "${1:-}" = --check ]; then
     shift
-    exec moetrain --check --world-size $((NODES * TASKS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
+    exec "$MOETRAIN_BIN" --check --world-size $((NODES * TASKS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
 fi
 
 if [ "${SLURM_JOB_NUM_NODES:-}" != "$NODES" ] || [ "${SLURM_NTASKS_PER_NODE:-}" != "$TASKS_PER_NODE" ]; then
@@ -106,7 +135,7 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-16}
 
 rc=0
 srun --mpi=pmix --cpu-bind=none --kill-on-bad-exit=1 \
-    moetrain "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
+    "$MOETRAIN_BIN" "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
 # 138: stopped by the time limit's SIGUSR1 after saving its checkpoint
 if [ "$rc" -eq 138 ] && [ "${MOETRAIN_REQUEUE:-0}" = 1 ] && [ -n "${MOETRAIN_CKPT:-}" ]; then
     echo "moetrain saved and stopped before the time limit: requeueing job $SLURM_JOB_ID"

@@ -52,6 +52,8 @@ static void usage(FILE *out)
           "  --print-config     print the fully resolved configuration as a namelist\n"
           "  --help-config      list every namelist group and key: type, default, meaning\n"
           "  --world-size N     with --check/--print-config: validate for N processes\n"
+          "  --verbose          with --check: list every group (default: the first few of a\n"
+          "                     kind and its last)\n"
           "  --backend NAME     compute backend: cuda (default when this build has CUDA, a\n"
           "                     GPU is visible and precision%params_dtype is 'bf16'), cpu\n"
           "                     (the reference), or guard (the CPU kernels on emulated device\n"
@@ -188,6 +190,7 @@ struct cli {
     enum { TRAIN, CHECK, PRINT } action;
     int world;         /* --world-size (default 1) */
     bool world_given;
+    bool verbose;      /* --verbose: --check lists every group */
     const char *backend; /* --backend, NULL: the default */
     char **files, **overrides;
     int nfiles, noverrides;
@@ -454,6 +457,8 @@ static int parse_args(int argc, char **argv, struct cli *cli)
             cli->action = CHECK;
         } else if (!strcmp(a, "--print-config")) {
             cli->action = PRINT;
+        } else if (!strcmp(a, "--verbose")) {
+            cli->verbose = true;
         } else if (!strcmp(a, "--world-size") || !strncmp(a, "--world-size=", 13)) {
             const char *v = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
             char *end;
@@ -502,7 +507,8 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     struct mt_rank_layout rl;
     if (mt_groups_build(&cfg->parallel, &layout, &rl, &err)) return fail(&err);
     printf("groups (logical ranks):\n");
-    mt_groups_print(&rl, stdout);
+    if (mt_groups_print(&rl, cli->verbose ? 0 : 4, stdout))
+        printf("(--verbose lists every group)\n");
     mt_groups_free(&rl);
     return 0;
 }

@@ -28,3 +28,7 @@ check-unit:
 .PHONY: check-unit
 include tests/train/local.mk
 include tests/doc/local.mk
+
+# slurm/qwen3_256gpu.sh --check: which moetrain it runs, the group summary.
+TESTS += tests/install/slurm_check.sh
+EXTRA_DIST += tests/install/slurm_check.sh

@@ -184,20 +184,29 @@ void mt_groups_find(const struct mt_rank_layout *rl, enum mt_group_kind kind, in
         }
 }
 
-void mt_groups_print(const struct mt_rank_layout *rl, FILE *out)
+static void print_group(const struct mt_group_list *gl, int g, FILE *out)
 {
+    fputs(" [", out);
+    for (int i = 0; i < gl->size; i++) fprintf(out, "%s%d", i ? "," : "", gl->ranks[g * gl->size + i]);
+    fputc(']', out);
+}
+
+bool mt_groups_print(const struct mt_rank_layout *rl, int max_shown, FILE *out)
+{
+    bool cut = false;
     for (int k = 0; k < MT_GROUP_COUNT; k++) {
         const struct mt_group_list *gl = &rl->groups[k];
         fprintf(out, "%-9s %d group%s of %d:", mt_group_names[k], gl->ngroups,
                 gl->ngroups == 1 ? "" : "s", gl->size);
-        int shown = gl->ngroups > 64 ? 64 : gl->ngroups;
-        for (int g = 0; g < shown; g++) {
-            fputs(" [", out);
-            for (int i = 0; i < gl->size; i++)
-                fprintf(out, "%s%d", i ? "," : "", gl->ranks[g * gl->size + i]);
-            fputc(']', out);
+        const bool all = max_shown <= 0 || gl->ngroups <= max_shown;
+        const int head = all ? gl->ngroups : max_shown - 1;
+        for (int g = 0; g < head; g++) print_group(gl, g, out);
+        if (!all) {
+            fprintf(out, " ... (%d more) ...", gl->ngroups - head - 1);
+            print_group(gl, gl->ngroups - 1, out);
+            cut = true;
         }
-        if (shown < gl->ngroups) fprintf(out, " ... (%d more)", gl->ngroups - shown);
         fputc('\n', out);
     }
+    return cut;
 }

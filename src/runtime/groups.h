@@ -8,6 +8,7 @@
 #ifndef MT_RUNTIME_GROUPS_H
 #define MT_RUNTIME_GROUPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -61,7 +62,9 @@ void mt_groups_find(const struct mt_rank_layout *rl, enum mt_group_kind kind, in
 int mt_groups_masked_orthogonal(int world, int ndims, const int *sizes, const int *mask,
                                 int *out);
 
-/* Prints every group of every kind (for --check --world-size). */
-void mt_groups_print(const struct mt_rank_layout *rl, FILE *out);
+/* Prints the groups of every kind (for --check --world-size): all of them when a kind
+ * has at most max_shown groups or max_shown is 0, else the first max_shown - 1, "...",
+ * and the last. Returns whether any kind was cut short. */
+bool mt_groups_print(const struct mt_rank_layout *rl, int max_shown, FILE *out);
 
 #endif

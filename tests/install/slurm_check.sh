@@ -1,0 +1,66 @@
+#!/bin/bash
+# slurm/qwen3_256gpu.sh --check finds its moetrain: from a built source tree (the
+# newest build, an in-tree ./moetrain or an out-of-tree */moetrain) with nothing on
+# PATH, the one on PATH (an installed one: module load) before it, $MOETRAIN before
+# both; with none of them it says where it looked. Its group listing is a summary
+# (first three groups of a kind and the last) unless --verbose lists every group.
+set -u
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+built=$MOETRAIN
+unset MOETRAIN MOETRAIN_NAMELISTS SLURM_SUBMIT_DIR
+sys_path=/usr/bin:/bin
+PATH=$sys_path command -v moetrain > /dev/null && fail "a moetrain in $sys_path hides what this test checks"
+
+# A source tree with two out-of-tree builds: build-old's moetrain (older) must not run.
+tree=$tmp/tree
+mkdir -p "$tree/slurm" "$tree/build-new" "$tree/build-old" "$tmp/inst/bin" "$tmp/elsewhere"
+cp "$MT_TOP_SRCDIR/slurm/qwen3_256gpu.sh" "$tree/slurm/"
+ln -s "$MT_TOP_SRCDIR/namelists" "$tree/namelists"
+cp "$built" "$tree/build-new/moetrain"
+printf '#!/bin/sh\necho "the older build ran" >&2; exit 9\n' > "$tree/build-old/moetrain"
+chmod +x "$tree/build-old/moetrain"
+touch -d '1 hour ago' "$tree/build-old/moetrain"
+cd "$tree"
+
+# run ARGS: the script, PATH without any moetrain, from the tree; out/err kept
+run() { PATH=$sys_path bash slurm/qwen3_256gpu.sh "$@" > "$tmp/out" 2> "$tmp/err"; }
+
+run --check || { cat "$tmp/out" "$tmp/err"; fail "--check from the source tree"; }
+grep -q "moetrain is $tree/build-new/moetrain (the newest build in the source tree" "$tmp/err" ||
+    { cat "$tmp/err"; fail "--check did not say it used build-new/moetrain"; }
+grep -q 'configuration is valid for 256 processes' "$tmp/out" || fail "no validation for 256 processes"
+# the summary: no kind lists more than 4 groups, tp says how many it left out
+awk '/ groups? of /{ n = gsub(/\[/, "["); if (n > 4) { print; bad = 1 } } END { exit bad }' "$tmp/out" ||
+    fail "a kind lists more than 4 groups without --verbose"
+grep -q '^tp        128 groups of 2: \[0,1\] \[2,3\] \[4,5\] \.\.\. (124 more) \.\.\. \[254,255\]$' "$tmp/out" ||
+    { grep '^tp ' "$tmp/out"; fail "the tp summary"; }
+grep -q '^(--verbose lists every group)$' "$tmp/out" || fail "the summary does not point to --verbose"
+
+run --check --verbose || { cat "$tmp/err"; fail "--check --verbose"; }
+[ "$(grep '^tp ' "$tmp/out" | grep -o '\[' | wc -l)" = 128 ] || fail "--verbose does not list the 128 tp groups"
+[ "$(grep '^edp ' "$tmp/out" | grep -o '\[' | wc -l)" = 32 ] || fail "--verbose does not list the 32 edp groups"
+grep -q 'more)' "$tmp/out" && fail "--verbose still cuts a listing short"
+
+# An in-tree build newer than the others is the one used
+cp "$built" "$tree/moetrain"
+run --check || fail "--check with an in-tree build"
+grep -q "moetrain is $tree/moetrain " "$tmp/err" || { cat "$tmp/err"; fail "the in-tree ./moetrain was not used"; }
+
+# Installed (on PATH) before the tree's build; $MOETRAIN before both
+printf '#!/bin/sh\necho "installed moetrain: $*"\n' > "$tmp/inst/bin/moetrain"
+chmod +x "$tmp/inst/bin/moetrain"
+PATH=$tmp/inst/bin:$sys_path bash slurm/qwen3_256gpu.sh --check > "$tmp/out" 2> "$tmp/err" || fail "--check with moetrain on PATH"
+grep -q "^installed moetrain: --check --world-size 256 namelists/qwen3_30b_a3b.nml" "$tmp/out" ||
+    { cat "$tmp/out" "$tmp/err"; fail "the moetrain on PATH was not used"; }
+MOETRAIN=$tree/build-new/moetrain PATH=$tmp/inst/bin:$sys_path bash slurm/qwen3_256gpu.sh --check > "$tmp/out" 2> "$tmp/err" ||
+    fail "--check with MOETRAIN set"
+grep -q "moetrain is $tree/build-new/moetrain (\$MOETRAIN)" "$tmp/err" || { cat "$tmp/err"; fail "\$MOETRAIN was not used"; }
+
+# Nowhere: outside a tree, nothing on PATH
+cd "$tmp/elsewhere"
+PATH=$sys_path bash "$tree/slurm/qwen3_256gpu.sh" --check > "$tmp/out" 2> "$tmp/err" && fail "ran without any moetrain"
+grep -q 'no moetrain: not on PATH (module load moetrain), MOETRAIN not set, and no build in' "$tmp/err" ||
+    { cat "$tmp/err"; fail "the message for no moetrain"; }
+echo "ok: qwen3_256gpu.sh --check finds the tree's build, the installed one, \$MOETRAIN; summary and --verbose"
