@@ -7,6 +7,7 @@ include kernels/cpu/local.mk
 MT_CUDA_SRC = \
 	kernels/cuda/cuda_backend.c \
 	kernels/cuda/cuda_backend.h \
+	kernels/cuda/cuda_dl.c \
 	kernels/cuda/cuda_ops.h \
 	kernels/cuda/cuda_common.cuh \
 	kernels/cuda/cuda_launch.cuh \

@@ -29,6 +29,7 @@
 #include "runtime/parallel.h"
 #include "train/train.h"
 #include "util/error.h"
+#include "version.h"
 #include "kernels/kernels.h"
 #ifdef HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -63,41 +64,6 @@ static void usage(FILE *out)
           "\n"
           "See moetrain(1) and moetrain.nml(5).\n",
           out);
-}
-
-static void version(void)
-{
-    printf("%s\n", PACKAGE_STRING);
-    printf("backends: cpu (BLAS%s)", "");
-#ifdef _OPENMP
-    printf(" with OpenMP");
-#endif
-#ifdef HAVE_CUDA
-    printf(", cuda (%s", MT_CUDA_ARCHS);
-#ifdef HAVE_NCCL
-    printf(", NCCL");
-#endif
-    printf(")");
-#endif
-    printf("\nruntime: self");
-#ifdef HAVE_MPI
-    printf(", MPI");
-#endif
-#ifdef HAVE_PMIX
-    printf(", PMIx");
-#endif
-#ifdef HAVE_HWLOC
-    printf("\ntopology: hwloc");
-#endif
-#ifdef HAVE_NUMA
-    printf(", libnuma");
-#endif
-    printf("\n");
-#ifdef HAVE_CUDA
-    char buf[256];
-    mt_cuda_describe(buf, sizeof buf);
-    printf("devices: %s\n", buf);
-#endif
 }
 
 static void help_config(void)
@@ -280,6 +246,8 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
                           "--backend cuda: the CUDA backend multiplies in bf16 on tensor cores; "
                           "set precision%%params_dtype = 'bf16' (or run --backend cpu for fp32)");
 #ifdef HAVE_CUDA
+    /* cuBLASLt and the driver are loaded now, not at program start (doc/site-install.md) */
+    if (mt_cuda_load_libraries(err) != MT_OK) return mt_err_prefix(err, "--backend cuda");
     int dev = topo && topo->gpu.cuda_device >= 0 ? topo->gpu.cuda_device : 0;
     char msg[256];
     if (mt_cuda_select_device(dev, msg, sizeof msg) != 0)
@@ -448,7 +416,7 @@ static int parse_args(int argc, char **argv, struct cli *cli)
             usage(stdout);
             return 0;
         } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
-            version();
+            mt_print_version(stdout);
             return 0;
         } else if (!strcmp(a, "--help-config")) {
             help_config();

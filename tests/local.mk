@@ -29,6 +29,11 @@ check-unit:
 include tests/train/local.mk
 include tests/doc/local.mk
 
+# The installed moetrain on a node without CUDA (tests/install; the module files'
+# test registers itself in tests/install/local.mk).
+TESTS += tests/install/run_anywhere.sh
+EXTRA_DIST += tests/install/run_anywhere.sh
+tests/install/run_anywhere.log: tests/runtime/build.env
 # slurm/qwen3_256gpu.sh --check: which moetrain it runs, the group summary.
 TESTS += tests/install/slurm_check.sh
 EXTRA_DIST += tests/install/slurm_check.sh

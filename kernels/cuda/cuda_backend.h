@@ -32,6 +32,17 @@ struct mt_kernel_ops;
  * Returns NULL with a message in err when there is no usable device. */
 const struct mt_kernels *mt_kernels_cuda(struct mt_err *err);
 
+/* Loads what a GPU run needs beyond this executable (kernels/cuda/cuda_dl.c): cuBLASLt
+ * and the NVIDIA driver's libcuda.so.1. MT_EUNSUPPORTED with a message naming the
+ * library that cannot be loaded, where it was looked for, and the fix. */
+int mt_cuda_load_libraries(struct mt_err *err);
+
+/* The version of the cuBLASLt (major*10000 + minor*100 + patch) and of the NVIDIA
+ * driver (cudaDriverGetVersion's CUDA version) this process can load, or 0 with why in
+ * err. */
+size_t mt_cublaslt_version(struct mt_err *err);
+int mt_cuda_driver_version(struct mt_err *err);
+
 /* The backend's function table alone: needs no device (completeness checks). */
 const struct mt_kernel_ops *mt_kernels_cuda_ops(void);
 

@@ -13,6 +13,7 @@
  * synchronisation of the compute stream. all_to_all_v and p2p_batch are
  * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int. */
 #include "runtime/comm_internal.h"
+#include "runtime/nccl_dl.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -313,12 +314,19 @@ int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_er
         ncclUniqueId id;
     } msg;
     memset(&msg, 0, sizeof msg);
-    ncclResult_t idrc = ncclSuccess;
-    if (host->rank == 0) {
+    /* NCCL is loaded at run time; a process that cannot load it still takes part in
+     * the broadcast, so that no peer waits for it. */
+    struct mt_err load_err = { 0 };
+    const int loaded = mt_nccl_load(&load_err);
+    ncclResult_t idrc = ncclSystemError;
+    if (host->rank == 0 && loaded == MT_OK) {
         idrc = ncclGetUniqueId(&msg.id);
         msg.ok = idrc == ncclSuccess;
     }
     MT_CHECK(mt_broadcast(host, &msg, sizeof msg, MT_DT_U8, 0, err));
+    if (loaded != MT_OK)
+        return mt_err_set(err, load_err.code, "NCCL communicator %s: %s", host->name,
+                          load_err.msg);
     if (!msg.ok)
         return mt_err_set(err, MT_ERUNTIME, "NCCL communicator %s: ncclGetUniqueId failed on "
                                             "rank 0%s%s",

@@ -13,11 +13,11 @@ else
 EXTRA_DIST += src/runtime/comm_mpi.c
 endif
 if HAVE_NCCL
-libmt_runtime_la_SOURCES += src/runtime/comm_nccl.c
+libmt_runtime_la_SOURCES += src/runtime/comm_nccl.c src/runtime/nccl_dl.c src/runtime/nccl_dl.h
 libmt_runtime_la_CPPFLAGS += $(cuda_CFLAGS) $(nccl_CFLAGS)
 libmt_runtime_la_LIBADD += $(nccl_LIBS) $(cuda_LIBS)
 else
-EXTRA_DIST += src/runtime/comm_nccl.c
+EXTRA_DIST += src/runtime/comm_nccl.c src/runtime/nccl_dl.c src/runtime/nccl_dl.h
 endif
 
 # Libraries a runtime test program links.
