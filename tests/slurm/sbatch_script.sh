@@ -59,7 +59,7 @@ for shape in "32 4" "64 2"; do
 done
 SLURM_JOB_ID=1 SLURM_JOB_NUM_NODES=64 SLURM_NTASKS_PER_NODE=4 PATH="$tmp/bin:$PATH" bash "$script" > out 2> err ||
     { cat out err; fail "the job of the #SBATCH shape"; }
-grep -q '^srun --mpi=pmix .* moetrain .*qwen3_30b_a3b.nml' srun.log || { cat srun.log; fail "srun line"; }
+grep -q '^srun --mpi=pmix .*[ /]moetrain .*qwen3_30b_a3b.nml' srun.log || { cat srun.log; fail "srun line"; }
 echo "ok: the job's shape comes from the #SBATCH lines (--check, and a job of another shape stops)"
 
 # gb200_nvl72.sh: 72 trays in 4 racks, placement kept in the NVLink domains
