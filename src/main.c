@@ -62,7 +62,7 @@ static void usage(FILE *out)
           "  -V, --version      print the version and the backends this build has\n"
           "  -h, --help         this text\n"
           "\n"
-          "See moetrain(1) and moetrain.nml(5).\n",
+          "See moetrain(1) and moetrain.nml(5). Report bugs at " PACKAGE_BUGREPORT "\n",
           out);
 }
 
