@@ -43,6 +43,7 @@ static void usage(FILE *out)
 {
     fputs("usage: moetrain [options] FILE.nml [FILE.nml ...] [group%key=value ...]\n"
           "       moetrain topo [--json] [--dry-run --nodes-file F --gpus-per-node G] FILE.nml ...\n"
+          "       moetrain ckpt convert [--to sharded|state.bin] SRC DST\n"
           "\n"
           "Trains a Mixture-of-Experts language model configured by Fortran namelist files.\n"
           "Later files override earlier ones; group%key=value overrides (namelist value\n"
@@ -484,6 +485,7 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "topo")) return mt_topo_cli(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "ckpt")) return mt_ckpt_cli(argc - 1, argv + 1);
     struct cli cli = { .action = TRAIN, .world = 1 };
     cli.files = calloc((size_t)argc, sizeof *cli.files);
     cli.overrides = calloc((size_t)argc, sizeof *cli.overrides);

@@ -220,16 +220,14 @@ static void model_table_free(struct mt_ckpt_view *v)
 
 /* ---- saving --------------------------------------------------------------------- */
 
-static void layout_json(const struct mt_parallel *par, const struct mt_config *cfg, bool zero,
-                        char *out, size_t len)
+/* The layout for the index (par NULL: one process; vpp from the configuration, 0 for 1). */
+static void layout_json(const struct mt_parallel *par, int vpp, bool zero, char *out, size_t len)
 {
     int world = par ? par->world->comm->size : 1;
     snprintf(out, len,
              "{\"world\": %d, \"tp\": %d, \"pp\": %d, \"vpp\": %d, \"ep\": %d, \"etp\": %d, "
              "\"dp\": %d, \"edp\": %d, \"zero1\": %s}",
-             world, par ? par->tp : 1, par ? par->pp : 1,
-             cfg->parallel.virtual_pipeline_model_parallel_size > 0
-                 ? cfg->parallel.virtual_pipeline_model_parallel_size : 1,
+             world, par ? par->tp : 1, par ? par->pp : 1, vpp > 0 ? vpp : 1,
              par ? par->ep : 1, par ? par->etp : 1, par ? par->dp : 1, par ? par->edp : 1,
              zero ? "true" : "false");
 }
@@ -345,7 +343,8 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
     if (rank0 && rc == MT_OK) {
         struct mt_ckpt_view table;
         char layout[512];
-        layout_json(par, cfg, mt_optim_zero(o), layout, sizeof layout);
+        layout_json(par, cfg->parallel.virtual_pipeline_model_parallel_size, mt_optim_zero(o),
+                    layout, sizeof layout);
         rc = model_table(m, &table, err);
         if (rc == MT_OK) {
             rc = mt_shard_write_index(tmp_dir, &table, s, layout, mt_shard_block_bytes(),
@@ -363,6 +362,50 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
     free(slices);
     rc = mt_ckpt_agree_on_rank0(par, rc, "saving the checkpoint", err);
     if (rc == MT_OK && stats) finish_stats(world, stats, t0, mark, shard_bytes);
+    return rc;
+}
+
+int mt_ckpt_save_whole(const struct mt_ckpt_dir *dir, const struct mt_ckpt_view *v,
+                       const struct mt_train_state *s, const char *config_text,
+                       struct mt_err *err)
+{
+    char tmp_dir[4300];
+    struct mt_shard_piece *p;
+    MT_CHECK(alloc_pieces(3 * (size_t)v->ntensors + 1, &p, err));
+    static const char *const prefixes[3] = {"", MT_SHARD_PREFIX_M, MT_SHARD_PREFIX_V};
+    float *arrays[3] = {v->params, v->adam_m, v->adam_v};
+    int n = 0;
+    size_t at = 0;
+    for (int i = 0; i < v->ntensors; i++) {
+        for (int k = 0; k < 3; k++)
+            mt_shard_whole_piece(&p[n++], prefixes[k], v->names[i], v->ndims[i], v->shapes[i],
+                                 arrays[k] + at);
+        at += p[n - 1].hi;
+    }
+    const long long nb = (long long)v->nbuffers;
+    if (nb) mt_shard_whole_piece(&p[n++], "", MT_SHARD_BIAS, 1, &nb, v->buffers);
+    char *slices = NULL, layout[512];
+    size_t slices_len = 0;
+    int rc = mt_ckpt_begin(dir, s->iteration, tmp_dir, sizeof tmp_dir, err);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    FILE *f = open_memstream(&slices, &slices_len);
+    if (!f) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    if (rc == MT_OK)
+        rc = mt_shard_write(tmp_dir, "rank_00000.safetensors", p, n, NULL,
+                            mt_shard_block_bytes(), f, err);
+    if (f && fclose(f) != 0 && rc == MT_OK)
+        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    layout_json(NULL, 1, false, layout, sizeof layout);
+    if (rc == MT_OK)
+        rc = mt_shard_write_index(tmp_dir, v, s, layout, mt_shard_block_bytes(), slices,
+                                  slices_len, err);
+    if (rc == MT_OK) rc = mt_ckpt_publish(dir, s->iteration, config_text, 0, err);
+    else mt_ckpt_abort(dir, s->iteration);
+    free(slices);
+    free(p);
     return rc;
 }
 

@@ -130,6 +130,24 @@ struct mt_ckpt_file {
 int mt_ckpt_read(const char *path, struct mt_ckpt_file *f, struct mt_err *err);
 void mt_ckpt_file_free(struct mt_ckpt_file *f);
 
+/* Converts the checkpoint src (a checkpoint directory or an iter_* directory, either
+ * format, read whole) into format `to` (an enum mt_ckpt_format; -1: the other one),
+ * saved into the save directory dst (DST/iter_N and its latest file, published as a
+ * run publishes; dst may be src's directory). info says what was done. */
+enum mt_ckpt_format { MT_CKPT_SHARDED, MT_CKPT_STATE_BIN };
+struct mt_ckpt_convert_info {
+    char src_iter[4200], dst_iter[4200];
+    enum mt_ckpt_format from, to;
+    long long iteration;
+    int ntensors;
+    size_t nparams;
+};
+const char *mt_ckpt_format_name(enum mt_ckpt_format f);
+int mt_ckpt_convert(const char *src, const char *dst, int to, struct mt_ckpt_convert_info *info,
+                    struct mt_err *err);
+/* `moetrain ckpt ...` (argv[0] is "ckpt"): returns the exit status. */
+int mt_ckpt_cli(int argc, char **argv);
+
 /* ---- the optimizer (optim.c): gradient synchronisation and AdamW over the
  * data-parallel groups.
  *
@@ -223,6 +241,12 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
                       const struct mt_parallel *par, const struct mt_config *cfg,
                       const struct mt_train_state *s, const char *config_text,
                       struct mt_ckpt_stats *stats, struct mt_err *err);
+/* Saves a whole checkpoint held in host memory (v: every tensor whole, in table order)
+ * in the sharded format, as one process writes it: DIR/iter_N/rank_00000.safetensors
+ * and index.json, published as mt_ckpt_save_dist publishes (keeps every checkpoint). */
+int mt_ckpt_save_whole(const struct mt_ckpt_dir *dir, const struct mt_ckpt_view *v,
+                       const struct mt_train_state *s, const char *config_text,
+                       struct mt_err *err);
 /* A collective over all processes: every rank returns world rank 0's outcome rc of
  * what; rank 0 keeps its message, the others say that rank 0 failed. */
 int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,

@@ -38,6 +38,39 @@ expect_fail "its slices of tensor 'model.norm.weight' hold 0 of the 32 values ne
 # a checkpoint of another model
 cp good.json "$index"
 expect_fail "differ" "$small" model%hidden_size=64 model%kv_channels=16 "checkpoint%load='ck'"
+# the one-process format (written by moetrain ckpt convert): damaged, truncated,
+# not a checkpoint, another format version, another model
+"$MOETRAIN" ckpt convert ck single > /dev/null 2>&1 || fail "convert to state.bin"
+state=single/iter_0000003/state.bin
+cp "$state" good_state.bin
+ssize=$(wc -c < good_state.bin)
+printf '\377' | dd of="$state" bs=1 seek=$((ssize / 2)) conv=notrunc 2>/dev/null
+expect_fail "'single/iter_0000003/state.bin' is corrupt: the checksum does not match (truncated or damaged file)" \
+    "$small" "checkpoint%load='single'"
+grep -q "Load an older checkpoint" err.log || { cat err.log; fail "no fix in the message"; }
+head -c $((ssize - 1000)) good_state.bin > "$state"
+expect_fail "state.bin' is corrupt: the checksum does not match" "$small" "checkpoint%load='single'"
+printf 'MTCKPT' > "$state"
+expect_fail "state.bin' is corrupt: the file is truncated" "$small" "checkpoint%load='single'"
+if command -v python3 > /dev/null 2>&1; then
+    # a well-formed file (its checksum right) of format version 2, and one with another magic
+    for what in version magic; do
+        python3 - good_state.bin "$state" "$what" <<'EOF_PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()[:-8])
+if sys.argv[3] == "version": b[8:16] = struct.pack("<Q", 2)
+else: b[0:8] = b"NOTMOETR"
+h = 0xcbf29ce484222325
+for x in b: h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
+open(sys.argv[2], "wb").write(bytes(b) + struct.pack("<Q", h))
+EOF_PY
+        [ "$what" = version ] && needle="state.bin' has format version 2; this moetrain reads version 1" \
+            || needle="state.bin' is corrupt: it does not start with the moetrain checkpoint magic"
+        expect_fail "$needle" "$small" "checkpoint%load='single'"
+    done
+fi
+cp good_state.bin "$state"
+expect_fail "differ" "$small" model%hidden_size=64 model%kv_channels=16 "checkpoint%load='single'"
 # a broken latest file
 echo garbage > ck/latest_checkpointed_iteration.txt
 expect_fail "latest_checkpointed_iteration.txt" "$small" "checkpoint%load='ck'"
