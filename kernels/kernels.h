@@ -1,4 +1,4 @@
-/* moetrain: the op table every compute backend fills (DESIGN.md section 3).
+/* moetrain: the op table every compute backend fills (doc/architecture.md, section 3).
  *
  * Model and training code call compute only through a `const struct mt_kernels *`:
  * a table of function pointers plus a backend context. kernels/cpu/ is the

@@ -1,6 +1,6 @@
 /* moetrain: a generic parser for Fortran namelist files.
  *
- * Reads what gfortran's list-directed namelist input reads (DESIGN.md section 2)
+ * Reads what gfortran's list-directed namelist input reads (doc/architecture.md, section 2)
  * into a tree of groups, assignments and values, keeping each value's lexical
  * type.  It knows nothing of moetrain's keys: the config module maps the tree
  * onto its schema, checks types and bounds, and applies later-wins.

@@ -3,3 +3,6 @@
 TESTS += tests/install/modules.sh tests/install/easybuild.sh
 EXTRA_DIST += tests/install/modules.sh tests/install/easybuild.sh
 tests/install/modules.log tests/install/easybuild.log: tests/runtime/build.env
+# doc/site-install.md's list of what make install writes, against a staged install.
+TESTS += tests/install/installed_files.sh
+EXTRA_DIST += tests/install/installed_files.sh

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Layout equivalence, the central test (DESIGN.md section 5): the same seed, data and
+# Layout equivalence, the central test (doc/architecture.md, section 5): the same seed, data and
 # global batch give the same loss trajectory, gradient norms, routing statistics and
 # final parameters (gathered into the one-process checkpoint format) in every layout
 # as in one process, run for real under mpirun. Tolerances: tests/parallel/common.sh.

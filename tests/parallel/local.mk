@@ -1,4 +1,4 @@
-# tests/parallel: layout equivalence under mpirun and srun (DESIGN.md section 5),
+# tests/parallel: layout equivalence under mpirun and srun (doc/architecture.md, section 5),
 # included from src/train/local.mk. The scripts skip (77) without MPI, PMIx, mpirun or
 # Slurm; ckpt_diff compares checkpoints, optim_check runs under mpirun.
 PARALLEL_TEST_LIBS = libmt_train.la libmt_model.la libmt_runtime.la libmt_kernels.la \

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Layout equivalence under Slurm (DESIGN.md section 5): on a local cluster this test
+# Layout equivalence under Slurm (doc/architecture.md, section 5): on a local cluster this test
 # starts (tests/slurm/cluster.sh), a folded layout (TP 2 with SP, EP 2, ZeRO-1) run
 # submitted with `sbatch --wait` as a batch job whose step runs `srun --mpi=pmix` over
 # two emulated nodes matches one process, as under mpirun, and so does a pipeline-
