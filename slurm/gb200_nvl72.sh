@@ -78,6 +78,35 @@ if [ -z "$NODES" ] || [ -z "$TASKS_PER_NODE" ] || [ "$TASKS_PER_NODE" != "$(sbat
 fi
 NML="${MOETRAIN_NAMELISTS:-namelists}/qwen3_235b_a22b.nml"
 
+# find_moetrain: prints the moetrain to run and says on stderr which it is.
+# slurm/qwen3_256gpu.sh and slurm/gb200_nvl72.sh hold the same function
+# (tests/install/slurm_check.sh checks that the copies are identical): sbatch
+# sends Slurm only the script itself, which runs from a copy in slurmd's spool
+# directory, so a helper file beside it cannot be sourced.
+find_moetrain() {
+    local top=${SLURM_SUBMIT_DIR:-$PWD} bin= b
+    if [ -n "${MOETRAIN:-}" ]; then
+        bin=$MOETRAIN why='$MOETRAIN'
+    elif bin=$(command -v moetrain); then
+        why="on PATH"
+    elif [ -f "$top/namelists/${NML##*/}" ]; then
+        bin=
+        for b in "$top/moetrain" "$top"/*/moetrain; do
+            [ -f "$b" ] && [ -x "$b" ] || continue
+            if [ -z "$bin" ] || [ "$b" -nt "$bin" ]; then bin=$b; fi
+        done
+        why="the newest build in the source tree $top"
+    fi
+    if [ -z "$bin" ]; then
+        echo "$0: no moetrain: not on PATH (module load moetrain), MOETRAIN not set, and no build in" \
+             "$top (run from a built source tree: ./configure && make)" >&2
+        return 1
+    fi
+    echo "$0: moetrain is $bin ($why)" >&2
+    echo "$bin"
+}
+MOETRAIN_BIN=$(find_moetrain) || exit 2
+
 LAYOUT=(
     parallel%tensor_model_parallel_size=4
     parallel%sequence_parallel=.true.
@@ -93,7 +122,7 @@ LAYOUT=(
 
 if [ "${1:-}" = --check ]; then
     shift
-    exec moetrain --check --world-size $((NODES * TASKS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
+    exec "$MOETRAIN_BIN" --check --world-size $((NODES * TASKS_PER_NODE)) "$NML" "${LAYOUT[@]}" "$@"
 fi
 
 if [ "${SLURM_JOB_NUM_NODES:-}" != "$NODES" ] || [ "${SLURM_NTASKS_PER_NODE:-}" != "$TASKS_PER_NODE" ]; then
@@ -114,7 +143,7 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-36}
 # moetrain binds each process to its GPU's cores itself: srun must not bind.
 rc=0
 srun --mpi=pmix --cpu-bind=none --kill-on-bad-exit=1 \
-    moetrain "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
+    "$MOETRAIN_BIN" "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
 # 138: stopped by the time limit's SIGUSR1 after saving (see slurm/qwen3_256gpu.sh)
 if [ "$rc" -eq 138 ] && [ "${MOETRAIN_REQUEUE:-0}" = 1 ] && [ -n "${MOETRAIN_CKPT:-}" ]; then
     echo "moetrain saved and stopped before the time limit: requeueing job $SLURM_JOB_ID"

@@ -1,9 +1,11 @@
 #!/bin/bash
-# slurm/qwen3_256gpu.sh --check finds its moetrain: from a built source tree (the
-# newest build, an in-tree ./moetrain or an out-of-tree */moetrain) with nothing on
-# PATH, the one on PATH (an installed one: module load) before it, $MOETRAIN before
-# both; with none of them it says where it looked. Its group listing is a summary
-# (first three groups of a kind and the last) unless --verbose lists every group.
+# The GPU job scripts' --check finds its moetrain (slurm/qwen3_256gpu.sh and
+# slurm/gb200_nvl72.sh, one find_moetrain function copied into both, checked
+# identical): from a built source tree (the newest build, an in-tree ./moetrain or
+# an out-of-tree */moetrain) with nothing on PATH, the one on PATH (an installed
+# one: module load) before it, $MOETRAIN before both; with none of them it says
+# where it looked. qwen3_256gpu.sh's group listing is a summary (first three
+# groups of a kind and the last) unless --verbose lists every group.
 set -u
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d) || exit 1
@@ -13,10 +15,17 @@ unset MOETRAIN MOETRAIN_NAMELISTS SLURM_SUBMIT_DIR
 sys_path=/usr/bin:/bin
 PATH=$sys_path command -v moetrain > /dev/null && fail "a moetrain in $sys_path hides what this test checks"
 
+# find_moetrain's text in a script
+function_of() { sed -n '/^find_moetrain() {$/,/^}$/p' "$1"; }
+function_of "$MT_TOP_SRCDIR/slurm/qwen3_256gpu.sh" > "$tmp/f1"
+function_of "$MT_TOP_SRCDIR/slurm/gb200_nvl72.sh" > "$tmp/f2"
+[ "$(wc -l < "$tmp/f1")" -gt 10 ] || fail "no find_moetrain function in slurm/qwen3_256gpu.sh"
+diff "$tmp/f1" "$tmp/f2" || fail "find_moetrain differs between slurm/qwen3_256gpu.sh and slurm/gb200_nvl72.sh"
+
 # A source tree with two out-of-tree builds: build-old's moetrain (older) must not run.
 tree=$tmp/tree
 mkdir -p "$tree/slurm" "$tree/build-new" "$tree/build-old" "$tmp/inst/bin" "$tmp/elsewhere"
-cp "$MT_TOP_SRCDIR/slurm/qwen3_256gpu.sh" "$tree/slurm/"
+cp "$MT_TOP_SRCDIR/slurm/qwen3_256gpu.sh" "$MT_TOP_SRCDIR/slurm/gb200_nvl72.sh" "$tree/slurm/"
 ln -s "$MT_TOP_SRCDIR/namelists" "$tree/namelists"
 cp "$built" "$tree/build-new/moetrain"
 printf '#!/bin/sh\necho "the older build ran" >&2; exit 9\n' > "$tree/build-old/moetrain"
@@ -43,24 +52,38 @@ run --check --verbose || { cat "$tmp/err"; fail "--check --verbose"; }
 [ "$(grep '^edp ' "$tmp/out" | grep -o '\[' | wc -l)" = 32 ] || fail "--verbose does not list the 32 edp groups"
 grep -q 'more)' "$tmp/out" && fail "--verbose still cuts a listing short"
 
+# gb200_nvl72.sh from the same tree: the newest out-of-tree build
+PATH=$sys_path bash slurm/gb200_nvl72.sh --check > "$tmp/out" 2> "$tmp/err" ||
+    { cat "$tmp/out" "$tmp/err"; fail "gb200_nvl72.sh --check from the source tree"; }
+grep -q "moetrain is $tree/build-new/moetrain (the newest build in the source tree" "$tmp/err" ||
+    { cat "$tmp/err"; fail "gb200_nvl72.sh --check did not say it used build-new/moetrain"; }
+grep -q 'configuration is valid for 288 processes' "$tmp/out" || fail "gb200_nvl72.sh: no validation for 288 processes"
+
 # An in-tree build newer than the others is the one used
 cp "$built" "$tree/moetrain"
-run --check || fail "--check with an in-tree build"
-grep -q "moetrain is $tree/moetrain " "$tmp/err" || { cat "$tmp/err"; fail "the in-tree ./moetrain was not used"; }
-
-# Installed (on PATH) before the tree's build; $MOETRAIN before both
 printf '#!/bin/sh\necho "installed moetrain: $*"\n' > "$tmp/inst/bin/moetrain"
 chmod +x "$tmp/inst/bin/moetrain"
-PATH=$tmp/inst/bin:$sys_path bash slurm/qwen3_256gpu.sh --check > "$tmp/out" 2> "$tmp/err" || fail "--check with moetrain on PATH"
-grep -q "^installed moetrain: --check --world-size 256 namelists/qwen3_30b_a3b.nml" "$tmp/out" ||
-    { cat "$tmp/out" "$tmp/err"; fail "the moetrain on PATH was not used"; }
-MOETRAIN=$tree/build-new/moetrain PATH=$tmp/inst/bin:$sys_path bash slurm/qwen3_256gpu.sh --check > "$tmp/out" 2> "$tmp/err" ||
-    fail "--check with MOETRAIN set"
-grep -q "moetrain is $tree/build-new/moetrain (\$MOETRAIN)" "$tmp/err" || { cat "$tmp/err"; fail "\$MOETRAIN was not used"; }
+for script in qwen3_256gpu.sh gb200_nvl72.sh; do
+    nml=$(sed -n 's|^NML="${MOETRAIN_NAMELISTS:-namelists}/\(.*\)"$|\1|p' "slurm/$script")
+    [ -n "$nml" ] || fail "$script: no NML line"
+    run() { PATH=$sys_path bash "slurm/$script" "$@" > "$tmp/out" 2> "$tmp/err"; }
+    run --check || fail "$script --check with an in-tree build"
+    grep -q "moetrain is $tree/moetrain " "$tmp/err" || { cat "$tmp/err"; fail "$script: the in-tree ./moetrain was not used"; }
 
-# Nowhere: outside a tree, nothing on PATH
-cd "$tmp/elsewhere"
-PATH=$sys_path bash "$tree/slurm/qwen3_256gpu.sh" --check > "$tmp/out" 2> "$tmp/err" && fail "ran without any moetrain"
-grep -q 'no moetrain: not on PATH (module load moetrain), MOETRAIN not set, and no build in' "$tmp/err" ||
-    { cat "$tmp/err"; fail "the message for no moetrain"; }
-echo "ok: qwen3_256gpu.sh --check finds the tree's build, the installed one, \$MOETRAIN; summary and --verbose"
+    # Installed (on PATH) before the tree's build; $MOETRAIN before both
+    PATH=$tmp/inst/bin:$sys_path bash "slurm/$script" --check > "$tmp/out" 2> "$tmp/err" ||
+        fail "$script --check with moetrain on PATH"
+    grep -q "^installed moetrain: --check --world-size [0-9]* namelists/$nml" "$tmp/out" ||
+        { cat "$tmp/out" "$tmp/err"; fail "$script: the moetrain on PATH was not used"; }
+    MOETRAIN=$tree/build-new/moetrain PATH=$tmp/inst/bin:$sys_path bash "slurm/$script" --check > "$tmp/out" 2> "$tmp/err" ||
+        fail "$script --check with MOETRAIN set"
+    grep -q "moetrain is $tree/build-new/moetrain (\$MOETRAIN)" "$tmp/err" ||
+        { cat "$tmp/err"; fail "$script: \$MOETRAIN was not used"; }
+
+    # Nowhere: outside a tree, nothing on PATH
+    (cd "$tmp/elsewhere" && PATH=$sys_path bash "$tree/slurm/$script" --check > "$tmp/out" 2> "$tmp/err") &&
+        fail "$script ran without any moetrain"
+    grep -q 'no moetrain: not on PATH (module load moetrain), MOETRAIN not set, and no build in' "$tmp/err" ||
+        { cat "$tmp/err"; fail "$script: the message for no moetrain"; }
+done
+echo "ok: qwen3_256gpu.sh and gb200_nvl72.sh --check find the tree's build, the installed one, \$MOETRAIN (one function); summary and --verbose"
