@@ -118,6 +118,7 @@ struct mt_config_checkpoint {
     int save_interval;
     int keep_last;                   /* 0: keep all */
     bool load_optional;              /* a load dir without a checkpoint: start fresh */
+    bool async_save;                 /* write saves from a host snapshot in the background */
 };
 
 struct mt_config_logging {

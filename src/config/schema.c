@@ -171,6 +171,11 @@ const struct mt_key mt_schema[] = {
           ".true.: a load directory that does not exist or holds no checkpoint yet starts "
           "from initialisation (a job that saves and resumes in one directory); .false.: "
           "that is an error"),
+    KBOOL(checkpoint, async_save, 0,
+          ".true.: a save copies this rank's part of the state to host memory at the step "
+          "boundary and a background thread writes it while training goes on; it is "
+          "published once every rank has written (the next save, a stop and the end of the "
+          "run wait for it). Costs host memory of the rank's own part (doc/checkpoints.md)"),
 
     /* &logging */
     KINT(logging, log_interval, 10, 1, IMAX, "iterations between log lines"),

@@ -16,6 +16,8 @@
  * the parameters, its moments: whole shards or ZeRO slices, the expert biases) and
  * reads the parts of the stored slices that overlap them, a block at a time. The
  * model and optimizer change only once every rank has read everything. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -141,18 +143,30 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The figures of every rank, reduced: the largest of each (a collective). */
+/* The figures of every rank, reduced: the largest of each (a collective). rise: the
+ * rank's measured rise of its peak resident size (-1: unknown); the times of an async
+ * save are in stats already. */
 static void finish_stats(struct mt_comm *world, struct mt_ckpt_stats *stats, double t0,
-                         long long mark, size_t shard_bytes)
+                         long long rise, size_t shard_bytes)
 {
-    int64_t v[3] = {(int64_t)mt_shard_mem_peak(), rss_rise(mark), (int64_t)shard_bytes};
+    int64_t v[3] = {(int64_t)mt_shard_mem_peak(), rise, (int64_t)shard_bytes};
+    double t[5] = {stats->snapshot_s, stats->wait_s, stats->publish_s, stats->write_s,
+                   stats->blocked_s};
     struct mt_err ignored;
-    if (world && world->size > 1) mt_all_reduce(world, v, 3, MT_DT_I64, MT_OP_MAX, &ignored);
+    if (world && world->size > 1) {
+        mt_all_reduce(world, v, 3, MT_DT_I64, MT_OP_MAX, &ignored);
+        mt_all_reduce(world, t, 5, MT_DT_F64, MT_OP_MAX, &ignored);
+    }
     stats->seconds = now_s() - t0;
     stats->counted_peak = (size_t)v[0];
     stats->rss_rise = v[1];
     stats->shard_bytes = (size_t)v[2];
     stats->block_bytes = mt_shard_block_bytes();
+    stats->snapshot_s = t[0];
+    stats->wait_s = t[1];
+    stats->publish_s = t[2];
+    stats->write_s = t[3];
+    stats->blocked_s = t[4];
 }
 
 /* ---- the pieces a rank stores or needs -------------------------------------------- */
@@ -232,10 +246,10 @@ static void layout_json(const struct mt_parallel *par, int vpp, bool zero, char 
              zero ? "true" : "false");
 }
 
-/* Writes this rank's file into tmp_dir; *slices gets its index entries. */
-static int write_own(const char *tmp_dir, struct mt_model *m, struct mt_optim *o,
-                     const struct rank_info *r, const struct mt_kernels *k, char **slices,
-                     size_t *slices_len, size_t *shard_bytes, struct mt_err *err)
+/* The pieces this rank stores (backend memory): its parameters and moments, and on
+ * world rank 0 the expert biases (host memory). *bytes gets their size. */
+static int plan_own(struct mt_model *m, struct mt_optim *o, const struct rank_info *r,
+                    struct mt_shard_piece **out, int *count, size_t *bytes, struct mt_err *err)
 {
     struct mt_optim_piece *op = NULL;
     int nop = 0;
@@ -258,20 +272,16 @@ static int write_own(const char *tmp_dir, struct mt_model *m, struct mt_optim *o
     const long long nbl = (long long)nb;
     if (rc == MT_OK && nb && r->world_rank == 0)
         mt_shard_whole_piece(&p[n++], "", MT_SHARD_BIAS, 1, &nbl, bias);
-    *shard_bytes = 0;
-    for (int i = 0; i < n; i++) *shard_bytes += sizeof(float) * (p[i].hi - p[i].lo);
-    FILE *f = open_memstream(slices, slices_len);
-    if (rc == MT_OK && !f) rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-    if (rc == MT_OK && n) {
-        char file[64];
-        snprintf(file, sizeof file, "rank_%05d.safetensors", r->world_rank);
-        rc = mt_shard_write(tmp_dir, file, p, n, k, mt_shard_block_bytes(), f, err);
-    }
-    if (f && fclose(f) != 0 && rc == MT_OK)
-        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
-    free(p);
     free(op);
-    return rc;
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    *bytes = 0;
+    for (int i = 0; i < n; i++) *bytes += sizeof(float) * (p[i].hi - p[i].lo);
+    *out = p;
+    *count = n;
+    return MT_OK;
 }
 
 /* Rank 0 collects every rank's index entries, in rank order (a collective). */
@@ -309,60 +319,208 @@ static int gather_slices(struct mt_comm *world, char **text, size_t *len, struct
     return rc;
 }
 
-int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
-                      const struct mt_parallel *par, const struct mt_config *cfg,
-                      const struct mt_train_state *s, const char *config_text,
-                      struct mt_ckpt_stats *stats, struct mt_err *err)
-{
-    struct mt_comm *world = world_of(par);
-    const double t0 = now_s();
-    mt_shard_mem_reset();
-    const long long mark = rss_mark();
-    struct rank_info me;
-    info_of(par, &me);
-    const bool rank0 = me.world_rank == 0;
-    int rc = MT_OK;
+/* A save between its start at a step boundary and its publication. The rank's file
+ * is written from the training state (synchronous) or from a host snapshot by a writer
+ * thread (async); the writer makes no MPI call (the library is initialised
+ * MPI_THREAD_FUNNELED): every collective is the main thread's, in start and finish. */
+struct mt_ckpt_save {
+    const struct mt_ckpt_dir *dir;
+    const struct mt_parallel *par;
+    struct mt_model *m;
+    struct mt_train_state st;
+    const char *config_text;
+    int keep_last;
+    char layout[512];
     char tmp_dir[4300];
-    if (rank0) rc = mt_ckpt_begin(dir, s->iteration, tmp_dir, sizeof tmp_dir, err);
-    MT_CHECK(mt_ckpt_agree_on_rank0(par, rc, "creating the checkpoint directory", err));
-    snprintf(tmp_dir, sizeof tmp_dir, "%s/iter_%07lld.tmp", cfg->checkpoint.save, s->iteration);
+    struct rank_info me;
+    struct mt_shard_piece *p;   /* what this rank writes */
+    int n;
+    size_t shard_bytes;
+    float *snapshot;            /* async: the host copy the pieces point into */
+    /* the write's outcome (the writer thread's until done) */
+    char *slices;
+    size_t slices_len;
+    int rc;
+    struct mt_err err;
+    bool threaded;
+    pthread_t thread;
+    atomic_bool done;
+    /* measurements */
+    double t0, t_started, t_written, snapshot_s;
+    long long mark, rss_rise;
+};
 
-    char *slices = NULL;
-    size_t slices_len = 0, shard_bytes = 0;
+static void write_file(struct mt_ckpt_save *s)
+{
+    FILE *f = open_memstream(&s->slices, &s->slices_len);
+    if (!f) s->rc = mt_err_set(&s->err, MT_ENOMEM, "checkpoint: out of memory");
+    if (s->rc == MT_OK && s->n) {
+        char file[64];
+        snprintf(file, sizeof file, "rank_%05d.safetensors", s->me.world_rank);
+        s->rc = mt_shard_write(s->tmp_dir, file, s->p, s->n, mt_model_kernels(s->m),
+                               mt_shard_block_bytes(), f, &s->err);
+    }
+    if (f && fclose(f) != 0 && s->rc == MT_OK)
+        s->rc = mt_err_set(&s->err, MT_ENOMEM, "checkpoint: out of memory");
+    s->t_written = now_s();
+    atomic_store(&s->done, true);
+}
+
+static void *writer(void *arg)
+{
+    write_file(arg);
+    return NULL;
+}
+
+/* Copies the pieces to one host allocation and points them there. */
+static int take_snapshot(struct mt_ckpt_save *s)
+{
+    s->snapshot = mt_shard_malloc(s->shard_bytes);
+    if (!s->snapshot)
+        return mt_err_set(&s->err, MT_ENOMEM,
+                          "checkpoint: no host memory for the %zu-byte snapshot of an async "
+                          "save (checkpoint%%async_save needs the rank's own part in host "
+                          "memory; set it to .false.)",
+                          s->shard_bytes);
+    const struct mt_kernels *k = mt_model_kernels(s->m);
+    size_t at = 0;
+    for (int i = 0; i < s->n; i++) {
+        const size_t n = s->p[i].hi - s->p[i].lo;
+        if (s->p[i].backend) k->op.copy(k->ctx, s->snapshot + at, s->p[i].data, sizeof(float) * n);
+        else memcpy(s->snapshot + at, s->p[i].data, sizeof(float) * n);
+        s->p[i].data = s->snapshot + at;
+        s->p[i].backend = false;
+        at += n;
+    }
+    return MT_OK;
+}
+
+static void save_free(struct mt_ckpt_save *s)
+{
+    mt_shard_free(s->snapshot, s->shard_bytes);
+    free(s->p);
+    free(s->slices);
+    free(s);
+}
+
+int mt_ckpt_save_start(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
+                       const struct mt_parallel *par, const struct mt_config *cfg,
+                       const struct mt_train_state *st, const char *config_text, bool async,
+                       struct mt_ckpt_save **out, struct mt_err *err)
+{
+    *out = NULL;
+    struct mt_ckpt_save *s = calloc(1, sizeof *s);
+    int rc = s ? MT_OK : mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    MT_CHECK(agree_all(world_of(par), rc, "starting the checkpoint", err));
+    s->t0 = now_s();
+    mt_shard_mem_reset();
+    s->mark = rss_mark();
+    s->dir = dir;
+    s->par = par;
+    s->m = m;
+    s->st = *st;
+    s->config_text = config_text;
+    s->keep_last = cfg->checkpoint.keep_last;
+    layout_json(par, cfg->parallel.virtual_pipeline_model_parallel_size, mt_optim_zero(o),
+                s->layout, sizeof s->layout);
+    info_of(par, &s->me);
+    atomic_init(&s->done, false);
+    if (s->me.world_rank == 0)
+        rc = mt_ckpt_begin(dir, st->iteration, s->tmp_dir, sizeof s->tmp_dir, err);
+    rc = mt_ckpt_agree_on_rank0(par, rc, "creating the checkpoint directory", err);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    snprintf(s->tmp_dir, sizeof s->tmp_dir, "%s/iter_%07lld.tmp", cfg->checkpoint.save,
+             st->iteration);
+    /* from here a failure is this rank's outcome, agreed on in finish */
     struct stat sb;
-    if (stat(tmp_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        rc = mt_err_set(err, MT_EIO,
-                        "checkpoint: rank %d does not see '%s', which rank 0 created: "
-                        "checkpoint%%save must be a directory that every node shares",
-                        me.world_rank, tmp_dir);
-    if (rc == MT_OK)
-        rc = write_own(tmp_dir, m, o, &me, mt_model_kernels(m), &slices, &slices_len,
-                       &shard_bytes, err);
+    if (stat(s->tmp_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        s->rc = mt_err_set(&s->err, MT_EIO,
+                           "checkpoint: rank %d does not see '%s', which rank 0 created: "
+                           "checkpoint%%save must be a directory that every node shares",
+                           s->me.world_rank, s->tmp_dir);
+    if (s->rc == MT_OK) s->rc = plan_own(m, o, &s->me, &s->p, &s->n, &s->shard_bytes, &s->err);
+    if (s->rc == MT_OK && async) s->rc = take_snapshot(s);
+    s->snapshot_s = now_s() - s->t0;
+    s->t_started = now_s();
+    if (s->rc == MT_OK && async) {
+        s->rss_rise = rss_rise(s->mark); /* training goes on: measured over the snapshot */
+        s->threaded = pthread_create(&s->thread, NULL, writer, s) == 0;
+        if (!s->threaded) write_file(s); /* no thread to be had: written now */
+    } else if (s->rc == MT_OK) {
+        write_file(s);
+    } else {
+        s->t_written = now_s();
+        atomic_store(&s->done, true);
+    }
+    *out = s;
+    return MT_OK;
+}
+
+bool mt_ckpt_save_written(const struct mt_ckpt_save *s) { return atomic_load(&s->done); }
+
+long long mt_ckpt_save_iteration(const struct mt_ckpt_save *s) { return s->st.iteration; }
+
+int mt_ckpt_save_finish(struct mt_ckpt_save *s, struct mt_ckpt_stats *stats, struct mt_err *err)
+{
+    struct mt_comm *world = world_of(s->par);
+    const double t_wait = now_s();
+    if (s->threaded) pthread_join(s->thread, NULL);
+    const double wait_s = now_s() - t_wait;
+    const bool async = s->snapshot != NULL;
+    int rc = s->rc;
+    if (rc) *err = s->err;
     rc = agree_all(world, rc, "writing the checkpoint", err);
-    if (rc == MT_OK) rc = gather_slices(world, &slices, &slices_len, err);
-    if (rank0 && rc == MT_OK) {
+    if (rc == MT_OK) rc = gather_slices(world, &s->slices, &s->slices_len, err);
+    if (s->me.world_rank == 0 && rc == MT_OK) {
         struct mt_ckpt_view table;
-        char layout[512];
-        layout_json(par, cfg->parallel.virtual_pipeline_model_parallel_size, mt_optim_zero(o),
-                    layout, sizeof layout);
-        rc = model_table(m, &table, err);
+        rc = model_table(s->m, &table, err);
         if (rc == MT_OK) {
-            rc = mt_shard_write_index(tmp_dir, &table, s, layout, mt_shard_block_bytes(),
-                                      slices, slices_len, err);
+            rc = mt_shard_write_index(s->tmp_dir, &table, &s->st, s->layout,
+                                      mt_shard_block_bytes(), s->slices, s->slices_len, err);
             model_table_free(&table);
         }
         if (rc == MT_OK)
-            rc = mt_ckpt_publish(dir, s->iteration, config_text, cfg->checkpoint.keep_last,
-                                 err);
+            rc = mt_ckpt_publish(s->dir, s->st.iteration, s->config_text, s->keep_last, err);
         else
-            mt_ckpt_abort(dir, s->iteration);
-    } else if (rank0) {
-        mt_ckpt_abort(dir, s->iteration);
+            mt_ckpt_abort(s->dir, s->st.iteration);
+    } else if (s->me.world_rank == 0) {
+        mt_ckpt_abort(s->dir, s->st.iteration);
     }
-    free(slices);
-    rc = mt_ckpt_agree_on_rank0(par, rc, "saving the checkpoint", err);
-    if (rc == MT_OK && stats) finish_stats(world, stats, t0, mark, shard_bytes);
+    rc = mt_ckpt_agree_on_rank0(s->par, rc, "saving the checkpoint", err);
+    if (rc == MT_OK && stats) {
+        const double end = now_s();
+        stats->async = async;
+        stats->write_s = s->t_written - s->t_started;
+        stats->wait_s = wait_s;
+        stats->publish_s = end - t_wait - wait_s;
+        stats->snapshot_s = s->snapshot_s;
+        stats->blocked_s = async ? s->snapshot_s + (end - t_wait) : end - s->t0;
+        finish_stats(world, stats, s->t0, async ? s->rss_rise : rss_rise(s->mark),
+                     s->shard_bytes);
+    }
+    save_free(s);
     return rc;
+}
+
+void mt_ckpt_save_cancel(struct mt_ckpt_save *s)
+{
+    if (!s) return;
+    if (s->threaded) pthread_join(s->thread, NULL);
+    if (s->me.world_rank == 0) mt_ckpt_abort(s->dir, s->st.iteration);
+    save_free(s);
+}
+
+int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
+                      const struct mt_parallel *par, const struct mt_config *cfg,
+                      const struct mt_train_state *st, const char *config_text,
+                      struct mt_ckpt_stats *stats, struct mt_err *err)
+{
+    struct mt_ckpt_save *s;
+    MT_CHECK(mt_ckpt_save_start(dir, m, o, par, cfg, st, config_text, false, &s, err));
+    return mt_ckpt_save_finish(s, stats, err);
 }
 
 int mt_ckpt_save_whole(const struct mt_ckpt_dir *dir, const struct mt_ckpt_view *v,
@@ -566,6 +724,6 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
     staging_free(&g);
     free(targets);
     mt_shard_index_free(ix);
-    if (rc == MT_OK && stats) finish_stats(world, stats, t0, mark, own);
+    if (rc == MT_OK && stats) finish_stats(world, stats, t0, rss_rise(mark), own);
     return rc;
 }

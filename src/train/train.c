@@ -37,6 +37,7 @@ struct trainer {
     int32_t *tokens;              /* (micro_batch, seq_length+1) */
     FILE *metrics;
     struct mt_ckpt_dir *save_dir; /* world rank 0's, with &checkpoint save set */
+    struct mt_ckpt_save *pending; /* an async save written, not yet published */
     char *config_text;            /* resolved namelist, stored in checkpoints */
     struct mt_train_state st;
     int nonfinite_streak;
@@ -201,16 +202,40 @@ static void say_ckpt_cost(struct trainer *t, const char *what, const struct mt_c
         what, cs->seconds, cs->counted_peak, rise, cs->shard_bytes, cs->block_bytes);
 }
 
+/* Publishes the pending async save (a collective): waits for this rank's writer,
+ * then every rank agrees and rank 0 publishes. */
+static int finish_save(struct trainer *t, struct mt_err *err)
+{
+    if (!t->pending) return MT_OK;
+    const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
+    const long long it = mt_ckpt_save_iteration(t->pending);
+    struct mt_ckpt_stats cs = { 0 };
+    int rc = mt_ckpt_save_finish(t->pending, &cs, err);
+    t->pending = NULL;
+    if (rc)
+        return mt_err_prefix(err, "the checkpoint of iteration %lld was not saved and the run "
+                             "stops (the last published one in '%s' is whole: fix the cause "
+                             "and resume from it with checkpoint%%load)", it, ck->save);
+    say(t, "saved checkpoint at iteration %lld to %s/iter_%07lld\n", it, ck->save, it);
+    say_ckpt_cost(t, "save", &cs);
+    if (cs.async)
+        say(t, "checkpoint save blocked training for %.3f s (async: snapshot %.3f s, waiting "
+               "for the writer %.3f s, publishing %.3f s; written in the background in %.3f s)\n",
+            cs.blocked_s, cs.snapshot_s, cs.wait_s, cs.publish_s, cs.write_s);
+    else
+        say(t, "checkpoint save blocked training for %.3f s (synchronous)\n", cs.blocked_s);
+    return MT_OK;
+}
+
+/* Saves the state at this iteration: at once, or with checkpoint%async_save started
+ * here (after the previous async save is published) and published later. */
 static int save_checkpoint(struct trainer *t, struct mt_err *err)
 {
+    MT_CHECK(finish_save(t, err));
     const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
-    struct mt_ckpt_stats cs = { 0 };
-    MT_CHECK(mt_ckpt_save_dist(t->save_dir, t->model, t->optim, t->par, t->cfg, &t->st,
-                               t->config_text, &cs, err));
-    say(t, "saved checkpoint at iteration %lld to %s/iter_%07lld\n", t->st.iteration, ck->save,
-        t->st.iteration);
-    say_ckpt_cost(t, "save", &cs);
-    return MT_OK;
+    MT_CHECK(mt_ckpt_save_start(t->save_dir, t->model, t->optim, t->par, t->cfg, &t->st,
+                                t->config_text, ck->async_save, &t->pending, err));
+    return ck->async_save ? MT_OK : finish_save(t, err);
 }
 
 static int load_checkpoint(struct trainer *t, struct mt_err *err)
@@ -838,6 +863,7 @@ static int setup(struct trainer *t, struct mt_err *err)
 
 static void teardown(struct trainer *t)
 {
+    mt_ckpt_save_cancel(t->pending); /* an error ended the run: nothing is published */
     if (t->metrics) fclose(t->metrics);
     mt_ckpt_dir_close(t->save_dir);
     mt_optim_destroy(t->optim);
@@ -954,14 +980,16 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     return MT_OK;
 }
 
-/* Whether a stop was requested on any rank: every rank learns the same answer at the
- * same iteration boundary (the largest signal number requested anywhere), so no rank
- * stops while the others go on into the next step's collectives. */
-static int agree_on_stop(struct trainer *t, int *sig, struct mt_err *err)
+/* At an iteration boundary, every rank learns the same answers (one reduction): whether
+ * a stop was requested on any rank (the largest signal number requested anywhere), so
+ * no rank stops while the others go on into the next step's collectives; and whether
+ * every rank's writer of a pending async save is done, so that it is published now. */
+static int agree_at_boundary(struct trainer *t, int *sig, bool *written, struct mt_err *err)
 {
-    int32_t s = atomic_load(&stop_signal);
-    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, &s, 1, MT_DT_I32, MT_OP_MAX, err));
-    *sig = s;
+    int32_t v[2] = {atomic_load(&stop_signal), t->pending && !mt_ckpt_save_written(t->pending)};
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, v, 2, MT_DT_I32, MT_OP_MAX, err));
+    *sig = v[0];
+    *written = t->pending && v[1] == 0;
     return MT_OK;
 }
 
@@ -1006,8 +1034,11 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     bool do_eval_end = true;
     double t_start = now_ms();
     while (rc == MT_OK) {
-        rc = agree_on_stop(&t, stopped_by, err);
+        bool written = false;
+        rc = agree_at_boundary(&t, stopped_by, &written, err);
         if (rc || *stopped_by || t.st.iteration >= tr->train_iters) break;
+        if (written) rc = finish_save(&t, err);
+        if (rc) break;
         double lr = 0;
         rc = train_step(&t, &lr, err);
         if (rc) break;
@@ -1025,6 +1056,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         }
         if (rc == MT_OK && tr->exit_interval > 0 && it % tr->exit_interval == 0) {
             if (ck->save[0] && last_saved != it) rc = save_checkpoint(&t, err);
+            if (rc == MT_OK) rc = finish_save(&t, err);
             say(&t, "exiting at iteration %lld (exit_interval = %d)\n", it, tr->exit_interval);
             teardown(&t);
             return rc;
@@ -1035,6 +1067,10 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
          * trained since the last save, skip the final evaluations, leave */
         if (ck->save[0] && last_saved != t.st.iteration && t.st.iteration > first_iter)
             rc = save_checkpoint(&t, err);
+        if (rc == MT_OK && t.pending)
+            say(&t, "stopping: waiting for the background save of iteration %lld\n",
+                mt_ckpt_save_iteration(t.pending));
+        if (rc == MT_OK) rc = finish_save(&t, err);
         say(&t, "stopping at iteration %lld on signal %d (%s)%s\n", t.st.iteration, *stopped_by,
             strsignal(*stopped_by),
             !ck->save[0] ? ": no checkpoint%save is set, nothing saved" : "");
@@ -1050,6 +1086,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         rc = save_checkpoint(&t, err);
     if (rc == MT_OK && do_eval_end) rc = evaluate(&t, MT_SPLIT_VALID, "validation", err);
     if (rc == MT_OK) rc = evaluate(&t, MT_SPLIT_TEST, "test", err);
+    if (rc == MT_OK) rc = finish_save(&t, err); /* an async save written during evaluation */
     teardown(&t);
     return rc;
 }

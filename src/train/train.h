@@ -235,12 +235,39 @@ struct mt_ckpt_stats {
     size_t shard_bytes;   /* the rank's own part: written, or staged to load */
     size_t block_bytes;   /* the I/O block */
     char layout[512];     /* a load: the layout that wrote the checkpoint */
+    /* a save: how long training was blocked (all of a synchronous save; of an async
+     * one the snapshot, the wait for the writer and the publication) and how long the
+     * background write took */
+    bool async;
+    double blocked_s, snapshot_s, wait_s, publish_s, write_s;
 };
 
 int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, const struct mt_config *cfg,
                       const struct mt_train_state *s, const char *config_text,
                       struct mt_ckpt_stats *stats, struct mt_err *err);
+/* A save in two halves, for checkpoint%async_save. start (a collective, at a step
+ * boundary) creates DIR/iter_N.tmp and has every rank write its file: at once from
+ * the training state (async false), or from a host copy of its part taken now by a
+ * writer thread while training goes on (async true; the copy is plain host memory:
+ * the backends have no pinned-memory allocator; CUDA's copy stages through its pinned
+ * buffer). The writer makes no MPI call. finish (a collective, on the main thread)
+ * waits for the writer, agrees that every rank wrote, gathers the index, writes it and
+ * publishes; a rank's write failure fails the save on every rank and nothing is
+ * published. written says, without waiting, whether this rank's writer is done (the
+ * caller agrees on it before finishing early). cancel (not a collective: a run ending
+ * on an error) waits for the writer and removes the unfinished directory.
+ * mt_ckpt_save_dist is start and finish at once. */
+struct mt_ckpt_save;
+int mt_ckpt_save_start(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
+                       const struct mt_parallel *par, const struct mt_config *cfg,
+                       const struct mt_train_state *s, const char *config_text, bool async,
+                       struct mt_ckpt_save **out, struct mt_err *err);
+bool mt_ckpt_save_written(const struct mt_ckpt_save *s);
+long long mt_ckpt_save_iteration(const struct mt_ckpt_save *s);
+int mt_ckpt_save_finish(struct mt_ckpt_save *s, struct mt_ckpt_stats *stats, struct mt_err *err);
+void mt_ckpt_save_cancel(struct mt_ckpt_save *s);
+
 /* Saves a whole checkpoint held in host memory (v: every tensor whole, in table order)
  * in the sharded format, as one process writes it: DIR/iter_N/rank_00000.safetensors
  * and index.json, published as mt_ckpt_save_dist publishes (keeps every checkpoint). */
