@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "config/from_megatron.h"
 #include "config/megatron.h"
 #include "config/schema.h"
 #include "model/model.h"
@@ -44,6 +45,7 @@ static void usage(FILE *out)
     fputs("usage: moetrain [options] FILE.nml [FILE.nml ...] [group%key=value ...]\n"
           "       moetrain topo [--json] [--dry-run --nodes-file F --gpus-per-node G] FILE.nml ...\n"
           "       moetrain ckpt convert [--to sharded|state.bin] SRC DST\n"
+          "       moetrain from-megatron [--world-size N] [-o FILE.nml] -- PRETRAIN_GPT_ARGS...\n"
           "\n"
           "Trains a Mixture-of-Experts language model configured by Fortran namelist files.\n"
           "Later files override earlier ones; group%key=value overrides (namelist value\n"
@@ -388,7 +390,12 @@ static int train(struct mt_config *cfg, const struct cli *cli)
 static void unknown_option(const char *a)
 {
     const struct mt_megatron_flag *meg = mt_megatron_find(a);
-    if (meg && meg->key)
+    if (meg && meg->key && meg->conv != MT_MEG_AS_IS)
+        fprintf(stderr,
+                "moetrain: error: unknown option '%s': Megatron's %s becomes %s here, converted "
+                "(%s); moetrain from-megatron converts a whole command line\n",
+                a, meg->flag, meg->key, meg->why);
+    else if (meg && meg->key)
         fprintf(stderr,
                 "moetrain: error: unknown option '%s'; did you mean %s%s? (Megatron's %s is a "
                 "namelist setting here, on the command line or in a file)\n",
@@ -482,10 +489,89 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     return 0;
 }
 
+/* moetrain from-megatron [--world-size N] [-o FILE] -- ARGS: the namelist equivalent to
+ * Megatron-LM's pretrain_gpt.py ARGS (src/config/from_megatron.c), checked as --check
+ * checks it for N processes, or for the smallest world size the flags allow; the flags
+ * not mapped, and why, on stderr. */
+static int from_megatron(int argc, char **argv)
+{
+    const char *out_path = NULL;
+    int world = 0, i = 1;
+    for (; i < argc && strcmp(argv[i], "--"); i++) {
+        char *end;
+        if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc) {
+            out_path = argv[++i];
+        } else if (!strcmp(argv[i], "--world-size") && i + 1 < argc &&
+                   (world = (int)strtol(argv[i + 1], &end, 10)) > 0 && !*end) {
+            i++;
+        } else {
+            fprintf(stderr, "moetrain from-megatron: error: %s: not an option of from-megatron; "
+                            "give pretrain_gpt.py's arguments after '--' (moetrain from-megatron "
+                            "[--world-size N] [-o FILE.nml] -- ARGS...)\n", argv[i]);
+            return 1;
+        }
+    }
+    if (i == argc) {
+        fprintf(stderr, "moetrain from-megatron: error: no '--': give pretrain_gpt.py's "
+                        "arguments after it\n");
+        return 1;
+    }
+    struct mt_err err = { 0 };
+    struct mt_megatron_result conv;
+    if (mt_megatron_convert(argc - i - 1, argv + i + 1, &conv, &err)) return fail(&err);
+    struct mt_config *cfg = malloc(sizeof *cfg), *tried = malloc(sizeof *tried);
+    struct mt_layout layout;
+    int rc = 1, unit = 1, w = world;
+    if (!cfg || !tried) {
+        mt_err_set(&err, MT_ENOMEM, "out of memory");
+        goto done;
+    }
+    mt_config_defaults(cfg);
+    if (mt_config_load(cfg, 0, NULL, conv.noverrides, conv.overrides, &err)) goto done;
+    /* the smallest multiple of the layout's unit that the batch and model rules accept */
+    unit = mt_megatron_world_unit(&cfg->parallel);
+    for (int k = 1; k <= (world ? 1 : 4096); k++) {
+        struct mt_err e = { 0 };
+        *tried = *cfg;
+        w = world ? world : k * unit;
+        if (!mt_config_resolve(tried, w, &layout, &e) && !mt_model_check_config(tried, &e)) {
+            rc = 0;
+            break;
+        }
+        if (k == 1) err = e;
+    }
+    if (rc) goto done;
+    FILE *out = out_path ? fopen(out_path, "w") : stdout;
+    if (!out || mt_config_print(cfg, out) || (out_path && fclose(out))) {
+        rc = 1;
+        mt_err_set(&err, MT_EIO, "cannot write %s", out_path ? out_path : "the namelist");
+        goto done;
+    }
+    mt_megatron_report(&conv, stderr);
+    fprintf(stderr, "moetrain from-megatron: valid for %d process%s (%s); check with "
+                    "moetrain --check --world-size %d %s\n",
+            w, w == 1 ? "" : "es", world ? "--world-size" : "the smallest world size these flags allow", w,
+            out_path ? out_path : "FILE.nml");
+done:
+    if (rc) {
+        mt_megatron_report(&conv, stderr);
+        print_error(&err, "");
+        if (!world && unit > 0)
+            fprintf(stderr, "(checked for %d process%s, the smallest world size these flags allow, "
+                            "and its multiples; give --world-size N for the job's)\n",
+                    unit, unit == 1 ? "" : "es");
+    }
+    mt_megatron_result_free(&conv);
+    free(cfg);
+    free(tried);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "topo")) return mt_topo_cli(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "ckpt")) return mt_ckpt_cli(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "from-megatron")) return from_megatron(argc - 1, argv + 1);
     struct cli cli = { .action = TRAIN, .world = 1 };
     cli.files = calloc((size_t)argc, sizeof *cli.files);
     cli.overrides = calloc((size_t)argc, sizeof *cli.overrides);

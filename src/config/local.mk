@@ -2,7 +2,8 @@ noinst_LTLIBRARIES += libmt_config.la
 MT_MODULE_LIBS += libmt_config.la
 libmt_config_la_SOURCES = src/config/config.c src/config/config.h \
 	src/config/schema.c src/config/schema.h src/config/data_rules.c \
-	src/config/namelist_path.c src/config/megatron.c src/config/megatron.h
+	src/config/namelist_path.c src/config/megatron.c src/config/megatron.h \
+	src/config/from_megatron.c src/config/from_megatron.h
 # where the installed namelists are (src/config/namelist_path.c)
 libmt_config_la_CPPFLAGS = $(AM_CPPFLAGS) -DMT_BINDIR='"$(bindir)"' -DMT_PKGDATADIR='"$(pkgdatadir)"'
 
@@ -18,3 +19,6 @@ EXTRA_DIST += tests/config/namelist_lookup.sh
 # Megatron's flags as options and as keys: "did you mean" from src/config/megatron.c
 TESTS += tests/config/megatron_options.sh
 EXTRA_DIST += tests/config/megatron_options.sh
+# moetrain from-megatron: pretrain_gpt.py arguments -> namelist (src/config/from_megatron.c)
+TESTS += tests/config/from_megatron.sh
+EXTRA_DIST += tests/config/from_megatron.sh

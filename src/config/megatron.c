@@ -6,11 +6,17 @@
 #include <stdio.h>
 #include <string.h>
 
-#define V(f, k) { f, k, MT_MEG_VALUE, NULL }
-#define S(f, k) { f, k, MT_MEG_SWITCH, NULL }
-#define NI(f, why) { f, NULL, MT_MEG_NOT_IMPLEMENTED, why }
-#define NA(f, why) { f, NULL, MT_MEG_NOT_APPLICABLE, why }
-#define RF(f, why) { f, NULL, MT_MEG_REFUSED, why }
+#define V(f, k) { f, k, MT_MEG_VALUE, NULL, MT_MEG_AS_IS, NULL, NULL }
+/* a value whose Megatron default (flag absent) is not moetrain's */
+#define VD(f, k, dflt) { f, k, MT_MEG_VALUE, NULL, MT_MEG_AS_IS, dflt, NULL }
+/* a value converted before it becomes the key's */
+#define VC(f, k, conv, how) { f, k, MT_MEG_VALUE, how, conv, NULL, NULL }
+#define S(f, k) { f, k, MT_MEG_SWITCH, NULL, MT_MEG_AS_IS, NULL, NULL }
+#define NI(f, why) { f, NULL, MT_MEG_NOT_IMPLEMENTED, why, MT_MEG_AS_IS, NULL, NULL }
+#define NA(f, why) { f, NULL, MT_MEG_NOT_APPLICABLE, why, MT_MEG_AS_IS, NULL, NULL }
+/* not applicable for the one value moetrain implements (dflt: Megatron's when absent) */
+#define NAV(f, only, dflt, why) { f, NULL, MT_MEG_NOT_APPLICABLE, why, MT_MEG_AS_IS, dflt, only }
+#define RF(f, why) { f, NULL, MT_MEG_REFUSED, why, MT_MEG_AS_IS, NULL, NULL }
 
 const struct mt_megatron_flag mt_megatron_flags[] = {
     /* model */
@@ -29,23 +35,27 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--init-method-std", "model%init_method_std"),
     NA("--group-query-attention", "model%num_query_groups below num_attention_heads is GQA"),
     NA("--use-mcore-models", "moetrain has one model implementation"),
-    NA("--disable-bias-linear", "moetrain's linear layers have no bias"),
-    NA("--swiglu", "moetrain's MLPs and experts are always SwiGLU"),
-    NA("--normalization", "moetrain always uses RMSNorm"),
-    NA("--position-embedding-type", "moetrain always uses RoPE"),
+    NAV("--disable-bias-linear", "", NULL, "moetrain's linear layers have no bias"),
+    NAV("--swiglu", "", NULL, "moetrain's MLPs and experts are always SwiGLU"),
+    NAV("--normalization", "RMSNorm", "LayerNorm", "moetrain always uses RMSNorm"),
+    NAV("--position-embedding-type", "rope", "learned_absolute", "moetrain always uses RoPE"),
     NA("--use-rotary-position-embeddings", "moetrain always uses RoPE"),
     NA("--no-position-embedding", "moetrain has no learned position embedding"),
-    NA("--rotary-percent", "RoPE rotates the whole head dimension"),
+    NAV("--rotary-percent", "1.0", NULL, "RoPE rotates the whole head dimension"),
     NA("--no-rope-fusion", "kernel choice is moetrain's"),
-    NA("--attention-dropout", "moetrain trains without dropout"),
-    NA("--hidden-dropout", "moetrain trains without dropout"),
+    NAV("--attention-dropout", "0", "0.1", "moetrain trains without dropout"),
+    NAV("--hidden-dropout", "0", "0.1", "moetrain trains without dropout"),
     NA("--no-masked-softmax-fusion", "kernel choice is moetrain's"),
     NA("--attention-softmax-in-fp32", "attention softmax is always fp32"),
     NA("--use-flash-attn", "the CUDA backend's attention is always fused"),
     NA("--attention-backend", "the CUDA backend's attention is always fused"),
     NA("--transformer-impl", "moetrain has one implementation"),
-    NA("--make-vocab-size-divisible-by", "model%vocab_size is used as given"),
-    NA("--apply-layernorm-1p", "RMSNorm weights are used as stored"),
+    VC("--make-vocab-size-divisible-by", "model%vocab_size", MT_MEG_VOCAB_DIVISOR,
+       "--vocab-size padded to a multiple of this value x TP, as Megatron pads it"),
+    NI("--apply-layernorm-1p", "zero-centred (1p) norm weights"),
+    NA("--no-bias-swiglu-fusion", "kernel choice is moetrain's"),
+    NA("--no-bias-dropout-fusion", "kernel choice is moetrain's"),
+    NA("--no-gradient-accumulation-fusion", "kernel choice is moetrain's"),
     /* mixture of experts */
     V("--num-experts", "moe%num_experts"),
     V("--moe-ffn-hidden-size", "moe%moe_ffn_hidden_size"),
@@ -54,7 +64,9 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     S("--moe-router-pre-softmax", "moe%router_pre_softmax"),
     V("--moe-router-topk-scaling-factor", "moe%router_topk_scaling_factor"),
     V("--moe-router-dtype", "moe%router_dtype"),
-    V("--moe-layer-freq", "moe%layer_freq"),
+    VC("--moe-layer-freq", "moe%layer_freq", MT_MEG_LAYER_PATTERN,
+       "N: every N-th layer MoE from layer 0; or a Python list expression such as "
+       "([0]*1+[1]*47): one 0 (dense) or 1 (MoE) per layer"),
     V("--moe-router-load-balancing-type", "moe%router_load_balancing_type"),
     V("--moe-aux-loss-coeff", "moe%aux_loss_coeff"),
     V("--moe-z-loss-coeff", "moe%z_loss_coeff"),
@@ -64,7 +76,7 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--moe-expert-capacity-factor", "moe%expert_capacity_factor"),
     S("--moe-pad-expert-input-to-capacity", "moe%pad_expert_input_to_capacity"),
     V("--moe-token-drop-policy", "moe%token_drop_policy"),
-    V("--moe-token-dispatcher-type", "moe%token_dispatcher_type"),
+    VD("--moe-token-dispatcher-type", "moe%token_dispatcher_type", "allgather"),
     V("--moe-shared-expert-intermediate-size", "moe%shared_expert_intermediate_size"),
     NA("--moe-grouped-gemm", "experts always run as one grouped GEMM"),
     NA("--moe-permute-fusion", "kernel choice is moetrain's"),
@@ -79,8 +91,9 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--tensor-model-parallel-size", "parallel%tensor_model_parallel_size"),
     V("--pipeline-model-parallel-size", "parallel%pipeline_model_parallel_size"),
     V("--virtual-pipeline-model-parallel-size", "parallel%virtual_pipeline_model_parallel_size"),
-    NI("--num-layers-per-virtual-pipeline-stage",
-       "give parallel%virtual_pipeline_model_parallel_size (layers / PP / this value)"),
+    VC("--num-layers-per-virtual-pipeline-stage", "parallel%virtual_pipeline_model_parallel_size",
+       MT_MEG_VPP_LAYERS, "VPP = num_layers / PP / this value"),
+    V("--num-virtual-stages-per-pipeline-rank", "parallel%virtual_pipeline_model_parallel_size"),
     V("--decoder-first-pipeline-num-layers", "parallel%decoder_first_pipeline_num_layers"),
     V("--decoder-last-pipeline-num-layers", "parallel%decoder_last_pipeline_num_layers"),
     V("--context-parallel-size", "parallel%context_parallel_size"),
@@ -134,7 +147,8 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NI("--fp8-format", "FP8 training"),
     NI("--fp8-recipe", "FP8 training"),
     /* data */
-    V("--data-path", "data%data_path"),
+    VC("--data-path", "data%data_path", MT_MEG_WORDS,
+       "each word (weight or prefix) one element"),
     V("--split", "data%split"),
     S("--mock-data", "data%mock_data"),
     V("--data-cache-path", "data%data_cache_path"),
@@ -151,10 +165,11 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NA("--no-save-optim", "checkpoints always hold the optimizer state"),
     NA("--no-save-rng", "checkpoints always hold the data position and seed"),
     NI("--no-load-optim", "loading a model without its optimizer state"),
+    NA("--no-load-rng", "checkpoints hold no RNG state: randomness is counter-based from the seed"),
     NI("--finetune", "loading a model without its optimizer state"),
     NI("--auto-detect-ckpt-format", "reading Megatron checkpoints"),
     /* logging */
-    V("--log-interval", "logging%log_interval"),
+    VD("--log-interval", "logging%log_interval", "100"),
     NA("--log-throughput", "the log always has tokens/s and TFLOP/s"),
     NA("--log-timers-to-tensorboard", "no TensorBoard: logging%metrics_file is JSON lines"),
     NA("--tensorboard-dir", "no TensorBoard: logging%metrics_file is JSON lines"),
@@ -164,7 +179,7 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NA("--wandb-project", "no Weights & Biases: logging%metrics_file is JSON lines"),
     NA("--wandb-exp-name", "no Weights & Biases: logging%metrics_file is JSON lines"),
     NA("--eval-iters-per-log", "see training%eval_iters"),
-    { NULL, NULL, MT_MEG_NOT_APPLICABLE, NULL },
+    { NULL, NULL, MT_MEG_NOT_APPLICABLE, NULL, MT_MEG_AS_IS, NULL, NULL },
 };
 
 const struct mt_megatron_flag *mt_megatron_find(const char *flag)

@@ -12,11 +12,30 @@ enum mt_megatron_kind {
     MT_MEG_REFUSED          /* a setting moetrain will not run with */
 };
 
+/* How from-megatron turns a mapped flag's value into the key's value. */
+enum mt_megatron_conv {
+    MT_MEG_AS_IS,          /* the value itself (quoted for string keys) */
+    MT_MEG_LAYER_PATTERN,  /* --moe-layer-freq N or "([0]*1+[1]*47)" -> per-layer 0/1 */
+    MT_MEG_VPP_LAYERS,     /* layers per virtual stage -> num_layers / PP / value */
+    MT_MEG_VOCAB_DIVISOR,  /* --make-vocab-size-divisible-by: pads vocab_size to D x TP */
+    MT_MEG_WORDS           /* nargs='*' (--data-path): every word one array element */
+};
+
 struct mt_megatron_flag {
     const char *flag; /* "--moe-router-topk" */
     const char *key;  /* "moe%router_topk" (MT_MEG_SWITCH: may carry "=value"), or NULL */
     enum mt_megatron_kind kind;
-    const char *why;  /* for the kinds without a key: why, and what to do instead */
+    const char *why;  /* the kinds without a key: why, and what to do instead; a
+                         converted value: how it is converted */
+    enum mt_megatron_conv conv;
+    /* What Megatron does when the flag is absent, where that differs from moetrain's
+     * default: for a mapped flag the value from-megatron writes then; for a not
+     * applicable one the value checked against `only`. NULL: nothing to do. */
+    const char *megatron_default;
+    /* MT_MEG_NOT_APPLICABLE holds only for this value of the flag (compared as numbers,
+     * else without case), "" for a switch: only when it is given. Any other value, or
+     * the switch absent, is not implemented. NULL: any value. */
+    const char *only;
 };
 
 /* Every flag of the table; ends with a NULL flag. */
