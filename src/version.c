@@ -20,7 +20,11 @@
 #include <cuda_runtime.h>
 #include "kernels/cuda/cuda_backend.h"
 #endif
-#ifdef HAVE_NCCL
+/* NCCL is used only with CUDA (configure may find it in a build without CUDA) */
+#if defined(HAVE_CUDA) && defined(HAVE_NCCL)
+#define MT_VERSION_NCCL 1
+#endif
+#ifdef MT_VERSION_NCCL
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
@@ -44,6 +48,7 @@ static void row(FILE *out, const char *lib, const char *built, const char *found
     fprintf(out, "  %-13s %-22s %s\n", lib, built, found);
 }
 
+#ifdef HAVE_CUDA
 /* "not loadable: <the loader's message up to its fix>" */
 static const char *not_loadable(char *buf, size_t n, const struct mt_err *err)
 {
@@ -52,6 +57,7 @@ static const char *not_loadable(char *buf, size_t n, const struct mt_err *err)
     snprintf(buf, n, "not loadable: %.*s", (int)len, err->msg);
     return buf;
 }
+#endif
 
 static void hwloc_row(FILE *out)
 {
@@ -122,7 +128,7 @@ static void cuda_rows(FILE *out)
     row(out, "CUDA runtime", "-", "-");
     row(out, "cuBLASLt", "-", "-");
 #endif
-#ifdef HAVE_NCCL
+#ifdef MT_VERSION_NCCL
     int nv = 0;
     snprintf(b, sizeof b, "%d.%d.%d", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
     if (mt_nccl_load(&err) == MT_OK && ncclGetVersion(&nv) == ncclSuccess)
@@ -151,7 +157,7 @@ void mt_print_version(FILE *out)
     fprintf(out, ")");
 #ifdef HAVE_CUDA
     fprintf(out, ", cuda (%s", MT_CUDA_ARCHS);
-#ifdef HAVE_NCCL
+#ifdef MT_VERSION_NCCL
     fprintf(out, ", NCCL");
 #endif
     fprintf(out, ")");
