@@ -39,4 +39,16 @@ check_PROGRAMS += tests/gpu/test_parity_emu
 TESTS += tests/gpu/test_parity_emu.sh
 tests_gpu_test_parity_emu_SOURCES = tests/gpu/test_parity.c
 tests_gpu_test_parity_emu_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS) -lstdc++
+
+# The emulator's negative tests: one small kernel per check it makes (bounds, barriers,
+# warp collectives, shared-memory limits), each of which must be reported.
+check_PROGRAMS += tests/gpu/emu_checks
+TESTS += tests/gpu/emu_checks.sh
+EXTRA_DIST += tests/gpu/emu_checks.sh
+tests_gpu_emu_checks_SOURCES = tests/gpu/emu_checks.cc
+tests_gpu_emu_checks_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_checks_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_checks_LDADD = libmt_cuda_emu.la
+else
+EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc
 endif

@@ -174,10 +174,12 @@ static void describe_context(FILE *f)
     if (!L) return;
     fprintf(f, "  in kernel %s launched at %s:%d, grid (%u,%u,%u) x block (%u,%u,%u)\n", L->site.kernel, L->site.file,
             L->site.line, L->grid.x, L->grid.y, L->grid.z, L->block.x, L->block.y, L->block.z);
+    // the block always; the thread when one is running (a deadlock lists its threads)
+    fprintf(f, "  block (%u,%u,%u)", L->block_idx.x, L->block_idx.y, L->block_idx.z);
     if (g_cur)
-        fprintf(f, "  block (%u,%u,%u), thread (%u,%u,%u) [warp %u lane %u]\n", L->block_idx.x, L->block_idx.y,
-                L->block_idx.z, g_cur->co.thread_idx.x, g_cur->co.thread_idx.y, g_cur->co.thread_idx.z, g_cur->warp,
-                g_cur->lane);
+        fprintf(f, ", thread (%u,%u,%u) [warp %u lane %u]", g_cur->co.thread_idx.x, g_cur->co.thread_idx.y,
+                g_cur->co.thread_idx.z, g_cur->warp, g_cur->lane);
+    fprintf(f, "\n");
 }
 
 [[noreturn]] void fail(const char *file, int line, const char *fmt, ...)
