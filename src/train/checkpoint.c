@@ -108,10 +108,17 @@ static bool remove_ckpt_dir(const char *dir)
     if (!d) return false;
     struct dirent *e;
     char path[4400];
-    while ((e = readdir(d))) {
-        if (!ckpt_file_name(e->d_name)) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
+    /* the marker files last: a removal cut short (a kill while pruning) leaves a
+     * directory that still looks like a checkpoint, so the next prune takes it */
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        while ((e = readdir(d))) {
+            if (!ckpt_file_name(e->d_name)) continue;
+            bool marker = !strcmp(e->d_name, MT_SHARD_INDEX) || !strcmp(e->d_name, "state.bin");
+            if (marker != (pass == 1)) continue;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
     }
     closedir(d);
     return rmdir(dir) == 0;
@@ -222,7 +229,8 @@ static int write_test(const struct mt_ckpt_dir *d, struct mt_err *err)
 /* What crashed saves left (under the lock, so no other run's save is in progress):
  * iter_N.tmp directories are removed; an iter_N.old whose iter_N is missing (a crash
  * between the two renames of a re-save) is renamed back, otherwise removed; a
- * half-written latest file is removed. */
+ * half-written latest file is removed; an iter_N without its marker file (a prune cut
+ * short) is removed. */
 static int clean_leftovers(const struct mt_ckpt_dir *d, int *removed, int *restored)
 {
     *removed = *restored = 0;
@@ -232,7 +240,13 @@ static int clean_leftovers(const struct mt_ckpt_dir *d, int *removed, int *resto
     while ((e = readdir(dir))) {
         char base[300], path[4400], orig[4400];
         long long it;
+        struct stat sb;
         size_t len = strlen(e->d_name);
+        if (iter_name(e->d_name, &it)) { /* a removal cut short after its marker went */
+            snprintf(path, sizeof path, "%s/%s", d->path, e->d_name);
+            if (!ckpt_marker(path, &sb) && remove_ckpt_dir(path)) ++*removed;
+            continue;
+        }
         if (len < 5 || len >= sizeof base) continue;
         const char *suffix = e->d_name + len - 4;
         if (strcmp(suffix, ".tmp") && strcmp(suffix, ".old")) continue;
@@ -245,7 +259,6 @@ static int clean_leftovers(const struct mt_ckpt_dir *d, int *removed, int *resto
         }
         if (!iter_name(base, &it)) continue;
         snprintf(orig, sizeof orig, "%s/%s", d->path, base);
-        struct stat sb;
         if (!strcmp(suffix, ".old") && stat(orig, &sb) != 0 && rename(path, orig) == 0) {
             ++*restored;
             continue;

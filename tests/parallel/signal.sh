@@ -32,7 +32,10 @@ latest() { cat "$1/latest_checkpointed_iteration.txt"; }
     k=$(latest sig)
     grep -q "stopping at iteration $k on signal 15" sig.log || { cat sig.log; fail "no stop message"; }
     grep -q "saved checkpoint at iteration $k" sig.log || { cat sig.log; fail "no save at $k"; }
-    [ "$(grep -c "signal received" sig.log)" = 1 ] || fail "only the signalled rank received it"
+    # one rank was signalled before the job stopped (mpirun may signal the others as
+    # they leave, after the save: a rank that exits first with 143 ends the job)
+    before=$(awk '/stopping at iteration/ { exit } /signal received/ { n++ } END { print n + 0 }' sig.log)
+    [ "$before" = 1 ] || { cat sig.log; fail "$before ranks received a signal before the stop, not 1"; }
     echo "SIGTERM to one of 4 ranks: the job stopped at iteration $k and saved (mpirun exit $rc)"
 
     end=$((k + 2))

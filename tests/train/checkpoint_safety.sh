@@ -88,10 +88,12 @@ echo "save path checked at start ok"
 # --- leftovers of crashed saves are removed at the next start and counted ---------
 mkdir -p ckA/iter_0000025.tmp && echo partial > ckA/iter_0000025.tmp/rank_00000.safetensors
 echo 7 > ckA/latest_checkpointed_iteration.txt.tmp
+# a prune cut short after it removed the index (the marker goes last)
+mkdir -p ckA/iter_0000030 && echo partial > ckA/iter_0000030/rank_00000.safetensors
 mt "checkpoint%load='ckA'" "checkpoint%save='ckA'" training%train_iters=20 > t.log 2>&1 ||
     { cat t.log; fail "start beside leftovers"; }
-grep -q "removed 2 leftovers of interrupted saves" t.log || { cat t.log; fail "leftovers not counted"; }
-ls -d ckA/*.tmp 2>/dev/null && fail "leftovers not removed"
+grep -q "removed 3 leftovers of interrupted saves" t.log || { cat t.log; fail "leftovers not counted"; }
+ls -d ckA/*.tmp ckA/iter_0000030 2>/dev/null && fail "leftovers not removed"
 echo "leftovers ok"
 
 # --- metrics: a resume appends no iteration twice; skipped steps are recorded -----
