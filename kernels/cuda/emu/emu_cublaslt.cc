@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <new>
+#include <vector>
 
 namespace {
 
@@ -270,18 +271,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     float (*rnd)(float) = m.compute == CUBLAS_COMPUTE_32F_FAST_16BF  ? round_bf16
                           : m.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? round_tf32
                                                                       : nullptr;
+    // op(A) as rows and op(B) as columns, each contiguous in k and rounded once
+    std::vector<double> ar(M * K), bc(N * K);
+    for (uint64_t i = 0; i < M; i++)
+        for (uint64_t k = 0; k < K; k++) {
+            const float a = m.ta == CUBLAS_OP_N ? Am[i + k * lda] : Am[k + i * lda];
+            ar[i * K + k] = rnd ? rnd(a) : a;
+        }
+    for (uint64_t j = 0; j < N; j++)
+        for (uint64_t k = 0; k < K; k++) {
+            const float b = m.tb == CUBLAS_OP_N ? Bm[k + j * ldb] : Bm[j + k * ldb];
+            bc[j * K + k] = rnd ? rnd(b) : b;
+        }
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t i = 0; i < M; i++) {
+            const double *a = &ar[i * K], *b = &bc[j * K];
             double s = 0.0;
-            for (uint64_t k = 0; k < K; k++) {
-                float a = m.ta == CUBLAS_OP_N ? Am[i + k * lda] : Am[k + i * lda];
-                float b = m.tb == CUBLAS_OP_N ? Bm[k + j * ldb] : Bm[j + k * ldb];
-                if (rnd) {
-                    a = rnd(a);
-                    b = rnd(b);
-                }
-                s += (double)a * (double)b;
-            }
+            for (uint64_t k = 0; k < K; k++) s += a[k] * b[k];
             float d = alpha * (float)s;
             if (beta != 0.0f) d += beta * Cm[i + j * ldc];
             Dm[i + j * ldd] = d;

@@ -35,8 +35,11 @@ namespace mt_emu {
 
 #if defined(__x86_64__)
 // void mt_emu_ctx_switch(void **save_sp, void *load_sp): saves the callee-saved
-// registers, MXCSR and the x87 control word on the current stack, stores the stack
-// pointer in *save_sp and resumes the context whose stack pointer is load_sp.
+// registers on the current stack, stores the stack pointer in *save_sp and resumes the
+// context whose stack pointer is load_sp. MXCSR and the x87 control word are not
+// switched: every fiber runs in the launching thread's floating-point environment
+// (device code has no way to change it), and fldcw serialises the core: it took half
+// of the switch's time.
 extern "C" void mt_emu_ctx_switch(void **save_sp, void *load_sp);
 extern "C" void mt_emu_fiber_start(void);
 asm(R"(
@@ -51,12 +54,8 @@ mt_emu_ctx_switch:
     pushq %r14
     pushq %r15
     subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
     addq $8, %rsp
     popq %r15
     popq %r14
@@ -143,7 +142,10 @@ struct launch_state {
     uint3 block_idx;
     std::vector<thread_state> *threads;
     unsigned nthreads, alive, at_barrier;
-    std::vector<unsigned> pending; // per warp: lanes waiting at a collective
+    std::vector<unsigned> pending;   // per warp: lanes waiting at a collective
+    std::vector<unsigned> exited;    // per warp: lanes that returned
+    std::vector<unsigned> lane_mask; // per thread: the mask it waits with (when pending)
+    std::vector<unsigned> one_mask;  // per warp: the mask every pending lane waits with, or 0
     std::vector<static_var> statics;
     size_t static_bytes, smem_extent;
     void *sched_sp;
@@ -260,6 +262,7 @@ static void fiber_main(void *)
 #endif
     t->state = DONE;
     L->alive--;
+    L->exited[t->warp] |= 1u << t->lane;
     thread_exited(L, t);
     switch_to_scheduler();
     fail(nullptr, 0, "an exited emulated thread was resumed");
@@ -267,7 +270,7 @@ static void fiber_main(void *)
 
 static void init_fiber(thread_state *t)
 {
-    // the frame mt_emu_ctx_switch pops: MXCSR/x87 word, r15..r12, rbx, rbp, return address
+    // the frame mt_emu_ctx_switch pops: a padding word, r15..r12, rbx, rbp, return address
     uint64_t *top = reinterpret_cast<uint64_t *>(t->stack + g_stack_bytes);
     uint64_t *sp = top - 3; // return address slot: after ret the stack is 16-byte aligned
     sp[0] = reinterpret_cast<uint64_t>(&mt_emu_fiber_start);
@@ -277,10 +280,7 @@ static void init_fiber(thread_state *t)
     sp[-4] = reinterpret_cast<uint64_t>(&fiber_main);       // r13: function
     sp[-5] = 0;                                             // r14
     sp[-6] = 0;                                             // r15
-    uint32_t csr[2];
-    asm volatile("stmxcsr %0" : "=m"(csr[0]));
-    asm volatile("fnstcw %0" : "=m"(csr[1]));
-    memcpy(&sp[-7], csr, sizeof csr);
+    sp[-7] = 0;
     t->sp = &sp[-7];
 }
 
@@ -377,22 +377,31 @@ static void collective(thread_state *t, int kind, unsigned mask, const char *fil
         fail(file, line, "%s with mask 0x%08x, which does not name the calling lane %u", kind_name(kind, t->sk), mask,
              t->lane);
     std::vector<thread_state> &T = *L->threads;
-    const unsigned base = t->warp * 32;
-    for (unsigned j = 0; j < 32; j++) {
-        if (!(mask & (1u << j))) continue;
-        if (base + j >= L->nthreads)
-            fail(file, line, "%s with mask 0x%08x names lane %u, which does not exist (the block has %u threads)",
-                 kind_name(kind, t->sk), mask, j, L->nthreads);
-        const thread_state &u = T[base + j];
-        if (u.state == DONE)
-            fail(file, line, "%s with mask 0x%08x names lane %u, which has returned from the kernel",
-                 kind_name(kind, t->sk), mask, j);
-        if ((L->pending[t->warp] & (1u << j)) && u.mask != mask)
-            fail(file, line, "%s: lane %u passes mask 0x%08x but lane %u waits at %s (%s:%d) with mask 0x%08x",
-                 kind_name(kind, t->sk), t->lane, mask, j, kind_name(u.kind, u.sk), u.file, u.line, u.mask);
+    const unsigned w = t->warp, base = w * 32;
+    const unsigned lanes = L->nthreads - base >= 32 ? 0xffffffffu : (1u << (L->nthreads - base)) - 1;
+    if (mask & ~lanes)
+        fail(file, line, "%s with mask 0x%08x names lane %d, which does not exist (the block has %u threads)",
+             kind_name(kind, t->sk), mask, __builtin_ctz(mask & ~lanes), L->nthreads);
+    if (mask & L->exited[w])
+        fail(file, line, "%s with mask 0x%08x names lane %d, which has returned from the kernel",
+             kind_name(kind, t->sk), mask, __builtin_ctz(mask & L->exited[w]));
+    // every pending lane named by mask must wait with mask (one comparison when all
+    // pending lanes share one mask, the usual case)
+    if (!L->pending[w]) L->one_mask[w] = mask;
+    else if (L->one_mask[w] != mask) {
+        for (unsigned pm = L->pending[w] & mask; pm; pm &= pm - 1) {
+            const unsigned j = (unsigned)__builtin_ctz(pm);
+            if (L->lane_mask[base + j] != mask) {
+                const thread_state &u = T[base + j];
+                fail(file, line, "%s: lane %u passes mask 0x%08x but lane %u waits at %s (%s:%d) with mask 0x%08x",
+                     kind_name(kind, t->sk), t->lane, mask, j, kind_name(u.kind, u.sk), u.file, u.line, u.mask);
+            }
+        }
+        L->one_mask[w] = 0;
     }
     wait_here(t, kind, file, line);
     t->mask = mask;
+    L->lane_mask[base + t->lane] = mask;
     L->pending[t->warp] |= 1u << t->lane;
 #ifdef MT_EMU_TSAN
     __tsan_release(&L->pending[t->warp]);
@@ -475,7 +484,8 @@ static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state 
         //   A: a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
         //   B: b0 (k 2t..2t+1, n g) b1 (k 2t+8.., n g)
         //   C, D: c0 c1 (g, 2t..2t+1) c2 c3 (g+8, 2t..2t+1)
-        float A[16][16], B[16][8], Cm[16][8];
+        double A[16][16], B[16][8], S[16][8] = {};
+        float Cm[16][8];
         for (unsigned l = 0; l < 32; l++) {
             const thread_state *u = lane[l];
             const unsigned g = l / 4, q = l % 4;
@@ -490,15 +500,17 @@ static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state 
             B[2 * q + 9][g] = bf16_hi(u->b1);
             for (int e = 0; e < 4; e++) Cm[g + (e >> 1) * 8][2 * q + (e & 1)] = u->c[e];
         }
+        // bf16 products are exact in fp32 and fp64; the 16 are summed in fp64 (k in
+        // order, every output at once) and added to c with one rounding (a tensor
+        // core's order is not specified)
+        for (int k = 0; k < 16; k++)
+            for (int row = 0; row < 16; row++)
+                for (int col = 0; col < 8; col++) S[row][col] += A[row][k] * B[k][col];
         for (unsigned l = 0; l < 32; l++) {
             const unsigned g = l / 4, q = l % 4;
             for (int e = 0; e < 4; e++) {
                 const unsigned row = g + (e >> 1) * 8, col = 2 * q + (e & 1);
-                // bf16 products are exact in fp32 and fp64; the 16 are summed in fp64 and
-                // added to c with one rounding (a tensor core's order is not specified)
-                double s = 0.0;
-                for (int k = 0; k < 16; k++) s += (double)A[row][k] * (double)B[k][col];
-                lane[l]->c[e] = (float)((double)Cm[row][col] + s);
+                lane[l]->c[e] = (float)((double)Cm[row][col] + S[row][col]);
             }
         }
         break;
@@ -729,6 +741,8 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
     L.threads = &g_threads;
     L.nthreads = (unsigned)nthreads;
     L.pending.assign((L.nthreads + 31) / 32, 0);
+    L.lane_mask.assign(L.nthreads, 0);
+    L.one_mask.assign((L.nthreads + 31) / 32, 0);
 #ifdef MT_EMU_TSAN
     L.sched_fiber = __tsan_get_current_fiber();
     __tsan_release(&L);
@@ -740,6 +754,7 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
                 L.block_idx = make_uint3(bx, by, bz);
                 L.alive = L.nthreads;
                 L.at_barrier = 0;
+                L.exited.assign((L.nthreads + 31) / 32, 0);
                 // fresh shared memory: NaN (0xff bytes) over what the kernel has used so far
                 if (L.smem_extent < smem) L.smem_extent = smem;
                 memset(g_smem, 0xff, L.smem_extent);
