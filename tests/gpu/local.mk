@@ -49,6 +49,18 @@ tests_gpu_emu_checks_SOURCES = tests/gpu/emu_checks.cc
 tests_gpu_emu_checks_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_checks_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_checks_LDADD = libmt_cuda_emu.la
+
+# mma.sync and ldmatrix on hand-computed cases, and their fragment tables against
+# NVIDIA CUTLASS's cute layouts (emu_cute_check.sh, skipped without nvidia-cutlass).
+check_PROGRAMS += tests/gpu/emu_tensor_core
+TESTS += tests/gpu/emu_tensor_core.sh tests/gpu/emu_cute_check.sh
+EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_cute_check.sh tests/gpu/emu_cute_oracle.cc
+tests_gpu_emu_tensor_core_SOURCES = tests/gpu/emu_tensor_core.cc
+tests_gpu_emu_tensor_core_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_tensor_core_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_tensor_core_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
 else
 EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc
+EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
+	tests/gpu/emu_cute_oracle.cc
 endif
