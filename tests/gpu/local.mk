@@ -59,8 +59,17 @@ tests_gpu_emu_tensor_core_SOURCES = tests/gpu/emu_tensor_core.cc
 tests_gpu_emu_tensor_core_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_tensor_core_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_tensor_core_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
+
+# The emulated cuBLASLt and cub against hand-computed cases.
+check_PROGRAMS += tests/gpu/emu_libraries
+TESTS += tests/gpu/emu_libraries.sh
+EXTRA_DIST += tests/gpu/emu_libraries.sh
+tests_gpu_emu_libraries_SOURCES = tests/gpu/emu_libraries.cc
+tests_gpu_emu_libraries_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_libraries_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
 else
 EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
-	tests/gpu/emu_cute_oracle.cc
+	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc
 endif
