@@ -64,7 +64,7 @@ MT_CUDA_EMU_SRC = \
 # threadIdx compared with int bounds.
 MT_CUDA_EMU_CPPFLAGS = -DMT_CUDA_EMU -I$(top_srcdir)/kernels/cuda/emu/include $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
 MT_CUDA_EMU_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unknown-pragmas -Wno-sign-compare \
-	-fno-strict-aliasing -ffp-contract=off
+	-fno-strict-aliasing -ffp-contract=off $(MT_SANITIZE_FLAGS)
 
 if CUDA_EMULATION
 noinst_LTLIBRARIES += libmt_cuda_emu.la
