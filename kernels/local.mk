@@ -49,6 +49,7 @@ MT_CUDA_EMU_SRC = \
 	kernels/cuda/emu/emu_exec.cc \
 	kernels/cuda/emu/emu_runtime.cc \
 	kernels/cuda/emu/emu_cublaslt.cc \
+	kernels/cuda/emu/emu_host.cc \
 	kernels/cuda/emu/include/cub/device/device_radix_sort.cuh \
 	kernels/cuda/emu/tu_cuda_memory.cc \
 	kernels/cuda/emu/tu_cuda_gemm.cc \

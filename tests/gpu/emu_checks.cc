@@ -19,15 +19,8 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_launch.cuh"
+#include "tests/gpu/emu_test.h"
 
-#define CHECK_CUDA(call)                                                                                   \
-    do {                                                                                                   \
-        const cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                           \
-            fprintf(stderr, "emu_checks: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                       \
-        }                                                                                                  \
-    } while (0)
 
 static int failures;
 static void expect(bool ok, const char *what)

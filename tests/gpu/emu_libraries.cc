@@ -13,14 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_CUDA(call)                                                                                   \
-    do {                                                                                                   \
-        const cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                           \
-            fprintf(stderr, "emu_libraries: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                       \
-        }                                                                                                  \
-    } while (0)
+#include "tests/gpu/emu_test.h"
+
 #define CHECK_LT(call)                                                                                     \
     do {                                                                                                   \
         const cublasStatus_t s_ = (call);                                                                  \

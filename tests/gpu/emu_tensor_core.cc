@@ -15,15 +15,8 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "tests/gpu/emu_test.h"
 
-#define CHECK_CUDA(call)                                                                                   \
-    do {                                                                                                   \
-        const cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                           \
-            fprintf(stderr, "emu_tensor_core: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                       \
-        }                                                                                                  \
-    } while (0)
 
 // ---------------------------------------------------------------- kernels
 

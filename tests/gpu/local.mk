@@ -45,7 +45,7 @@ tests_gpu_test_parity_emu_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.
 check_PROGRAMS += tests/gpu/emu_checks
 TESTS += tests/gpu/emu_checks.sh
 EXTRA_DIST += tests/gpu/emu_checks.sh
-tests_gpu_emu_checks_SOURCES = tests/gpu/emu_checks.cc
+tests_gpu_emu_checks_SOURCES = tests/gpu/emu_checks.cc tests/gpu/emu_test.h
 tests_gpu_emu_checks_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_checks_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_checks_LDADD = libmt_cuda_emu.la
@@ -55,7 +55,7 @@ tests_gpu_emu_checks_LDADD = libmt_cuda_emu.la
 check_PROGRAMS += tests/gpu/emu_tensor_core
 TESTS += tests/gpu/emu_tensor_core.sh tests/gpu/emu_cute_check.sh
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_cute_check.sh tests/gpu/emu_cute_oracle.cc
-tests_gpu_emu_tensor_core_SOURCES = tests/gpu/emu_tensor_core.cc
+tests_gpu_emu_tensor_core_SOURCES = tests/gpu/emu_tensor_core.cc tests/gpu/emu_test.h
 tests_gpu_emu_tensor_core_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_tensor_core_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_tensor_core_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
@@ -64,12 +64,27 @@ tests_gpu_emu_tensor_core_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.
 check_PROGRAMS += tests/gpu/emu_libraries
 TESTS += tests/gpu/emu_libraries.sh
 EXTRA_DIST += tests/gpu/emu_libraries.sh
-tests_gpu_emu_libraries_SOURCES = tests/gpu/emu_libraries.cc
+tests_gpu_emu_libraries_SOURCES = tests/gpu/emu_libraries.cc tests/gpu/emu_test.h
 tests_gpu_emu_libraries_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_libraries_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
+
+# moetrain with the emulated device in place of a GPU: src/main.c and src/version.c as
+# in a CUDA build, libmt_cuda_emu in place of libmt_cuda, first: the runtime's CUDA
+# calls (NCCL's streams and events) then find the emulator's, and a build with NCCL
+# never pulls in the real cudart it lists. `moetrain` itself is unchanged.
+check_PROGRAMS += tests/gpu/moetrain-emu
+TESTS += tests/gpu/train_parity_emu.sh
+EXTRA_DIST += tests/gpu/train_parity_emu.sh
+tests_gpu_moetrain_emu_SOURCES = kernels/cuda/emu/moetrain_emu_main.c kernels/cuda/emu/moetrain_emu_version.c \
+	kernels/cuda/emu/moetrain_emu.h
+nodist_tests_gpu_moetrain_emu_SOURCES = src/revision.h
+tests_gpu_moetrain_emu_CPPFLAGS = $(AM_CPPFLAGS) $(mpi_CFLAGS) $(cuda_emu_CFLAGS)
+tests_gpu_moetrain_emu_LDADD = libmt_cuda_emu.la $(filter-out libmt_cuda.la,$(MT_MODULE_LIBS)) $(MT_LIBS) -lstdc++
 else
-EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc
+EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc tests/gpu/emu_test.h
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
-	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc
+	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc \
+	tests/gpu/train_parity_emu.sh kernels/cuda/emu/moetrain_emu_main.c kernels/cuda/emu/moetrain_emu_version.c \
+	kernels/cuda/emu/moetrain_emu.h
 endif

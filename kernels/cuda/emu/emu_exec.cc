@@ -146,6 +146,7 @@ struct launch_state {
     std::vector<unsigned> exited;    // per warp: lanes that returned
     std::vector<unsigned> lane_mask; // per thread: the mask it waits with (when pending)
     std::vector<unsigned> one_mask;  // per warp: the mask every pending lane waits with, or 0
+    std::vector<unsigned char> runnable; // per thread: state == RUNNABLE (what the scheduler scans)
     std::vector<static_var> statics;
     size_t static_bytes, smem_extent;
     void *sched_sp;
@@ -261,6 +262,7 @@ static void fiber_main(void *)
     __tsan_release(&L->alive);
 #endif
     t->state = DONE;
+    L->runnable[t->linear] = 0;
     L->alive--;
     L->exited[t->warp] |= 1u << t->lane;
     thread_exited(L, t);
@@ -311,6 +313,7 @@ static void ensure_threads(unsigned n)
 static void wait_here(thread_state *t, int kind, const char *file, int line)
 {
     t->state = BLOCKED;
+    g_launch->runnable[t->linear] = 0;
     t->kind = kind;
     t->file = file;
     t->line = line;
@@ -331,6 +334,7 @@ static void release_barrier(launch_state *L)
     }
     for (unsigned i = 0; i < L->nthreads; i++) {
         T[i].state = RUNNABLE;
+        L->runnable[i] = 1;
         T[i].kind = W_NONE;
     }
     L->at_barrier = 0;
@@ -549,6 +553,7 @@ static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state 
     for (unsigned j = 0; j < 32; j++)
         if (lane[j]) {
             lane[j]->state = RUNNABLE;
+            L->runnable[base + j] = 1;
             lane[j]->kind = W_NONE;
         }
     L->pending[warp] &= ~mask;
@@ -609,8 +614,8 @@ static void thread_exited(launch_state *L, thread_state *t)
     // a lane still awaited by a collective
     std::vector<thread_state> &T = *L->threads;
     const unsigned base = t->warp * 32, pend = L->pending[t->warp];
-    for (unsigned j = 0; j < 32; j++)
-        if ((pend & (1u << j)) && (T[base + j].mask & (1u << t->lane))) {
+    for (unsigned p = pend, j; p; p &= p - 1)
+        if (j = (unsigned)__builtin_ctz(p), T[base + j].mask & (1u << t->lane)) {
             const thread_state &u = T[base + j];
             fail(u.file, u.line, "lane %u waits at %s with mask 0x%08x, which names lane %u; that lane returned from "
                  "the kernel", j, kind_name(u.kind, u.sk), u.mask, t->lane);
@@ -743,6 +748,7 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
     L.pending.assign((L.nthreads + 31) / 32, 0);
     L.lane_mask.assign(L.nthreads, 0);
     L.one_mask.assign((L.nthreads + 31) / 32, 0);
+    L.runnable.assign(L.nthreads, 0);
 #ifdef MT_EMU_TSAN
     L.sched_fiber = __tsan_get_current_fiber();
     __tsan_release(&L);
@@ -768,13 +774,14 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
                     t.warp = i / 32;
                     t.lane = i % 32;
                     t.state = RUNNABLE;
+                    L.runnable[i] = 1;
                     t.kind = W_NONE;
                     init_fiber(&t);
                 }
                 while (L.alive) {
                     bool ran = false;
                     for (unsigned i = 0; i < L.nthreads; i++)
-                        if (g_threads[i].state == RUNNABLE) {
+                        if (L.runnable[i]) {
                             run_fiber(&L, &g_threads[i]);
                             ran = true;
                         }

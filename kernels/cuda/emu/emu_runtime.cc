@@ -265,6 +265,7 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     default: return "unknown error (emulator)";
     }
 }
@@ -421,6 +422,45 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+// Work is done when it is issued: a stream is always idle, an event always reached.
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+
+struct emu_event {
+    unsigned magic;
+};
+static const unsigned event_magic = 0x65766e74; // "evnt"
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
+{
+    emu_event *ev = new emu_event{event_magic};
+    *e = reinterpret_cast<cudaEvent_t>(ev);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+
+static cudaError_t check_event(const char *api, cudaEvent_t e)
+{
+    const emu_event *ev = reinterpret_cast<const emu_event *>(e);
+    if (!ev || ev->magic != event_magic) {
+        fprintf(stderr, "moetrain CUDA emulator: %s(%p): not an event (never created, or destroyed)\n", api,
+                (void *)e);
+        return ret(cudaErrorInvalidResourceHandle);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { return check_event("cudaEventRecord", e); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return check_event("cudaEventSynchronize", e); }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return check_event("cudaEventQuery", e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return check_event("cudaStreamWaitEvent", e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    const cudaError_t r = check_event("cudaEventDestroy", e);
+    if (r != cudaSuccess) return r;
+    emu_event *ev = reinterpret_cast<emu_event *>(e);
+    ev->magic = 0;
+    delete ev;
+    return cudaSuccess;
+}
 
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
