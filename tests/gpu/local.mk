@@ -70,21 +70,24 @@ tests_gpu_emu_libraries_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
 
 # moetrain with the emulated device in place of a GPU: src/main.c and src/version.c as
-# in a CUDA build, libmt_cuda_emu in place of libmt_cuda, first: the runtime's CUDA
+# in a CUDA build (kernels/cuda/emu/shim/config.h), libmt_cuda_emu in place of
+# libmt_cuda, first: the runtime's CUDA
 # calls (NCCL's streams and events) then find the emulator's, and a build with NCCL
 # never pulls in the real cudart it lists. `moetrain` itself is unchanged.
 check_PROGRAMS += tests/gpu/moetrain-emu
 TESTS += tests/gpu/train_parity_emu.sh
 EXTRA_DIST += tests/gpu/train_parity_emu.sh
-tests_gpu_moetrain_emu_SOURCES = kernels/cuda/emu/moetrain_emu_main.c kernels/cuda/emu/moetrain_emu_version.c \
-	kernels/cuda/emu/moetrain_emu.h
+tests_gpu_moetrain_emu_SOURCES = src/main.c src/version.c kernels/cuda/emu/shim/config.h
 nodist_tests_gpu_moetrain_emu_SOURCES = src/revision.h
-tests_gpu_moetrain_emu_CPPFLAGS = $(AM_CPPFLAGS) $(mpi_CFLAGS) $(cuda_emu_CFLAGS)
+src/tests_gpu_moetrain_emu-version.$(OBJEXT): src/revision.h
+tests_gpu_moetrain_emu_CPPFLAGS = -iquote $(top_srcdir)/kernels/cuda/emu/shim $(AM_CPPFLAGS) $(mpi_CFLAGS) $(cuda_emu_CFLAGS)
+# src/main.c's dm_is_cuda is used only with NCCL: a CUDA build without NCCL (as this
+# program is in a build without nvcc) would fail on it as unused.
+tests_gpu_moetrain_emu_CFLAGS = $(AM_CFLAGS) -Wno-unused-function
 tests_gpu_moetrain_emu_LDADD = libmt_cuda_emu.la $(filter-out libmt_cuda.la,$(MT_MODULE_LIBS)) $(MT_LIBS) -lstdc++
 else
 EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc tests/gpu/emu_test.h
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
 	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc \
-	tests/gpu/train_parity_emu.sh kernels/cuda/emu/moetrain_emu_main.c kernels/cuda/emu/moetrain_emu_version.c \
-	kernels/cuda/emu/moetrain_emu.h
+	tests/gpu/train_parity_emu.sh kernels/cuda/emu/shim/config.h
 endif
