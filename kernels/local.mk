@@ -30,6 +30,9 @@ LTNVCCCOMPILE = $(LIBTOOL) $(AM_V_lt) --tag=CC --mode=compile \
 SUFFIXES = .cu
 .cu.lo:
 	$(AM_V_GEN)$(LTNVCCCOMPILE) -c -o $@ $<
+# The GPU code built (NVCC_GENCODE) follows --with-cuda-arch, whose list config.h
+# holds (MT_CUDA_ARCHS): reconfiguring for other architectures rebuilds the .cu files.
+$(libmt_cuda_la_OBJECTS): $(top_builddir)/config.h
 
 noinst_LTLIBRARIES += libmt_cuda.la
 MT_MODULE_LIBS += libmt_cuda.la
@@ -48,6 +51,8 @@ MT_CUDA_EMU_SRC = \
 	kernels/cuda/emu/emu_internal.h \
 	kernels/cuda/emu/emu_exec.cc \
 	kernels/cuda/emu/emu_runtime.cc \
+	kernels/cuda/emu/emu_streams.h \
+	kernels/cuda/emu/emu_streams.cc \
 	kernels/cuda/emu/emu_cublaslt.cc \
 	kernels/cuda/emu/emu_host.cc \
 	kernels/cuda/emu/include/cub/device/device_radix_sort.cuh \

@@ -26,6 +26,13 @@ UNIT_TESTS = $(filter-out %.sh,$(TESTS))
 check-unit:
 	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(UNIT_TESTS)'
 .PHONY: check-unit
+
+# The tests that need a real GPU (this project's machines have none: `make check` runs
+# the same code on the CUDA emulator). On a GPU node: make check-gpu
+check-gpu:
+	@test -n '$(GPU_TESTS)' || { echo "check-gpu: this build has no CUDA backend (configure --with-cuda)"; exit 1; }
+	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(GPU_TESTS)'
+.PHONY: check-gpu
 include tests/train/local.mk
 include tests/doc/local.mk
 

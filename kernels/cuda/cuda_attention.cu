@@ -38,8 +38,9 @@ struct att_shape {
     static constexpr int stride = DMAX + 8; // bf16 elements per smem row (16-byte pad)
     static constexpr int tile = ATT_BC * stride;
     // query rows per step of the dK/dV kernel: its dK and dV accumulators take 2 DMAX/8
-    // x 4 registers a thread, so at DMAX 128 the score tiles are halved to stay in 255
-    static constexpr int bq = DMAX == 128 ? 32 : 64;
+    // x 4 registers a thread (128 at DMAX 128), so there the score tiles are 16 queries:
+    // at 32 ptxas sat at the 255 cap (kernels/cuda/ptxas-budget.txt)
+    static constexpr int bq = DMAX == 128 ? 16 : 64;
 };
 
 // rows (row0 .. row0+nrows-1) of one head into a bf16 tile [row][DMAX]; row t of the

@@ -1,8 +1,13 @@
 /* CUDA backend: the op table. Written in C so that it is checked by the same
  * designated-initializer table as the CPU backend; the ops live in the .cu files. */
+#include "config.h"
+
 #include "kernels/cuda/cuda_backend.h"
 
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "util/error.h"
@@ -67,4 +72,52 @@ const struct mt_kernels *mt_kernels_cuda(struct mt_err *err)
     }
     pthread_mutex_unlock(&init_lock);
     return k;
+}
+
+/* A build of the emulator without nvcc has no configured list: its devices (H100,
+ * GB200) run what configure's default builds. */
+#ifndef MT_CUDA_ARCHS
+#define MT_CUDA_ARCHS "sm_90 sm_100 compute_100"
+#endif
+
+const char *mt_cuda_archs(void) { return MT_CUDA_ARCHS; }
+
+enum mt_cuda_image mt_cuda_image_for(const char *archs, int major, int minor, char *which, size_t which_len)
+{
+    enum mt_cuda_image best = MT_CUDA_IMAGE_NONE;
+    int best_n = -1;
+    const char *p = archs;
+    while (*p) {
+        size_t len = strcspn(p, " \t");
+        if (len == 0) {
+            p++;
+            continue;
+        }
+        char word[32] = "";
+        if (len < sizeof word) memcpy(word, p, len), word[len] = '\0';
+        p += len;
+        enum mt_cuda_image kind = MT_CUDA_IMAGE_NONE;
+        const char *num = word;
+        if (!strncmp(word, "sm_", 3)) kind = MT_CUDA_IMAGE_SASS, num += 3;
+        else if (!strncmp(word, "compute_", 8)) kind = MT_CUDA_IMAGE_PTX, num += 8;
+        char *end;
+        long n = strtol(num, &end, 10);
+        if (kind == MT_CUDA_IMAGE_NONE || end == num || n <= 0 || n > 10000 ||
+            (*end && ((*end != 'a' && *end != 'f') || end[1])))
+            continue; /* not an architecture (configure lets none through) */
+        const int code_major = (int)n / 10, code_minor = (int)n % 10;
+        bool fits;
+        if (*end == 'a') fits = major == code_major && minor == code_minor;
+        else if (*end == 'f' || kind == MT_CUDA_IMAGE_SASS) fits = major == code_major && minor >= code_minor;
+        else fits = major > code_major || (major == code_major && minor >= code_minor);
+        /* the driver takes SASS before PTX, then the newest */
+        const bool better = best == MT_CUDA_IMAGE_NONE || (kind == MT_CUDA_IMAGE_SASS && best == MT_CUDA_IMAGE_PTX) ||
+                            (kind == best && n > best_n);
+        if (!fits || !better) continue;
+        best = kind;
+        best_n = (int)n;
+        if (which && which_len) snprintf(which, which_len, "%s", word);
+    }
+    if (best == MT_CUDA_IMAGE_NONE && which && which_len) which[0] = '\0';
+    return best;
 }

@@ -78,8 +78,23 @@ struct mt_cuda_device_info {
 };
 int mt_cuda_device_info(struct mt_cuda_device_info *info);
 
+/* Which of the GPU code this build holds (MT_CUDA_ARCHS, configure's --with-cuda-arch:
+ * sm_NN SASS, compute_NN PTX, each optionally with the suffix a or f) a GPU of compute
+ * capability major.minor runs, as the CUDA driver chooses: SASS sm_XY runs on X.Z for
+ * Z >= Y (sm_XYf likewise, sm_XYa on X.Y only); failing that, PTX compute_XY is
+ * compiled for any X.Y or newer (compute_XYa for X.Y only, compute_XYf within X).
+ * Names the entry used (the newest that fits) in which. A device with NONE fails every
+ * launch with "no kernel image is available for execution on the device". */
+enum mt_cuda_image { MT_CUDA_IMAGE_NONE, MT_CUDA_IMAGE_SASS, MT_CUDA_IMAGE_PTX };
+enum mt_cuda_image mt_cuda_image_for(const char *archs, int major, int minor, char *which, size_t which_len);
+
+/* MT_CUDA_ARCHS of this build. */
+const char *mt_cuda_archs(void);
+
 /* Writes a one-line description of the visible CUDA devices (or why there are none)
- * into buf. Returns the number of devices (0 when none or no driver). */
+ * into buf, with which of this build's GPU code device 0 runs ("runs sm_90 SASS",
+ * "runs compute_100 PTX (compiled at load)" or "no kernel image in this build").
+ * Returns the number of devices (0 when none or no driver). */
 int mt_cuda_describe(char *buf, size_t n);
 
 /* Runs a tiny kernel (y = a*x + y on n elements) on device 0 and checks the result

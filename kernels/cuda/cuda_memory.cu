@@ -72,6 +72,9 @@ extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
         c->device_allocs++;
     }
     c->live[p] = sz;
+#ifdef MT_CUDA_EMU
+    ::mt_emu::note_extent(p, bytes, c->stream); // the request, not the size class, is checked
+#endif
     c->in_use += sz;
     if (c->in_use > c->peak_in_use) c->peak_in_use = c->in_use;
     return p;
@@ -87,6 +90,9 @@ extern "C" void mt_cuda_free(void *ctx, void *p)
         mt_cuda_fatal(__FILE__, __LINE__, "free", "pointer was not returned by alloc (or freed twice)");
     const size_t sz = it->second;
     c->live.erase(it);
+#ifdef MT_CUDA_EMU
+    ::mt_emu::note_cached(p, c->stream); // a use before the block is handed out again is a use after free
+#endif
     c->in_use -= sz;
     c->free_blocks.emplace(sz, p);
     c->cached += sz;
@@ -149,6 +155,17 @@ extern "C" int mt_cuda_select_device(int device, char *msg, size_t msg_len)
         snprintf(msg, msg_len, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
         return -1;
     }
+    // refused here with the reason rather than at the first kernel ("no kernel image")
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) == cudaSuccess &&
+        mt_cuda_image_for(mt_cuda_archs(), p.major, p.minor, NULL, 0) == MT_CUDA_IMAGE_NONE) {
+        snprintf(msg, msg_len,
+                 "CUDA device %d (%s) is sm_%d%d; this moetrain holds GPU code for %s only, none of which it "
+                 "runs (rebuild with ./configure --with-cuda-arch, e.g. adding sm_%d%d)",
+                 device, p.name, p.major, p.minor, mt_cuda_archs(), p.major, p.minor);
+        return -1;
+    }
+    (void)cudaGetLastError();
     return 0;
 }
 

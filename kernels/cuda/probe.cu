@@ -30,8 +30,12 @@ extern "C" int mt_cuda_describe(char *buf, size_t n)
         snprintf(buf, n, "%d CUDA device(s)", count);
         return count;
     }
-    snprintf(buf, n, "%d CUDA device(s); device 0: %s, sm_%d%d, %.1f GiB", count, p.name,
-             p.major, p.minor, (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    char which[32];
+    const enum mt_cuda_image img = mt_cuda_image_for(mt_cuda_archs(), p.major, p.minor, which, sizeof which);
+    snprintf(buf, n, "%d CUDA device(s); device 0: %s, sm_%d%d, %.1f GiB, %s%s%s", count, p.name, p.major, p.minor,
+             (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
+             img == MT_CUDA_IMAGE_NONE ? "no kernel image in this build" : "runs ", which,
+             img == MT_CUDA_IMAGE_SASS ? " SASS" : img == MT_CUDA_IMAGE_PTX ? " PTX (compiled at load)" : "");
     return count;
 }
 

@@ -67,7 +67,9 @@ tests/runtime/build.env: Makefile
 
 TESTS += tests/runtime/mpi_collectives.sh tests/runtime/mpi_faults.sh \
 	tests/runtime/launch_errors.sh tests/runtime/cli_multirank.sh \
-	tests/runtime/nccl_collectives.sh tests/slurm/srun_pmix.sh tests/slurm/sbatch_script.sh
+	tests/slurm/srun_pmix.sh tests/slurm/sbatch_script.sh
+# NCCL on real GPUs (make check-gpu)
+GPU_TESTS += tests/runtime/nccl_collectives.sh
 EXTRA_DIST += tests/runtime/common.sh tests/runtime/lsan.supp tests/runtime/mpi_collectives.sh \
 	tests/runtime/mpi_faults.sh tests/runtime/launch_errors.sh tests/runtime/cli_multirank.sh \
 	tests/runtime/nccl_collectives.sh tests/slurm/cluster.sh tests/slurm/srun_pmix.sh \
@@ -82,4 +84,38 @@ tests_runtime_nccl_check_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_CFLAGS) $(nccl_CFLAGS)
 tests_runtime_nccl_check_LDADD = $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) $(cuda_LIBS)
 else
 EXTRA_DIST += tests/runtime/nccl_check.c tests/runtime/check.h
+endif
+
+# The emulated NCCL (kernels/cuda/emu/emu_nccl.cc, doc/cuda-emulator.md "NCCL"): a
+# libnccl.so.2 of its own, which the real loader (nccl_dl.c, dynlib.c) opens through
+# LD_LIBRARY_PATH, and nccl_check on the CUDA emulator (libmt_cuda_emu first in the link,
+# as for tests/gpu/moetrain-emu), over 1, 2 and 4 processes. A plain rule: the build's
+# libtool makes static libraries only (LT_INIT disable-shared).
+EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh \
+	tests/runtime/emu_nccl_api.c
+if CUDA_EMULATION
+# The emulated NCCL waits for a call's stream through the program's cudaStreamSynchronize
+# (the emulator may defer device work): the programs that load it export that one.
+MT_EMU_NCCL_EXPORT = -Wl,--export-dynamic-symbol=cudaStreamSynchronize
+tests_gpu_moetrain_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
+if HAVE_NCCL
+check_SCRIPTS += tests/runtime/emu-nccl/libnccl.so.2
+CLEANFILES += tests/runtime/emu-nccl/libnccl.so.2
+tests/runtime/emu-nccl/libnccl.so.2: kernels/cuda/emu/emu_nccl.cc
+	$(AM_V_CXXLD)$(MKDIR_P) tests/runtime/emu-nccl && \
+	$(CXX) $(cuda_emu_CFLAGS) $(MT_CUDA_EMU_CXXFLAGS) $(CXXFLAGS) -fPIC -shared \
+		-pthread -Wl,-soname,libnccl.so.2 $(LDFLAGS) -o $@ $(srcdir)/kernels/cuda/emu/emu_nccl.cc
+
+check_PROGRAMS += tests/runtime/nccl_check-emu
+TESTS += tests/runtime/nccl_collectives_emu.sh
+tests_runtime_nccl_check_emu_SOURCES = tests/runtime/nccl_check.c tests/runtime/check.h
+tests_runtime_nccl_check_emu_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
+tests_runtime_nccl_check_emu_LDADD = libmt_cuda_emu.la $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) -lstdc++
+tests_runtime_nccl_check_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
+# the emulated NCCL's API itself: every type and reduction, argument checks, groups
+check_PROGRAMS += tests/runtime/emu_nccl_api
+tests_runtime_emu_nccl_api_SOURCES = tests/runtime/emu_nccl_api.c
+tests_runtime_emu_nccl_api_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
+tests_runtime_emu_nccl_api_LDADD = $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS)
+endif
 endif

@@ -4,8 +4,10 @@
 # The .sh wrappers run them under the exit-status driver, which understands 77.
 MT_GPU_TEST_SH = tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
 	tests/gpu/test_parity_cpu.sh tests/gpu/test_parity_emu.sh \
+	tests/gpu/fatbin_archs.sh tests/gpu/ptxas_budget.sh \
 	bench/gpu_step.sh
-MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c bench/gpu_ops.c
+MT_GPU_TEST_SRC = tests/gpu/test_cuda_table.c tests/gpu/test_parity.c tests/gpu/fatbin_list.c bench/gpu_ops.c
+EXTRA_DIST += kernels/cuda/ptxas-budget.txt
 # The training-parity script's comparisons, CPU against CPU: needs no GPU, runs everywhere.
 TESTS += tests/gpu/train_parity_cpu.sh
 EXTRA_DIST += tests/gpu/train_parity_cpu.sh bench/torch_moe_step.py bench/qwen3_30b_proxy.nml
@@ -16,9 +18,21 @@ if HAVE_CUDA
 GPU_TEST_LIBS = libmt_cuda.la libmt_kernels.la libmt_util.la $(MT_LIBS) $(cuda_LIBS) -lstdc++
 
 check_PROGRAMS += tests/gpu/test_cuda_table tests/gpu/test_parity bench/gpu_ops
-TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity.sh tests/gpu/train_parity.sh \
-	tests/gpu/test_parity_cpu.sh
+TESTS += tests/gpu/test_cuda_table.sh tests/gpu/test_parity_cpu.sh
+# On a real GPU (`make check-gpu`, tests/local.mk): the parity harness at full length
+# and the training parity on the device. Not in `make check`, which runs both on the
+# emulator below (test_parity_emu.sh, train_parity_emu.sh) and never skips them.
+GPU_TESTS += tests/gpu/test_parity.sh tests/gpu/train_parity.sh
 EXTRA_DIST += $(MT_GPU_TEST_SH)
+
+# What nvcc built, without a GPU: the GPU code in moetrain (SASS and PTX of
+# --with-cuda-arch, read by fatbin_list) and the kernels' registers and spills against
+# kernels/cuda/ptxas-budget.txt (ptxas_budget.sh compiles every .cu again, ~1 minute of
+# a core: started early, with the long tests).
+check_PROGRAMS += tests/gpu/fatbin_list
+TESTS += tests/gpu/fatbin_archs.sh
+MT_LONG_TESTS += tests/gpu/ptxas_budget.sh
+tests_gpu_fatbin_list_SOURCES = tests/gpu/fatbin_list.c
 
 tests_gpu_test_cuda_table_SOURCES = tests/gpu/test_cuda_table.c
 tests_gpu_test_cuda_table_LDADD = $(GPU_TEST_LIBS)
@@ -36,7 +50,7 @@ endif
 # the real kernels/cuda code, every case, against the CPU reference, without a GPU.
 if CUDA_EMULATION
 check_PROGRAMS += tests/gpu/test_parity_emu
-TESTS += tests/gpu/test_parity_emu.sh
+MT_LONG_TESTS += tests/gpu/test_parity_emu.sh
 tests_gpu_test_parity_emu_SOURCES = tests/gpu/test_parity.c
 tests_gpu_test_parity_emu_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS) -lstdc++
 
@@ -49,6 +63,36 @@ tests_gpu_emu_checks_SOURCES = tests/gpu/emu_checks.cc tests/gpu/emu_test.h
 tests_gpu_emu_checks_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_checks_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_checks_LDADD = libmt_cuda_emu.la
+
+# Data races of kernels, reported by ThreadSanitizer through the emulator's fibers
+# (--enable-sanitizers=thread); other builds check the race-free variants' results.
+check_PROGRAMS += tests/gpu/emu_races
+TESTS += tests/gpu/emu_races.sh
+EXTRA_DIST += tests/gpu/emu_races.sh
+tests_gpu_emu_races_SOURCES = tests/gpu/emu_races.cc tests/gpu/emu_test.h
+tests_gpu_emu_races_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_races_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_races_LDADD = libmt_cuda_emu.la
+
+# Streams and events: work ordered in every way CUDA provides runs correctly in both
+# modes (MT_EMU_STREAMS=immediate, deferred); unordered work is reported.
+check_PROGRAMS += tests/gpu/emu_streams
+TESTS += tests/gpu/emu_streams.sh
+EXTRA_DIST += tests/gpu/emu_streams.sh
+tests_gpu_emu_streams_SOURCES = tests/gpu/emu_streams.cc tests/gpu/emu_test.h
+tests_gpu_emu_streams_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_streams_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_streams_LDADD = libmt_cuda_emu.la
+
+# Exact extents: copies past the bytes requested, or of a block in the allocator's
+# cache, are errors; kernels doing so are reported under AddressSanitizer.
+check_PROGRAMS += tests/gpu/emu_memory
+TESTS += tests/gpu/emu_memory.sh
+EXTRA_DIST += tests/gpu/emu_memory.sh
+tests_gpu_emu_memory_SOURCES = tests/gpu/emu_memory.cc tests/gpu/emu_test.h
+tests_gpu_emu_memory_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_memory_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_memory_LDADD = libmt_cuda_emu.la
 
 # mma.sync and ldmatrix on hand-computed cases, and their fragment tables against
 # NVIDIA CUTLASS's cute layouts (emu_cute_check.sh, skipped without nvidia-cutlass).
@@ -75,7 +119,7 @@ tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
 # calls (NCCL's streams and events) then find the emulator's, and a build with NCCL
 # never pulls in the real cudart it lists. `moetrain` itself is unchanged.
 check_PROGRAMS += tests/gpu/moetrain-emu
-TESTS += tests/gpu/train_parity_emu.sh
+MT_LONG_TESTS += tests/gpu/train_parity_emu.sh
 EXTRA_DIST += tests/gpu/train_parity_emu.sh
 tests_gpu_moetrain_emu_SOURCES = src/main.c src/version.c kernels/cuda/emu/shim/config.h
 nodist_tests_gpu_moetrain_emu_SOURCES = src/revision.h
@@ -87,6 +131,8 @@ tests_gpu_moetrain_emu_CFLAGS = $(AM_CFLAGS) -Wno-unused-function
 tests_gpu_moetrain_emu_LDADD = libmt_cuda_emu.la $(filter-out libmt_cuda.la,$(MT_MODULE_LIBS)) $(MT_LIBS) -lstdc++
 else
 EXTRA_DIST += tests/gpu/emu_checks.sh tests/gpu/emu_checks.cc tests/gpu/emu_test.h
+EXTRA_DIST += tests/gpu/emu_races.sh tests/gpu/emu_races.cc
+EXTRA_DIST += tests/gpu/emu_streams.sh tests/gpu/emu_streams.cc tests/gpu/emu_memory.sh tests/gpu/emu_memory.cc
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
 	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc \
 	tests/gpu/train_parity_emu.sh kernels/cuda/emu/shim/config.h

@@ -1,6 +1,8 @@
-/* The CUDA backend's op table has every slot of enum mt_op filled, and the backend
- * reports a missing device with a message instead of failing later. Runs without a
- * GPU: the table is static, and the device is only touched by mt_kernels_cuda(). */
+/* The CUDA backend's op table has every slot of enum mt_op filled, the choice of GPU
+ * code for a device (mt_cuda_image_for) follows CUDA's compatibility rules, and the
+ * backend reports a missing device with a message instead of failing later. Runs
+ * without a GPU: the table is static, and the device is only touched by
+ * mt_kernels_cuda(). */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,8 +10,53 @@
 #include "kernels/kernels.h"
 #include "util/error.h"
 
+/* Devices against build lists: what runs (SASS, PTX or nothing) and which entry. */
+static int check_images(void)
+{
+    static const struct {
+        const char *archs;
+        int major, minor;
+        enum mt_cuda_image want;
+        const char *which;
+    } cases[] = {
+        {"sm_90 sm_100 compute_100", 9, 0, MT_CUDA_IMAGE_SASS, "sm_90"},
+        {"sm_90 sm_100 compute_100", 10, 0, MT_CUDA_IMAGE_SASS, "sm_100"},
+        {"sm_90 sm_100 compute_100", 10, 3, MT_CUDA_IMAGE_SASS, "sm_100"}, /* GB300: same major */
+        {"sm_90 sm_100 compute_100", 12, 0, MT_CUDA_IMAGE_PTX, "compute_100"},
+        {"sm_90 sm_100 compute_100", 11, 0, MT_CUDA_IMAGE_PTX, "compute_100"},
+        {"sm_90 sm_100 compute_100", 8, 0, MT_CUDA_IMAGE_NONE, ""}, /* older than the PTX */
+        {"sm_90 sm_100 compute_100", 9, 1, MT_CUDA_IMAGE_SASS, "sm_90"},
+        {"sm_90a sm_100a", 9, 0, MT_CUDA_IMAGE_SASS, "sm_90a"},
+        {"sm_90a sm_100a", 10, 3, MT_CUDA_IMAGE_NONE, ""}, /* a: that GPU only */
+        {"sm_90a sm_100a", 12, 0, MT_CUDA_IMAGE_NONE, ""},
+        {"sm_100f", 10, 3, MT_CUDA_IMAGE_SASS, "sm_100f"},
+        {"sm_100f", 12, 0, MT_CUDA_IMAGE_NONE, ""},
+        {"compute_90a", 10, 0, MT_CUDA_IMAGE_NONE, ""},
+        {"compute_90 compute_100", 12, 1, MT_CUDA_IMAGE_PTX, "compute_100"}, /* the newest PTX */
+        {"compute_100 sm_90", 9, 0, MT_CUDA_IMAGE_SASS, "sm_90"}, /* SASS before PTX */
+        {"compute_90 sm_100", 10, 0, MT_CUDA_IMAGE_SASS, "sm_100"},
+        {"  sm_80   sm_86 ", 8, 9, MT_CUDA_IMAGE_SASS, "sm_86"},
+        {"", 9, 0, MT_CUDA_IMAGE_NONE, ""},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char which[32] = "?";
+        enum mt_cuda_image got = mt_cuda_image_for(cases[i].archs, cases[i].major, cases[i].minor, which, sizeof which);
+        if (got != cases[i].want || strcmp(which, cases[i].which) != 0) {
+            fprintf(stderr, "FAIL: build \"%s\", device sm_%d%d: got %d (%s), expected %d (%s)\n", cases[i].archs,
+                    cases[i].major, cases[i].minor, (int)got, which, (int)cases[i].want, cases[i].which);
+            bad = 1;
+        }
+    }
+    if (!bad) printf("ok: GPU code chosen for %zu build/device pairs; this build: %s\n", sizeof cases / sizeof cases[0],
+                     mt_cuda_archs());
+    return bad;
+}
+
 int main(void)
 {
+    if (check_images()) return 1;
+
     struct mt_kernels k = {.name = "cuda", .ctx = NULL, .op = *mt_kernels_cuda_ops()};
     enum mt_op missing = MT_OP_COUNT;
     int n = mt_kernels_count_ops(&k, &missing);

@@ -28,13 +28,20 @@
  *   bit-identical, and are compared bytewise.
  *
  * MT_PARITY_BACKEND=cpu runs the harness with the CPU backend in the device's place
- * (every comparison must then be exact): a check of this program without a GPU. */
+ * (every comparison must then be exact): a check of this program without a GPU.
+ * MT_PARITY_QUICK=1 runs one shape per op family (the first listed, or the one named
+ * at its list), without the long attention run: every kernel at least once, for the
+ * CUDA emulator under ThreadSanitizer (doc/cuda-emulator.md), which is slow. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SANITIZE_THREAD__) && defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/kernels.h"
@@ -50,6 +57,7 @@
 
 static const struct mt_kernels *C, *G; /* reference, under test */
 static bool selftest;
+static bool quick; /* MT_PARITY_QUICK: one shape per family */
 static int checks, failures;
 static uint64_t next_stream = 1;
 
@@ -263,10 +271,11 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, int pad, bool exact
 static void test_gemm(void)
 {
     static const int shapes[][3] = {{64, 48, 32}, {37, 53, 29}, {1, 300, 64}, {130, 7, 3}, {256, 512, 1024}};
-    for (int s = 0; s < 5; s++)
+    for (int s = 0; s < (quick ? 1 : 5); s++)
         for (int mode = 0; mode < 4; mode++)
             for (int ex = 0; ex < 2; ex++)
                 gemm_case(mode & 1, mode & 2, shapes[s][0], shapes[s][1], shapes[s][2], 0, ex, false);
+    if (quick) return;
     gemm_case(false, true, 96, 80, 64, 0, true, true); /* beta = 0 ignores NaN in C */
     gemm_case(true, false, 33, 40, 50, 5, false, false); /* leading dimensions above the sizes */
     gemm_case(false, false, 20, 30, 0, 0, false, false); /* K = 0: C = beta C */
@@ -339,6 +348,7 @@ static void test_grouped_gemm(void)
     for (int g = 0; g < 1500; g++) many[g] = (int32_t)mt_rng_below(7, 1, (uint64_t)g, 3); /* > 1024 groups */
     for (int mode = 0; mode < 3; mode++) {
         for (int ex = 0; ex < 2; ex++) grouped_case(mode, 8, small, 96, 128, 64, ex);
+        if (quick) continue;
         grouped_case(mode, 8, small, 30, 50, 30, false);    /* sizes off multiples of 4 */
         grouped_case(mode, 16, big, 384, 256, 256, true);   /* Qwen-like slabs, larger */
         grouped_case(mode, 16, big, 384, 256, 256, false);
@@ -351,7 +361,7 @@ static void test_grouped_gemm(void)
 static void test_embedding(void)
 {
     static const int shapes[][3] = {{300, 50, 64}, {257, 13, 30}}; /* N, V, C */
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (quick ? 1 : 2); s++) {
         const int N = shapes[s][0], V = shapes[s][1], Cc = shapes[s][2];
         int32_t *tok = xmalloc(sizeof(int32_t) * N);
         for (int n = 0; n < N; n++) /* every 9th token belongs to another vocabulary shard: -1 */
@@ -388,7 +398,7 @@ static void test_embedding(void)
 static void test_rmsnorm(void)
 {
     static const int shapes[][2] = {{64, 256}, {300, 128}, {5000, 64}, {33, 4097}, {7, 2048}};
-    for (int s = 0; s < 5; s++) {
+    for (int s = 0; s < (quick ? 1 : 5); s++) {
         const int N = shapes[s][0], Cc = shapes[s][1];
         const size_t nx = (size_t)N * Cc;
         float *x = hrandn(nx, 1.0f), *w = hrandn(Cc, 0.1f), *dout = hrandn(nx, 1.0f);
@@ -445,7 +455,7 @@ static void test_rope(void)
 {
     static const int shapes[][4] = {{2, 37, 3, 64}, {1, 300, 4, 128}, {3, 5, 2, 6}};
     static const float thetas[] = {1e6f, 1e4f, 1e4f};
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < (quick ? 1 : 3); s++) {
         const int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], D = shapes[s][3];
         const size_t n = (size_t)B * T * H * D;
         float *x = hrandn(n, 1.0f), *fwd = xmalloc(sizeof(float) * n), *bwd = xmalloc(sizeof(float) * n);
@@ -623,14 +633,14 @@ static void test_attention(void)
         {1, 50, 2, 2, 18},    /* head_dim not a multiple of 4: scalar loads */
         {1, 1024, 4, 1, 128}, /* 16 tiles, GQA 4:1 */
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) attention_case(shapes[i]);
-    if (!selftest) attention_long();
+    for (size_t i = 0; i < (quick ? 1 : sizeof shapes / sizeof shapes[0]); i++) attention_case(shapes[i]);
+    if (!selftest && !quick) attention_long();
 }
 
 static void test_swiglu_add(void)
 {
     static const int shapes[][2] = {{1000, 64}, {33, 17}};
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (quick ? 1 : 2); s++) {
         const int N = shapes[s][0], F = shapes[s][1];
         const size_t n = (size_t)N * F;
         float *g = hrandn(n, 2.0f), *u = hrandn(n, 1.0f), *d = hrandn(n, 1.0f);
@@ -731,7 +741,7 @@ static void test_router(void)
         {64, 128, 8, MT_SCORE_SIGMOID, false, false, 0.0f},
         {40, 8, 2, MT_SCORE_SOFTMAX, false, true, 0.0f},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) router_case(cases[i]);
+    for (size_t i = 0; i < (quick ? 1 : sizeof cases / sizeof cases[0]); i++) router_case(cases[i]);
 }
 
 /* One call of the balancing-loss ops on num_tokens tokens starting at token `first` of
@@ -780,6 +790,7 @@ static void test_balancing_losses(void)
         enum mt_score_fn f = (enum mt_score_fn)fn;
         aux_case(1, 256, 0, 256, 64, 8, f);  /* aux_loss, the whole batch */
         aux_case(4, 64, 0, 256, 64, 8, f);   /* seq_aux_loss, 4 sequences */
+        if (quick) continue;
         aux_case(3, 100, 0, 300, 24, 2, f);
         aux_case(4, 300, 450, 300, 32, 4, f); /* a shard starting inside sequence 1 */
         aux_case(1, 2000, 1000, 600, 128, 8, f);
@@ -968,6 +979,7 @@ static void test_dispatch(void)
     dispatch_case(257, 16, 4, 0, MT_DROP_PROBS, false, false, false, true);     /* dropless */
     dispatch_case(257, 16, 4, 40, MT_DROP_PROBS, false, false, false, true);    /* drops by probability, ties */
     dispatch_case(257, 16, 4, 40, MT_DROP_POSITION, true, false, false, false); /* drops by position, padded */
+    if (quick) return;
     dispatch_case(257, 16, 4, 70, MT_DROP_PROBS, true, false, false, true);     /* padded, few drops */
     dispatch_case(500, 12, 3, 90, MT_DROP_PROBS, false, true, false, true);     /* skewed: heavy drops */
     dispatch_case(500, 12, 3, 90, MT_DROP_POSITION, false, true, true, false);
@@ -1026,6 +1038,7 @@ static void ce_case(int N, int Vall, int V, int v0)
 static void test_cross_entropy(void)
 {
     ce_case(64, 1000, 1000, 0);
+    if (quick) return;
     ce_case(37, 1001, 1001, 0);  /* V not a multiple of 4: scalar path */
     ce_case(50, 1000, 500, 500); /* the second half of a sharded vocabulary */
     ce_case(50, 1001, 333, 333);
@@ -1035,7 +1048,7 @@ static void test_adamw(void)
 {
     const size_t n = 10001;
     static const long long steps[] = {1, 1000};
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < (quick ? 1 : 2); s++) {
         float *p = hrandn(n, 1.0f), *g = hrandn(n, 0.1f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.01f);
         for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
         float *dp = dup_to_dev(p, sizeof(float) * n), *dg = dup_to_dev(g, sizeof(float) * n);
@@ -1097,7 +1110,7 @@ static void test_bf16_round(void)
 static void test_scale_sumsq(void)
 {
     const size_t sizes[] = {1, 1000, 1 << 20, 3000017};
-    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    for (size_t si = 0; si < (quick ? 2 : sizeof sizes / sizeof sizes[0]); si++) {
         const size_t n = sizes[si];
         float *x = hrandn(n, 3.0f), *ref = hdup(x, sizeof(float) * n);
         C->op.scale(C->ctx, ref, 0.125f + (float)si, n);
@@ -1142,9 +1155,17 @@ static void test_scale_sumsq(void)
 
 int main(void)
 {
+#if defined(__SANITIZE_THREAD__) && defined(_OPENMP)
+    /* libgomp is not built for ThreadSanitizer, which would report its threads' work
+     * in the CPU reference as racing: one thread */
+    omp_set_num_threads(1);
+#endif
     C = mt_kernels_cpu();
     const char *which = getenv("MT_PARITY_BACKEND");
     selftest = which && !strcmp(which, "cpu");
+    const char *q = getenv("MT_PARITY_QUICK");
+    quick = q && strcmp(q, "0") != 0;
+    if (quick) printf("# MT_PARITY_QUICK: one shape per op family\n");
     if (selftest) {
         G = C;
         printf("# MT_PARITY_BACKEND=cpu: the CPU backend plays the device (harness check)\n");

@@ -4,7 +4,8 @@
 # and twice with the backend under test, each run in a directory of its own.
 #   (a) the two runs under test are bit-identical: loss, aux_loss, z_loss and
 #       grad_norm at every iteration, and the final val_loss (as written to the
-#       metrics file, %.9g: every bit of a float);
+#       metrics file, %.9g: every bit of a float); under the CUDA emulator the second
+#       run defers device work per stream (MT_EMU_STREAMS=deferred);
 #   (b) every iteration's loss under test is within a tolerance of the reference's.
 # Prints each iteration's pair and the largest difference (figures for a report).
 #
@@ -35,8 +36,12 @@
 #   of the loss) and 5e-3 on the mean over the 20 iterations, which a systematic
 #   error (a wrong gradient scale, a dropped term, a bad optimizer step) exceeds
 #   within a few iterations, while random rounding noise keeps it well below.
-# The val_loss at the end (the same weights evaluated on held-out batches) gets the
-# per-iteration bound.
+# The val_loss at the end of the two trajectories is not compared: it evaluates two
+# different sets of weights (the drift above, which on held-out batches reached 1.8e-2
+# once while no training loss moved by more than 3.2e-3). Instead (c): the reference's
+# final weights (its checkpoint) evaluated by both backends on the same held-out and
+# test batches, which only the forward's rounding separates: the initial-weights bound
+# (measured 4e-5).
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 backends=${MT_TRAIN_PARITY_BACKENDS:-cpu,cuda}
 ref=${backends%%,*}
@@ -49,30 +54,36 @@ skip() { echo "SKIP: $*"; exit 77; }
 if [ "$test" = cuda ]; then
     version=$("$MOETRAIN" --version) || fail "moetrain --version failed"
     echo "$version"
-    # backends: ... cuda (sm_90a sm_100a, NCCL)   devices: 1 CUDA device(s); device 0: NAME, sm_90, ...
+    # backends: ... cuda (sm_90 sm_100 compute_100, NCCL)
+    # devices: 1 CUDA device(s); device 0: NAME, sm_90, 79.1 GiB, runs sm_90 SASS
+    # (moetrain decides which of its GPU code a device runs: mt_cuda_image_for, checked
+    # by test_cuda_table; a device newer than every SASS runs the PTX)
     archs=$(echo "$version" | sed -n 's/^backends:.* cuda (\([^,)]*\).*/\1/p')
     [ -n "$archs" ] || skip "moetrain was built without CUDA"
     devices=$(echo "$version" | sed -n 's/^devices: //p')
     sm=$(echo "$devices" | sed -n 's/^[1-9][0-9]* CUDA device.*, sm_\([0-9]*\),.*/\1/p')
     [ -n "$sm" ] || skip "no usable CUDA device (${devices:-moetrain --version names none})"
-    case " $archs " in
-    *" sm_$sm "* | *" sm_${sm}a "*) ;;
-    *) skip "device 0 is sm_$sm; this build has kernels for $archs only" ;;
+    case "$devices" in
+    *", no kernel image in this build") skip "device 0 is sm_$sm; this build has GPU code for $archs only" ;;
     esac
     tol_init=2e-3 tol_iter=2e-2 tol_mean=5e-3
 else
     tol_init=0 tol_iter=0 tol_mean=0
 fi
 
-# train NAME BACKEND: one run in $tmp/NAME, its metrics in $tmp/NAME/m.jsonl
+# train NAME BACKEND [KEY=VALUE...]: one run in $tmp/NAME, its metrics in
+# $tmp/NAME/m.jsonl
 train() {
-    mkdir "$tmp/$1" && cd "$tmp/$1" || fail "cannot make $tmp/$1"
-    "$MOETRAIN" --backend="$2" "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" \
+    name=$1 backend=$2
+    shift 2
+    mkdir "$tmp/$name" && cd "$tmp/$name" || fail "cannot make $tmp/$name"
+    "$MOETRAIN" --backend="$backend" "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" \
         training%train_iters=$iters logging%log_interval=1 \
         training%eval_interval=$iters training%eval_iters=2 \
-        "precision%params_dtype='bf16'" "logging%metrics_file='m.jsonl'" > out.log 2>&1 ||
-        { cat out.log; fail "training with --backend=$2 ($1) failed"; }
-    [ "$(grep -c '"loss": ' m.jsonl)" -eq $iters ] ||
+        "precision%params_dtype='bf16'" "logging%metrics_file='m.jsonl'" "$@" > out.log 2>&1 ||
+        { cat out.log; fail "training with --backend=$backend ($name) failed"; }
+    set -- "$name" "$backend"
+    [ "$(grep -c '"loss": ' m.jsonl)" -eq "${expect_iters-$iters}" ] ||
         { cat m.jsonl; fail "$1: expected $iters training lines in the metrics file"; }
     grep -q '"val_loss": ' m.jsonl || { cat m.jsonl; fail "$1: no val_loss line"; }
     echo "$1 (--backend=$2): $(grep 'training done' out.log)"
@@ -92,9 +103,21 @@ values() {
            put("loss"); put("lr"); put("aux_loss"); put("z_loss"); put("grad_norm"); put("val_loss") }' "$1"
 }
 
-train ref "$ref"
+train ref "$ref" "checkpoint%save='$tmp/ckpt'" checkpoint%save_interval=$iters
 train a "$test"
+# the second run with the CUDA emulator deferring device work per stream until it is
+# waited for (ignored by a real GPU and by the CPU): bit-identical results show that
+# no result depends on an order of streams the code never asked for
+MT_EMU_STREAMS=deferred
+export MT_EMU_STREAMS
 train b "$test"
+unset MT_EMU_STREAMS
+# the reference's final weights, evaluated by each backend (the run resumes at its
+# last iteration: no training step, the final evaluation only)
+expect_iters=0
+train eval_ref "$ref" "checkpoint%load='$tmp/ckpt'"
+train eval_test "$test" "checkpoint%load='$tmp/ckpt'"
+unset expect_iters
 for r in ref a b; do values "$r/m.jsonl" > "$r.values"; done
 
 # (a) determinism
@@ -109,10 +132,8 @@ awk -v ref="$ref" -v test="$test" -v ti="$tol_init" -v tt="$tol_iter" -v tm="$to
     -v iters="$iters" '
     function abs(x) { return x < 0 ? -x : x }
     function finite(s) { return s ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/ }
-    FNR == NR { if ($2 == "loss") r[$1] = $3; if ($2 == "lr") lr[$1] = $3;
-                if ($2 == "val_loss") rv = $3; next }
+    FNR == NR { if ($2 == "loss") r[$1] = $3; if ($2 == "lr") lr[$1] = $3; next }
     $2 == "loss" { t[$1] = $3 }
-    $2 == "val_loss" { tv = $3 }
     END {
         printf "%9s  %-14s %-14s %s\n", "iteration", ref, test, "|difference|"
         bad = 0; init = 1; sum = 0; max = -1
@@ -128,13 +149,22 @@ awk -v ref="$ref" -v test="$test" -v ti="$tol_init" -v tt="$tol_iter" -v tm="$to
             if (d > bound + 0) bad = 1
             if (lr[i] + 0 != 0) init = 0   # later iterations see updated weights
         }
-        dv = abs(tv - rv)
-        printf "%9s  %-14s %-14s %.3e%s\n", "val_loss", rv, tv, dv, (dv > tt + 0 ? "  > " tt " FAIL" : "")
-        if (dv > tt + 0 || !finite(rv) || !finite(tv)) bad = 1
         mean = sum / iters
         printf "max |difference| %.3e at iteration %d; mean %.3e (bounds: %s at initial weights, %s per iteration, %s on the mean)\n",
                max, at, mean, ti, tt, tm
         if (mean > tm + 0) { printf "mean |difference| %.3e > %s\n", mean, tm; bad = 1 }
         exit bad
     }' ref.values a.values || fail "--backend=$test is not within tolerance of --backend=$ref (table above)"
+
+# (c) the same weights evaluated by both backends
+metric() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p" "$2" | tail -n 1; }
+for k in val_loss test_loss; do
+    rv=$(metric $k eval_ref/m.jsonl) tv=$(metric $k eval_test/m.jsonl)
+    awk -v k="$k" -v r="$rv" -v t="$tv" -v b="$tol_init" -v ref="$ref" -v test="$test" 'BEGIN {
+        d = r - t; if (d < 0) d = -d
+        ok = r ~ /^[0-9.]+([eE][-+]?[0-9]+)?$/ && t ~ /^[0-9.]+([eE][-+]?[0-9]+)?$/ && d <= b + 0
+        printf "%s of the %s run'"'"'s final weights: %s %s, %s %s, |difference| %.3e (bound %s)%s\n",
+               k, ref, ref, r, test, t, d, b, ok ? "" : " FAIL"
+        exit !ok }' || fail "$k: --backend=$test evaluates the same weights differently from --backend=$ref"
+done
 echo "parity: --backend=$test within tolerance of --backend=$ref"

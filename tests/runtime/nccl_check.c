@@ -101,22 +101,23 @@ static void check_send_recv(struct mt_comm *c)
     int n = c->size, r = c->rank;
     if (n < 2) return; /* NCCL pairs a send to oneself only inside a group */
     int next = (r + 1) % n, prev = (r + n - 1) % n;
+    /* separate buffers: an odd rank receives before it sends */
     uint8_t h[16];
     for (int i = 0; i < 16; i++) h[i] = (uint8_t)(r * 16 + i);
-    uint8_t *d = dev(16);
+    uint8_t *ds = dev(16), *dr = dev(16);
+    CUDA(cudaMemcpy(ds, h, 16, cudaMemcpyHostToDevice));
     for (int phase = 0; phase < 2; phase++) {
-        if ((r % 2 == 0) == (phase == 0)) {
-            CUDA(cudaMemcpy(d, h, 16, cudaMemcpyHostToDevice));
-            CALL(mt_send(c, d, 16, MT_DT_U8, next, 0, &g_err));
-        } else {
-            CALL(mt_recv(c, d, 16, MT_DT_U8, prev, 0, &g_err));
-            CUDA(cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost));
-        }
+        if ((r % 2 == 0) == (phase == 0))
+            CALL(mt_send(c, ds, 16, MT_DT_U8, next, 0, &g_err));
+        else
+            CALL(mt_recv(c, dr, 16, MT_DT_U8, prev, 0, &g_err));
     }
+    CUDA(cudaMemcpy(h, dr, 16, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int i = 0; i < 16; i++) bad += h[i] != (uint8_t)(prev * 16 + i);
     CHECK(!bad, "recv from %d: %d wrong", prev, bad);
-    cudaFree(d);
+    cudaFree(ds);
+    cudaFree(dr);
 }
 
 /* mt_p2p_batch as the interleaved pipeline uses it: every process sends to
@@ -168,15 +169,45 @@ static void check_p2p_batch(struct mt_comm *c)
     free(h);
 }
 
-int main(void)
+/* Faults the emulated NCCL must report (tests/runtime/nccl_collectives_emu.sh), as the
+ * argument names them; each is an error, never a hang:
+ *   deadlock   two ranks each send to the other first, outside a group: each send
+ *              waits for its receive (rendezvous), so neither is ever posted;
+ *   deadlock-timeout  the same with a communicator timeout of 3 s (run with NCCL's own
+ *              timeout longer, and the sends in the background: comm_nccl.c's
+ *              timeout must end them with ncclCommAbort);
+ *   mismatch   the ranks all-reduce different counts;
+ *   peer-gone  rank 1 destroys its communicator while rank 0 all-reduces on it.
+ * The failed calls print their message through CALL; the program then exits 1. */
+static void run_fault(struct mt_comm *c, const char *mode)
 {
+    int r = c->rank, peer = 1 - r;
+    uint8_t *d = dev(64);
+    CUDA(cudaMemset(d, 0, 64));
+    if (!strcmp(mode, "deadlock") || !strcmp(mode, "deadlock-timeout")) {
+        CALL(mt_send(c, d, 16, MT_DT_U8, peer, 0, &g_err));
+        CALL(mt_recv(c, d, 16, MT_DT_U8, peer, 0, &g_err));
+    } else if (!strcmp(mode, "mismatch")) {
+        CALL(mt_all_reduce(c, d, r == 0 ? 10 : 12, MT_DT_I32, MT_OP_SUM, &g_err));
+    } else if (!strcmp(mode, "peer-gone")) {
+        if (r == 0) CALL(mt_all_reduce(c, d, 16, MT_DT_F32, MT_OP_SUM, &g_err));
+    } else {
+        CHECK(0, "unknown mode %s", mode);
+    }
+    cudaFree(d);
+}
+
+int main(int argc, char **argv)
+{
+    const char *fault = argc > 1 ? argv[1] : NULL;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("nccl_check: no CUDA device\n");
         return 77;
     }
     struct mt_world *w;
-    if (mt_world_init(&w, 120, &g_err)) {
+    const bool short_timeout = fault && !strcmp(fault, "deadlock-timeout");
+    if (mt_world_init(&w, short_timeout ? 3 : 120, &g_err)) {
         fprintf(stderr, "nccl_check: %s\n", g_err.msg);
         return 1;
     }
@@ -189,7 +220,11 @@ int main(void)
     CUDA(cudaSetDevice(w->local_rank));
     struct mt_comm *c = NULL;
     CALL(mt_comm_nccl_create(w->comm, &c, &g_err));
-    if (c) {
+    if (c && fault) {
+        CHECK(c->size == 2, "%s needs 2 processes", fault);
+        if (c->size == 2) run_fault(c, fault);
+        mt_comm_destroy(c);
+    } else if (c) {
         check_all_reduce_and_broadcast(c);
         check_scatter_gather(c);
         check_all_to_all_v(c);

@@ -19,8 +19,9 @@ class Moetrain(AutotoolsPackage, CudaPackage):
     # The release's checksum: spack checksum moetrain 0.1.0
     version("0.1.0")
 
-    # CudaPackage gives +cuda and cuda_arch=...; the CUDA backend is built for
-    # the architecture-specific targets sm_90a and sm_100a (Hopper, Blackwell).
+    # CudaPackage gives +cuda and cuda_arch=...; the CUDA backend is built as SASS
+    # for each (sm_90, sm_100: Hopper, Blackwell, GB300's sm_103 included) and as PTX
+    # for the newest, which the driver compiles for newer GPUs.
     variant("nccl", default=True, when="+cuda", description="GPU collectives through NCCL")
     variant("mpi", default=True, description="CPU multi-rank collectives through MPI")
     variant("pmix", default=True, description="Bootstrap under srun --mpi=pmix and mpirun through PMIx")
@@ -40,11 +41,11 @@ class Moetrain(AutotoolsPackage, CudaPackage):
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"nccl cuda_arch={arch}", when=f"+nccl cuda_arch={arch}")
 
-    # The kernels use Hopper and Blackwell instructions only.
+    # The kernels are developed and checked for Hopper and Blackwell only.
     conflicts("cuda_arch=none", when="+cuda", msg="moetrain's CUDA backend needs cuda_arch=90 or 100")
     for arch in CudaPackage.cuda_arch_values:
         if arch not in ("90", "90a", "100", "100a"):
-            conflicts(f"cuda_arch={arch}", when="+cuda", msg="moetrain's CUDA backend supports cuda_arch 90 and 100 (sm_90a, sm_100a)")
+            conflicts(f"cuda_arch={arch}", when="+cuda", msg="moetrain's CUDA backend supports cuda_arch 90 and 100")
 
     def configure_args(self):
         spec = self.spec
@@ -60,7 +61,8 @@ class Moetrain(AutotoolsPackage, CudaPackage):
         if spec.satisfies("^[virtuals=blas] openblas"):
             args.append(f"--with-blas={spec['openblas'].prefix}")
         if spec.satisfies("+cuda"):
-            archs = " ".join(f"sm_{a.rstrip('a')}a" for a in spec.variants["cuda_arch"].value)
+            nums = sorted({int(a.rstrip("a")) for a in spec.variants["cuda_arch"].value})
+            archs = " ".join([f"sm_{n}" for n in nums] + [f"compute_{nums[-1]}"])
             args += [f"--with-cuda={spec['cuda'].prefix}", f"--with-cuda-arch={archs}"]
             args += self.with_or_without("nccl", activation_value=lambda _: spec["nccl"].prefix)
         else:

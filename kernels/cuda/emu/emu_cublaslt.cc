@@ -11,6 +11,7 @@
 // pointer alignment (256 bytes when unset, as documented); cublasLtMatmul refuses
 // pointers less aligned than that.
 #include "kernels/cuda/emu/emu_internal.h"
+#include "kernels/cuda/emu/emu_streams.h"
 
 #include <cublasLt.h>
 #include <stdarg.h>
@@ -191,6 +192,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     }
 }
 
+// D = alpha op(A) op(B) + beta C, when the work runs on its stream (below)
+static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_p, const void *B_p, const void *C_p,
+                   void *D_p, const int64_t ld[4], uint64_t M, uint64_t N, uint64_t K);
+
 static bool supported(const matmul_desc &m, const layout *ls[4])
 {
     if (m.compute != CUBLAS_COMPUTE_32F && m.compute != CUBLAS_COMPUTE_32F_FAST_16BF &&
@@ -245,7 +250,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                               cublasLtMatrixLayout_t Adesc, const void *B_p, cublasLtMatrixLayout_t Bdesc,
                               const void *beta_p, const void *C_p, cublasLtMatrixLayout_t Cdesc, void *D_p,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo_p, void *ws, size_t ws_bytes,
-                              cudaStream_t)
+                              cudaStream_t stream)
 {
     (void)ws;
     (void)ws_bytes;
@@ -263,11 +268,27 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
             return report("matrix %c at %p is less aligned than the %u bytes the algorithm was chosen for",
                           "ABCD"[i], ptrs[i], g->align[i]),
                    CUBLAS_STATUS_INVALID_VALUE;
+    // alpha and beta are read now (host pointer mode); the operands when the work runs
     const float alpha = *static_cast<const float *>(alpha_p), beta = *static_cast<const float *>(beta_p);
+    const mt_emu::mem_access acc[4] = {{A_p, 0, false}, {B_p, 0, false}, {beta != 0.0f ? C_p : nullptr, 0, false},
+                                   {D_p, 0, true}};
+    const matmul_desc md = m;
+    const int64_t ld[4] = {ls[0]->ld, ls[1]->ld, ls[2]->ld, ls[3]->ld};
+    mt_emu::stream_work(stream, "cublasLtMatmul", nullptr, 0, acc, 4, [=] {
+        matmul(md, alpha, beta, A_p, B_p, C_p, D_p, ld, M, N, K);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+} // extern "C"
+
+static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_p, const void *B_p, const void *C_p,
+                   void *D_p, const int64_t ld[4], uint64_t M, uint64_t N, uint64_t K)
+{
     const float *Am = static_cast<const float *>(A_p), *Bm = static_cast<const float *>(B_p);
     const float *Cm = static_cast<const float *>(C_p);
     float *Dm = static_cast<float *>(D_p);
-    const int64_t lda = ls[0]->ld, ldb = ls[1]->ld, ldc = ls[2]->ld, ldd = ls[3]->ld;
+    const int64_t lda = ld[0], ldb = ld[1], ldc = ld[2], ldd = ld[3];
     float (*rnd)(float) = m.compute == CUBLAS_COMPUTE_32F_FAST_16BF  ? round_bf16
                           : m.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? round_tf32
                                                                       : nullptr;
@@ -292,7 +313,4 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
             if (beta != 0.0f) d += beta * Cm[i + j * ldc];
             Dm[i + j * ldd] = d;
         }
-    return CUBLAS_STATUS_SUCCESS;
 }
-
-} // extern "C"

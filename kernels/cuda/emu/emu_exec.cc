@@ -27,6 +27,25 @@
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
 #define MT_EMU_TSAN 1
+// The emulator's bookkeeping is shared by every fiber without the synchronisation TSan
+// knows of: its functions are not instrumented (the kernels are), so that only races
+// of device code are reported. The model of CUDA's ordering is in the tsan_* functions.
+#define MT_EMU_UNSEEN __attribute__((no_sanitize("thread")))
+extern "C" void __tsan_ignore_thread_begin(void); // exported, not in the header
+extern "C" void __tsan_ignore_thread_end(void);
+extern "C" void __tsan_read_range_pc(void *addr, unsigned long size, void *pc);
+// the emulator's own writes to memory that kernels use (its NaN poison, its lists)
+static inline void unseen_begin() { __tsan_ignore_thread_begin(); }
+static inline void unseen_end() { __tsan_ignore_thread_end(); }
+// Blocks of one launch are unordered, but the fibers of one set run its blocks one
+// after another in program order: two sets, alternating, so that blocks on different
+// sets race in TSan's eyes (fibers are too costly to create per block).
+#define MT_EMU_SETS 2
+#else
+#define MT_EMU_UNSEEN
+#define MT_EMU_SETS 1
+static inline void unseen_begin() {}
+static inline void unseen_end() {}
 #endif
 
 namespace mt_emu {
@@ -84,7 +103,7 @@ mt_emu_fiber_start:
 enum fstate { RUNNABLE, BLOCKED, DONE };
 enum wkind { W_NONE, W_BARRIER, W_SYNCWARP, W_SHFL, W_BALLOT, W_MMA, W_LDMATRIX };
 
-static const char *kind_name(int k, int shfl)
+MT_EMU_UNSEEN static const char *kind_name(int k, int shfl)
 {
     static const char *shfls[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync"};
     switch (k) {
@@ -125,6 +144,7 @@ struct thread_state {
 #endif
 #ifdef MT_EMU_TSAN
     void *tsan_fiber;
+    void *call_pc; // of ldmatrix, in the kernel: where TSan reports its read
 #endif
 };
 
@@ -163,15 +183,20 @@ struct launch_state {
 static std::mutex g_launch_mu; // one launch at a time in the process
 static launch_state *g_launch;
 static thread_state *g_cur;
-static std::vector<thread_state> g_threads; // stacks kept from launch to launch
+static std::vector<thread_state> g_threads[MT_EMU_SETS]; // stacks kept from launch to launch
 static size_t g_stack_bytes;
 
 // Shared memory of the running block: the dynamic area, then the static variables.
+#ifndef MT_EMU_TSAN
 alignas(128) static unsigned char g_smem[MT_EMU_SMEM_ARENA];
+#else
+// whole pages: each block maps fresh ones, which clears what TSan knows of the last
+alignas(4096) static unsigned char g_smem[(MT_EMU_SMEM_ARENA + 4095) / 4096 * 4096];
+#endif
 
 // ---------------------------------------------------------------- errors
 
-static void describe_context(FILE *f)
+MT_EMU_UNSEEN static void describe_context(FILE *f)
 {
     launch_state *L = g_launch;
     if (!L) return;
@@ -185,7 +210,7 @@ static void describe_context(FILE *f)
     fprintf(f, "\n");
 }
 
-[[noreturn]] void fail(const char *file, int line, const char *fmt, ...)
+[[noreturn]] MT_EMU_UNSEEN void fail(const char *file, int line, const char *fmt, ...)
 {
     fflush(stdout);
     fprintf(stderr, "moetrain CUDA emulator: error: ");
@@ -202,9 +227,9 @@ static void describe_context(FILE *f)
     abort();
 }
 
-void describe_fault_context(FILE *f) { describe_context(f); }
+MT_EMU_UNSEEN void describe_fault_context(FILE *f) { describe_context(f); }
 
-static std::string tid_str(const thread_state &t)
+MT_EMU_UNSEEN static std::string tid_str(const thread_state &t)
 {
     char b[64];
     snprintf(b, sizeof b, "(%u,%u,%u)", t.co.thread_idx.x, t.co.thread_idx.y, t.co.thread_idx.z);
@@ -213,7 +238,7 @@ static std::string tid_str(const thread_state &t)
 
 // ---------------------------------------------------------------- fibers
 
-static void switch_to_scheduler()
+MT_EMU_UNSEEN static void switch_to_scheduler()
 {
     launch_state *L = g_launch;
     thread_state *t = g_cur;
@@ -229,7 +254,7 @@ static void switch_to_scheduler()
 #endif
 }
 
-static void run_fiber(launch_state *L, thread_state *t)
+MT_EMU_UNSEEN static void run_fiber(launch_state *L, thread_state *t)
 {
     g_cur = t;
 #ifdef MT_EMU_TSAN
@@ -247,19 +272,47 @@ static void run_fiber(launch_state *L, thread_state *t)
 
 static void thread_exited(launch_state *L, thread_state *t);
 
-static void fiber_main(void *)
+#ifdef MT_EMU_TSAN
+// CUDA's ordering for ThreadSanitizer. Switches through the scheduler carry none
+// (no_sync). A launch is ordered after the host's work before it (g_tsan_launch: the
+// host releases, every thread acquires as it starts), the host's synchronisation after
+// the whole grid (g_tsan_exit: every thread releases as it returns, the host acquires
+// at the end of the launch). A barrier or warp collective orders its participants:
+// the thread that completes it releases on behalf of each (all have arrived and wait),
+// then acquires on behalf of each, then resets the sync object, so that a meeting
+// conveys nothing to the next one with other participants.
+static char g_tsan_launch, g_tsan_exit, g_tsan_meet;
+
+MT_EMU_UNSEEN static void tsan_as(thread_state *u) { __tsan_switch_to_fiber(u->tsan_fiber, __tsan_switch_to_fiber_no_sync); }
+
+// Participants: T[base + j] for j < n, those named by mask when n <= 32.
+MT_EMU_UNSEEN static void tsan_meet(std::vector<thread_state> &T, unsigned base, unsigned n, unsigned mask,
+                                    thread_state *self)
+{
+    for (unsigned j = 0; j < n; j++)
+        if (n > 32 || mask & (1u << j)) tsan_as(&T[base + j]), __tsan_release(&g_tsan_meet);
+    for (unsigned j = 0; j < n; j++)
+        if (n > 32 || mask & (1u << j)) tsan_as(&T[base + j]), __tsan_acquire(&g_tsan_meet);
+    tsan_as(self);
+    __tsan_ignore_thread_begin(); // the reset imitates a write to the object: not a race
+    __tsan_mutex_destroy(&g_tsan_meet, 0);
+    __tsan_ignore_thread_end();
+}
+#endif
+
+MT_EMU_UNSEEN static void fiber_main(void *)
 {
     launch_state *L = g_launch;
 #ifdef MT_EMU_ASAN
     __sanitizer_finish_switch_fiber(nullptr, &L->sched_bottom, &L->sched_size);
 #endif
 #ifdef MT_EMU_TSAN
-    __tsan_acquire(L);
+    __tsan_acquire(&g_tsan_launch);
 #endif
     L->body(L->args);
     thread_state *t = g_cur;
 #ifdef MT_EMU_TSAN
-    __tsan_release(&L->alive);
+    __tsan_release(&g_tsan_exit);
 #endif
     t->state = DONE;
     L->runnable[t->linear] = 0;
@@ -270,7 +323,7 @@ static void fiber_main(void *)
     fail(nullptr, 0, "an exited emulated thread was resumed");
 }
 
-static void init_fiber(thread_state *t)
+MT_EMU_UNSEEN static void init_fiber(thread_state *t)
 {
     // the frame mt_emu_ctx_switch pops: a padding word, r15..r12, rbx, rbp, return address
     uint64_t *top = reinterpret_cast<uint64_t *>(t->stack + g_stack_bytes);
@@ -286,13 +339,13 @@ static void init_fiber(thread_state *t)
     t->sp = &sp[-7];
 }
 
-static void ensure_threads(unsigned n)
+MT_EMU_UNSEEN static void ensure_threads(std::vector<thread_state> &set, unsigned n)
 {
     if (!g_stack_bytes) {
         const char *e = getenv("MT_EMU_STACK_KB");
         g_stack_bytes = (size_t)(e && atoi(e) > 0 ? atoi(e) : 256) << 10;
     }
-    while (g_threads.size() < n) {
+    while (set.size() < n) {
         const size_t guard = 4096;
         char *m = static_cast<char *>(
             mmap(nullptr, g_stack_bytes + guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
@@ -304,13 +357,13 @@ static void ensure_threads(unsigned n)
 #ifdef MT_EMU_TSAN
         t.tsan_fiber = __tsan_create_fiber(0);
 #endif
-        g_threads.push_back(t);
+        set.push_back(t);
     }
 }
 
 // ---------------------------------------------------------------- barriers
 
-static void wait_here(thread_state *t, int kind, const char *file, int line)
+MT_EMU_UNSEEN static void wait_here(thread_state *t, int kind, const char *file, int line)
 {
     t->state = BLOCKED;
     g_launch->runnable[t->linear] = 0;
@@ -319,7 +372,7 @@ static void wait_here(thread_state *t, int kind, const char *file, int line)
     t->line = line;
 }
 
-static void release_barrier(launch_state *L)
+MT_EMU_UNSEEN static void release_barrier(launch_state *L)
 {
     std::vector<thread_state> &T = *L->threads;
     const thread_state *first = nullptr;
@@ -340,16 +393,13 @@ static void release_barrier(launch_state *L)
     L->at_barrier = 0;
 }
 
-void syncthreads(const char *file, int line)
+MT_EMU_UNSEEN void syncthreads(const char *file, int line)
 {
     thread_state *t = g_cur;
     launch_state *L = g_launch;
     if (!t) fail(file, line, "__syncthreads outside a kernel");
     wait_here(t, W_BARRIER, file, line);
     L->at_barrier++;
-#ifdef MT_EMU_TSAN
-    __tsan_release(&L->at_barrier);
-#endif
     if (L->at_barrier == L->alive) {
         for (unsigned i = 0; i < L->nthreads; i++)
             if ((*L->threads)[i].state == DONE) {
@@ -360,12 +410,12 @@ void syncthreads(const char *file, int line)
                      tid_str((*L->threads)[i]).c_str());
             }
         release_barrier(L);
+#ifdef MT_EMU_TSAN
+        tsan_meet(*L->threads, 0, L->nthreads, ~0u, t);
+#endif
     } else {
         switch_to_scheduler();
     }
-#ifdef MT_EMU_TSAN
-    __tsan_acquire(&L->at_barrier);
-#endif
 }
 
 // ---------------------------------------------------------------- warp collectives
@@ -374,7 +424,7 @@ static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state 
 
 // The lane t arrives at a collective with its operands recorded; returns when the
 // collective has been performed (by t or by the last lane to arrive).
-static void collective(thread_state *t, int kind, unsigned mask, const char *file, int line)
+MT_EMU_UNSEEN static void collective(thread_state *t, int kind, unsigned mask, const char *file, int line)
 {
     launch_state *L = g_launch;
     if (!(mask & (1u << t->lane)))
@@ -407,17 +457,26 @@ static void collective(thread_state *t, int kind, unsigned mask, const char *fil
     t->mask = mask;
     L->lane_mask[base + t->lane] = mask;
     L->pending[t->warp] |= 1u << t->lane;
+    if ((L->pending[t->warp] & mask) == mask) {
+        perform(L, t->warp, mask, t);
 #ifdef MT_EMU_TSAN
-    __tsan_release(&L->pending[t->warp]);
+        tsan_meet(T, base, 32, mask, t);
+        if (kind == W_LDMATRIX) {
+            // the rows are read at the meeting: after every lane's earlier work, before
+            // any lane's later work (each lane reads the row it gave)
+            for (unsigned j = 0; j < 32; j++) {
+                tsan_as(&T[base + j]);
+                __tsan_read_range_pc(g_smem + T[base + j].addr, 16, T[base + j].call_pc);
+            }
+            tsan_meet(T, base, 32, mask, t);
+        }
 #endif
-    if ((L->pending[t->warp] & mask) == mask) perform(L, t->warp, mask, t);
-    else switch_to_scheduler();
-#ifdef MT_EMU_TSAN
-    __tsan_acquire(&L->pending[t->warp]);
-#endif
+    } else {
+        switch_to_scheduler();
+    }
 }
 
-static uint32_t smem_word(uint32_t addr, unsigned col, const thread_state &u)
+MT_EMU_UNSEEN static uint32_t smem_word(uint32_t addr, unsigned col, const thread_state &u)
 {
     uint16_t v;
     memcpy(&v, g_smem + addr + 2 * col, 2);
@@ -425,10 +484,10 @@ static uint32_t smem_word(uint32_t addr, unsigned col, const thread_state &u)
     return v;
 }
 
-static float bf16_lo(uint32_t r) { return uint_as_float(r << 16); }
-static float bf16_hi(uint32_t r) { return uint_as_float(r & 0xffff0000u); }
+MT_EMU_UNSEEN static float bf16_lo(uint32_t r) { return uint_as_float(r << 16); }
+MT_EMU_UNSEEN static float bf16_hi(uint32_t r) { return uint_as_float(r & 0xffff0000u); }
 
-static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state *lead)
+MT_EMU_UNSEEN static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state *lead)
 {
     std::vector<thread_state> &T = *L->threads;
     thread_state *lane[32] = {};
@@ -559,19 +618,19 @@ static void perform(launch_state *L, unsigned warp, unsigned mask, thread_state 
     L->pending[warp] &= ~mask;
 }
 
-static thread_state *current(const char *what, const char *file, int line)
+MT_EMU_UNSEEN static thread_state *current(const char *what, const char *file, int line)
 {
     if (!g_cur) fail(file, line, "%s outside a kernel", what);
     return g_cur;
 }
 
-void syncwarp(unsigned mask, const char *file, int line)
+MT_EMU_UNSEEN void syncwarp(unsigned mask, const char *file, int line)
 {
     thread_state *t = current("__syncwarp", file, line);
     collective(t, W_SYNCWARP, mask, file, line);
 }
 
-uint64_t shfl(shfl_kind kind, unsigned mask, uint64_t bits, int arg, int width, const char *file, int line)
+MT_EMU_UNSEEN uint64_t shfl(shfl_kind kind, unsigned mask, uint64_t bits, int arg, int width, const char *file, int line)
 {
     thread_state *t = current("a shuffle", file, line);
     t->sk = kind;
@@ -582,7 +641,7 @@ uint64_t shfl(shfl_kind kind, unsigned mask, uint64_t bits, int arg, int width, 
     return t->result;
 }
 
-unsigned ballot(unsigned mask, bool pred, const char *file, int line)
+MT_EMU_UNSEEN unsigned ballot(unsigned mask, bool pred, const char *file, int line)
 {
     thread_state *t = current("__ballot_sync", file, line);
     t->pred = pred;
@@ -590,7 +649,7 @@ unsigned ballot(unsigned mask, bool pred, const char *file, int line)
     return (unsigned)t->result;
 }
 
-void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const char *file, int line)
+MT_EMU_UNSEEN void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const char *file, int line)
 {
     thread_state *t = current("mma.sync", file, line);
     t->c = c;
@@ -600,16 +659,19 @@ void mma_m16n8k16_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1
     collective(t, W_MMA, 0xffffffffu, file, line);
 }
 
-void ldmatrix_x4(uint32_t r[4], uint32_t smem_addr, bool trans, const char *file, int line)
+MT_EMU_UNSEEN void ldmatrix_x4(uint32_t r[4], uint32_t smem_addr, bool trans, const char *file, int line)
 {
     thread_state *t = current("ldmatrix", file, line);
     t->r = r;
     t->addr = smem_addr;
     t->trans = trans;
+#ifdef MT_EMU_TSAN
+    t->call_pc = __builtin_return_address(0);
+#endif
     collective(t, W_LDMATRIX, 0xffffffffu, file, line);
 }
 
-static void thread_exited(launch_state *L, thread_state *t)
+MT_EMU_UNSEEN static void thread_exited(launch_state *L, thread_state *t)
 {
     // a lane still awaited by a collective
     std::vector<thread_state> &T = *L->threads;
@@ -632,7 +694,7 @@ static void thread_exited(launch_state *L, thread_state *t)
 
 // ---------------------------------------------------------------- deadlock
 
-[[noreturn]] static void deadlock(launch_state *L)
+[[noreturn]] MT_EMU_UNSEEN static void deadlock(launch_state *L)
 {
     std::vector<thread_state> &T = *L->threads;
     std::string where;
@@ -660,7 +722,7 @@ static void thread_exited(launch_state *L, thread_state *t)
 
 // ---------------------------------------------------------------- shared memory
 
-void *static_smem(const void *tag, size_t bytes, const char *name, const char *file, int line)
+MT_EMU_UNSEEN void *static_smem(const void *tag, size_t bytes, const char *name, const char *file, int line)
 {
     launch_state *L = g_launch;
     if (!g_cur) fail(file, line, "shared variable %s outside a kernel", name);
@@ -674,19 +736,21 @@ void *static_smem(const void *tag, size_t bytes, const char *name, const char *f
     if (off + bytes > (size_t)device_smem_optin())
         fail(file, line, "shared memory of the block reaches %zu bytes with %s (%zu dynamic); the device allows %d",
              off + bytes, name, L->dyn_smem, device_smem_optin());
+    unseen_begin();
     memset(g_smem + off, 0xff, bytes); // NaN, so that a read before the first write shows
     L->statics.push_back({tag, off, bytes});
+    unseen_end();
     L->smem_extent = off + bytes;
     return g_smem + off;
 }
 
-void *dynamic_smem(const char *file, int line)
+MT_EMU_UNSEEN void *dynamic_smem(const char *file, int line)
 {
     if (!g_cur) fail(file, line, "dynamic shared memory outside a kernel");
     return g_smem;
 }
 
-uint32_t cvta_to_shared(const void *p, const char *file, int line)
+MT_EMU_UNSEEN uint32_t cvta_to_shared(const void *p, const char *file, int line)
 {
     const unsigned char *c = static_cast<const unsigned char *>(p);
     if (c < g_smem || c >= g_smem + g_launch->smem_extent)
@@ -694,13 +758,13 @@ uint32_t cvta_to_shared(const void *p, const char *file, int line)
     return (uint32_t)(c - g_smem);
 }
 
-void check_aligned(const void *p, size_t align, const char *what, const char *file, int line)
+MT_EMU_UNSEEN void check_aligned(const void *p, size_t align, const char *what, const char *file, int line)
 {
     if ((uintptr_t)p % align)
         fail(file, line, "%s of %zu bytes at %p: misaligned (needs %zu-byte alignment)", what, align, p, align);
 }
 
-const thread_coords &coords(const char *file, int line)
+MT_EMU_UNSEEN const thread_coords &coords(const char *file, int line)
 {
     if (!g_cur) fail(file, line, "threadIdx/blockIdx/blockDim/gridDim outside a kernel");
     return g_cur->co;
@@ -708,10 +772,11 @@ const thread_coords &coords(const char *file, int line)
 
 // ---------------------------------------------------------------- the launch
 
-void launch(const launch_site &site, const void *func, void (*body)(void *), void *args, dim3 grid, dim3 block,
-            size_t smem, cudaStream_t stream)
+static void run_grid(const launch_site &site, void (*body)(void *), void *args, dim3 grid, dim3 block, size_t smem);
+
+void launch(const launch_site &site, const void *func, void (*body)(void *), std::shared_ptr<void> args, dim3 grid,
+            dim3 block, size_t smem, cudaStream_t stream, const std::vector<mem_access> &acc)
 {
-    (void)stream; // streams execute immediately, in call order
     const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     const char *bad = nullptr;
     if (nthreads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) bad = "an empty grid or block";
@@ -733,9 +798,18 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
         set_last_error(cudaErrorInvalidValue);
         return;
     }
+    stream_work(stream, site.kernel, site.file, site.line, acc.data(), acc.size(),
+                [site, body, args, grid, block, smem] { run_grid(site, body, args.get(), grid, block, smem); });
+}
+
+MT_EMU_UNSEEN static void run_grid(const launch_site &site, void (*body)(void *), void *args, dim3 grid, dim3 block, size_t smem)
+{
+    const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     std::lock_guard<std::mutex> lock(g_launch_mu);
     if (g_launch) fail(site.file, site.line, "kernel %s launched from inside a kernel", site.kernel);
-    ensure_threads((unsigned)nthreads);
+    ensure_threads(g_threads[0], (unsigned)nthreads);
+    if (MT_EMU_SETS > 1 && (unsigned long long)grid.x * grid.y * grid.z > 1)
+        ensure_threads(g_threads[MT_EMU_SETS - 1], (unsigned)nthreads);
     launch_state L = {};
     L.site = site;
     L.body = body;
@@ -743,7 +817,6 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
     L.grid = grid;
     L.block = block;
     L.dyn_smem = smem;
-    L.threads = &g_threads;
     L.nthreads = (unsigned)nthreads;
     L.pending.assign((L.nthreads + 31) / 32, 0);
     L.lane_mask.assign(L.nthreads, 0);
@@ -751,21 +824,45 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
     L.runnable.assign(L.nthreads, 0);
 #ifdef MT_EMU_TSAN
     L.sched_fiber = __tsan_get_current_fiber();
-    __tsan_release(&L);
+    __tsan_release(&g_tsan_launch);
+    static uint64_t launches;
+    const uint64_t launch_no = launches++;
 #endif
     g_launch = &L;
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 L.block_idx = make_uint3(bx, by, bz);
+                unsigned set = 0;
+#ifdef MT_EMU_TSAN
+                // blocks 2k and 2k+1 on different sets, any other two on different sets
+                // with probability 1/2, drawn per launch (splitmix64); block 0 on set 0
+                const uint64_t b = ((uint64_t)bz * grid.y + by) * grid.x + bx;
+                uint64_t h = (b >> 1) + launch_no * 0x9e3779b97f4a7c15ull + 0x9e3779b97f4a7c15ull;
+                h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+                h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+                set = (unsigned)((b ^ (b > 1 ? h ^ (h >> 31) : 0)) & 1);
+#endif
+                std::vector<thread_state> &T = g_threads[set];
+                L.threads = &T;
                 L.alive = L.nthreads;
                 L.at_barrier = 0;
                 L.exited.assign((L.nthreads + 31) / 32, 0);
                 // fresh shared memory: NaN (0xff bytes) over what the kernel has used so far
                 if (L.smem_extent < smem) L.smem_extent = smem;
+                unseen_begin();
+#ifdef MT_EMU_TSAN
+                // fresh pages: mapping them (unseen) makes TSan forget the accesses of
+                // earlier blocks, which are not ordered with this one's
+                if (L.smem_extent &&
+                    mmap(g_smem, (L.smem_extent + 4095) / 4096 * 4096, PROT_READ | PROT_WRITE,
+                         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+                    fail(nullptr, 0, "cannot map the shared memory of a block");
+#endif
                 memset(g_smem, 0xff, L.smem_extent);
+                unseen_end();
                 for (unsigned i = 0; i < L.nthreads; i++) {
-                    thread_state &t = g_threads[i];
+                    thread_state &t = T[i];
                     t.co.thread_idx = make_uint3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
                     t.co.block_idx = L.block_idx;
                     t.co.block_dim = block;
@@ -777,19 +874,26 @@ void launch(const launch_site &site, const void *func, void (*body)(void *), voi
                     L.runnable[i] = 1;
                     t.kind = W_NONE;
                     init_fiber(&t);
+#ifdef MT_EMU_TSAN
+                    // what TSan's reports call the thread
+                    char name[160];
+                    snprintf(name, sizeof name, "block (%u,%u,%u) thread (%u,%u,%u) of %s", bx, by, bz,
+                             t.co.thread_idx.x, t.co.thread_idx.y, t.co.thread_idx.z, site.kernel);
+                    __tsan_set_fiber_name(t.tsan_fiber, name);
+#endif
                 }
                 while (L.alive) {
                     bool ran = false;
                     for (unsigned i = 0; i < L.nthreads; i++)
                         if (L.runnable[i]) {
-                            run_fiber(&L, &g_threads[i]);
+                            run_fiber(&L, &T[i]);
                             ran = true;
                         }
                     if (!ran) deadlock(&L);
                 }
             }
 #ifdef MT_EMU_TSAN
-    __tsan_acquire(&L.alive);
+    __tsan_acquire(&g_tsan_exit);
 #endif
     g_launch = nullptr;
 }

@@ -11,18 +11,28 @@
 // faults) and keeps it reserved for a while. Copies and memsets are checked against
 // the exact size requested of cudaMalloc.
 //
-// Streams and events execute immediately, in call order.
+// Copies and memsets are device work on a stream (emu_streams.cc).
 #include "kernels/cuda/emu/emu_internal.h"
+#include "kernels/cuda/emu/emu_streams.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+#include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 namespace mt_emu {
 
@@ -72,10 +82,25 @@ static cudaError_t ret(cudaError_t e)
 struct region {
     unsigned char *map; // mapping: guard page, pages, guard page
     size_t map_len;
-    size_t requested, rounded;
+    size_t requested, rounded; // requested: the extent in use (note_extent), checked
     bool freed;
-    bool host; // cudaMallocHost
+    bool host;     // cudaMallocHost
+    size_t capacity; // the size given to cudaMalloc
+    bool cached;     // held free by kernels/cuda's caching allocator (note_extent 0)
 };
+
+// Under AddressSanitizer the bytes past the extent in use (to the 256-byte rounding, or
+// to the allocator's size class) are poisoned, so a kernel reading them is reported
+// even where no guard page can be.
+static void poison_tail(unsigned char *p, size_t extent, size_t rounded)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_POISON_MEMORY_REGION(p, rounded);
+    ASAN_UNPOISON_MEMORY_REGION(p, extent);
+#else
+    (void)p, (void)extent, (void)rounded;
+#endif
+}
 
 static std::mutex mem_mu;
 static std::map<uintptr_t, region> regions; // user pointer -> region
@@ -103,7 +128,47 @@ static const std::pair<const uintptr_t, region> *region_of(uintptr_t a)
     return nullptr;
 }
 
-static void fault_handler(int sig, siginfo_t *si, void *)
+// The source line of a faulting instruction: a signal carries only the address, so
+// addr2line (binutils) reads the debug information of the object that holds it. Prints
+// nothing when that fails (no addr2line, no -g).
+static void print_source_line(FILE *f, const void *pc)
+{
+    Dl_info info;
+    if (!pc || !dladdr(pc, &info) || !info.dli_fname) return;
+    struct main_base {
+        static int first(struct dl_phdr_info *i, size_t, void *out)
+        {
+            *static_cast<uintptr_t *>(out) = i->dlpi_addr;
+            return 1; // the first object is the program
+        }
+    };
+    uintptr_t program = 0;
+    dl_iterate_phdr(&main_base::first, &program);
+    const bool in_program = (uintptr_t)info.dli_fbase == program || !*info.dli_fname;
+    char file[4096];
+    if (in_program) {
+        const ssize_t n = readlink("/proc/self/exe", file, sizeof file - 1);
+        if (n <= 0) return;
+        file[n] = 0;
+    } else {
+        snprintf(file, sizeof file, "%s", info.dli_fname);
+    }
+    char off[32];
+    snprintf(off, sizeof off, "0x%lx", (unsigned long)((uintptr_t)pc - (uintptr_t)info.dli_fbase));
+    fprintf(f, "  faulting instruction: ");
+    fflush(f);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fileno(f), 1);
+        execlp("addr2line", "addr2line", "-f", "-C", "-i", "-p", "-e", file, off, (char *)nullptr);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(f, "%s+%s (addr2line could not name it)\n", file, off);
+}
+
+static void fault_handler(int sig, siginfo_t *si, void *uc)
 {
     const uintptr_t a = (uintptr_t)si->si_addr;
     char msg[512] = "";
@@ -134,6 +199,7 @@ static void fault_handler(int sig, siginfo_t *si, void *)
     fflush(stdout);
     fprintf(stderr, "moetrain CUDA emulator: error: invalid memory access (%s)\n  %s\n",
             sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", msg);
+    print_source_line(stderr, (const void *)static_cast<ucontext_t *>(uc)->uc_mcontext.gregs[REG_RIP]);
     describe_fault_context(stderr);
     fprintf(stderr, "HINT: run under gdb to stop at the faulting load or store; doc/cuda-emulator.md\n");
     fflush(stderr);
@@ -173,7 +239,8 @@ static void *map_region(size_t bytes, bool host)
     unsigned char *p = m + page + pages - rounded;
     memset(p, 0xff, rounded);
     std::lock_guard<std::mutex> lock(mem_mu);
-    regions[(uintptr_t)p] = region{m, pages + 2 * page, bytes, rounded, false, host};
+    regions[(uintptr_t)p] = region{m, pages + 2 * page, bytes, rounded, false, host, bytes, false};
+    poison_tail(p, bytes, rounded);
     return p;
 }
 
@@ -190,6 +257,9 @@ static cudaError_t unmap_region(void *p, bool host, const char *what)
     }
     region &r = it->second;
     r.freed = true;
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION((void *)it->first, r.rounded); // the range may be mapped again later
+#endif
     madvise(r.map, r.map_len, MADV_DONTNEED);
     mprotect(r.map, r.map_len, PROT_NONE);
     quarantine.push_back(it->first);
@@ -218,12 +288,51 @@ static mem_kind classify(const void *p, size_t n, char *why, size_t why_len)
         snprintf(why, why_len, "%p is in a %zu-byte allocation that was freed", p, r.requested);
         return MEM_BAD;
     }
+    if (r.cached) {
+        snprintf(why, why_len, "%p is in a %zu-byte block that the caching allocator holds free (used after free)",
+                 p, r.capacity);
+        return MEM_BAD;
+    }
     if (a < base || a + n > base + r.requested) {
         snprintf(why, why_len, "%zu bytes at %p leave the %zu-byte allocation at %p (offset %td)", n, p, r.requested,
                  (void *)base, (ptrdiff_t)(a - base));
         return MEM_BAD;
     }
     return r.host ? MEM_HOST : MEM_DEVICE;
+}
+
+// The host's view (what copies are checked against) changes at once; the poisoning in
+// stream order, after the work queued before it, which may still use the old extent.
+static void set_extent(const void *p, size_t bytes, bool cached, cudaStream_t stream)
+{
+    std::unique_lock<std::mutex> lock(mem_mu);
+    auto it = regions.find((uintptr_t)p);
+    if (it == regions.end() || it->second.freed || it->second.host)
+        fail(nullptr, 0, "the caching allocator hands out %p, which is not a live cudaMalloc allocation", p);
+    region &r = it->second;
+    if (bytes > r.capacity)
+        fail(nullptr, 0, "the caching allocator hands out %zu bytes of the %zu-byte block at %p", bytes, r.capacity, p);
+    r.cached = cached;
+    r.requested = bytes;
+    unsigned char *b = static_cast<unsigned char *>(const_cast<void *>(p));
+    const size_t rounded = r.rounded;
+    lock.unlock();
+    stream_work(stream, cached ? "the caching allocator's free" : "the caching allocator's allocation", nullptr, 0,
+                nullptr, 0, [b, bytes, rounded] { poison_tail(b, bytes, rounded); });
+}
+
+void note_extent(const void *p, size_t bytes, cudaStream_t stream) { set_extent(p, bytes, false, stream); }
+void note_cached(const void *p, cudaStream_t stream) { set_extent(p, 0, true, stream); }
+
+bool live_allocation(const void *p, uintptr_t *base, size_t *bytes)
+{
+    std::lock_guard<std::mutex> lock(mem_mu);
+    const auto *rp = region_of((uintptr_t)p);
+    if (!rp || rp->second.freed || (uintptr_t)p < rp->first || (uintptr_t)p >= rp->first + rp->second.rounded)
+        return false;
+    *base = rp->first;
+    *bytes = rp->second.requested;
+    return true;
 }
 
 static cudaError_t check_range(const char *api, const void *p, size_t n, bool must_be_device)
@@ -348,9 +457,12 @@ cudaError_t cudaMalloc(void **p, size_t n)
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
 
+// Both wait for the whole device first, as CUDA's do.
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    host_waits_device();
+    forget_allocation(p);
     return ret(unmap_region(p, false, "cudaFree"));
 }
 
@@ -363,30 +475,61 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 cudaError_t cudaFreeHost(void *p)
 {
     if (!p) return cudaSuccess;
+    host_waits_device();
+    forget_allocation(p);
     return ret(unmap_region(p, true, "cudaFreeHost"));
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t)
+// A copy on a stream. Pageable host memory (not from cudaMallocHost) behaves as CUDA
+// documents: a copy from it waits for the stream and reads the source at once; a copy
+// to it returns when the copy is done. Pinned host memory is read or written when the
+// copy runs, and is tracked like device memory.
+static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream,
+                        const char *api)
 {
     if (n == 0) return cudaSuccess;
     const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-    check_range("cudaMemcpy (destination)", dst, n, dst_dev);
-    check_range("cudaMemcpy (source)", src, n, src_dev);
-    memmove(dst, src, n);
+    char what[64];
+    snprintf(what, sizeof what, "%s (destination)", api);
+    check_range(what, dst, n, dst_dev);
+    snprintf(what, sizeof what, "%s (source)", api);
+    check_range(what, src, n, src_dev);
+    char why[256];
+    const bool src_pageable = classify(src, n, why, sizeof why) == MEM_UNREGISTERED;
+    const bool dst_pageable = classify(dst, n, why, sizeof why) == MEM_UNREGISTERED;
+    const mem_access acc[2] = {{src, n, false}, {dst, n, true}};
+    if (src_pageable) {
+        host_waits_stream(stream);
+        auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
+                                                                   (const unsigned char *)src + n);
+        stream_work(stream, api, nullptr, 0, acc, 2, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+    } else {
+        stream_work(stream, api, nullptr, 0, acc, 2, [dst, src, n] { memmove(dst, src, n); });
+    }
+    if (dst_pageable) host_waits_stream(stream);
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream)
 {
-    return cudaMemcpyAsync(dst, src, n, kind, nullptr);
+    return copy(dst, src, n, kind, stream, "cudaMemcpyAsync");
 }
 
-cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
+// On the legacy default stream, and the host waits for it.
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    const cudaError_t r = copy(dst, src, n, kind, nullptr, "cudaMemcpy");
+    host_waits_stream(nullptr);
+    return r;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t stream)
 {
     if (n == 0) return cudaSuccess;
     check_range("cudaMemset", p, n, true);
-    memset(p, v, n);
+    const mem_access acc = {p, n, true};
+    stream_work(stream, "cudaMemset", nullptr, 0, &acc, 1, [p, v, n] { memset(p, v, n); });
     return cudaSuccess;
 }
 
@@ -409,56 +552,6 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
     default: a->type = cudaMemoryTypeUnregistered; a->hostPointer = const_cast<void *>(p);
     }
     a->device = current_device;
-    return cudaSuccess;
-}
-
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned)
-{
-    static char streams[1];
-    *s = reinterpret_cast<cudaStream_t>(streams); // every stream executes at once: one will do
-    return cudaSuccess;
-}
-cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-// Work is done when it is issued: a stream is always idle, an event always reached.
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-
-struct emu_event {
-    unsigned magic;
-};
-static const unsigned event_magic = 0x65766e74; // "evnt"
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned)
-{
-    emu_event *ev = new emu_event{event_magic};
-    *e = reinterpret_cast<cudaEvent_t>(ev);
-    return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
-
-static cudaError_t check_event(const char *api, cudaEvent_t e)
-{
-    const emu_event *ev = reinterpret_cast<const emu_event *>(e);
-    if (!ev || ev->magic != event_magic) {
-        fprintf(stderr, "moetrain CUDA emulator: %s(%p): not an event (never created, or destroyed)\n", api,
-                (void *)e);
-        return ret(cudaErrorInvalidResourceHandle);
-    }
-    return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { return check_event("cudaEventRecord", e); }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return check_event("cudaEventSynchronize", e); }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return check_event("cudaEventQuery", e); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return check_event("cudaStreamWaitEvent", e); }
-cudaError_t cudaEventDestroy(cudaEvent_t e)
-{
-    const cudaError_t r = check_event("cudaEventDestroy", e);
-    if (r != cudaSuccess) return r;
-    emu_event *ev = reinterpret_cast<emu_event *>(e);
-    ev->magic = 0;
-    delete ev;
     return cudaSuccess;
 }
 

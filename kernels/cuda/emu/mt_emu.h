@@ -19,9 +19,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
+
+#include "kernels/cuda/emu/emu_streams.h"
 
 namespace mt_emu {
 
@@ -80,9 +84,28 @@ struct launch_site {
     const char *kernel, *file;
     int line;
 };
-// Runs body(args) once per thread of the grid (immediate execution on the stream).
-void launch(const launch_site &site, const void *func, void (*body)(void *), void *args, dim3 grid, dim3 block,
-            size_t smem, cudaStream_t stream);
+// kernels/cuda's caching allocator tells the emulator the bytes of a cudaMalloc block it
+// hands out, and when the block goes back to its cache, so that copies are checked
+// against the request, not the size class (under AddressSanitizer kernels too), and a
+// use of a cached block is a use after free.
+void note_extent(const void *p, size_t bytes, cudaStream_t stream);
+void note_cached(const void *p, cudaStream_t stream);
+
+// Checks the configuration, then issues on the stream the work that runs body(args) once
+// per thread of the grid (emu_streams.h); acc: the device memory the arguments point to.
+void launch(const launch_site &site, const void *func, void (*body)(void *), std::shared_ptr<void> args, dim3 grid,
+            dim3 block, size_t smem, cudaStream_t stream, const std::vector<mem_access> &acc);
+
+// The device memory a kernel argument points to: a pointer to const is read, any other
+// pointer read and written; pointers inside a parameter struct are found by scanning it.
+template <typename T>
+static inline void note_arg(const T &a, std::vector<mem_access> &acc)
+{
+    if constexpr (std::is_pointer<T>::value)
+        acc.push_back(mem_access{(const void *)a, 0, !std::is_const<typename std::remove_pointer<T>::type>::value});
+    else if constexpr (!std::is_arithmetic<T>::value && !std::is_enum<T>::value)
+        scan_pointers(&a, sizeof a, true, acc);
+}
 
 template <typename... P>
 struct launcher {
@@ -105,8 +128,10 @@ struct launcher {
     void operator()(A &&...a) const
     {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
-        bound b{func, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
-        launch(site, reinterpret_cast<const void *>(func), &launcher::body, &b, grid, block, smem, stream);
+        auto b = std::make_shared<bound>(bound{func, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)});
+        std::vector<mem_access> acc;
+        std::apply([&acc](const auto &...x) { (note_arg(x, acc), ...); }, b->args);
+        launch(site, reinterpret_cast<const void *>(func), &launcher::body, b, grid, block, smem, stream, acc);
     }
 };
 
@@ -147,7 +172,41 @@ static inline T ldg(const T *p, const char *file, int line)
 }
 
 // The fibers of one block run on one host thread and switch only at barriers and
-// collectives, so a read-modify-write is indivisible by construction.
+// collectives, so a read-modify-write is indivisible by construction. Under
+// ThreadSanitizer they are relaxed atomic operations, which TSan does not report as
+// racing with each other and which order nothing (as CUDA's atomics order nothing).
+#if defined(__SANITIZE_THREAD__)
+template <typename T>
+using atomic_bits = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+template <typename T, typename F>
+static inline T atomic_update(T *p, F f)
+{
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "atomics of 4 or 8 bytes");
+    atomic_bits<T> *q = reinterpret_cast<atomic_bits<T> *>(p), seen = __atomic_load_n(q, __ATOMIC_RELAXED), want;
+    T old, next;
+    do {
+        memcpy(&old, &seen, sizeof old);
+        next = f(old);
+        memcpy(&want, &next, sizeof want);
+    } while (!__atomic_compare_exchange_n(q, &seen, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old;
+}
+template <typename T>
+static inline T atomic_add(T *p, T v)
+{
+    return atomic_update(p, [v](T o) { return o + v; });
+}
+template <typename T>
+static inline T atomic_max(T *p, T v)
+{
+    return atomic_update(p, [v](T o) { return v > o ? v : o; });
+}
+template <typename T>
+static inline T atomic_cas(T *p, T cmp, T v)
+{
+    return atomic_update(p, [cmp, v](T o) { return o == cmp ? v : o; });
+}
+#else
 template <typename T>
 static inline T atomic_add(T *p, T v)
 {
@@ -169,6 +228,7 @@ static inline T atomic_cas(T *p, T cmp, T v)
     if (old == cmp) *p = v;
     return old;
 }
+#endif
 
 } // namespace mt_emu
 

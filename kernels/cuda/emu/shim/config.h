@@ -6,7 +6,7 @@
 #include_next "config.h"
 #ifndef HAVE_CUDA
 #define HAVE_CUDA 1
-#define MT_CUDA_ARCHS "sm_90a sm_100a"
+#define MT_CUDA_ARCHS "sm_90 sm_100 compute_100"
 /* configure may find NCCL without CUDA, but builds the runtime's NCCL only with CUDA */
 #undef HAVE_NCCL
 #endif

@@ -3,7 +3,7 @@
 // bits [begin_bit, end_bit) (signed keys ordered as numbers: the sign bit flipped
 // first, as CUB does), with the two-phase temporary-storage protocol: a call with
 // d_temp_storage == NULL only sets temp_storage_bytes; the second call must pass at
-// least that many bytes of device memory. Executes at once (streams are immediate).
+// least that many bytes of device memory. Device work on its stream (emu_streams.h).
 #ifndef MT_KERNELS_CUDA_EMU_CUB_DEVICE_RADIX_SORT_CUH
 #define MT_KERNELS_CUDA_EMU_CUB_DEVICE_RADIX_SORT_CUH
 
@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/cuda/emu/emu_streams.h"
 
 namespace mt_emu {
 void check_device_range(const char *api, const void *p, size_t bytes);
@@ -29,7 +31,6 @@ struct DeviceRadixSort {
                                  cudaStream_t stream = 0)
     {
         static_assert(std::is_integral<KeyT>::value, "the emulator sorts integer keys");
-        (void)stream;
         const size_t n = num_items > 0 ? (size_t)num_items : 0;
         // what CUB would use for double buffers of keys and values, and a histogram
         const size_t need = 2 * n * (sizeof(KeyT) + sizeof(ValueT)) + 4096;
@@ -46,27 +47,34 @@ struct DeviceRadixSort {
         mt_emu::check_device_range("cub::DeviceRadixSort::SortPairs (keys out)", d_keys_out, n * sizeof(KeyT));
         mt_emu::check_device_range("cub::DeviceRadixSort::SortPairs (values in)", d_values_in, n * sizeof(ValueT));
         mt_emu::check_device_range("cub::DeviceRadixSort::SortPairs (values out)", d_values_out, n * sizeof(ValueT));
-        using U = typename std::make_unsigned<KeyT>::type;
-        const int bits = (int)sizeof(KeyT) * 8;
-        const U flip = std::is_signed<KeyT>::value ? (U)((U)1 << (bits - 1)) : (U)0;
-        const U span = end_bit - begin_bit >= bits ? (U)~(U)0 : (U)(((U)1 << (end_bit - begin_bit)) - 1);
-        std::vector<size_t> order(n);
-        std::vector<U> digit(n);
-        for (size_t i = 0; i < n; i++) {
-            U u;
-            memcpy(&u, &d_keys_in[i], sizeof u);
-            digit[i] = (U)((U)(u ^ flip) >> begin_bit) & span;
-            order[i] = i;
-        }
-        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return digit[a] < digit[b]; });
-        std::vector<KeyT> k(n);
-        std::vector<ValueT> v(n);
-        for (size_t i = 0; i < n; i++) {
-            k[i] = d_keys_in[order[i]];
-            v[i] = d_values_in[order[i]];
-        }
-        std::copy(k.begin(), k.end(), d_keys_out);
-        std::copy(v.begin(), v.end(), d_values_out);
+        const mt_emu::mem_access acc[5] = {{d_keys_in, n * sizeof(KeyT), false},
+                                       {d_values_in, n * sizeof(ValueT), false},
+                                       {d_keys_out, n * sizeof(KeyT), true},
+                                       {d_values_out, n * sizeof(ValueT), true},
+                                       {d_temp_storage, temp_storage_bytes, true}};
+        mt_emu::stream_work(stream, "cub::DeviceRadixSort::SortPairs", nullptr, 0, acc, 5, [=] {
+            using U = typename std::make_unsigned<KeyT>::type;
+            const int bits = (int)sizeof(KeyT) * 8;
+            const U flip = std::is_signed<KeyT>::value ? (U)((U)1 << (bits - 1)) : (U)0;
+            const U span = end_bit - begin_bit >= bits ? (U)~(U)0 : (U)(((U)1 << (end_bit - begin_bit)) - 1);
+            std::vector<size_t> order(n);
+            std::vector<U> digit(n);
+            for (size_t i = 0; i < n; i++) {
+                U u;
+                memcpy(&u, &d_keys_in[i], sizeof u);
+                digit[i] = (U)((U)(u ^ flip) >> begin_bit) & span;
+                order[i] = i;
+            }
+            std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return digit[a] < digit[b]; });
+            std::vector<KeyT> k(n);
+            std::vector<ValueT> v(n);
+            for (size_t i = 0; i < n; i++) {
+                k[i] = d_keys_in[order[i]];
+                v[i] = d_values_in[order[i]];
+            }
+            std::copy(k.begin(), k.end(), d_keys_out);
+            std::copy(v.begin(), v.end(), d_values_out);
+        });
         return cudaSuccess;
     }
 };

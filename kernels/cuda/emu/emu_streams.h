@@ -1,0 +1,52 @@
+// The CUDA execution emulator: device work on streams (emu_streams.cc).
+//
+// Every piece of device work (a kernel, a copy, a memset, a cuBLASLt matmul, a sort) is
+// issued with the device memory it reads and writes. The emulator keeps a vector clock
+// per stream, per event and for the host, so it knows, for every piece of work, which
+// earlier work CUDA guarantees to have finished before it starts (the same stream,
+// cudaStreamWaitEvent on a recorded event, the legacy default stream's implicit
+// synchronisation, the host's synchronisations). Work that touches device memory that
+// other work wrote (or that writes memory other work read) without such an order is an
+// error naming both, whatever the mode.
+//
+// MT_EMU_STREAMS selects when the work runs: `immediate` (the default) runs it when it
+// is issued; `deferred` queues it per stream and runs it only when something waits for
+// it (a synchronisation, a blocking copy, cudaFree, an event or stream query), each
+// piece after exactly the work it is ordered after, other streams' work left queued as
+// long as CUDA allows: results that depend on an order the program never asked for
+// change.
+#ifndef MT_KERNELS_CUDA_EMU_STREAMS_H
+#define MT_KERNELS_CUDA_EMU_STREAMS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include <functional>
+#include <vector>
+
+namespace mt_emu {
+
+// [p, p + bytes) read or written by a piece of work; bytes 0 means the whole device
+// allocation holding p. Pointers outside device allocations are ignored.
+struct mem_access {
+    const void *p;
+    size_t bytes;
+    bool write;
+};
+
+// Issues `work` on `stream`: runs it now or queues it (MT_EMU_STREAMS), after checking
+// that everything it touches is ordered after the work that touched it before. `what`
+// and file:line name it in reports.
+void stream_work(cudaStream_t stream, const char *what, const char *file, int line, const mem_access *acc, size_t nacc,
+                 std::function<void()> work);
+
+// Appends an access for every aligned word of an argument block that points into a
+// device allocation (a kernel's parameter struct does not say what it writes: `write`).
+void scan_pointers(const void *block, size_t bytes, bool write, std::vector<mem_access> &out);
+
+// The host waits for `stream` (cudaStreamSynchronize semantics; null: the legacy stream).
+void host_waits_stream(cudaStream_t stream);
+
+} // namespace mt_emu
+
+#endif

@@ -1,0 +1,85 @@
+#!/bin/sh
+# The NCCL backend (src/runtime/comm_nccl.c) without a GPU: nccl_check-emu (nccl_check on
+# the CUDA emulator) loads the emulated NCCL (tests/runtime/emu-nccl/libnccl.so.2,
+# kernels/cuda/emu/emu_nccl.cc) through the real loader, found on LD_LIBRARY_PATH.
+#   - the emulated NCCL's own API checks (emu_nccl_api);
+#   - every collective, send/recv and the batched ring exchange on 1, 2 and 4 processes,
+#     with the emulated NCCL answering ncclInProgress on about one completion in two, so
+#     that comm_nccl.c's polling runs;
+#   - faults that must be reported, not hang: an ordering deadlock (two ranks each send
+#     first, ungrouped; found by NCCL's timeout, or by comm_nccl.c's, which aborts the
+#     communicator), ranks that all-reduce different counts, a peer that leaves;
+#   - moetrain-emu --backend cuda on 2 processes (data parallel, device buffers through
+#     the emulated NCCL): 2 iterations' loss and gradient norm as one process's.
+# Not skipped in a build with the emulator and NCCL (it is not built otherwise).
+. "$MT_TOP_SRCDIR/tests/runtime/common.sh"
+need_mpirun
+prog=$(own nccl_check_emu "$MT_TOP_BUILDDIR/tests/runtime/nccl_check-emu")
+LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# one emulated device per local process
+MT_EMU_DEVICE_COUNT=4
+MT_EMU_NCCL_INPROGRESS=2
+export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS
+cd "$tmp"
+
+# The API itself (every type and reduction, argument checks, groups, 1 to 4 forked ranks),
+# every completion of a nonblocking comm claiming ncclInProgress.
+MT_EMU_NCCL_INPROGRESS=1 "$MT_TOP_BUILDDIR/tests/runtime/emu_nccl_api" ||
+    fail "emu_nccl_api: the emulated NCCL's API checks"
+
+"$prog" > out 2> err || { cat out err; fail "nccl_check-emu on one process"; }
+grep -q 'passed on 1 processes' out || { cat out err; fail "one process: no verdict"; }
+for n in 2 4; do
+    mpirun_np $n "$prog" > out 2> err || { cat out err; fail "nccl_check-emu on $n processes"; }
+    grep -q "passed on $n processes" out || { cat out err; fail "$n processes: no verdict"; }
+done
+echo "ok: nccl_check-emu on 1, 2 and 4 processes"
+
+# fault MODE TIMEOUT INPROGRESS PATTERN...: nccl_check-emu MODE on 2 processes, with
+# MT_EMU_NCCL_TIMEOUT_S and MT_EMU_NCCL_INPROGRESS as given, fails, reporting each PATTERN
+fault() {
+    mode=$1 t=$2 ip=$3; shift 3
+    MT_EMU_NCCL_TIMEOUT_S=$t MT_EMU_NCCL_INPROGRESS=$ip mpirun_np 2 "$prog" "$mode" > out 2> err
+    rc=$?
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat out err; fail "$mode: exit $rc (expected a failure, not a hang)"; }
+    for p in "$@"; do
+        grep -qF -- "$p" err || { cat out err; fail "$mode: no '$p' in the error output"; }
+    done
+    nothing_left nccl_check_emu
+    echo "ok: $mode reported"
+}
+fault deadlock 2 2 'possible ordering deadlock' 'ncclSend of 16 x ncclUint8 to rank' \
+    'the peer has not posted the matching receive' 'send on world (rank'
+# the same, NCCL's timeout long and every call in the background: comm_nccl.c's own
+# timeout (3 s in this mode) must abort the communicator with the sends pending
+fault deadlock-timeout 60 1 'send on world timed out' \
+    'the communicator failed earlier'
+fault mismatch 2 2 'the ranks called different operations or counts' 'all_reduce on world'
+fault peer-gone 2 2 'rank 0: rank 1 closed its connection' 'during ncclAllReduce'
+
+# The trainer on 2 emulated devices against 1: 2 iterations of the same global batches
+# of 4 sequences of 64 tokens, split over two data-parallel ranks whose gradients (device
+# buffers) go through the emulated NCCL. Loss and gradient norm within 1e-5 relative (the
+# sums differ only in order; measured: identical).
+emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+set -- --backend=cuda "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" "precision%params_dtype='bf16'" \
+    training%train_iters=2 training%eval_interval=100 training%eval_iters=0 \
+    optimizer%lr_warmup_iters=0 training%global_batch_size=4 training%micro_batch_size=2 \
+    training%seq_length=64 logging%log_interval=1 "logging%metrics_file='m.jsonl'"
+mkdir one two
+(cd one && timeout 120 "$emu" "$@" > out.log 2>&1 < /dev/null) ||
+    { cat one/out.log; fail "moetrain-emu on one process"; }
+(cd two && mpirun_np 2 "$emu" "$@" parallel%distributed_timeout_minutes=1 > out.log 2>&1 < /dev/null) ||
+    { cat two/out.log; fail "moetrain-emu on two processes (data parallel)"; }
+# values KEY RUN: every value of KEY in RUN's metrics
+values() { sed -n "s/.*\"$1\": \([-0-9.eE+naif]*\).*/\1/p" "$2/m.jsonl"; }
+for key in loss grad_norm; do
+    values $key one > a; values $key two > b
+    [ "$(wc -l < a)" -eq 2 ] && [ "$(wc -l < b)" -eq 2 ] ||
+        { cat one/m.jsonl two/m.jsonl; fail "expected 2 values of $key from each run"; }
+    paste a b | awk -v key=$key '{ d = $1 - $2; if (d < 0) d = -d
+        printf "  iteration %d %s: %s (1 process), %s (2 processes)\n", NR, key, $1, $2
+        if (!(d <= 1e-5 * ($1 < 0 ? -$1 : $1))) bad = 1 } END { exit bad }' ||
+        fail "$key differs by more than 1e-5 relative between 1 and 2 processes"
+done
+echo "ok: moetrain-emu --backend=cuda on 2 processes (data parallel over the emulated NCCL)"
