@@ -10,8 +10,9 @@ prog="${MT_TOP_BUILDDIR:-.}/tests/gpu/emu_races"
 src="${MT_TOP_SRCDIR:-.}/tests/gpu/emu_races.cc"
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
-# the first report ends the run; a report in correct code fails it (exit status 66)
-TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
+# the first report ends the run; a report in correct code fails it (exit status 66);
+# no second of sleep at each exit
+TSAN_OPTIONS="halt_on_error=1 exitcode=66 atexit_sleep_ms=0 ${TSAN_OPTIONS:-}"
 export TSAN_OPTIONS
 
 tsan=$("$prog" --tsan) || { echo "FAIL: $prog --tsan"; exit 1; }

@@ -12,6 +12,8 @@
 // stream, to completion inside the call; on a nonblocking communicator one call in
 // MT_EMU_NCCL_INPROGRESS instead runs on a thread of its own and answers ncclInProgress
 // (or only claims to), so that callers' polling, timeouts and aborts run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <nccl.h>
 
 #include <dlfcn.h>
@@ -444,61 +446,12 @@ ncclResult_t run(const std::vector<transfer *> &ts)
 
 // ---------------------------------------------------------------- reductions
 
-struct half_t { uint16_t bits; };
-struct bf16_t { uint16_t bits; };
-
-float to_float(half_t h)
-{
-    const uint32_t s = (uint32_t)(h.bits >> 15) << 31, e = (h.bits >> 10) & 0x1f,
-                   m = h.bits & 0x3ff;
-    uint32_t bits;
-    if (e == 0x1f) {
-        bits = s | 0x7f800000u | (m << 13);
-    } else if (e != 0) {
-        bits = s | ((e + 112) << 23) | (m << 13);
-    } else {
-        float f = (float)m * 0x1p-24f; // subnormal: exact
-        memcpy(&bits, &f, 4);
-        bits |= s;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-// Round to nearest even, as NCCL's half arithmetic rounds each step.
-half_t to_half(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint16_t s = (uint16_t)((x >> 16) & 0x8000);
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return { (uint16_t)(s | 0x7e00) };
-    if (ax >= 0x477ff000u) return { (uint16_t)(s | 0x7c00) }; // rounds to infinity
-    if (ax < 0x38800000u) {                                   // below the smallest normal
-        float a;
-        memcpy(&a, &ax, 4);
-        return { (uint16_t)(s | (uint16_t)lrintf(a * 0x1p24f)) };
-    }
-    const uint32_t mant = ax + 0xfffu + ((ax >> 13) & 1); // rounding carries into the exponent
-    return { (uint16_t)(s | ((mant - 0x38000000u) >> 13)) };
-}
-
-float to_float(bf16_t b)
-{
-    const uint32_t bits = (uint32_t)b.bits << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-bf16_t to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return { (uint16_t)((x >> 16) | 0x40) };
-    return { (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16) };
-}
+// fp16 and bf16 through the CUDA headers' host conversions (round to nearest even, as
+// NCCL's half arithmetic rounds each step).
+float to_float(__half h) { return __half2float(h); }
+float to_float(__nv_bfloat16 b) { return __bfloat162float(b); }
+__half to_half(float f) { return __float2half_rn(f); }
+__nv_bfloat16 to_bf16(float f) { return __float2bfloat16_rn(f); }
 
 template <typename T> T combine(T a, T b, ncclRedOp_t op)
 {
@@ -547,8 +500,8 @@ void reduce(void *acc, const void *x, size_t n, ncclDataType_t t, ncclRedOp_t op
     case ncclUint32: reduce_int<uint32_t, uint32_t>(acc, x, n, op); break;
     case ncclInt64: reduce_int<int64_t, uint64_t>(acc, x, n, op); break;
     case ncclUint64: reduce_int<uint64_t, uint64_t>(acc, x, n, op); break;
-    case ncclFloat16: reduce_16<half_t, to_half>(acc, x, n, op); break;
-    case ncclBfloat16: reduce_16<bf16_t, to_bf16>(acc, x, n, op); break;
+    case ncclFloat16: reduce_16<__half, to_half>(acc, x, n, op); break;
+    case ncclBfloat16: reduce_16<__nv_bfloat16, to_bf16>(acc, x, n, op); break;
     case ncclFloat32: reduce_float<float>(acc, x, n, op); break;
     case ncclFloat64: reduce_float<double>(acc, x, n, op); break;
     default: break; // refused by check_op
@@ -565,8 +518,8 @@ void divide(void *acc, size_t n, ncclDataType_t t, int nranks)
         case ncclUint32: ((uint32_t *)acc)[i] /= (uint32_t)nranks; break;
         case ncclInt64: ((int64_t *)acc)[i] /= nranks; break;
         case ncclUint64: ((uint64_t *)acc)[i] /= (uint64_t)nranks; break;
-        case ncclFloat16: ((half_t *)acc)[i] = to_half(to_float(((half_t *)acc)[i]) / (float)nranks); break;
-        case ncclBfloat16: ((bf16_t *)acc)[i] = to_bf16(to_float(((bf16_t *)acc)[i]) / (float)nranks); break;
+        case ncclFloat16: ((__half *)acc)[i] = to_half(to_float(((__half *)acc)[i]) / (float)nranks); break;
+        case ncclBfloat16: ((__nv_bfloat16 *)acc)[i] = to_bf16(to_float(((__nv_bfloat16 *)acc)[i]) / (float)nranks); break;
         case ncclFloat32: ((float *)acc)[i] /= (float)nranks; break;
         case ncclFloat64: ((double *)acc)[i] /= nranks; break;
         default: break;
