@@ -12,14 +12,16 @@
 // kernel has a fixed tile count per group, one CTA per output tile.
 //
 // Tile: 128 x 128 x 32, 8 warps of 64 x 32, bf16 mma.sync m16n8k16 with fp32
-// accumulators; two CTAs per SM (the register cap costs a few spilled bytes outside
-// the inner loop, against one CTA of 8 warps at ~160 registers otherwise). fp32 operands are rounded to bf16 (RNE) on their way to shared memory
-// (the next k-tile is loaded into registers while the current one is multiplied), so
-// the error analysis is that of cuda_gemm.cu: normalised MSE 5.5e-6 on fp32 operands,
-// fp32 accumulation-order differences only on bf16-exact ones. Operands stored with
-// k contiguous are fetched with ldmatrix, those stored with m or n contiguous with
-// ldmatrix.trans, so no operand is transposed in memory. Deterministic: every output
-// element is one thread's fixed-order sum.
+// accumulators; two CTAs per SM, so at most 128 registers a thread, without spills
+// (64 accumulators, 32 for the next k-tile in flight, the fragments of one k16 step;
+// the operand loads are written to leave ptxas room for the rest: doc/cuda-emulator.md,
+// "register budget"). fp32 operands are rounded to bf16 (RNE) on their way to shared
+// memory (the next k-tile is loaded into registers while the current one is
+// multiplied), so the error analysis is that of cuda_gemm.cu: normalised MSE 5.5e-6 on
+// fp32 operands, fp32 accumulation-order differences only on bf16-exact ones. Operands
+// stored with k contiguous are fetched with ldmatrix, those stored with m or n
+// contiguous with ldmatrix.trans, so no operand is transposed in memory. Deterministic:
+// every output element is one thread's fixed-order sum.
 //
 // Hopper note: this is the portable tensor-core path (HMMA). A wgmma + TMA version
 // would reach a higher fraction of peak; with fp32 operands in memory the expert GEMMs
@@ -49,31 +51,77 @@ struct gg_smem_shape {
     static constexpr int elems = KMAJ ? 128 * (GG_BK + GG_PAD) : GG_BK * (128 + GG_PAD);
 };
 
-// Loads the 128-row x 32-k fp32 tile starting at (r0, k0) into four float4 per thread;
-// zeros outside (r_valid, k_valid).
+// One thread's share of an operand tile (128 rows x 32 k): four float4, at rows
+// tr + 32 i and k tk..tk+3 (k-major), or rows tr..tr+3 and k tk + 8 i (otherwise),
+// with tr, tk from threadIdx.x. Set up once per output tile: one pointer and two
+// counts, so that the k loop carries a few registers, not an address per load.
+template <bool KMAJ>
+struct gg_src {
+    const float *p; // element (tr, tk) of the operand
+    int ld;
+    int r_left; // rows from tr to r_valid
+    int k_left; // k from tk to k_valid
+    __device__ __forceinline__ gg_src(const float *X, int ld_, int r0, int r_valid, int k_valid)
+    {
+        const int tr = KMAJ ? threadIdx.x >> 3 : (threadIdx.x & 31) * 4;
+        const int tk = KMAJ ? (threadIdx.x & 7) * 4 : threadIdx.x >> 5;
+        ld = ld_;
+        p = X + (KMAJ ? (size_t)(r0 + tr) * ld + tk : (size_t)tk * ld + r0 + tr);
+        r_left = r_valid - r0 - tr;
+        k_left = k_valid - tk;
+    }
+};
+
+// *X when ok, else 0: one predicated load. Written as such because nvcc otherwise
+// branches around each load, and ptxas then spilled at the 128-register cap (most on
+// the element-wise path, 16 loads an operand).
+__device__ __forceinline__ float gg_ldg_or_0(const float *X, bool ok)
+{
+#ifdef MT_CUDA_EMU
+    return ok ? __ldg(X) : 0.0f;
+#else
+    float v;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\tmov.b32 %0, 0;\n\t"
+        "@p ld.global.nc.f32 %0, [%1];\n\t}"
+        : "=f"(v)
+        : "l"(X), "r"((int)ok));
+    return v;
+#endif
+}
+
+// The same for four floats (X 16-byte aligned).
+__device__ __forceinline__ float4 gg_ldg4_or_0(const float *X, bool ok)
+{
+#ifdef MT_CUDA_EMU
+    return ok ? __ldg(reinterpret_cast<const float4 *>(X)) : make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+    float4 v;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\tmov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\t"
+        "mov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t@p ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n\t}"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "l"(X), "r"((int)ok));
+    return v;
+#endif
+}
+
+// Loads the k-tile at k0 into four float4 per thread; zeros outside (r_valid, k_valid).
 template <bool KMAJ, bool VEC>
-__device__ __forceinline__ void gg_load(float4 reg[4], const float *X, int ld, int r0, int r_valid,
-                                        int k0, int k_valid)
+__device__ __forceinline__ void gg_load(float4 reg[4], const gg_src<KMAJ> &s, int k0)
 {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const int c = threadIdx.x + i * GG_THREADS;
-        const int r = KMAJ ? r0 + (c >> 3) : r0 + (c & 31) * 4;
-        const int k = KMAJ ? k0 + (c & 7) * 4 : k0 + (c >> 5);
+        const float *q = s.p + (KMAJ ? (size_t)(32 * i) * s.ld + k0 : (size_t)(k0 + 8 * i) * s.ld);
+        const bool row_in = KMAJ ? 32 * i < s.r_left : true;
+        const bool k_in = KMAJ ? true : k0 + 8 * i < s.k_left;
         if constexpr (VEC) {
             // KMAJ: k..k+3 all in or all out (k_valid % 4 == 0); otherwise r..r+3 likewise
-            float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < r_valid && k < k_valid)
-                f = __ldg(reinterpret_cast<const float4 *>(X + (KMAJ ? (size_t)r * ld + k : (size_t)k * ld + r)));
-            reg[i] = f;
+            reg[i] = gg_ldg4_or_0(q, row_in && k_in && (KMAJ ? k0 < s.k_left : 0 < s.r_left));
         } else {
             float v[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int rr = KMAJ ? r : r + e, kk = KMAJ ? k + e : k;
-                v[e] = rr < r_valid && kk < k_valid
-                           ? __ldg(X + (KMAJ ? (size_t)rr * ld + kk : (size_t)kk * ld + rr))
-                           : 0.0f;
+                const bool in = KMAJ ? k0 + e < s.k_left : e < s.r_left;
+                v[e] = gg_ldg_or_0(q + e, row_in && k_in && in);
             }
             reg[i] = make_float4(v[0], v[1], v[2], v[3]);
         }
@@ -111,9 +159,11 @@ __device__ __forceinline__ void gg_tile_run(const gg_tile &t, int m0, int n0, fl
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
+    const gg_src<A_K> srcA(t.A, t.lda, m0, t.m_valid, t.k_valid);
+    const gg_src<B_K> srcB(t.B, t.ldb, n0, t.n_valid, t.k_valid);
     float4 ra[4], rb[4];
-    gg_load<A_K, VEC>(ra, t.A, t.lda, m0, t.m_valid, 0, t.k_valid);
-    gg_load<B_K, VEC>(rb, t.B, t.ldb, n0, t.n_valid, 0, t.k_valid);
+    gg_load<A_K, VEC>(ra, srcA, 0);
+    gg_load<B_K, VEC>(rb, srcB, 0);
     gg_store<A_K>(sA, ra);
     gg_store<B_K>(sB, rb);
     __syncthreads();
@@ -123,8 +173,8 @@ __device__ __forceinline__ void gg_tile_run(const gg_tile &t, int m0, int n0, fl
         const int cur = kt & 1;
         const bool more = kt + 1 < nk;
         if (more) {
-            gg_load<A_K, VEC>(ra, t.A, t.lda, m0, t.m_valid, (kt + 1) * GG_BK, t.k_valid);
-            gg_load<B_K, VEC>(rb, t.B, t.ldb, n0, t.n_valid, (kt + 1) * GG_BK, t.k_valid);
+            gg_load<A_K, VEC>(ra, srcA, (kt + 1) * GG_BK);
+            gg_load<B_K, VEC>(rb, srcB, (kt + 1) * GG_BK);
         }
         const __nv_bfloat16 *a = sA + cur * a_elems, *b = sB + cur * b_elems;
 #pragma unroll
