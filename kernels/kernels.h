@@ -298,6 +298,15 @@ const struct mt_kernels *mt_kernels_cpu(void);
 const struct mt_kernels *mt_kernels_guard(void);
 /* Whether [p, p+bytes) lies inside one live allocation of the guard backend. */
 bool mt_guard_owns(const void *p, size_t bytes);
+
+/* The plan backend (kernels/cpu/cpu_plan.c): allocations are address ranges reserved
+ * and never backed, memset/copy/bf16_round/sync do nothing, any other op faults. Setting
+ * the model, optimizer and trainer up on it measures what they would allocate without
+ * holding it (moetrain --check's memory report). One per planner, not thread-safe. */
+struct mt_kernels *mt_kernels_plan_create(void);
+/* Bytes currently allocated (asked for) on a plan backend. */
+size_t mt_kernels_plan_live(const struct mt_kernels *k);
+void mt_kernels_plan_destroy(struct mt_kernels *k);
 /* Makes every guard allocation accessible (nested calls count) / inaccessible again. */
 void mt_guard_open(void);
 void mt_guard_close(void);

@@ -17,6 +17,11 @@
 #   experts:         ETP 1 x EP 8 x EDP 18 x PP 2 (MoE parallel folding)
 #   94 layers / PP 2 = 47 per stage; 128 experts / EP 8 = 16 per rank.
 #   global batch 1152 sequences of 4096 = micro 1 x DP 36 x 32 micro-batches.
+# Memory: --check prints each stage's most loaded rank by category (doc/memory.md).
+# At this layout it plans 278.90 GiB on stage 0 (60.8 GB each of working copy, master
+# weights and gradients: 15.2B parameters a rank), more than a GB200's 186 GB: the job
+# does not fit as moetrain stores weights today (the working copy widened to fp32).
+# Check with --check before submitting.
 # The TP and EP groups fold into blocks of lcm(4, 8) = 8 ranks = 2 trays, and a
 # rack holds 9 such blocks exactly (72 / 8): with whole racks, &topology
 # placement = 'nvlink' keeps every TP and EP group inside one NVLink domain.

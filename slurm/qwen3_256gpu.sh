@@ -38,6 +38,12 @@
 # NUMA node of its GPU itself (&host cpu_affinity = 'gpu'), which is why srun
 # must not bind (--cpu-bind=none).
 #
+# Memory: --check prints what each pipeline stage's most loaded rank allocates, by
+# category (doc/memory.md): 65.25 GiB on stage 0, which holds 4 micro-batches in flight.
+# precision%gpu_memory_gb = 74 makes --check and the job itself (before it allocates)
+# refuse a change that would not fit an 80 GB H100 (79.6 GiB, less the CUDA context,
+# NCCL's buffers and fragmentation, which moetrain does not allocate).
+#
 # Timeouts: &parallel distributed_timeout_minutes bounds every collective
 # separately; a process that dies or hangs makes its peers fail within that
 # time with a message naming the collective and the group ("all_reduce on
@@ -114,6 +120,7 @@ LAYOUT=(
     parallel%use_distributed_optimizer=.true.
     parallel%distributed_timeout_minutes=10
     training%global_batch_size=1024
+    precision%gpu_memory_gb=74
 )
 
 if [ "${1:-}" = --check ]; then

@@ -486,6 +486,7 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     if (mt_groups_print(&rl, cli->verbose ? 0 : 4, stdout))
         printf("(--verbose lists every group)\n");
     mt_groups_free(&rl);
+    if (mt_train_memory_report(cfg, &layout, stdout, &err)) return fail(&err);
     return 0;
 }
 

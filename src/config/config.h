@@ -56,6 +56,7 @@ struct mt_config_moe {
     bool router_force_load_balancing;
     double expert_capacity_factor;   /* 0: dropless */
     bool pad_expert_input_to_capacity;
+    double expert_buffer_factor;     /* dropless EP buffers: x balanced rows; 0: worst case */
     char token_drop_policy[16];      /* probs | position */
     char token_dispatcher_type[16];  /* alltoall | allgather */
     int shared_expert_intermediate_size; /* 0: no shared expert */
@@ -102,6 +103,7 @@ struct mt_config_optimizer {
 
 struct mt_config_precision {
     char params_dtype[8];            /* fp32 | bf16 */
+    double gpu_memory_gb;            /* GiB per GPU for the memory check; 0: none */
 };
 
 struct mt_config_data {

@@ -79,6 +79,13 @@ const struct mt_key mt_schema[] = {
           "0 = dropless; else capacity per expert = factor * tokens * topk / num_experts"),
     KBOOL(moe, pad_expert_input_to_capacity, 0,
           "pad every expert's input to its capacity (needs expert_capacity_factor)"),
+    KREAL(moe, expert_buffer_factor, 2.0, 0.0, RMAX,
+          "dropless expert-parallel dispatch (expert_capacity_factor = 0): the expert-side "
+          "buffers hold this many times the rows a balanced routing brings to a rank's "
+          "experts (at most the worst case); a step that brings more takes the overflow "
+          "from the allocator for that step and counts it in the log (like "
+          "expert_capacity_factor, but nothing is dropped); 0 = size for the worst case, "
+          "every expert-parallel source sending all its tokens to this rank"),
     KENUM(moe, token_drop_policy, "probs", "probs|position",
           "which tokens are dropped over capacity: lowest probability or latest position"),
     KENUM(moe, token_dispatcher_type, "alltoall", "alltoall|allgather",
@@ -142,6 +149,10 @@ const struct mt_key mt_schema[] = {
     /* &precision */
     KENUM(precision, params_dtype, "fp32", "fp32|bf16",
           "working precision of parameters and activations (fp32 master weights always)"),
+    KREAL(precision, gpu_memory_gb, 0.0, 0.0, RMAX,
+          "GiB of memory per GPU: --check and the start of training fail when the most "
+          "loaded rank's planned bytes (moetrain --check prints them) exceed it, naming "
+          "the categories to reduce; 0 = no limit"),
 
     /* &data */
     KSARR(data, data_path,

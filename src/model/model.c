@@ -415,6 +415,80 @@ static size_t tokens_gathered(const struct mt_model *m)
 }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
+/* The expert-side views of a layer's activations for Rx rows (layout_moe_acts' part
+ * that depends on Rx). */
+static void layout_expert_views(const struct mt_model *m, struct arena *a,
+                                struct mt_expert_views *v, size_t Rx)
+{
+    *v = (struct mt_expert_views){0};
+    if (m->dispatch != MT_DISPATCH_LOCAL) {
+        v->xs = TAKE_F(a, Rx * m->H);
+        v->sort_map = TAKE_I(a, Rx);
+    }
+    if (m->dispatch == MT_DISPATCH_ALLTOALL) v->unsort_map = TAKE_I(a, Rx);
+    if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = TAKE_F(a, Rx * m->H);
+    v->eg = TAKE_F(a, Rx * m->Fe_l);
+    v->eu = TAKE_F(a, Rx * m->Fe_l);
+    v->ea = TAKE_F(a, Rx * m->Fe_l);
+}
+
+static void get_views(const struct mt_layer_acts *x, struct mt_expert_views *v)
+{
+    *v = (struct mt_expert_views){x->xs, x->eg, x->eu, x->ea, x->eys, x->sort_map, x->unsort_map};
+}
+
+static void set_views(struct mt_layer_acts *x, const struct mt_expert_views *v)
+{
+    x->xs = v->xs;
+    x->eg = v->eg;
+    x->eu = v->eu;
+    x->ea = v->ea;
+    x->eys = v->eys;
+    x->sort_map = v->sort_map;
+    x->unsort_map = v->unsort_map;
+}
+
+/* The scratch of the expert side for Rx rows (layout_scratch's part that depends on
+ * Rx; ff: the width the dense layers and shared expert need of d_f*). */
+static size_t scratch_ff(const struct mt_model *m, size_t Rx)
+{
+    size_t ff = 0;
+    if (m->nmoe < m->L) ff = tokens_all(m) * m->F_l;
+    if (m->nmoe > 0) ff = max_z(max_z(ff, tokens_all(m) * m->Fs_l), Rx * m->Fe_l);
+    return ff;
+}
+
+static void layout_expert_scratch(const struct mt_model *m, struct arena *a,
+                                  struct mt_expert_scratch *s, size_t Rx)
+{
+    const size_t G = tokens_gathered(m), ff = scratch_ff(m, Rx);
+    if (m->nmoe > 0 && m->dispatch != MT_DISPATCH_LOCAL) {
+        s->d_x = TAKE_F(a, Rx * m->H);
+        s->d_x2 = TAKE_F(a, Rx * m->H);
+        s->stage = TAKE_F(a, max_z(Rx, G) * m->H);
+        s->stage2 = TAKE_F(a, max_z(Rx, G) * m->H);
+    }
+    s->d_f1 = TAKE_F(a, ff);
+    s->d_f2 = TAKE_F(a, ff);
+    s->d_f3 = TAKE_F(a, ff);
+}
+
+static void swap_scratch(struct mt_model *m, struct mt_expert_scratch *s)
+{
+    struct mt_expert_scratch cur = {m->d_x, m->d_x2, m->stage, m->stage2, m->d_f1, m->d_f2,
+                                    m->d_f3, m->h_sort, m->h_unsort};
+    m->d_x = s->d_x;
+    m->d_x2 = s->d_x2;
+    m->stage = s->stage;
+    m->stage2 = s->stage2;
+    m->d_f1 = s->d_f1;
+    m->d_f2 = s->d_f2;
+    m->d_f3 = s->d_f3;
+    m->h_sort = s->h_sort;
+    m->h_unsort = s->h_unsort;
+    *s = cur;
+}
+
 static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer_acts *x)
 {
     const size_t Nl = tokens_local(m), R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max;
@@ -433,23 +507,18 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
         x->xp = TAKE_F(a, R * m->H);
         x->ey = TAKE_F(a, R * m->H);
     }
-    if (m->dispatch == MT_DISPATCH_LOCAL) {
-        x->x_offsets = x->plan.offsets;
-        x->xs = x->xp;
-    } else {
-        x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
-        x->xs = TAKE_F(a, Rx * m->H);
-        x->sort_map = TAKE_I(a, Rx);
-    }
-    if (m->dispatch == MT_DISPATCH_ALLTOALL) x->unsort_map = TAKE_I(a, Rx);
+    if (m->dispatch != MT_DISPATCH_LOCAL) x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
     if (m->dispatch == MT_DISPATCH_ALLGATHER) {
-        x->eys = TAKE_F(a, Rx * m->H);
         x->g_slot_row = TAKE_I(a, G * k);
         x->g_prob = TAKE_F(a, G * k);
     }
-    x->eg = TAKE_F(a, Rx * m->Fe_l);
-    x->eu = TAKE_F(a, Rx * m->Fe_l);
-    x->ea = TAKE_F(a, Rx * m->Fe_l);
+    struct mt_expert_views v;
+    layout_expert_views(m, a, &v, Rx);
+    set_views(x, &v);
+    if (m->dispatch == MT_DISPATCH_LOCAL) {
+        x->x_offsets = x->plan.offsets;
+        x->xs = x->xp;
+    }
     if (m->Fs > 0) {
         const size_t N = tokens_all(m);
         x->sg = TAKE_F(a, N * m->Fs_l);
@@ -516,11 +585,8 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
 {
     const size_t N = tokens_all(m), Nl = tokens_local(m), G = tokens_gathered(m);
     const size_t R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max, k = (size_t)m->topk;
-    const bool tp = m->sc.tp > 1, remote = m->dispatch != MT_DISPATCH_LOCAL;
+    const bool tp = m->sc.tp > 1;
     const bool drop_over_tp = tp && m->nmoe > 0 && m->capacity_factor > 0.0;
-    size_t ff = 0;
-    if (m->nmoe < m->L) ff = N * m->F_l;
-    if (m->nmoe > 0) ff = max_z(max_z(ff, N * m->Fs_l), Rx * m->Fe_l);
     m->tmp = TAKE_F(a, Nl * m->H);
     m->tmp2 = TAKE_F(a, Nl * m->H);
     m->full = tp ? TAKE_F(a, N * m->H) : m->tmp;
@@ -540,12 +606,6 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
         m->d_prob = TAKE_F(a, Nl * k);
         m->d_rows = TAKE_F(a, R * m->H);
         m->d_rows2 = TAKE_F(a, R * m->H);
-        if (remote) {
-            m->d_x = TAKE_F(a, Rx * m->H);
-            m->d_x2 = TAKE_F(a, Rx * m->H);
-            m->stage = TAKE_F(a, max_z(Rx, G) * m->H);
-            m->stage2 = TAKE_F(a, max_z(Rx, G) * m->H);
-        }
         if (m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->g_dprob = TAKE_F(a, G * k);
             m->x_kept = (int64_t *)take(a, (size_t)m->E_l, sizeof(int64_t));
@@ -562,9 +622,9 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
         }
         if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) m->route_idx = TAKE_I(a, Nl * k);
     }
-    m->d_f1 = TAKE_F(a, ff);
-    m->d_f2 = TAKE_F(a, ff);
-    m->d_f3 = TAKE_F(a, ff);
+    struct mt_expert_scratch x = {.h_sort = m->h_sort, .h_unsort = m->h_unsort};
+    layout_expert_scratch(m, a, &x, Rx);
+    swap_scratch(m, &x);
     if (tp) m->lse_all = TAKE_F(a, (size_t)m->sc.tp * N);
 }
 
@@ -577,7 +637,11 @@ static int capacity_for(const struct mt_model *m, long long N)
 /* Plan rows (R) and expert-side rows (Rx) for Bmax sequences: R is what one rank's
  * tokens fill (N*k, or E*capacity rows when padded); Rx what its experts receive from
  * the G = ETP x EP sources, each sending at most min(k, E_l) rows per token and, with a
- * capacity, at most capacity rows per expert (exactly that many when padded). */
+ * capacity, at most capacity rows per expert (exactly that many when padded). Dropless,
+ * that worst case (every source sending every token here) is G/E_l times what a balanced
+ * routing brings (G*Nl*k*E_l/E rows): the buffers hold moe%expert_buffer_factor times
+ * the balanced load instead, and a step that brings more borrows the rest
+ * (mt_model_expert_rows). */
 static int size_rows(struct mt_model *m, struct mt_err *err)
 {
     const long long N = (long long)tokens_all(m), Nl = (long long)tokens_local(m);
@@ -591,7 +655,8 @@ static int size_rows(struct mt_model *m, struct mt_err *err)
     const long long cap = (long long)capd;
     const long long R = Nl * m->topk, padded = (long long)m->E * cap;
     const long long rows = R > padded ? R : padded;
-    long long x_rows = rows;
+    long long x_rows = rows, worst = rows;
+    m->expected_x_rows = (double)rows;
     if (m->dispatch != MT_DISPATCH_LOCAL) {
         const long long kmin = m->topk < m->E_l ? m->topk : m->E_l;
         long long per_source = Nl * kmin;
@@ -599,16 +664,107 @@ static int size_rows(struct mt_model *m, struct mt_err *err)
             long long capped = (long long)m->E_l * cap;
             per_source = m->pad_to_capacity || capped < per_source ? capped : per_source;
         }
-        x_rows = per_source * m->xg;
+        worst = x_rows = per_source * m->xg;
+        m->expected_x_rows = (double)m->xg * (double)Nl * m->topk * m->E_l / m->E;
+        const double f = m->cfg.moe.expert_buffer_factor;
+        if (cap == 0 && f > 0.0) {
+            const double want = ceil(f * m->expected_x_rows);
+            if (want < (double)x_rows) x_rows = want < 1.0 ? 1 : (long long)want;
+        }
     }
-    if (rows > MT_SIZE_MAX || x_rows > MT_SIZE_MAX)
+    if (rows > MT_SIZE_MAX || worst > MT_SIZE_MAX)
         return mt_err_set(err, MT_EINVAL,
                           "model: a micro-batch of %lld tokens routes %lld rows to this rank's "
                           "experts (router_topk %d, %d expert-parallel sources), more than %d; "
                           "lower training%%micro_batch_size or seq_length",
-                          N, rows > x_rows ? rows : x_rows, m->topk, m->xg, MT_SIZE_MAX);
+                          N, rows > worst ? rows : worst, m->topk, m->xg, MT_SIZE_MAX);
     m->rows_max = (int)rows;
     m->x_rows_max = (int)x_rows;
+    m->x_rows_worst = worst;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ expert overflow */
+
+void mt_model_expert_release(struct mt_model *m, struct mt_layer_acts *a, bool keep_acts)
+{
+    const struct mt_kernel_ops *o = &m->k->op;
+    if (m->scratch_over) {
+        swap_scratch(m, &m->scratch_home);
+        o->free(m->k->ctx, m->scratch_over);
+        m->scratch_over = NULL;
+    }
+    if (a && a->over && !keep_acts) {
+        set_views(a, &a->home);
+        o->free(m->k->ctx, a->over);
+        a->over = NULL;
+    }
+}
+
+int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a,
+                         long long rows, bool fwd)
+{
+    struct mt_model *m = p->m;
+    const struct mt_kernel_ops *o = p->o;
+    if (fwd) mt_model_expert_release(m, a, false); /* a slot's previous micro-batch */
+    if (rows <= m->x_rows_max) return MT_OK;
+    if (rows > m->x_rows_worst || rows > MT_SIZE_MAX)
+        return mt_err_set(p->err, MT_ERUNTIME,
+                          "model: layer %d: %lld expert rows received, more than routing can "
+                          "bring (%lld); a dispatcher bug", l, rows, m->x_rows_worst);
+    const size_t R = (size_t)rows;
+    size_t acts = 0, scr = 0;
+    if (fwd) {
+        struct arena v = {NULL, 0};
+        struct mt_expert_views views;
+        layout_expert_views(m, &v, &views, R);
+        acts = v.off;
+    }
+    struct arena s = {NULL, 0};
+    struct mt_expert_scratch sv;
+    layout_expert_scratch(m, &s, &sv, R);
+    scr = s.off;
+    if (fwd) a->over = o->alloc(p->ctx, acts);
+    m->scratch_over = !fwd || a->over ? o->alloc(p->ctx, scr) : NULL;
+    if (rows > m->h_over_rows && m->scratch_over) {
+        int32_t *h = realloc(m->h_over, sizeof(int32_t) * 2 * R);
+        if (h) {
+            m->h_over = h;
+            m->h_over_rows = rows;
+        }
+    }
+    if ((fwd && !a->over) || !m->scratch_over || m->h_over_rows < rows) {
+        if (a->over) o->free(p->ctx, a->over);
+        if (m->scratch_over) o->free(p->ctx, m->scratch_over);
+        a->over = m->scratch_over = NULL;
+        return mt_err_set(p->err, MT_ENOMEM,
+                          "model: layer %d: the experts of rank (EP %d, ETP %d, TP %d) received "
+                          "%lld rows, more than the %d the buffers hold (moe%%expert_buffer_factor "
+                          "= %g x %.0f balanced rows), and the %zu bytes for the rest are not "
+                          "available\nhint: raise moe%%expert_buffer_factor to size the buffers "
+                          "for this load up front (moetrain --check shows the memory), set "
+                          "moe%%expert_capacity_factor to bound the rows (tokens over capacity "
+                          "are dropped), or lower training%%micro_batch_size",
+                          l, m->sc.ep_rank, m->sc.etp_rank, m->sc.tp_rank, rows, m->x_rows_max,
+                          m->cfg.moe.expert_buffer_factor, m->expected_x_rows, acts + scr);
+    }
+    if (fwd) {
+        get_views(a, &a->home);
+        struct arena v = {a->over, 0};
+        struct mt_expert_views views;
+        layout_expert_views(m, &v, &views, R);
+        set_views(a, &views);
+        if (p->st) {
+            p->st->expert_overflows++;
+            if (rows > p->st->expert_rows_max) p->st->expert_rows_max = rows;
+        }
+    }
+    s = (struct arena){m->scratch_over, 0};
+    layout_expert_scratch(m, &s, &sv, R);
+    sv.h_sort = m->h_over;
+    sv.h_unsort = m->h_over + R;
+    m->scratch_home = sv;
+    swap_scratch(m, &m->scratch_home);
     return MT_OK;
 }
 
@@ -887,10 +1043,23 @@ fail:;
                       what, size, max_micro_batch, cfg->training.seq_length, params);
 }
 
+/* The overflow blocks of a slot's layers (la: its per-layer activations). */
+static void free_overs(struct mt_model *m, struct mt_layer_acts *la)
+{
+    for (int l = 0; la && l < m->L; l++)
+        if (la[l].over) mt_model_expert_release(m, &la[l], false);
+}
+
 void mt_model_destroy(struct mt_model *m)
 {
     if (!m) return;
     const struct mt_kernel_ops *o = &m->k->op;
+    mt_model_expert_release(m, NULL, false);
+    free(m->h_over);
+    if (m->slots)
+        for (int s = 0; s < m->nslots * m->nchunks; s++) free_overs(m, m->slots[s].la);
+    else
+        free_overs(m, m->la);
     if (m->work && m->work != m->params) o->free(m->k->ctx, m->work);
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);
@@ -1211,8 +1380,8 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->working_copy = m->bf16 ? sizeof(float) * m->nparams : 0;
     r->activations = m->acts_bytes;
     r->scratch = m->scratch_bytes;
-    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
-                 (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0);
+    r->device_buffers = m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0;
+    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E + r->device_buffers;
 }
 
 double mt_model_flops_per_token(const struct mt_model *m)

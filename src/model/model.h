@@ -108,6 +108,9 @@ struct mt_model_stats {
     double z_loss;               /* z-loss (times coeff), summed over MoE layers */
     long long tokens;            /* tokens that contributed to lm_loss */
     long long dropped_tokens;    /* token-expert assignments dropped by capacity */
+    long long expert_overflows;  /* MoE layer forwards whose experts received more rows than
+                                    moe%expert_buffer_factor planned (memory borrowed) */
+    long long expert_rows_max;   /* the most rows such a forward received */
 };
 
 /* cfg is already resolved and validated by the config module; the model still
@@ -220,6 +223,7 @@ struct mt_memory_report {
     size_t activations;   /* what forward saves for backward, for max_micro_batch */
     size_t scratch;       /* backward temporaries */
     size_t buffers;       /* expert biases and routed-token counters */
+    size_t device_buffers; /* the part of buffers in backend memory (expert biases) */
 };
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r);
 

@@ -59,6 +59,14 @@ struct mt_layer_acts {
     int rows;                   /* R: rows of the plan of the last forward */
     int x_rows;                 /* Rx */
     long long *h_offsets;       /* host copy of plan.offsets (E+1) */
+    /* a step that brought more rows than planned (x_rows > m->x_rows_max): the expert
+     * side lives in over (from the allocator) until the layer's backward is done;
+     * home keeps the views into the slot's arena */
+    void *over;
+    struct mt_expert_views {
+        float *xs, *eg, *eu, *ea, *eys;
+        int32_t *sort_map, *unsort_map;
+    } home;
 };
 
 /* One in-flight micro-batch's activations (pipeline schedules): mt_model_set_stage
@@ -101,7 +109,9 @@ struct mt_model {
     enum mt_drop_policy drop_policy;
     float bias_rate;
     int rows_max;               /* plan rows for Bmax (R) */
-    int x_rows_max;             /* expert-side rows for Bmax (Rx) */
+    int x_rows_max;             /* expert-side rows planned for Bmax (Rx): the buffers */
+    long long x_rows_worst;     /* what routing can bring at most (every source to us) */
+    double expected_x_rows;     /* what a balanced routing brings */
     /* parameters */
     int ntensors;
     struct mt_param_info *tensors;
@@ -162,11 +172,30 @@ struct mt_model {
     int32_t *h_offs;            /* (E+1) */
     long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
     size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
+    /* expert-side scratch of a layer whose rows overflow the plan (its forward or
+     * backward only), and the views it replaced */
+    void *scratch_over;
+    struct mt_expert_scratch {
+        float *d_x, *d_x2, *stage, *stage2, *d_f1, *d_f2, *d_f3;
+        int32_t *h_sort, *h_unsort;
+    } scratch_home;
+    int32_t *h_over;            /* host sort maps grown past Rx (2 x h_over_rows) */
+    long long h_over_rows;
 };
 
 /* model.c: makes chunk the current layer range and points the activation views at
  * its slot */
 void mt_model_select_slot(struct mt_model *m, int chunk, int slot);
+
+struct mt_pass;
+/* model.c: makes the expert side of layer acts a (views and scratch, host maps) hold
+ * rows rows: beyond the planned x_rows_max, from the allocator until
+ * mt_model_expert_release (forward: the activations too, which backward then uses);
+ * fails naming layer l, the rank and the setting */
+int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a,
+                         long long rows, bool forward);
+/* Gives back the overflow scratch (keep_acts: the activations stay for backward). */
+void mt_model_expert_release(struct mt_model *m, struct mt_layer_acts *a, bool keep_acts);
 
 /* model.c: per-expert capacity for N tokens (0: dropless) */
 int mt_model_capacity(const struct mt_model *m, long long N);

@@ -403,7 +403,7 @@ static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_ac
 /* Exchanges the per-expert row counts (EP all-to-all, then ETP all-gather) and builds
  * the expert-side offsets and the maps between the received order (ETP peer, EP
  * source, local expert) and the expert order (local expert, ETP peer, EP source). */
-static int a2a_prepare(const pass_t *p, struct mt_layer_acts *a)
+static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 {
     struct mt_model *m = p->m;
     const int ep = m->sc.ep, etp = m->sc.etp, El = m->E_l;
@@ -428,6 +428,7 @@ static int a2a_prepare(const pass_t *p, struct mt_layer_acts *a)
         start[b] = total;
         total += a->recv_counts[b];
     }
+    MT_CHECK(mt_model_expert_rows(p, l, a, total, true));
     a->x_rows = (int)total;
     int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
     int32_t r = 0;
@@ -493,12 +494,12 @@ static int a2a_combine(const pass_t *p, const struct mt_layer_acts *a, const flo
 /* ------------------------------------------------------------ all-gather dispatcher */
 
 /* Gathers the tokens and their kept routing over the ETP x EP group and plans the rows
- * of this rank's experts. gathered (G*Nl,H) receives the tokens. */
-static int ag_prepare(const pass_t *p, struct mt_layer_acts *a, float *gathered)
+ * of this rank's experts. m->stage (G*Nl,H) receives the tokens, once the expert side
+ * holds the rows (mt_model_expert_rows may give it another stage). */
+static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 {
     struct mt_model *m = p->m;
     const size_t k = (size_t)m->topk, nk = (size_t)p->Nl * k, G = (size_t)m->xg;
-    MT_CHECK(mt_all_gather(m->xg_comm, a->ln2, gathered, (size_t)p->Nl * m->H, MT_DT_F32, p->err));
     int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
     p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
     p->o->copy(p->ctx, slot_row, a->plan.slot_row, sizeof(int32_t) * nk);
@@ -509,19 +510,23 @@ static int ag_prepare(const pass_t *p, struct mt_layer_acts *a, float *gathered)
     MT_CHECK(mt_all_gather(m->xg_comm, a->topk_prob, a->g_prob, nk, MT_DT_F32, p->err));
     /* this rank's experts as 0..E_l-1, the others' as -1 */
     p->o->copy(p->ctx, idx, m->idx_full, sizeof(int32_t) * G * nk);
-    for (size_t s = 0; s < G * nk; s++)
+    long long mine = 0;
+    for (size_t s = 0; s < G * nk; s++) {
         idx[s] = idx[s] >= m->e0 && idx[s] < m->e0 + m->E_l ? idx[s] - m->e0 : -1;
+        mine += idx[s] >= 0;
+    }
     p->o->copy(p->ctx, m->idx_full, idx, sizeof(int32_t) * G * nk);
     /* every source keeps at most capacity rows per expert: padding to G x capacity
      * keeps the shapes static without dropping anything */
-    struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
     const int cap = mt_model_capacity(m, p->N);
+    if (cap == 0) MT_CHECK(mt_model_expert_rows(p, l, a, mine, true));
+    struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
     p->o->dispatch_plan(p->ctx, &plan, m->idx_full, a->g_prob, (int)(G * p->Nl), m->E_l, m->topk,
                         m->pad_to_capacity ? cap * m->xg : 0, m->drop_policy, m->pad_to_capacity);
     int32_t rows;
     p->o->copy(p->ctx, &rows, a->x_offsets + m->E_l, sizeof rows);
     a->x_rows = rows;
-    return MT_OK;
+    return mt_all_gather(m->xg_comm, a->ln2, m->stage, (size_t)p->Nl * m->H, MT_DT_F32, p->err);
 }
 
 /* ------------------------------------------------------------ the block */
@@ -541,14 +546,14 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
         break;
     case MT_DISPATCH_ALLTOALL:
         p->o->permute_fwd(p->ctx, a->xp, a->ln2, a->plan.row_slot, a->rows, k, H);
-        MT_CHECK(a2a_prepare(p, a));
+        MT_CHECK(a2a_prepare(p, l, a));
         MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs));
         experts_fwd(p, a, t, a->x_offsets, a->x_rows, m->d_x);
         MT_CHECK(a2a_combine(p, a, m->d_x, a->ey));
         break;
     case MT_DISPATCH_ALLGATHER: {
         const size_t NG = (size_t)m->xg * Nl;
-        MT_CHECK(ag_prepare(p, a, m->stage));
+        MT_CHECK(ag_prepare(p, l, a));
         p->o->permute_fwd(p->ctx, a->xs, m->stage, a->sort_map, a->x_rows, k, H);
         experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->eys);
         if (m->sc.etp == 1) mt_pass_round(p, a->eys, (size_t)a->x_rows * H);
@@ -558,6 +563,7 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
         break;
     }
     }
+    mt_model_expert_release(m, a, true); /* the activations stay for backward */
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         mt_pass_round(p, a->ey, (size_t)a->rows * H);
         p->o->unpermute_fwd(p->ctx, out, a->ey, a->plan.slot_row, a->topk_prob, Nl, k, H);
@@ -585,6 +591,7 @@ int mt_moe_bwd(const pass_t *p, int l)
     const float *dout = m->d_res;
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
+    MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, false));
 
     if (m->Fs > 0) {
         float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
@@ -641,5 +648,6 @@ int mt_moe_bwd(const pass_t *p, int l)
         p->o->z_loss_bwd(p->ctx, m->d_logits, p->scale, a->z_lse, a->logits, Nl, E, z_coeff(p));
     mt_pass_linear_bwd(p, m->d_ln, 1.0f, G(p, t->router), m->d_logits, a->ln2, W(p, t->router), Nl,
                        E, H);
+    mt_model_expert_release(m, a, false);
     return MT_OK;
 }

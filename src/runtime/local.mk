@@ -3,7 +3,7 @@ noinst_LTLIBRARIES += libmt_runtime.la
 MT_MODULE_LIBS += libmt_runtime.la
 libmt_runtime_la_SOURCES = src/runtime/groups.c src/runtime/groups.h src/runtime/cli_end.c src/runtime/cli_end.h \
 	src/runtime/comm.c src/runtime/comm.h src/runtime/comm_internal.h src/runtime/comm_dual.c \
-	src/runtime/world.c src/runtime/parallel.c src/runtime/parallel.h
+	src/runtime/world.c src/runtime/parallel.c src/runtime/parallel.h src/runtime/parallel_plan.c
 libmt_runtime_la_CPPFLAGS = $(AM_CPPFLAGS) $(mpi_CFLAGS)
 libmt_runtime_la_LIBADD = $(pmix_LIBS)
 if HAVE_MPI

@@ -33,6 +33,15 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                      struct mt_err *err);
 void mt_parallel_destroy(struct mt_parallel *p);
 
+/* The place of logical rank `rank` in layout l without a job (src/runtime/
+ * parallel_plan.c): coordinates and group sizes as mt_parallel_init gives them, and
+ * communicators that know their rank and size but refuse to communicate. For planning
+ * (moetrain --check sets a rank's model and optimizer up on the plan backend); free it
+ * with mt_parallel_plan_destroy. world is NULL. */
+int mt_parallel_plan(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                     struct mt_parallel **out, struct mt_err *err);
+void mt_parallel_plan_destroy(struct mt_parallel *p);
+
 /* Makes comm[k] and world_comm route calls on device memory (as dm tells it) to a
  * device transport: with nccl, an NCCL communicator over the same processes
  * (collective over every process; its calls enqueued on stream, a cudaStream_t, when

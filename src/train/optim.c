@@ -473,15 +473,23 @@ int mt_optim_pieces(const struct mt_optim *o, struct mt_optim_piece **out, int *
 
 bool mt_optim_zero(const struct mt_optim *o) { return o->zero; }
 
-size_t mt_optim_memory(const struct mt_optim *o)
+void mt_optim_bytes(const struct mt_optim *o, struct mt_optim_bytes *b)
 {
-    /* what mt_optim_create allocated: moments (ZeRO: gradient and moment slices),
-     * staging buffers, the norm accumulator */
+    /* what mt_optim_create allocated (alloc_zero takes 1 value for an empty buffer) */
     size_t staging = 0;
     if (o->par) staging = (o->stage_n ? o->stage_n : 1) + (o->slice_n ? o->slice_n : 1) +
                           (o->tp_stage ? (o->tp_n ? o->tp_n : 1) : 0);
-    size_t state = !o->zero ? 2 * mt_model_num_params(o->model)
-                            : 3 * (o->c[0].slices ? o->c[0].slices : 1) +
-                                  3 * (o->c[1].slices ? o->c[1].slices : 1);
-    return sizeof(float) * (state + staging) + sizeof(double);
+    size_t slices = 0;
+    for (int i = 0; o->zero && i < 2; i++) slices += o->c[i].slices ? o->c[i].slices : 1;
+    b->moments = sizeof(float) * (o->zero ? 2 * slices : 2 * mt_model_num_params(o->model));
+    b->grad_shards = sizeof(float) * (o->zero ? slices : 0);
+    b->staging = sizeof(float) * staging;
+    b->norm = sizeof(double);
+}
+
+size_t mt_optim_memory(const struct mt_optim *o)
+{
+    struct mt_optim_bytes b;
+    mt_optim_bytes(o, &b);
+    return b.moments + b.grad_shards + b.staging + b.norm;
 }

@@ -44,6 +44,7 @@ struct trainer {
     /* log-interval accumulators */
     double acc_loss, acc_aux, acc_z, acc_gnorm, acc_ms;
     long long acc_iters, acc_dropped;
+    long long acc_overflows;      /* MoE layer forwards beyond the planned expert rows */
     long long *acc_counts;        /* [nmoe * num_experts] tokens per expert */
     size_t ncounts;
     double flops_per_token;
@@ -57,6 +58,10 @@ struct trainer {
     int inflight, max_inflight;   /* micro-batch chunks forwarded, not yet backwarded */
     long long inflight_bytes, max_inflight_bytes; /* their activations */
     bool pp_logged;
+    /* pipeline messages (interleaved schedule) held at once: now, at most, as a dry run
+     * of the schedule predicts; dry: run the schedule without computing (planning) */
+    int msgs, msgs_peak, msgs_plan;
+    bool dry;
 };
 
 /* The stop a signal handler asked for: the first signal, and how many were asked for.
@@ -262,7 +267,7 @@ static int load_checkpoint(struct trainer *t, struct mt_err *err)
 
 struct pp_acc {
     double loss, aux, z;
-    long long dropped;
+    long long dropped, overflows;
     int fwd[MT_MAX_VPP], bwd[MT_MAX_VPP]; /* per chunk: micro-batches forwarded, backwarded */
 };
 
@@ -302,6 +307,7 @@ static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x
     a->aux += s.aux_loss / all;
     a->z += s.z_loss / all;
     a->dropped += s.dropped_tokens;
+    a->overflows += s.expert_overflows;
     return MT_OK;
 }
 
@@ -380,14 +386,19 @@ static float *q_pop(struct pp_queue *q) { return q->head < q->tail ? q->q[q->hea
 
 /* A message between stages in backend memory, so that device backends send it from
  * the device (NCCL); the caching allocators keep this out of cudaMalloc. */
-static float *msg_alloc(const struct trainer *t)
+static float *msg_alloc(struct trainer *t)
 {
-    return t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n);
+    static float dry_msg; /* what a dry run passes around */
+    float *p = t->dry ? &dry_msg : t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n);
+    if (p && ++t->msgs > t->msgs_peak) t->msgs_peak = t->msgs;
+    return p;
 }
 
-static void msg_free(const struct trainer *t, float *p)
+static void msg_free(struct trainer *t, float *p)
 {
-    if (p) t->k->op.free(t->k->ctx, p);
+    if (!p) return;
+    t->msgs--;
+    if (!t->dry) t->k->op.free(t->k->ctx, p);
 }
 
 /* Megatron's send_forward_backward_recv_forward_backward over the pipeline ring: the
@@ -412,7 +423,7 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
     if (recv_prev) ops[n++] = (struct mt_p2p){false, *x, t->act_n, prev, TAG_PP_FWD};
     if (dx) ops[n++] = (struct mt_p2p){true, dx, t->act_n, prev, TAG_PP_BWD};
     if (recv_next) ops[n++] = (struct mt_p2p){false, *g, t->act_n, next, TAG_PP_BWD};
-    int rc = n ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_F32, err) : MT_OK;
+    int rc = n && !t->dry ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_F32, err) : MT_OK;
     if (rc) {
         msg_free(t, *x);
         msg_free(t, *g);
@@ -433,6 +444,7 @@ static int il_fwd(struct il_state *S, int k, float **out, struct mt_err *err)
         return mt_err_set(err, MT_ERUNTIME, "pipeline: no input for chunk %d (schedule bug)", c);
     *out = head ? NULL : msg_alloc(t);
     int rc = !head && !*out ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
+             : t->dry       ? MT_OK
                             : pp_fwd(t, S->a, c, x, *out, S->nmb, S->all, err);
     msg_free(t, x);
     return rc;
@@ -450,6 +462,7 @@ static int il_bwd(struct il_state *S, int k, float **dx, struct mt_err *err)
         return mt_err_set(err, MT_ERUNTIME, "pipeline: no gradient for chunk %d (schedule bug)", c);
     *dx = embed ? NULL : msg_alloc(t);
     int rc = !embed && !*dx ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
+             : t->dry       ? MT_OK
                             : pp_bwd(t, S->a, c, g, *dx, err);
     msg_free(t, g);
     return rc;
@@ -595,14 +608,14 @@ static int pp_log(struct trainer *t, struct mt_err *err)
 {
     int per_chunk[MT_MAX_VPP];
     const int nmb = t->layout->num_micro_batches;
-    enum { NI = 4 + 3 * MT_MAX_VPP };
+    enum { NI = 6 + 3 * MT_MAX_VPP };
     long long mine[NI] = {t->max_inflight, t->max_inflight_bytes,
                           pp_predict_inflight(t, nmb, per_chunk),
-                          (long long)mt_model_num_params(t->model)};
+                          (long long)mt_model_num_params(t->model), t->msgs_peak, t->msgs_plan};
     for (int c = 0; c < t->vpp; c++) {
-        mine[4 + 3 * c] = t->chunk_l0[c];
-        mine[5 + 3 * c] = t->chunk_l1[c];
-        mine[6 + 3 * c] = (long long)mt_model_slot_bytes(t->model, c);
+        mine[6 + 3 * c] = t->chunk_l0[c];
+        mine[7 + 3 * c] = t->chunk_l1[c];
+        mine[8 + 3 * c] = (long long)mt_model_slot_bytes(t->model, c);
     }
     long long *all = calloc((size_t)t->pp * NI, sizeof *all);
     if (!all) return mt_err_set(err, MT_ENOMEM, "out of memory");
@@ -612,10 +625,12 @@ static int pp_log(struct trainer *t, struct mt_err *err)
         say(t, "pipeline stage %d (%s, %d micro-batches):", s,
             t->vpp > 1 ? "interleaved 1F1B" : "1F1B", nmb);
         for (int c = 0; c < t->vpp; c++)
-            say(t, " chunk %d layers [%lld, %lld) %lld bytes per micro-batch%s", c, x[4 + 3 * c],
-                x[5 + 3 * c], x[6 + 3 * c], c + 1 < t->vpp ? ";" : "");
+            say(t, " chunk %d layers [%lld, %lld) %lld bytes per micro-batch%s", c, x[6 + 3 * c],
+                x[7 + 3 * c], x[8 + 3 * c], c + 1 < t->vpp ? ";" : "");
         say(t, " | parameters %lld | peak in-flight micro-batch chunks %lld (schedule: %lld) | "
-               "peak activation bytes %lld\n", x[3], x[0], x[2], x[1]);
+               "peak activation bytes %lld", x[3], x[0], x[2], x[1]);
+        if (t->vpp > 1) say(t, " | peak pipeline messages %lld (planned %lld)", x[4], x[5]);
+        say(t, "\n");
     }
     free(all);
     return rc;
@@ -715,6 +730,8 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         say(t, " | load_balancing_loss: %.6E | z_loss: %.6E | expert load min/max: %.1f/%.1f",
             t->acc_aux / n, t->acc_z / n, load_lo, load_hi);
     if (t->acc_dropped) say(t, " | dropped: %lld", t->acc_dropped);
+    if (t->acc_overflows)
+        say(t, " | expert buffer overflows: %lld (moe%%expert_buffer_factor)", t->acc_overflows);
     say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |\n", t->acc_gnorm / n,
         t->st.skipped_iters);
     if (t->log) fflush(t->log);
@@ -728,30 +745,241 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n, t->st.skipped_iters, t->acc_dropped,
         load_lo, load_hi);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
-    t->acc_iters = t->acc_dropped = 0;
+    t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
     return rc;
 }
 
-/* This rank's bytes (parameters and gradients are its shards). */
-static void log_memory(struct trainer *t)
+/* The stage's model chunks, activation slots and pipeline buffers (pp > 1), and the
+ * messages the interleaved schedule will hold at once (a dry run of it). */
+static int setup_stage(struct trainer *t, struct mt_err *err)
 {
-    struct mt_memory_report r;
-    mt_model_memory(t->model, &r);
-    size_t optim = mt_optim_memory(t->optim);
-    size_t batch = (size_t)t->cfg->training.micro_batch_size *
-                   (size_t)(t->cfg->training.seq_length + 1) * sizeof(int32_t);
-    /* pipeline: the four stage-boundary buffers (the interleaved schedule adds a message
-     * per micro-batch in flight) */
-    size_t pipe = t->p_x ? sizeof(float) * t->act_n * 4 : 0;
-    size_t total = r.params + r.grads + r.working_copy + r.activations + r.scratch + r.buffers +
-                   optim + batch + pipe;
-    say(t,
-        "memory (bytes%s): parameters %zu | gradients %zu | bf16 working copy %zu | "
-        "optimizer state %zu | activations %zu | scratch %zu | buffers %zu | batch %zu | "
-        "pipeline %zu | total %zu (%.2f MiB)\n",
-        t->par ? ", rank 0" : "", r.params, r.grads, r.working_copy, optim,
-        r.activations, r.scratch, r.buffers, batch, pipe, total, total / 1048576.0);
+    const struct mt_config *c = t->cfg;
+    for (int ch = 0; ch < t->vpp; ch++) {
+        int n = 0;
+        mt_config_pp_layers(c, t->pp_rank, ch, &t->chunk_l0[ch], &n);
+        t->chunk_l1[ch] = t->chunk_l0[ch] + n;
+    }
+    t->first = t->pp_rank == 0;
+    t->last = t->pp_rank == t->pp - 1;
+    /* a slot per micro-batch a chunk can have in flight: 1F1B, stage s holds at most
+     * min(pp - s, micro-batches); the interleaved schedule as it predicts */
+    int per_chunk[MT_MAX_VPP];
+    pp_predict_inflight(t, t->layout->num_micro_batches, per_chunk);
+    t->nslots = 1;
+    for (int ch = 0; ch < t->vpp; ch++)
+        if (per_chunk[ch] > t->nslots) t->nslots = per_chunk[ch];
+    MT_CHECK(mt_model_set_stage(t->model, t->vpp, t->chunk_l0, t->chunk_l1, t->first, t->last,
+                                t->nslots, err));
+    t->act_n = mt_model_stage_act_numel(t->model, c->training.micro_batch_size);
+    t->p_x = t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n * 4);
+    if (!t->p_x) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
+    t->p_y = t->p_x + t->act_n;
+    t->p_dy = t->p_y + t->act_n;
+    t->p_dx = t->p_dy + t->act_n;
+    if (t->vpp > 1) {
+        struct pp_acc a = { 0 };
+        t->dry = true;
+        int rc = pp_interleaved(t, &a, t->layout->num_micro_batches, 1.0, err);
+        t->dry = false;
+        t->msgs_plan = t->msgs_peak;
+        t->msgs = t->msgs_peak = 0;
+        MT_CHECK(rc);
+    }
+    return MT_OK;
+}
+
+/* ---- memory: what a rank holds, planned and measured ------------------- */
+
+/* This rank's backend memory by category, from the objects that hold it. */
+static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
+{
+    struct mt_memory_report m;
+    mt_model_memory(t->model, &m);
+    struct mt_optim_bytes o;
+    mt_optim_bytes(t->optim, &o);
+    memset(r, 0, sizeof *r);
+    r->rank = t->par ? t->par->rank : 0;
+    r->stage = t->pp_comm ? t->pp_rank : 0;
+    const bool bf16 = m.working_copy > 0;
+    r->params = bf16 ? m.working_copy : m.params;
+    r->master = bf16 ? m.params : 0;
+    r->grads = m.grads + o.grad_shards;
+    r->optimizer = o.moments;
+    r->inflight = t->pp_comm ? t->nslots : 1;
+    r->activations = m.activations;
+    r->act_per_mb = m.activations / (size_t)r->inflight;
+    r->pipeline = t->p_x ? sizeof(float) * t->act_n * (4 + (size_t)t->msgs_plan) : 0;
+    r->comm = o.staging;
+    r->workspace = m.scratch + o.norm;
+    r->other = m.device_buffers;
+    r->total = r->params + r->master + r->grads + r->optimizer + r->activations + r->pipeline +
+               r->comm + r->workspace + r->other;
+}
+
+int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                         struct mt_rank_memory *r, struct mt_err *err)
+{
+    struct mt_kernels *k = mt_kernels_plan_create();
+    if (!k) return mt_err_set(err, MT_ENOMEM, "memory plan: out of memory");
+    struct trainer t;
+    memset(&t, 0, sizeof t);
+    t.cfg = cfg;
+    t.layout = l;
+    t.k = k;
+    /* one process trains without collectives (mt_train_run) */
+    int rc = l->world_size > 1 ? mt_parallel_plan(cfg, l, rank, &t.par, err) : MT_OK;
+    if (rc == MT_OK && l->pp > 1) {
+        t.pp_comm = t.par->comm[MT_GROUP_PP];
+        t.pp = l->pp;
+        t.vpp = l->vpp;
+        t.pp_rank = t.par->pp_rank;
+    }
+    if (rc == MT_OK)
+        rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
+    if (rc == MT_OK && t.pp_comm) rc = setup_stage(&t, err);
+    if (rc == MT_OK)
+        rc = mt_optim_create(t.model, k, t.par, cfg->parallel.use_distributed_optimizer, 0,
+                             &t.optim, err);
+    if (rc == MT_OK) {
+        memory_of(&t, r);
+        /* the categories account for every byte held (messages come and go) */
+        const size_t held = r->total - (t.p_x ? sizeof(float) * t.act_n * (size_t)t.msgs_plan : 0);
+        if (held != mt_kernels_plan_live(k))
+            rc = mt_err_set(err, MT_ERUNTIME,
+                            "memory plan of rank %d: the categories sum to %zu bytes but %zu are "
+                            "allocated (a bug: a category is missing from the report)",
+                            rank, held, mt_kernels_plan_live(k));
+    }
+    mt_optim_destroy(t.optim);
+    mt_model_destroy(t.model);
+    if (t.p_x) k->op.free(k->ctx, t.p_x);
+    mt_parallel_plan_destroy(t.par);
+    mt_kernels_plan_destroy(k);
+    return rc;
+}
+
+static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+/* One line of the report (no newline). */
+static void memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
+{
+    snprintf(buf, n,
+             "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
+             "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight) | "
+             "pipeline %zu | communication %zu | workspace %zu | other %zu | total %zu "
+             "(%.2f GiB)",
+             r->stage, r->rank, r->params, r->master, r->grads, r->optimizer, r->activations,
+             r->act_per_mb, r->inflight, r->pipeline, r->comm, r->workspace, r->other, r->total,
+             gib(r->total));
+}
+
+static const char memory_head[] =
+    "memory per GPU in bytes, the most loaded rank of each pipeline stage (what moetrain "
+    "allocates; add the CUDA context, cuBLASLt's workspace and NCCL's buffers):\n";
+
+/* per_stage[s] = the most loaded of rs[0..n) on stage s (the lowest rank of a tie). */
+static void most_loaded(const struct mt_rank_memory *rs, int n, int pp,
+                        struct mt_rank_memory *per_stage)
+{
+    for (int s = 0; s < pp; s++) per_stage[s].rank = -1;
+    for (int i = 0; i < n; i++) {
+        struct mt_rank_memory *b = &per_stage[rs[i].stage];
+        if (b->rank < 0 || rs[i].total > b->total ||
+            (rs[i].total == b->total && rs[i].rank < b->rank))
+            *b = rs[i];
+    }
+}
+
+/* Fails when r does not fit precision%gpu_memory_gb, naming what to reduce. */
+static int check_fits(const struct mt_config *cfg, const struct mt_rank_memory *r,
+                      struct mt_err *err)
+{
+    const double limit = cfg->precision.gpu_memory_gb;
+    if (limit <= 0 || gib(r->total) <= limit) return MT_OK;
+    return mt_err_set(err, MT_EINVAL,
+                      "rank %lld (pipeline stage %lld) needs %.2f GiB of GPU memory, more than "
+                      "precision%%gpu_memory_gb = %g: activations %.2f GiB (%lld micro-batches in "
+                      "flight; lower training%%micro_batch_size or seq_length, use more "
+                      "pipeline stages or tensor parallelism, or lower "
+                      "moe%%expert_buffer_factor), parameters, master weights and gradients "
+                      "%.2f GiB (more tensor, pipeline or expert parallelism), optimizer state "
+                      "%.2f GiB (parallel%%use_distributed_optimizer, more data parallelism), "
+                      "workspace %.2f GiB",
+                      r->rank, r->stage, gib(r->total), limit, gib(r->activations), r->inflight,
+                      gib(r->params + r->master + r->grads), gib(r->optimizer),
+                      gib(r->workspace));
+}
+
+int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *l, FILE *out,
+                           struct mt_err *err)
+{
+    /* ranks that differ in what they hold: their stage and their TP, EP and ETP positions
+     * (data-parallel replicas hold alike) */
+    struct mt_rank_layout rl;
+    MT_CHECK(mt_groups_build(&cfg->parallel, l, &rl, err));
+    const int pp = l->pp;
+    struct mt_rank_memory *rs = calloc((size_t)l->world_size, sizeof *rs);
+    struct mt_rank_memory *best = calloc((size_t)pp, sizeof *best);
+    int *seen = calloc((size_t)l->pp * l->tp * l->ep * l->etp, sizeof *seen);
+    int rc = rs && best && seen ? MT_OK : mt_err_set(err, MT_ENOMEM, "out of memory");
+    int n = 0;
+    for (int r = 0; rc == MT_OK && r < l->world_size; r++) {
+        int key = 0, g, pos;
+        const enum mt_group_kind kinds[] = {MT_GROUP_PP, MT_GROUP_TP, MT_GROUP_EP, MT_GROUP_ETP};
+        const int sizes[] = {l->pp, l->tp, l->ep, l->etp};
+        for (int i = 0; i < 4; i++) {
+            mt_groups_find(&rl, kinds[i], r, &g, &pos);
+            key = key * sizes[i] + (pos < 0 ? 0 : pos);
+        }
+        if (seen[key]++) continue;
+        rc = mt_train_plan_memory(cfg, l, r, &rs[n], err);
+        if (rc == MT_OK) n++;
+    }
+    if (rc == MT_OK) {
+        most_loaded(rs, n, pp, best);
+        fputs(memory_head, out);
+        char line[512];
+        for (int s = 0; s < pp; s++) {
+            memory_line(line, sizeof line, &best[s]);
+            fprintf(out, "%s\n", line);
+        }
+        for (int s = 0; s < pp && rc == MT_OK; s++) rc = check_fits(cfg, &best[s], err);
+    }
+    mt_groups_free(&rl);
+    free(rs);
+    free(best);
+    free(seen);
+    return rc;
+}
+
+/* --log-memory: every rank's bytes, and world rank 0 prints the report as --check does. */
+static int log_memory(struct trainer *t, struct mt_err *err)
+{
+    enum { NF = sizeof(struct mt_rank_memory) / sizeof(long long) };
+    _Static_assert(sizeof(struct mt_rank_memory) % sizeof(long long) == 0, "whole words");
+    struct mt_rank_memory mine;
+    memory_of(t, &mine);
+    const int n = t->par ? t->par->world->size : 1;
+    struct mt_rank_memory *all = calloc((size_t)n, sizeof *all);
+    struct mt_rank_memory *best = calloc((size_t)(t->pp ? t->pp : 1), sizeof *best);
+    int rc = all && best ? MT_OK : mt_err_set(err, MT_ENOMEM, "out of memory");
+    if (rc == MT_OK && t->par)
+        rc = mt_all_gather(t->world_comm, &mine, all, NF, MT_DT_I64, err);
+    else if (rc == MT_OK)
+        all[0] = mine;
+    if (rc == MT_OK && t->log) {
+        most_loaded(all, n, t->pp ? t->pp : 1, best);
+        say(t, "%s", memory_head);
+        char line[512];
+        for (int s = 0; s < (t->pp ? t->pp : 1); s++) {
+            memory_line(line, sizeof line, &best[s]);
+            say(t, "%s\n", line);
+        }
+    }
+    free(all);
+    free(best);
+    return rc;
 }
 
 /* ---- setup ------------------------------------------------------------- */
@@ -815,31 +1043,13 @@ static int setup(struct trainer *t, struct mt_err *err)
     mt_data_describe(t->data, desc, sizeof desc);
     say(t, "%s\n", desc);
 
-    MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, t->par, &t->model, err));
-    if (t->pp_comm) {
-        for (int ch = 0; ch < t->vpp; ch++) {
-            int n = 0;
-            mt_config_pp_layers(c, t->pp_rank, ch, &t->chunk_l0[ch], &n);
-            t->chunk_l1[ch] = t->chunk_l0[ch] + n;
-        }
-        t->first = t->pp_rank == 0;
-        t->last = t->pp_rank == t->pp - 1;
-        /* a slot per micro-batch a chunk can have in flight: 1F1B, stage s holds at most
-         * min(pp - s, micro-batches); the interleaved schedule as it predicts */
-        int per_chunk[MT_MAX_VPP];
-        pp_predict_inflight(t, t->layout->num_micro_batches, per_chunk);
-        t->nslots = 1;
-        for (int ch = 0; ch < t->vpp; ch++)
-            if (per_chunk[ch] > t->nslots) t->nslots = per_chunk[ch];
-        MT_CHECK(mt_model_set_stage(t->model, t->vpp, t->chunk_l0, t->chunk_l1, t->first, t->last,
-                                    t->nslots, err));
-        t->act_n = mt_model_stage_act_numel(t->model, c->training.micro_batch_size);
-        t->p_x = t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n * 4);
-        if (!t->p_x) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
-        t->p_y = t->p_x + t->act_n;
-        t->p_dy = t->p_y + t->act_n;
-        t->p_dx = t->p_dy + t->act_n;
+    if (c->precision.gpu_memory_gb > 0) { /* fail before allocating */
+        struct mt_rank_memory r;
+        MT_CHECK(mt_train_plan_memory(c, t->layout, t->par ? t->par->rank : 0, &r, err));
+        MT_CHECK(check_fits(c, &r, err));
     }
+    MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, t->par, &t->model, err));
+    if (t->pp_comm) MT_CHECK(setup_stage(t, err));
     mt_model_init(t->model, (unsigned long long)c->training.seed);
     MT_CHECK(mt_optim_create(t->model, t->k, t->par, c->parallel.use_distributed_optimizer, 0,
                              &t->optim, err));
@@ -855,7 +1065,7 @@ static int setup(struct trainer *t, struct mt_err *err)
            "backend %s\n",
         mt_model_num_global_params(t->model), mt_model_num_tensors(t->model),
         t->flops_per_token / 1e9, t->k->name);
-    if (c->logging.log_memory) log_memory(t);
+    if (c->logging.log_memory) MT_CHECK(log_memory(t, err));
 
     if (c->checkpoint.load[0]) MT_CHECK(load_checkpoint(t, err));
     return open_metrics(t, err);
@@ -881,16 +1091,17 @@ static void teardown(struct trainer *t)
  * the LM loss (whole on each TP rank) summed over DP, the TP ranks' shares of the
  * balancing and z losses and of the drops over all ranks, and the expert counts. */
 static int reduce_stats(struct trainer *t, double *loss, double *auxz, long long *dropped,
-                        struct mt_err *err)
+                        long long *overflows, struct mt_err *err)
 {
     if (!t->par) return MT_OK;
     MT_CHECK(sum_over(t->dp_comm, loss, 1, MT_DT_F64, err));
     MT_CHECK(sum_over(t->pp_comm, loss, 1, MT_DT_F64, err)); /* the last stage's */
-    double shares[3] = {auxz[0], auxz[1], (double)*dropped};
-    MT_CHECK(sum_over(t->world_comm, shares, 3, MT_DT_F64, err));
+    double shares[4] = {auxz[0], auxz[1], (double)*dropped, (double)*overflows};
+    MT_CHECK(sum_over(t->world_comm, shares, 4, MT_DT_F64, err));
     auxz[0] = shares[0];
     auxz[1] = shares[1];
     *dropped = (long long)shares[2];
+    *overflows = (long long)shares[3];
     if (t->ncounts)
         MT_CHECK(sum_over(t->world_comm, mt_model_expert_counts_mut(t->model), t->ncounts,
                           MT_DT_I64, err));
@@ -909,7 +1120,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     mt_model_zero_grad(t->model);
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
-    long long dropped = 0;
+    long long dropped = 0, overflows = 0;
     if (t->pp_comm) {
         struct pp_acc a = { 0 };
         if (t->vpp > 1)
@@ -920,6 +1131,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         auxz[0] = a.aux;
         auxz[1] = a.z;
         dropped = a.dropped;
+        overflows = a.overflows;
         if (!t->pp_logged) {
             MT_CHECK(pp_log(t, err));
             t->pp_logged = true;
@@ -935,8 +1147,9 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         auxz[0] += s.aux_loss / all;
         auxz[1] += s.z_loss / all;
         dropped += s.dropped_tokens;
+        overflows += s.expert_overflows;
     }
-    MT_CHECK(reduce_stats(t, &loss, auxz, &dropped, err));
+    MT_CHECK(reduce_stats(t, &loss, auxz, &dropped, &overflows, err));
     t->st.consumed_samples += c->training.global_batch_size;
     t->st.iteration++;
     double gnorm;
@@ -975,6 +1188,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     t->acc_z += auxz[1];
     t->acc_gnorm += gnorm;
     t->acc_dropped += dropped;
+    t->acc_overflows += overflows;
     t->acc_ms += now_ms() - t0;
     t->acc_iters++;
     return MT_OK;

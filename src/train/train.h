@@ -24,6 +24,38 @@
 #include "runtime/parallel.h"
 #include "util/error.h"
 
+/* One rank's GPU memory by category, in bytes: what moetrain allocates through the
+ * kernel backend (not the CUDA context, the backend's own workspace, NCCL's buffers). */
+struct mt_rank_memory {
+    long long rank, stage;  /* logical rank, pipeline stage */
+    size_t params;          /* the weights the passes read: the bf16 working copy, or the
+                               fp32 parameters */
+    size_t master;          /* fp32 master weights (bf16 training) */
+    size_t grads;           /* fp32 gradients, and the reduced slices ZeRO keeps */
+    size_t optimizer;       /* Adam moments (ZeRO: this rank's slices) */
+    size_t act_per_mb;      /* activations saved for backward of one micro-batch (every
+                               model chunk of the stage) */
+    long long inflight;     /* micro-batches held at once under the schedule */
+    size_t activations;     /* act_per_mb x inflight */
+    size_t pipeline;        /* stage-boundary buffers, and the interleaved schedule's
+                               messages at their peak */
+    size_t comm;            /* staging of the gradient reductions */
+    size_t workspace;       /* the passes' temporaries, the norm accumulator */
+    size_t other;           /* expert biases */
+    size_t total;
+};
+
+/* Sets logical rank `rank` of layout l up as training would (model, pipeline stage,
+ * optimizer) on the plan backend, which reserves address ranges and backs none, and
+ * reports its bytes: the same code and the same figures as logging%log_memory in a real
+ * run of that layout. Checks that the categories account for every byte allocated. */
+int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                         struct mt_rank_memory *r, struct mt_err *err);
+/* moetrain --check: the report of the most loaded rank of every pipeline stage, to out;
+ * fails (after printing) when one exceeds precision%gpu_memory_gb. */
+int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *l, FILE *out,
+                           struct mt_err *err);
+
 /* Consecutive non-finite steps after which training stops with an error. */
 #define MT_MAX_CONSECUTIVE_NONFINITE 10
 
@@ -216,6 +248,13 @@ bool mt_optim_zero(const struct mt_optim *o);
 /* Bytes of backend memory the optimizer holds: moments (with ZeRO, gradient and moment
  * slices), its staging buffers and the norm accumulator. */
 size_t mt_optim_memory(const struct mt_optim *o);
+/* The same by kind: Adam moments (fp32, ZeRO: this rank's slices), the reduced gradient
+ * slices ZeRO keeps, the staging buffers of the gradient reductions, the norm's
+ * accumulator. */
+struct mt_optim_bytes {
+    size_t moments, grad_shards, staging, norm;
+};
+void mt_optim_bytes(const struct mt_optim *o, struct mt_optim_bytes *b);
 
 /* ---- checkpoints of a run in any layout (ckpt_dist.c): the sharded format of
  * ckpt_shard.h and doc/checkpoints.md. A save: every rank writes what it owns (data

@@ -125,7 +125,7 @@ check_memory pp3_vpp2 3 2 6
 # the stages partition the parameters: together they hold the model once (untied), and
 # the first and last stage each hold the tied embedding
 params_of() { sed -n 's/.*| parameters \([0-9]*\) |.*/\1/p' "$1.log" | awk '{ s += $1 } END { print s }'; }
-whole=$(sed -n 's/^memory (bytes): parameters \([0-9]*\) .*/\1/p' one4.log)
+whole=$(sed -n 's/^  stage 0, rank 0: parameters \([0-9]*\) .*/\1/p' one4.log)
 [ -n "$whole" ] || fail "one4.log has no memory line"
 for name in pp2 pp4 pp2_vpp2; do
     got=$(params_of $name)

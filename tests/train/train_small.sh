@@ -8,7 +8,7 @@ cd "$tmp"
 cat out.log
 for f in "consumed samples" "elapsed time per iteration (ms)" "tokens/s" "TFLOP/s" \
          "learning rate" "lm loss" "load_balancing_loss" "z_loss" "expert load min/max" \
-         "grad norm" "number of skipped iterations" "memory (bytes)" "validation loss at iteration 30"; do
+         "grad norm" "number of skipped iterations" "memory per GPU in bytes" "validation loss at iteration 30"; do
     grep -q "$f" out.log || fail "log lacks '$f'"
 done
 [ "$(grep -c '"loss"' m.jsonl)" -eq 15 ] || fail "expected 15 training lines in the metrics file"
