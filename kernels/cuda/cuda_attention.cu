@@ -8,16 +8,42 @@
 // max m and sum l, O rescaled by exp(m_old - m_new)), then O += P V with P rounded to
 // bf16. At the end O /= l and the row's logsumexp lse = m / sqrt(D) + log(l) is saved.
 //
-// Backward, deterministic (no atomics), in three kernels:
+// Backward, deterministic (no atomics), in four kernels:
 //   delta[t] = <dO[t], O[t]>                           (the softmax-backward row term)
-//   dK, dV:   one CTA per 64 keys of one KV group; it walks the group's query heads and
-//             the query tiles at or after its keys, recomputing P^T = exp(K Q^T - lse)
-//             and accumulating dV += P^T dO, dK += dS^T Q with dS = P (dP - delta),
-//             dP^T = V dO^T
+//   dK, dV:   one CTA per chunk of the query tiles of 64 keys of one KV group (below);
+//             for each of its query steps and each of the group's query heads it
+//             recomputes P^T = exp(K Q^T - lse) and accumulates dV += P^T dO,
+//             dK += dS^T Q with dS = P (dP - delta), dP^T = V dO^T
+//   reduce:   dK, dV of the key tiles cut into several chunks: the chunks' partial
+//             sums, added in chunk order
 //   dQ:       one CTA per 64 query rows of one head, over the key tiles up to the
 //             diagonal: dQ += dS K
 // FlashAttention-2 computes dQ in the dK/dV loop with atomic adds; splitting it out
 // costs two extra tile products (S and dP are recomputed) and buys run-to-run equality.
+//
+// The dK/dV split. Causal masking gives key tile kt the query tiles kt .. nqt-1 (nqt =
+// ceil(T / 64)): 64 for the first key tile at T = 4096, 1 for the last. One CTA per
+// (key tile, KV group, batch) item made nqt x Hkv x B CTAs whose work differed 64:1.
+// Now an item's query tiles are cut into chunks of wq tiles (the last one shorter),
+// each chunk a CTA over all the group's query heads: no CTA does more than wq x Hq/Hkv
+// tile steps (64 keys x 64 queries of one head). wq depends on the shape alone
+// (dkdv_plan: the whole work in about ATT_DKDV_CHUNKS chunks), never on the GPU, so
+// every GPU sums in the same order. CTAs go in key-tile order, most query tiles first
+// (then batch and group, then chunk): the longest start first. An item of one chunk
+// stores dK and dV itself; the chunks of a split item store partial sums in a
+// workspace slot each (the CTA's index: split items are the lowest key tiles, their
+// CTAs come first), and the reduce kernel adds them in chunk order: no atomics, the
+// same bits on every run.
+//   B 1, T 4096                            CTAs before  longest  wq  CTAs now  longest
+//   qwen3_30b_a3b, TP 2 (Hq 16, Hkv 2)            128      512   5       884       40
+//   qwen3_235b_a22b, TP 4 (Hq 16, Hkv 1)           64     1024   3       715       48
+// An H100 holds 264 of these CTAs (132 SMs x 2); before, 128 CTAs left half the places
+// empty and the kernel lasted as long as the first key tile's 512 steps, where an SM
+// averages 33280 / 132 = 252. Workspace at the first layout: 874 slots of 2 x 64 x D
+// floats, 54.6 MiB (at most 2048 slots, 128 MiB at D 128). ptxas (nvcc 13.0), dK/dV at
+// head_dim 128: 240 registers on sm_90 and 230 on sm_100 before, 216 and 226 now, no
+// spills, 43.6 KB of dynamic shared memory as before; the reduce kernel 40 and 32.
+// doc/cuda-emulator.md, "Attention backward: the dK/dV split", has the reasoning.
 //
 // Precision: Q, K, V, dO, P and dS enter the tensor cores as bf16 (RNE), sums are fp32.
 // In the model Q, K, V are bf16 already; P, dO and dS are rounded, relative error at
@@ -29,9 +55,13 @@
 #include <stdio.h>
 
 #define ATT_BR 64 // query rows per CTA (forward, dQ)
-#define ATT_BC 64 // keys per tile
+#define ATT_BC 64 // keys per tile, and query rows per tile of the dK/dV split
 #define ATT_THREADS 128
 #define ATT_LOG2E 1.4426950408889634f
+// dK/dV: about this many chunks in all, plus one per split item for the remainders:
+// 3.9 times the 264 CTAs an H100 holds (2 an SM), so that the longest chunk is about a
+// quarter of one place's share of the work
+#define ATT_DKDV_CHUNKS 1024
 
 template <int DMAX>
 struct att_shape {
@@ -154,6 +184,35 @@ struct att_args {
     bool vec;                // D % 4 == 0 and 16-byte aligned rows: float4 loads
 };
 
+// The dK/dV chunks (see the top of this file). An item is (key tile kt, batch b, KV
+// group g), items = B x Hkv of them per key tile; its nqt - kt query tiles make
+// ceil((nqt - kt) / wq) chunks. CTA order: key tile, then item b * Hkv + g, then chunk.
+struct att_split {
+    float *ws;  // nslots x (64 x D partial dK, then 64 x D partial dV), fp32
+    int items;  // B x Hkv
+    int nqt;    // ceil(T / 64)
+    int wq;     // query tiles per chunk
+    int nslots; // CTAs of the split items (the key tiles below nqt - wq)
+};
+
+// sum of ceil(m / wq) over m = 1 .. n: the chunks of one item's last n key tiles
+__host__ __device__ __forceinline__ long long att_chunks_tail(int n, int wq)
+{
+    const long long full = n / wq, rest = n % wq;
+    return wq * full * (full + 1) / 2 + rest * (full + 1);
+}
+
+// index of the first CTA of key tile kt (all items)
+__host__ __device__ __forceinline__ long long att_first_cta(const att_split &sp, int kt)
+{
+    return sp.items * (att_chunks_tail(sp.nqt, sp.wq) - att_chunks_tail(sp.nqt - kt, sp.wq));
+}
+
+__host__ __device__ __forceinline__ int att_chunks_of(const att_split &sp, int kt)
+{
+    return (sp.nqt - kt + sp.wq - 1) / sp.wq;
+}
+
 // ---------------------------------------------------------------- forward
 
 template <int DMAX>
@@ -265,7 +324,7 @@ __global__ void att_delta_kernel(att_args a, int B)
 }
 
 template <int DMAX>
-__global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a)
+__global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a, att_split sp)
 {
     constexpr int ST = att_shape<DMAX>::stride;
     constexpr int ATT_BQ = att_shape<DMAX>::bq;
@@ -276,10 +335,21 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a)
     __nv_bfloat16 *sQ = sV + att_shape<DMAX>::tile;
     __nv_bfloat16 *sO = sQ + ATT_BQ * ST; // dO
     float *sL = reinterpret_cast<float *>(sO + ATT_BQ * ST), *sD = sL + ATT_BQ;
-    const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z; // small kt has the most work: first
+    // this CTA's key tile: the last whose first CTA is at or below blockIdx.x
+    int kt = 0;
+    for (int hi = sp.nqt - 1; kt < hi;) {
+        const int mid = (kt + hi + 1) / 2;
+        if (att_first_cta(sp, mid) <= (long long)blockIdx.x) kt = mid;
+        else hi = mid - 1;
+    }
+    const int nc = att_chunks_of(sp, kt), pos = (int)(blockIdx.x - att_first_cta(sp, kt));
+    const int item = pos / nc, c = pos % nc, g = item % a.Hkv, b = item / a.Hkv;
     const int rep = a.Hq / a.Hkv, T = a.T;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, qd = lane & 3;
     const int k0 = kt * ATT_BC;
+    // this chunk's queries: tiles kt + c wq .. kt + (c + 1) wq - 1, the last chunk to T
+    const int q_begin = (kt + c * sp.wq) * ATT_BC, q_end = c == nc - 1 ? T : q_begin + sp.wq * ATT_BC;
+    const int nsteps = (q_end - q_begin + ATT_BQ - 1) / ATT_BQ;
     const size_t qs = (size_t)a.Hq * a.D, ks = (size_t)a.Hkv * a.D;
     const size_t kvoff = (size_t)b * T * ks + (size_t)g * a.D;
 
@@ -290,11 +360,12 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a)
     att_zero<DMAX / 8>(dv);
     const int key_a = k0 + warp * 16 + gr, key_b = key_a + 8;
 
-    for (int h = g * rep; h < (g + 1) * rep; h++) {
-        const size_t qoff = (size_t)b * T * qs + (size_t)h * a.D;
-        const float *lse = a.lse + ((size_t)b * a.Hq + h) * T, *delta = a.delta + ((size_t)b * a.Hq + h) * T;
-        for (int i = k0 / ATT_BQ; i * ATT_BQ < T; i++) {
-            const int t0 = i * ATT_BQ;
+    // query steps outside, heads inside: in this order ptxas fits the kernel in fewer
+    // registers (216 on sm_90 at head_dim 128, against 242 with the heads outside)
+    for (int i = 0, t0 = q_begin; i < nsteps; i++, t0 += ATT_BQ) {
+        for (int h = g * rep; h < (g + 1) * rep; h++) {
+            const size_t qoff = (size_t)b * T * qs + (size_t)h * a.D;
+            const float *lse = a.lse + ((size_t)b * a.Hq + h) * T, *delta = a.delta + ((size_t)b * a.Hq + h) * T;
             __syncthreads(); // the previous step's Q and dO are no longer read
             att_load<DMAX>(sQ, a.q + qoff, t0, ATT_BQ, T, qs, a.D, a.vec);
             att_load<DMAX>(sO, a.dout + qoff, t0, ATT_BQ, T, qs, a.D, a.vec);
@@ -330,8 +401,45 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a)
             att_mma_pb<NQ, DMAX / 8, ST>(dk, dp, sQ); // dK += dS^T Q; Q is [query][d] = [k][n]
         }
     }
-    att_store_rows<DMAX>(a.dk + kvoff, ks, dk, key_a, T, a.D, a.scale, a.scale);
-    att_store_rows<DMAX>(a.dv + kvoff, ks, dv, key_a, T, a.D, 1.0f, 1.0f);
+    // an item of one chunk stores dK and dV; a chunk of a split item its partial sums,
+    // in its workspace slot (rows relative to k0, D floats a row), for the reduce kernel
+    float *yk, *yv, mk;
+    size_t ys;
+    if ((int)blockIdx.x < sp.nslots) {
+        yk = sp.ws + (size_t)blockIdx.x * 2 * ATT_BC * a.D;
+        yv = yk + (size_t)ATT_BC * a.D;
+        ys = a.D;
+        mk = 1.0f;
+    } else {
+        yk = a.dk + kvoff + (size_t)k0 * ks;
+        yv = a.dv + kvoff + (size_t)k0 * ks;
+        ys = ks;
+        mk = a.scale;
+    }
+    att_store_rows<DMAX>(yk, ys, dk, key_a - k0, T - k0, a.D, mk, mk);
+    att_store_rows<DMAX>(yv, ys, dv, key_a - k0, T - k0, a.D, 1.0f, 1.0f);
+}
+
+// dK, dV of the split items: the sum of their chunks' partials, in chunk order. One
+// thread per (key, d) of 64 keys; grid (ceil(64 D / 256), split items), the split
+// items kt * items + item for the key tiles kt below nqt - wq.
+__global__ void att_dkdv_reduce_kernel(att_args a, att_split sp)
+{
+    const int e = blockIdx.x * blockDim.x + threadIdx.x, kt = blockIdx.y / sp.items, item = blockIdx.y % sp.items;
+    const int row = e / a.D, d = e % a.D, key = kt * ATT_BC + row;
+    if (row >= ATT_BC || key >= a.T) return;
+    const int nc = att_chunks_of(sp, kt);
+    const size_t slot = 2 * (size_t)ATT_BC * a.D;
+    const float *p = sp.ws + (size_t)(att_first_cta(sp, kt) + (long long)item * nc) * slot + e;
+    float sk = 0.0f, sv = 0.0f;
+    for (int c = 0; c < nc; c++) {
+        sk += p[c * slot];
+        sv += p[c * slot + (size_t)ATT_BC * a.D];
+    }
+    const int g = item % a.Hkv, b = item / a.Hkv;
+    const size_t o = ((size_t)b * a.T + key) * a.Hkv * a.D + (size_t)g * a.D + d;
+    a.dk[o] = sk * a.scale;
+    a.dv[o] = sv;
 }
 
 template <int DMAX>
@@ -415,15 +523,53 @@ static void launch_fwd(mt_cuda_ctx *c, const att_args &a, int B)
     MT_CUDA_LAUNCHED();
 }
 
+// The dK/dV chunks of a shape (the top of this file): wq query tiles per chunk, the
+// whole work (B Hkv nqt (nqt + 1) / 2 tile steps of one head) in about ATT_DKDV_CHUNKS
+// chunks; the workspace slots are the CTAs of the key tiles below nqt - wq, the ones
+// cut into more than one chunk. Sets the CTA count.
+static att_split dkdv_plan(int B, int T, int Hkv, long long *ctas)
+{
+    att_split sp = {};
+    sp.items = B * Hkv;
+    sp.nqt = (int)mt_cdiv(T, ATT_BC);
+    const long long steps = (long long)sp.items * sp.nqt * (sp.nqt + 1) / 2;
+    sp.wq = (int)((steps + ATT_DKDV_CHUNKS - 1) / ATT_DKDV_CHUNKS);
+    if (sp.wq > sp.nqt) sp.wq = sp.nqt; // one chunk an item
+    *ctas = att_first_cta(sp, sp.nqt);
+    const long long slots = att_first_cta(sp, sp.nqt - sp.wq);
+    if (*ctas > 0x7fffffff) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%lld CTAs for dK/dV (B %d, T %d, Hkv %d) exceed the grid's 2^31 - 1", *ctas, B, T,
+                 Hkv);
+        mt_cuda_fatal(__FILE__, __LINE__, "attention_bwd", msg);
+    }
+    sp.nslots = (int)slots;
+    return sp;
+}
+
 template <int DMAX>
 static void launch_bwd(mt_cuda_ctx *c, const att_args &a, int B)
 {
     static bool done_kv = false, done_q = false;
     allow_smem((const void *)att_dkdv_kernel<DMAX>, dkdv_smem<DMAX>(), &done_kv);
     allow_smem((const void *)att_dq_kernel<DMAX>, dq_smem<DMAX>(), &done_q);
-    dim3 grid_kv(mt_cdiv(a.T, ATT_BC), a.Hkv, B), grid_q(mt_cdiv(a.T, ATT_BR), a.Hq, B);
-    MT_LAUNCH(grid_kv, ATT_THREADS, dkdv_smem<DMAX>(), c->stream, att_dkdv_kernel<DMAX>)(a);
+    long long ctas;
+    att_split sp = dkdv_plan(B, a.T, a.Hkv, &ctas);
+    // the partials: nslots x 2 x 64 x D floats (54.6 MiB at the shipped layout), from the
+    // caching allocator, so a training step reuses the same block
+    const size_t ws_bytes = (size_t)sp.nslots * 2 * ATT_BC * a.D * sizeof(float);
+    sp.ws = ws_bytes ? (float *)mt_cuda_scratch(c, ws_bytes) : NULL;
+    MT_LAUNCH((unsigned)ctas, ATT_THREADS, dkdv_smem<DMAX>(), c->stream, att_dkdv_kernel<DMAX>)(a, sp);
     MT_CUDA_LAUNCHED();
+    if (sp.nslots) {
+        // at most ATT_DKDV_CHUNKS split items: each has a chunk of wq tiles, and there
+        // are no more of those than steps / wq
+        dim3 grid_r(mt_cdiv((size_t)ATT_BC * a.D, 256), (sp.nqt - sp.wq) * sp.items);
+        MT_LAUNCH(grid_r, 256, 0, c->stream, att_dkdv_reduce_kernel)(a, sp);
+        MT_CUDA_LAUNCHED();
+        mt_cuda_scratch_free(c, sp.ws);
+    }
+    dim3 grid_q(mt_cdiv(a.T, ATT_BR), a.Hq, B);
     MT_LAUNCH(grid_q, ATT_THREADS, dq_smem<DMAX>(), c->stream, att_dq_kernel<DMAX>)(a);
     MT_CUDA_LAUNCHED();
 }

@@ -632,6 +632,9 @@ static void test_attention(void)
         {2, 77, 6, 3, 40},    /* head_dim padded inside the kernel (40 -> 64) */
         {1, 50, 2, 2, 18},    /* head_dim not a multiple of 4: scalar loads */
         {1, 1024, 4, 1, 128}, /* 16 tiles, GQA 4:1 */
+        /* 8 (batch, KV group) items x 136 key-query tile pairs, past the dK/dV split's
+         * 1024 chunks: chunks of 2 query tiles, the last one of 1 for every odd key tile */
+        {2, 1000, 8, 4, 32},
     };
     for (size_t i = 0; i < (quick ? 1 : sizeof shapes / sizeof shapes[0]); i++) attention_case(shapes[i]);
     if (!selftest && !quick) attention_long();
