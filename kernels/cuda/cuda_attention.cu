@@ -59,8 +59,8 @@
 #define ATT_THREADS 128
 #define ATT_LOG2E 1.4426950408889634f
 // dK/dV: about this many chunks in all, plus one per split item for the remainders:
-// 3.9 times the 264 CTAs an H100 holds (2 an SM), so that the longest chunk is about a
-// quarter of one place's share of the work
+// 3.9 times the 264 CTAs an H100 holds (2 an SM), so that the longest chunk is a
+// quarter to a third of one place's share of the work
 #define ATT_DKDV_CHUNKS 1024
 
 template <int DMAX>
