@@ -374,6 +374,12 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     rc = select_backend(cli, cfg, topo, par, &k, why, sizeof why, &err);
     agree_or_abort(w, rc, &err);
     if (w->rank == 0) printf("moetrain: backend %s (%s)\n", k->name, why);
+    if (w->rank == 0 && par->nnccl > 0) {
+        char line[1024];
+        mt_parallel_device_summary(&par->layout, par->logical_of_process, par->rank, line,
+                                   sizeof line);
+        printf("moetrain: %s\n", line);
+    }
 
     /* Only rank 0 writes the training log. */
     int stopped_by = 0;
@@ -485,6 +491,11 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     printf("groups (logical ranks):\n");
     if (mt_groups_print(&rl, cli->verbose ? 0 : 4, stdout))
         printf("(--verbose lists every group)\n");
+    if (cli->world > 1) { /* what --backend cuda would make, for logical rank 0 */
+        char line[1024];
+        mt_parallel_device_summary(&rl, NULL, 0, line, sizeof line);
+        printf("with --backend cuda: %s\n", line);
+    }
     mt_groups_free(&rl);
     if (mt_train_memory_report(cfg, &layout, stdout, &err)) return fail(&err);
     return 0;

@@ -364,4 +364,12 @@ int mt_comm_nccl_set_stream(struct mt_comm *c, void *stream, struct mt_err *err)
 {
     return mt_err_set(err, MT_EUNSUPPORTED, "this moetrain was built without NCCL");
 }
+
+int mt_comm_nccl_split(struct mt_comm *parent, int color, int key, const char *name, int rank,
+                       int size, struct mt_comm **out, struct mt_err *err)
+{
+    *out = NULL;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "communicator %s: this moetrain was built without NCCL", name);
+}
 #endif

@@ -106,6 +106,15 @@ int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out
  * mt_p2p_batch matches by tag within a batch (posted in tag order).
  * A build without NCCL returns MT_EUNSUPPORTED. */
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err);
+/* ncclCommSplit of parent (an NCCL comm from mt_comm_nccl_create), collective over all
+ * of parent's ranks: those passing the same color >= 0 form one communicator, ordered
+ * by key, then parent rank; *out is it, named name, with its own stream (NULL for a
+ * rank passing color < 0: NCCL_SPLIT_NOCOLOR). rank and size are what the caller
+ * expects this rank's place in it to be; NCCL's answer is checked against them. The
+ * child shares the parent's NCCL resources (splitShare, set on every comm made here).
+ * Bounded by parent->timeout_s. */
+int mt_comm_nccl_split(struct mt_comm *parent, int color, int key, const char *name, int rank,
+                       int size, struct mt_comm **out, struct mt_err *err);
 /* Orders c's calls with stream (a cudaStream_t, the compute stream; NULL: none):
  * each call runs on the comm's own stream after the work queued on stream so far
  * and before the work queued on it afterwards (CUDA events, no host-side sync). */
@@ -123,7 +132,8 @@ struct mt_device_memory {
  * memory to device (NCCL over the same processes, with the CUDA backend), host
  * memory to host; a call mixing both fails. barrier goes to host. host is borrowed,
  * device is destroyed with the dual comm when own_device. Both must have the same
- * rank and size. */
+ * rank and size. device may be NULL (a group that carries no device traffic): a call
+ * on device memory then fails with MT_EUNSUPPORTED, naming the call and the group. */
 int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_device,
                         const struct mt_device_memory *dm, struct mt_comm **out,
                         struct mt_err *err);

@@ -1,7 +1,8 @@
 /* moetrain: the dual comm. One group, two transports: each call goes to the device
  * comm (NCCL with the CUDA backend) when its buffers are device memory, to the host
  * comm (MPI, self) when they are host memory. Tensor traffic thus always takes the
- * device path, and host-side bookkeeping (a few scalars, counts) the host one. */
+ * device path, and host-side bookkeeping (a few scalars, counts) the host one. A group
+ * that carries no device traffic has no device comm: a call on device memory fails. */
 #include "runtime/comm_internal.h"
 
 
@@ -33,6 +34,15 @@ static struct mt_comm *pick(struct mt_comm *c, const char *call, int nset, int n
                    "%s on %s: buffers in both host and device memory (an internal error: a "
                    "collective's buffers must all live on one side)",
                    call, c->name);
+        return NULL;
+    }
+    if (ndev && !d->device) {
+        mt_err_set(err, MT_EUNSUPPORTED,
+                   "%s on %s: its buffers are device memory, but this group has no device "
+                   "transport (an internal error: moetrain gives NCCL communicators only to "
+                   "the group kinds that carry device traffic; add %s's kind to the table "
+                   "in src/runtime/parallel.c, or pass host memory)",
+                   call, c->name, c->name);
         return NULL;
     }
     return ndev ? d->device : d->host;
@@ -129,7 +139,7 @@ static int d_barrier(struct mt_comm *c, struct mt_err *err)
 static void d_destroy(struct mt_comm *c)
 {
     struct dual_impl *d = dual(c);
-    if (d->own_device) mt_comm_destroy(d->device);
+    if (d->own_device && d->device) mt_comm_destroy(d->device);
     mt_comm_free(c);
 }
 
@@ -150,7 +160,7 @@ int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_d
                         const struct mt_device_memory *dm, struct mt_comm **out,
                         struct mt_err *err)
 {
-    if (host->rank != device->rank || host->size != device->size)
+    if (device && (host->rank != device->rank || host->size != device->size))
         return mt_err_set(err, MT_ERUNTIME,
                           "communicator %s: host (rank %d of %d) and device (rank %d of %d) "
                           "transports disagree",

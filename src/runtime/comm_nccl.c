@@ -11,7 +11,18 @@
  * queued so far (an event the comm stream waits for) and before the compute work
  * queued after it (an event the compute stream waits for), without a host-side
  * synchronisation of the compute stream. all_to_all_v and p2p_batch are
- * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int. */
+ * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int.
+ *
+ * Communicators of parallel groups are split from one parent (mt_comm_nccl_split,
+ * ncclCommSplit) rather than created each from a unique id of its own. Every comm made
+ * here sets ncclConfig_t.splitShare = 1, which NCCL reads on the parent of a split: the
+ * child then shares the parent's internal resources (its proxy thread and streams, the
+ * per-channel peer connections and their buffers, the network plugin's state, NVLS
+ * buffers when the child has as many ranks per node as the parent, and the abort flag)
+ * instead of allocating its own. The price: operations of communicators that share
+ * resources are serialised, never overlap (moetrain's calls each complete before they
+ * return anyway), and ncclCommAbort of one of them (a timeout here) aborts them all,
+ * which is what a timeout leads to anyway (the job ends). */
 #include "runtime/comm_internal.h"
 #include "runtime/nccl_dl.h"
 
@@ -305,6 +316,39 @@ static const struct mt_comm_ops nccl_ops = {
     .p2p_batch = nccl_p2p_batch,
 };
 
+/* A comm of rank of size, named name, with its own stream and barrier scratch; its NCCL
+ * communicator is set by the caller. */
+static int alloc_comm(const char *name, int rank, int size, double timeout_s, int world_rank,
+                      struct mt_comm **out, struct mt_err *err)
+{
+    struct mt_comm *c;
+    MT_CHECK(mt_comm_alloc(&nccl_ops, rank, size, name, timeout_s, world_rank,
+                           sizeof(struct nccl_impl), &c, err));
+    struct nccl_impl *n = impl_of(c);
+    cudaError_t e = cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&n->scratch, sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(n->scratch, 0, sizeof(int));
+    if (e != cudaSuccess) {
+        int rc = cuda_error(c, "NCCL init", e, err);
+        nccl_destroy(c);
+        return rc;
+    }
+    n->stream = n->own;
+    *out = c;
+    return MT_OK;
+}
+
+/* The configuration of every communicator made here: nonblocking (see the top), and
+ * splitShare = 1, which NCCL reads on the parent when it is split (mt_comm_nccl_split):
+ * children then share the parent's resources. */
+static ncclConfig_t comm_config(void)
+{
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.splitShare = 1;
+    return config;
+}
+
 int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_err *err)
 {
     *out = NULL;
@@ -333,20 +377,11 @@ int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_er
                           host->name, host->rank == 0 ? ": " : "",
                           host->rank == 0 ? ncclGetErrorString(idrc) : "");
     struct mt_comm *c;
-    MT_CHECK(mt_comm_alloc(&nccl_ops, host->rank, host->size, host->name, host->timeout_s,
-                           mt_comm_common(host)->world_rank, sizeof(struct nccl_impl), &c, err));
+    MT_CHECK(alloc_comm(host->name, host->rank, host->size, host->timeout_s,
+                        mt_comm_common(host)->world_rank, &c, err));
     struct nccl_impl *n = impl_of(c);
     int rc = MT_OK;
-    cudaError_t e = cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaMalloc((void **)&n->scratch, sizeof(int));
-    if (e == cudaSuccess) e = cudaMemset(n->scratch, 0, sizeof(int));
-    if (e != cudaSuccess) {
-        rc = cuda_error(c, "NCCL init", e, err);
-        goto fail;
-    }
-    n->stream = n->own;
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    ncclConfig_t config = comm_config();
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
     ncclResult_t r = ncclCommInitRankConfig(&n->comm, host->size, msg.id, host->rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -358,6 +393,72 @@ int mt_comm_nccl_create(struct mt_comm *host, struct mt_comm **out, struct mt_er
     return MT_OK;
 fail:
     nccl_destroy(c);
+    return rc;
+}
+
+int mt_comm_nccl_split(struct mt_comm *parent, int color, int key, const char *name, int rank,
+                       int size, struct mt_comm **out, struct mt_err *err)
+{
+    *out = NULL;
+    if (!parent || parent->ops != &nccl_ops)
+        return mt_err_set(err, MT_EINVAL, "ncclCommSplit for %s: the parent %s is not an NCCL "
+                                          "communicator",
+                          name, parent ? parent->name : "?");
+    struct nccl_impl *pn = impl_of(parent);
+    MT_CHECK(mt_comm_check_usable(parent, "ncclCommSplit", err));
+    struct mt_comm *c = NULL;
+    if (color >= 0)
+        MT_CHECK(alloc_comm(name, rank, size, parent->timeout_s,
+                            mt_comm_common(parent)->world_rank, &c, err));
+    /* A nonblocking split fills the new handle when it completes: into the new comm's
+     * impl, which outlives the wait (a rank without a colour gets none). */
+    ncclComm_t scratch = NULL, *newcomm = c ? &impl_of(c)->comm : &scratch;
+    ncclConfig_t config = comm_config(); /* NULL would inherit the parent's: the same */
+    struct mt_deadline d = mt_deadline_start(parent->timeout_s);
+    ncclResult_t r = ncclCommSplit(pn->comm, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key,
+                                   newcomm, &config);
+    int rc = MT_OK;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        rc = nccl_error(parent, "ncclCommSplit", r, err);
+        goto fail;
+    }
+    /* The split is an operation of the parent (its state says when it is done), then
+     * the new communicator's own initialisation. */
+    MT_CHECK_GOTO(wait_comm(parent, "ncclCommSplit", &d, err), fail);
+    if (!c) {
+        if (scratch)
+            rc = mt_err_set(err, MT_ERUNTIME, "ncclCommSplit for %s: NCCL made a communicator "
+                                              "for a rank without a colour",
+                            name);
+        return rc;
+    }
+    if (!impl_of(c)->comm) {
+        rc = mt_err_set(err, MT_ERUNTIME,
+                        "ncclCommSplit for %s: no communicator for colour %d key %d", name,
+                        color, key);
+        goto fail;
+    }
+    MT_CHECK_GOTO(wait_comm(c, "ncclCommSplit", &d, err), fail);
+    int nrank = -1, nsize = -1;
+    r = ncclCommUserRank(impl_of(c)->comm, &nrank);
+    if (r == ncclSuccess) r = ncclCommCount(impl_of(c)->comm, &nsize);
+    if (r != ncclSuccess) {
+        rc = nccl_error(c, "ncclCommSplit", r, err);
+        goto fail;
+    }
+    if (nrank != rank || nsize != size) {
+        rc = mt_err_set(err, MT_ERUNTIME,
+                        "ncclCommSplit for %s: NCCL made rank %d of %d, the layout says %d of %d",
+                        name, nrank, nsize, rank, size);
+        goto fail;
+    }
+    *out = c;
+    return MT_OK;
+fail:
+    if (c) {
+        impl_of(c)->common.broken = true; /* abort, not destroy: the peers may be gone */
+        nccl_destroy(c);
+    }
     return rc;
 }
 

@@ -31,6 +31,11 @@
     X(ncclResult_t, ncclCommInitRankConfig,                                                \
       (ncclComm_t * comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config),    \
       (comm, nranks, id, rank, config))                                                    \
+    X(ncclResult_t, ncclCommSplit,                                                         \
+      (ncclComm_t comm, int color, int key, ncclComm_t * newcomm, ncclConfig_t * config),  \
+      (comm, color, key, newcomm, config))                                                 \
+    X(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int *count), (comm, count))     \
+    X(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int *rank), (comm, rank))    \
     X(ncclResult_t, ncclCommAbort, (ncclComm_t comm), (comm))                              \
     X(ncclResult_t, ncclCommDestroy, (ncclComm_t comm), (comm))                            \
     X(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * state),        \

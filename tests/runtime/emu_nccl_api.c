@@ -3,7 +3,10 @@
  * their ncclGetLastError text, groups, a send to oneself, the nonblocking protocol, and
  * every collective over every data type and reduction on 1, 2, 3 and 4 processes (forked:
  * no launcher), with results checked against hand-computed ones and bit-identical
- * across ranks. Exits 0 when every check passed. */
+ * across ranks; ncclCommSplit on 1 to 4 processes (colours, key order and its ties,
+ * NCCL_SPLIT_NOCOLOR, a split of a split, the nonblocking protocol, splitShare's shared
+ * abort flag, and a rank calling another operation instead). Exits 0 when every check
+ * passed. */
 #include "config.h"
 
 #include <stdbool.h>
@@ -286,6 +289,143 @@ static void collectives(int n)
     munmap(shared, MAXN * 4096);
 }
 
+/* ---- ncclCommSplit on n forked ranks */
+
+/* Calls that may answer ncclInProgress on a nonblocking comm: then settle it. */
+static void nb(ncclResult_t r, ncclComm_t c, const char *what)
+{
+    CHECK(r == ncclSuccess || r == ncclInProgress, "%s returned %d (%s): %s", what, r,
+          ncclGetErrorString(r), ncclGetLastError(NULL));
+    if (r == ncclInProgress) settle(c);
+}
+
+/* The sum over the ranks of c of v (an int all-reduce). */
+static int sum_of(ncclComm_t c, int v)
+{
+    int s = -1;
+    nb(ncclAllReduce(&v, &s, 1, ncclInt32, ncclSum, c, 0), c, "ncclAllReduce");
+    return s;
+}
+
+static void split_main(int n, int r, ncclUniqueId id, bool nonblocking)
+{
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = nonblocking ? 0 : 1;
+    cfg.splitShare = nonblocking ? 1 : 0;
+    ncclComm_t world = NULL;
+    ncclResult_t ir = ncclCommInitRankConfig(&world, n, id, r, &cfg);
+    CHECK(world != NULL, "n %d rank %d: ncclCommInitRankConfig returned %d", n, r, ir);
+    if (!world) return;
+    nb(ir, world, "ncclCommInitRankConfig");
+    /* two colours, keys in reverse: colour r % 2 holds r % 2, r % 2 + 2, ... with the
+     * highest parent rank first */
+    ncclComm_t half = NULL;
+    nb(ncclCommSplit(world, r % 2, -r, &half, NULL), world, "ncclCommSplit");
+    CHECK(half != NULL, "n %d rank %d: no communicator for colour %d", n, r, r % 2);
+    if (!half) return;
+    if (nonblocking) settle(half);
+    int members = (n - r % 2 + 1) / 2, rank = -1, count = -1, above = 0;
+    for (int p = r + 2; p < n; p += 2) above++;
+    CHECK(ncclCommCount(half, &count) == ncclSuccess && count == members,
+          "n %d rank %d: count %d, expected %d", n, r, count, members);
+    CHECK(ncclCommUserRank(half, &rank) == ncclSuccess && rank == above,
+          "n %d rank %d: rank %d, expected %d (by key, the highest parent rank first)", n, r,
+          rank, above);
+    int want = 0;
+    for (int p = r % 2; p < n; p += 2) want += p + 1;
+    CHECK(sum_of(half, r + 1) == want, "n %d rank %d: the sum over colour %d", n, r, r % 2);
+    /* equal keys: parent rank order; the last rank takes no part */
+    ncclComm_t most = (ncclComm_t)&most; /* must become NULL for NOCOLOR */
+    const bool last = r == n - 1 && n > 1;
+    nb(ncclCommSplit(world, last ? NCCL_SPLIT_NOCOLOR : 7, 0, &most, NULL), world,
+       "ncclCommSplit");
+    if (last) {
+        CHECK(most == NULL, "n %d rank %d: a communicator for NCCL_SPLIT_NOCOLOR", n, r);
+    } else if (most) {
+        if (nonblocking) settle(most);
+        CHECK(ncclCommUserRank(most, &rank) == ncclSuccess && rank == r, "n %d rank %d: rank %d",
+              n, r, rank);
+        CHECK(ncclCommCount(most, &count) == ncclSuccess && count == (n > 1 ? n - 1 : 1),
+              "n %d rank %d: count %d", n, r, count);
+        /* a split of a split: one rank each */
+        ncclComm_t alone = NULL;
+        nb(ncclCommSplit(most, r, 0, &alone, NULL), most, "ncclCommSplit");
+        if (alone && nonblocking) settle(alone);
+        CHECK(alone && ncclCommCount(alone, &count) == ncclSuccess && count == 1,
+              "n %d rank %d: split of a split", n, r);
+        if (alone) CHECK(sum_of(alone, 5) == 5, "n %d rank %d: one-rank sum", n, r);
+        if (alone) ncclCommDestroy(alone);
+        ncclCommDestroy(most);
+    }
+    /* the parent still works, and so does the other child */
+    CHECK(sum_of(world, 1) == n, "n %d rank %d: the parent after the splits", n, r);
+    CHECK(sum_of(half, 1) == members, "n %d rank %d: the child after the parent", n, r);
+    /* aborting a child: with splitShare (the nonblocking parent here) the parent's abort
+     * flag is the child's, so the parent is unusable too; without, it goes on */
+    EXPECT(ncclCommAbort(half), ncclSuccess, "");
+    int v = 1, s = 0;
+    ncclResult_t rr = ncclAllReduce(&v, &s, 1, ncclInt32, ncclSum, world, 0);
+    if (nonblocking) {
+        CHECK(rr == ncclInvalidUsage && strstr(ncclGetLastError(NULL), "splitShare"),
+              "n %d rank %d: the parent of an aborted child (splitShare) answered %d: %s", n, r,
+              rr, ncclGetLastError(NULL));
+        ncclCommAbort(world);
+    } else {
+        nb(rr, world, "ncclAllReduce after aborting a child");
+        CHECK(s == n, "n %d rank %d: the parent after aborting an unshared child", n, r);
+        EXPECT(ncclCommDestroy(world), ncclSuccess, "");
+    }
+}
+
+/* Rank 0 splits while rank 1 all-reduces: both must fail, not hang, and one of them
+ * (whichever sees the other's transfer first) names the mismatch; *named is set then. */
+static void split_mismatch_main(int r, ncclUniqueId id, unsigned char *named)
+{
+    ncclComm_t world = NULL;
+    EXPECT(ncclCommInitRankConfig(&world, 2, id, r, NULL), ncclSuccess, "");
+    if (!world) return;
+    ncclComm_t c = NULL;
+    int v[2] = { 1, 2 };
+    ncclResult_t rr = r == 0 ? ncclCommSplit(world, 0, 0, &c, NULL)
+                             : ncclAllReduce(v, v, 2, ncclInt32, ncclSum, world, 0);
+    CHECK(rr != ncclSuccess && rr != ncclInProgress, "rank %d: a mismatched split succeeded", r);
+    CHECK(c == NULL, "a failed split made a communicator");
+    if (strstr(ncclGetLastError(NULL), "the ranks called different operations")) *named = 1;
+    ncclCommAbort(world);
+}
+
+static void splits(int n, bool nonblocking, bool mismatch)
+{
+    ncclUniqueId id;
+    EXPECT(ncclGetUniqueId(&id), ncclSuccess, "");
+    unsigned char *named = mmap(NULL, 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(named != MAP_FAILED, "mmap");
+    if (named == MAP_FAILED) return;
+    *named = 0;
+    fflush(NULL);
+    pid_t pids[MAXN];
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            fails = 0;
+            if (mismatch)
+                split_mismatch_main(r, id, named);
+            else
+                split_main(n, r, id, nonblocking);
+            _exit(fails ? 1 : 0);
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "split on %d ranks%s: rank %d failed "
+              "(status %d)", n, mismatch ? " (mismatch)" : nonblocking ? " (nonblocking)" : "",
+              r, st);
+    }
+    if (mismatch) CHECK(*named, "a split against an all-reduce: no rank named the mismatch");
+    munmap(named, 1);
+}
+
 int main(void)
 {
     if (getenv("MT_EMU_NCCL_INPROGRESS") == NULL || strcmp(getenv("MT_EMU_NCCL_INPROGRESS"), "1")) {
@@ -295,6 +435,11 @@ int main(void)
     }
     single_process();
     for (int n = 1; n <= MAXN; n++) collectives(n);
+    for (int n = 1; n <= MAXN; n++) {
+        splits(n, false, false);
+        splits(n, true, false);
+    }
+    splits(2, false, true);
     printf("emu_nccl_api: %s\n", fails ? "FAILED" : "passed");
     return fails ? 1 : 0;
 }

@@ -12,6 +12,11 @@
 // stream, to completion inside the call; on a nonblocking communicator one call in
 // MT_EMU_NCCL_INPROGRESS instead runs on a thread of its own and answers ncclInProgress
 // (or only claims to), so that callers' polling, timeouts and aborts run.
+// ncclCommSplit is collective over every rank of the parent: the ranks exchange their colour
+// and key over the parent's connections, and those of one colour bootstrap a communicator of
+// their own, ranked by key, then parent rank, under an id derived from the parent's, the
+// split's sequence number and the colour. A parent made with splitShare = 1 shares its abort
+// flag with its children, as NCCL's do: aborting one makes the others unusable.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <nccl.h>
@@ -33,8 +38,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,7 +129,8 @@ constexpr uint32_t frame_magic = 0x6e63636c;
 enum frame_type : uint32_t { frame_cts = 1, frame_data = 2 };
 
 // Which call a transfer belongs to: both sides must be in the same one.
-enum op_kind : uint32_t { k_p2p, k_all_reduce, k_all_gather, k_reduce_scatter, k_broadcast };
+enum op_kind : uint32_t { k_p2p, k_all_reduce, k_all_gather, k_reduce_scatter, k_broadcast,
+                          k_split };
 const char *kind_name(uint32_t k, bool send)
 {
     switch (k) {
@@ -131,6 +139,7 @@ const char *kind_name(uint32_t k, bool send)
     case k_all_gather: return "ncclAllGather";
     case k_reduce_scatter: return "ncclReduceScatter";
     case k_broadcast: return "ncclBroadcast";
+    case k_split: return "ncclCommSplit";
     }
     return "?";
 }
@@ -171,6 +180,10 @@ struct ncclComm {
     bool blocking = true;
     ncclResult_t error = ncclSuccess; // set when a transfer failed: the comm is unusable
     int pending = 0;                  // polls of ncclCommGetAsyncError still to answer InProgress
+    ncclUniqueId id{};                // its own, or derived from its parent's (ncclCommSplit)
+    uint64_t splits = 0;              // ncclCommSplit calls on it so far
+    bool split_share = false;         // config splitShare: children share its abort flag
+    std::shared_ptr<std::atomic<bool>> abort_flag = std::make_shared<std::atomic<bool>>(false);
     std::vector<peer_conn> peers;
     std::deque<transfer *> self_sends, self_recvs;
     // A call of a nonblocking comm that runs in the background (see execute)
@@ -389,7 +402,7 @@ ncclResult_t run(const std::vector<transfer *> &ts)
             if (!t->done && !waiting) waiting = t;
         if (!waiting) return ncclSuccess;
         bool aborted = false;
-        for (ncclComm *c : comms) aborted |= c->aborting.load();
+        for (ncclComm *c : comms) aborted |= c->aborting.load() || c->abort_flag->load();
         if (aborted) {
             r = broken(waiting->comm, fail(ncclRemoteError, "rank %d: %s: the communicator was aborted",
                                            waiting->comm->rank, describe(*waiting).c_str()));
@@ -753,6 +766,11 @@ ncclResult_t check_usable(const char *fn, ncclComm *c)
     if (c->error != ncclSuccess)
         return fail(c->error, "%s: rank %d: the communicator failed earlier (%s); abort it", fn,
                     c->rank, ncclGetErrorString(c->error));
+    if (c->abort_flag->load())
+        return fail(ncclInvalidUsage,
+                    "%s: rank %d: a communicator sharing this one's resources (splitShare) was "
+                    "aborted; abort or destroy this one too",
+                    fn, c->rank);
     return ncclSuccess;
 }
 
@@ -854,6 +872,60 @@ bool exchange(int fd, void *buf, size_t n, bool out, double deadline)
         n -= (size_t)k;
     }
     return true;
+}
+
+// blocking and splitShare of config (NULL: the defaults, blocking and not shared).
+ncclResult_t parse_config(const char *fn, const ncclConfig_t *config, bool *blocking, bool *share)
+{
+    *blocking = true;
+    *share = false;
+    if (!config) return ncclSuccess;
+    if (config->magic != 0xcafebeef || config->size < offsetof(ncclConfig_t, cgaClusterSize))
+        return fail(ncclInvalidArgument,
+                    "%s: the config was not initialised with NCCL_CONFIG_INITIALIZER", fn);
+    if (config->blocking != NCCL_CONFIG_UNDEF_INT) {
+        if (config->blocking != 0 && config->blocking != 1)
+            return fail(ncclInvalidArgument, "%s: config blocking = %d is not 0 or 1", fn,
+                        config->blocking);
+        *blocking = config->blocking == 1;
+    }
+    if (config->size >= offsetof(ncclConfig_t, splitShare) + sizeof config->splitShare &&
+        config->splitShare != NCCL_CONFIG_UNDEF_INT) {
+        if (config->splitShare != 0 && config->splitShare != 1)
+            return fail(ncclInvalidArgument, "%s: config splitShare = %d is not 0 or 1", fn,
+                        config->splitShare);
+        *share = config->splitShare == 1;
+    }
+    return ncclSuccess;
+}
+
+uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// The id of the communicator of colour made by split number seq of the comm of id parent:
+// the same on every rank of that colour, different for every other colour and split.
+ncclUniqueId derive_id(const ncclUniqueId &parent, uint64_t seq, int color)
+{
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a over the parent's random bytes, seq, colour
+    auto mix = [&h](const void *p, size_t n) {
+        for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+    };
+    mix(parent.internal + sizeof id_magic, 20);
+    mix(&seq, sizeof seq);
+    mix(&color, sizeof color);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    memcpy(id.internal, id_magic, sizeof id_magic);
+    for (int i = 0; i < 3; i++) {
+        const uint64_t x = splitmix64(h + (uint64_t)i);
+        memcpy(id.internal + sizeof id_magic + 8 * i, &x, i < 2 ? 8 : 4);
+    }
+    return id;
 }
 
 ncclResult_t bootstrap(ncclComm *c, const ncclUniqueId &id)
@@ -976,22 +1048,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         return fail(ncclInvalidArgument, "%s: rank %d of %d ranks is invalid", fn, rank, nranks);
     if (memcmp(id.internal, id_magic, sizeof id_magic) != 0)
         return fail(ncclInvalidArgument, "%s: the unique id was not made by ncclGetUniqueId", fn);
-    bool blocking = true;
-    if (config) {
-        if (config->magic != 0xcafebeef || config->size < offsetof(ncclConfig_t, cgaClusterSize))
-            return fail(ncclInvalidArgument,
-                        "%s: the config was not initialised with NCCL_CONFIG_INITIALIZER", fn);
-        if (config->blocking != NCCL_CONFIG_UNDEF_INT) {
-            if (config->blocking != 0 && config->blocking != 1)
-                return fail(ncclInvalidArgument, "%s: config blocking = %d is not 0 or 1", fn,
-                            config->blocking);
-            blocking = config->blocking == 1;
-        }
-    }
+    bool blocking, share;
+    MT_NCCL_TRY(parse_config(fn, config, &blocking, &share));
     ncclComm *c = new ncclComm;
     c->rank = rank;
     c->nranks = nranks;
     c->blocking = blocking;
+    c->split_share = share;
+    c->id = id;
     c->peers.resize((size_t)nranks);
     const ncclResult_t r = bootstrap(c, id);
     if (r != ncclSuccess) {
@@ -1002,11 +1066,88 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     return claim_in_progress(c) ? ncclInProgress : ncclSuccess;
 }
 
+// Collective over every rank of comm (see the top). config NULL: the child inherits comm's
+// blocking and splitShare, else it has the config's.
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    const char *fn = "ncclCommSplit";
+    if (!comm) return fail(ncclInvalidArgument, "%s: comm argument is NULL", fn);
+    if (!newcomm) return fail(ncclInvalidArgument, "%s: newcomm argument is NULL", fn);
+    *newcomm = nullptr;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+        return fail(ncclInvalidArgument,
+                    "%s: rank %d: color %d is negative and not NCCL_SPLIT_NOCOLOR", fn, comm->rank,
+                    color);
+    if (group.depth > 0)
+        return fail(ncclInvalidUsage, "%s: rank %d: inside ncclGroupStart/ncclGroupEnd (not "
+                                      "emulated)", fn, comm->rank);
+    MT_NCCL_TRY(check_usable(fn, comm));
+    bool blocking = comm->blocking, share = comm->split_share;
+    if (config) MT_NCCL_TRY(parse_config(fn, config, &blocking, &share));
+    const int n = comm->nranks, me = comm->rank;
+    const uint64_t seq = comm->splits++;
+    // every rank's colour and key, over the parent
+    std::vector<int32_t> all(2 * (size_t)n);
+    all[2 * (size_t)me] = color;
+    all[2 * (size_t)me + 1] = key;
+    std::vector<transfer> pool;
+    pool.reserve(2 * (size_t)n);
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        new_transfer(pool, comm, k_split, true, p, &all[2 * (size_t)me], 2, ncclInt32);
+        new_transfer(pool, comm, k_split, false, p, &all[2 * (size_t)p], 2, ncclInt32);
+    }
+    MT_NCCL_TRY(run_pool(pool));
+    bool in_progress = claim_in_progress(comm);
+    if (color == NCCL_SPLIT_NOCOLOR) return in_progress ? ncclInProgress : ncclSuccess;
+    std::vector<int> members; // parent ranks of my colour, by key, then parent rank
+    for (int p = 0; p < n; p++)
+        if (all[2 * (size_t)p] == color) members.push_back(p);
+    std::stable_sort(members.begin(), members.end(),
+                     [&all](int a, int b) { return all[2 * (size_t)a + 1] < all[2 * (size_t)b + 1]; });
+    ncclComm *c = new ncclComm;
+    c->rank = (int)(std::find(members.begin(), members.end(), me) - members.begin());
+    c->nranks = (int)members.size();
+    c->blocking = blocking;
+    c->split_share = share;
+    c->id = derive_id(comm->id, seq, color);
+    if (comm->split_share) c->abort_flag = comm->abort_flag; // NCCL reads the parent's
+    c->peers.resize(members.size());
+    const ncclResult_t r = bootstrap(c, c->id);
+    if (r != ncclSuccess) {
+        close_comm(c);
+        return r;
+    }
+    *newcomm = c;
+    in_progress |= claim_in_progress(c);
+    return in_progress ? ncclInProgress : ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    if (!comm || !count)
+        return fail(ncclInvalidArgument, "ncclCommCount: %s argument is NULL",
+                    comm ? "count" : "comm");
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    if (!comm || !rank)
+        return fail(ncclInvalidArgument, "ncclCommUserRank: %s argument is NULL",
+                    comm ? "rank" : "comm");
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
 // A background call stops at its next poll (within 0.1 s); no peer is waited for.
 ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
     if (!comm) return ncclSuccess;
     comm->aborting = true;
+    *comm->abort_flag = true; // also the comms that share it (splitShare)
     if (comm->worker.joinable()) comm->worker.join();
     close_comm(comm);
     return ncclSuccess;
