@@ -29,6 +29,14 @@ tests_runtime_test_groups_SOURCES = tests/runtime/test_groups.c
 tests_runtime_test_groups_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_runtime_test_groups_LDADD = libmt_runtime.la libmt_util.la $(cmocka_LIBS)
 
+# Which NCCL communicators each rank gets (mt_parallel_device_plan; cmocka, no NCCL).
+check_PROGRAMS += tests/runtime/test_device_plan
+TESTS += tests/runtime/test_device_plan
+tests_runtime_test_device_plan_SOURCES = tests/runtime/test_device_plan.c
+tests_runtime_test_device_plan_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_runtime_test_device_plan_LDADD = $(MT_RUNTIME_TEST_LIBS) $(cmocka_LIBS) $(MT_LIBS) \
+	$(cuda_LIBS)
+
 # Self world and self comm, no launcher (cmocka).
 check_PROGRAMS += tests/runtime/test_comm_self
 TESTS += tests/runtime/test_comm_self
