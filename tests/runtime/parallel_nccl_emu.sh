@@ -1,0 +1,79 @@
+#!/bin/sh
+# The NCCL communicators of the parallel groups without a GPU (src/runtime/parallel.c,
+# mt_parallel_use_device), over the emulated NCCL (tests/runtime/emu-nccl/libnccl.so.2):
+#   - parallel_check-emu on 4 and 8 processes for layouts whose groups coincide in
+#     different ways: each rank has the communicators the plan promises (their number,
+#     which kinds share one, none where no device traffic goes), each device transport
+#     sums and gathers like its host transport, a device-memory call on a kind without
+#     one fails naming the group; rank 0's log line gives the count and the sharing;
+#   - moetrain-emu --backend cuda on 4 processes, PP 2 x DP 2 x EP 2 (activations between
+#     stages, the tied embedding's gradient, the all-to-all dispatcher, ZeRO-less gradient
+#     sums, all in device memory) against 1 process: 2 iterations' loss and gradient norm
+#     within 1e-5 relative (one micro-batch per data-parallel rank, so the gradient sums
+#     differ from one process's only in the norm's order: measured 2e-8), and the startup
+#     line's count. (TP's sums in bf16 differ from one process's by more than the order
+#     of a sum; its collectives are parallel_check's.)
+# Not skipped in a build with the emulator and NCCL (it is not built otherwise).
+. "$MT_TOP_SRCDIR/tests/runtime/common.sh"
+need_mpirun
+prog=$(own parallel_check_emu "$MT_TOP_BUILDDIR/tests/runtime/parallel_check-emu")
+LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+MT_EMU_DEVICE_COUNT=8
+MT_EMU_NCCL_INPROGRESS=2 # comm_nccl.c's polling of nonblocking splits runs
+export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS
+cd "$tmp"
+
+# layout N TP PP EP ETP LINE...: parallel_check-emu on N processes passes, and rank 0's
+# log line contains each LINE
+layout() {
+    n=$1 tp=$2 pp=$3 ep=$4 etp=$5; shift 5
+    mpirun_np $n "$prog" $tp $pp $ep $etp > out 2> err ||
+        { cat out err; fail "parallel_check-emu on $n processes, TP $tp PP $pp EP $ep ETP $etp"; }
+    grep -q "passed on $n processes" out || { cat out err; fail "$n processes: no verdict"; }
+    for want in "$@"; do
+        grep -qF -- "$want" out || { cat out err; fail "TP $tp PP $pp EP $ep ETP $etp: no '$want' in the log line"; }
+    done
+    sed -n 's/^parallel_check: NCCL/  NCCL/p' out
+    echo "ok: $n processes, TP $tp PP $pp EP $ep ETP $etp"
+}
+# CP = ETP = 1: EP and ETP x EP are the TP groups, expert DP the DP groups (13 before)
+layout 4 2 1 2 1 'NCCL communicators: 4 on this process (world + tp, dp, pp (1 rank);' \
+    'shared: embedding = pp, ep = tp, etp = pp, etp-ep = tp, edp = dp;' \
+    'host only: cp, dp-cp, tp-cp, mp' '4 on every process, split from the world'"'"'s by 3'
+# ETP 2: ETP is TP, EP is DP, ETP x EP the world
+layout 4 2 1 2 2 'NCCL communicators: 4 on this process' 'ep = dp, etp = tp, etp-ep = world, edp = pp'
+# 8 processes, EP 4: expert groups of their own
+layout 8 2 1 4 1 'NCCL communicators: 6 on this process (world + tp, dp, pp (1 rank), ep, edp;' \
+    'etp-ep = ep'
+layout 8 2 1 2 2 'NCCL communicators: 7 on this process (world + tp, dp, pp (1 rank), ep, etp-ep, edp;'
+# PP 4: the pipeline group is the world; no embedding group in the middle stages
+layout 4 1 4 1 1 'NCCL communicators: 3 on this process (world + tp (1 rank), embedding;' \
+    'pp = world' '2 to 3 per process'
+
+# The trainer: PP 2 x DP 2 x EP 2 on 4 emulated devices against 1 process.
+emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+set -- --backend=cuda "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" "precision%params_dtype='bf16'" \
+    training%train_iters=2 training%eval_interval=100 training%eval_iters=0 \
+    optimizer%lr_warmup_iters=0 training%global_batch_size=4 training%micro_batch_size=2 \
+    training%seq_length=64 logging%log_interval=1 "logging%metrics_file='m.jsonl'"
+mkdir one four
+(cd one && timeout 300 "$emu" "$@" > out.log 2>&1 < /dev/null) ||
+    { cat one/out.log; fail "moetrain-emu on one process"; }
+(cd four && timeout 600 "$MPIRUN" --oversubscribe -np 4 "$emu" "$@" \
+    parallel%pipeline_model_parallel_size=2 parallel%expert_model_parallel_size=2 \
+    parallel%distributed_timeout_minutes=5 \
+    > out.log 2>&1 < /dev/null) ||
+    { cat four/out.log; fail "moetrain-emu on four processes (PP 2 x DP 2 x EP 2)"; }
+grep -F 'moetrain: NCCL communicators: 4 on this process (world + tp (1 rank), dp, pp; shared: embedding = pp, ep = dp,' four/out.log ||
+    { cat four/out.log; fail "no NCCL communicator count in the startup log"; }
+values() { sed -n "s/.*\"$1\": \([-0-9.eE+naif]*\).*/\1/p" "$2/m.jsonl"; }
+for key in loss grad_norm; do
+    values $key one > a; values $key four > b
+    [ "$(wc -l < a)" -eq 2 ] && [ "$(wc -l < b)" -eq 2 ] ||
+        { cat one/m.jsonl four/m.jsonl; fail "expected 2 values of $key from each run"; }
+    paste a b | awk -v key=$key '{ d = $1 - $2; if (d < 0) d = -d
+        printf "  iteration %d %s: %s (1 process), %s (4 processes)\n", NR, key, $1, $2
+        if (!(d <= 1e-5 * ($1 < 0 ? -$1 : $1))) bad = 1 } END { exit bad }' ||
+        fail "$key differs by more than 1e-5 relative between 1 and 4 processes"
+done
+echo "ok: moetrain-emu --backend=cuda on 4 processes (PP 2 x DP 2 x EP 2 over the emulated NCCL)"
