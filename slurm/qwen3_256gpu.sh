@@ -144,6 +144,16 @@ fi
 # One OpenMP thread pool per process over its cores.
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-16}
 
+# NCCL's GPU memory (doc/architecture.md, "NCCL communicators"): this layout makes 8
+# NCCL communicators per process on the first and last pipeline stages and 7 on the
+# others (moetrain --check prints the count), split from one that shares its resources
+# with them (splitShare; a NCCL_COMM_SPLIT_SHARE_RESOURCES=0 from the environment would
+# undo that). NVLink SHARP stays as NCCL decides (on where the NVSwitches support it);
+# its buffers are the largest part of a communicator's memory, so if NCCL's
+# initialisation runs out of GPU memory, uncomment this (it costs the NVLS algorithms'
+# speed on NVSwitch systems; measure before keeping it):
+#export NCCL_NVLS_ENABLE=0
+
 rc=0
 srun --mpi=pmix --cpu-bind=none --kill-on-bad-exit=1 \
     "$MOETRAIN_BIN" "$NML" "${LAYOUT[@]}" "${CKPT[@]}" "$@" || rc=$?
