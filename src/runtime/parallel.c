@@ -25,6 +25,27 @@ static int check_permutation(const int *map, int n, struct mt_err *err)
     return rc;
 }
 
+void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l)
+{
+    p->tp = l->tp;
+    p->cp = l->cp;
+    p->dp = l->dp;
+    p->pp = l->pp;
+    p->ep = l->ep;
+    p->etp = l->etp;
+    p->edp = l->edp;
+    int *const coord[MT_GROUP_COUNT] = {
+        [MT_GROUP_TP] = &p->tp_rank, [MT_GROUP_CP] = &p->cp_rank,   [MT_GROUP_DP] = &p->dp_rank,
+        [MT_GROUP_PP] = &p->pp_rank, [MT_GROUP_EP] = &p->ep_rank,   [MT_GROUP_ETP] = &p->etp_rank,
+        [MT_GROUP_EDP] = &p->edp_rank,
+    };
+    for (int k = 0; k < MT_GROUP_COUNT; k++) {
+        int group, pos;
+        mt_groups_find(&p->layout, (enum mt_group_kind)k, p->rank, &group, &pos);
+        if (coord[k]) *coord[k] = group >= 0 ? pos : 0;
+    }
+}
+
 int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const struct mt_layout *l,
                      const int *logical_of_process, struct mt_parallel **out, struct mt_err *err)
 {
@@ -52,18 +73,7 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
         memcpy(p->logical_of_process, logical_of_process, sizeof(int) * (size_t)w->size);
     }
     p->rank = logical_of_process ? logical_of_process[w->rank] : w->rank;
-    p->tp = l->tp;
-    p->cp = l->cp;
-    p->dp = l->dp;
-    p->pp = l->pp;
-    p->ep = l->ep;
-    p->etp = l->etp;
-    p->edp = l->edp;
-    int *const coord[MT_GROUP_COUNT] = {
-        [MT_GROUP_TP] = &p->tp_rank, [MT_GROUP_CP] = &p->cp_rank,   [MT_GROUP_DP] = &p->dp_rank,
-        [MT_GROUP_PP] = &p->pp_rank, [MT_GROUP_EP] = &p->ep_rank,   [MT_GROUP_ETP] = &p->etp_rank,
-        [MT_GROUP_EDP] = &p->edp_rank,
-    };
+    mt_parallel_coords(p, l);
     for (int k = 0; k < MT_GROUP_COUNT; k++) {
         int group, pos;
         mt_groups_find(&p->layout, (enum mt_group_kind)k, p->rank, &group, &pos);
@@ -88,7 +98,6 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                             p->comm[k]->rank, p->comm[k]->size, pos, size);
             goto fail;
         }
-        if (coord[k]) *coord[k] = pos;
     }
     *out = p;
     return MT_OK;

@@ -81,6 +81,10 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                      struct mt_err *err);
 void mt_parallel_destroy(struct mt_parallel *p);
 
+/* Sets p's group sizes from l and its coordinates (position in its group of each kind,
+ * 0 in none) from p->layout and p->rank. */
+void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l);
+
 /* The place of logical rank `rank` in layout l without a job (src/runtime/
  * parallel_plan.c): coordinates and group sizes as mt_parallel_init gives them, and
  * communicators that know their rank and size but refuse to communicate. For planning

@@ -94,28 +94,14 @@ int mt_parallel_plan(const struct mt_config *cfg, const struct mt_layout *l, int
         return rc;
     }
     p->rank = rank;
-    p->tp = l->tp;
-    p->cp = l->cp;
-    p->dp = l->dp;
-    p->pp = l->pp;
-    p->ep = l->ep;
-    p->etp = l->etp;
-    p->edp = l->edp;
-    int *const coord[MT_GROUP_COUNT] = {
-        [MT_GROUP_TP] = &p->tp_rank, [MT_GROUP_CP] = &p->cp_rank,   [MT_GROUP_DP] = &p->dp_rank,
-        [MT_GROUP_PP] = &p->pp_rank, [MT_GROUP_EP] = &p->ep_rank,   [MT_GROUP_ETP] = &p->etp_rank,
-        [MT_GROUP_EDP] = &p->edp_rank,
-    };
+    mt_parallel_coords(p, l);
     for (int k = 0; k < MT_GROUP_COUNT && rc == MT_OK; k++) {
         int group, pos;
         mt_groups_find(&p->layout, (enum mt_group_kind)k, rank, &group, &pos);
-        const int size = group >= 0 ? p->layout.groups[k].size : 1;
-        if (group < 0) pos = 0;
         char name[32];
         snprintf(name, sizeof name, "plan:%s", mt_group_names[k]);
-        rc = mt_comm_alloc(&plan_ops, pos, size, name, 0.0, rank, sizeof(struct mt_comm_common),
-                           &p->comm[k], err);
-        if (coord[k]) *coord[k] = pos;
+        rc = mt_comm_alloc(&plan_ops, group >= 0 ? pos : 0, group >= 0 ? p->layout.groups[k].size : 1,
+                           name, 0.0, rank, sizeof(struct mt_comm_common), &p->comm[k], err);
     }
     if (rc == MT_OK)
         rc = mt_comm_alloc(&plan_ops, rank, l->world_size, "plan:world", 0.0, rank,
