@@ -83,10 +83,10 @@ fi
 NML="${MOETRAIN_NAMELISTS:-namelists}/qwen3_30b_a3b.nml"
 
 # find_moetrain: prints the moetrain to run and says on stderr which it is.
-# slurm/qwen3_256gpu.sh and slurm/gb200_nvl72.sh hold the same function
-# (tests/install/slurm_check.sh checks that the copies are identical): sbatch
-# sends Slurm only the script itself, which runs from a copy in slurmd's spool
-# directory, so a helper file beside it cannot be sourced.
+# slurm/qwen3_256gpu.sh, slurm/gb200_nvl72.sh and slurm/cpu_example.sh hold the
+# same function (tests/install/slurm_check.sh checks that the copies are
+# identical): sbatch sends Slurm only the script itself, which runs from a copy
+# in slurmd's spool directory, so a helper file beside it cannot be sourced.
 find_moetrain() {
     local top=${SLURM_SUBMIT_DIR:-$PWD} bin= b
     if [ -n "${MOETRAIN:-}" ]; then

@@ -41,6 +41,6 @@ include tests/doc/local.mk
 TESTS += tests/install/run_anywhere.sh
 EXTRA_DIST += tests/install/run_anywhere.sh
 tests/install/run_anywhere.log: tests/runtime/build.env
-# slurm/qwen3_256gpu.sh --check: which moetrain it runs, the group summary.
+# The job scripts' --check: which moetrain they run; qwen3_256gpu.sh's group summary.
 TESTS += tests/install/slurm_check.sh
 EXTRA_DIST += tests/install/slurm_check.sh

@@ -4,11 +4,17 @@
 # emulated nodes, srun --mpi=pmix), which must train on 4 processes over 2
 # nodes and evaluate; and its `mpirun --hostfile` form. Training is cut to 4
 # iterations by overrides on the command line, which the script passes on.
+# Each form finds its moetrain another way (find_moetrain): --check through
+# $MOETRAIN; mpirun, outside any source tree, on PATH with $MOETRAIN_NAMELISTS
+# (as after `module load moetrain`); sbatch, with neither, from the source tree
+# it is submitted from, which only the submit directory tells the job (Slurm
+# runs a spool copy of the script).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 script=$MT_TOP_SRCDIR/slurm/cpu_example.sh
 bash -n "$script" || fail "bash -n"
 cd "$tmp"
 mkdir bin && ln -s "$MOETRAIN" bin/moetrain
+built=$MOETRAIN
 PATH=$tmp/bin:$PATH
 MOETRAIN_NAMELISTS=$MT_TOP_SRCDIR/namelists
 export PATH MOETRAIN_NAMELISTS
@@ -24,6 +30,7 @@ trained() {
 
 bash "$script" --check > check.out 2>&1 || { cat check.out; fail "--check"; }
 grep -q 'valid for 4 processes' check.out || { cat check.out; fail "--check output"; }
+grep -qF "moetrain is $built (\$MOETRAIN)" check.out || { cat check.out; fail "--check: not \$MOETRAIN"; }
 echo "ok: --check for 4 processes"
 
 bash "$script" > nojob.out 2>&1 && fail "ran without sbatch, --mpirun or --check"
@@ -33,21 +40,29 @@ grep -q 'submit with sbatch' nojob.out || { cat nojob.out; fail "no usage messag
 if have_mpirun; then
     PATH=$(dirname "$MPIRUN"):$PATH
     echo "localhost slots=4" > hosts
-    mkdir mpirun && (cd mpirun && timeout 300 bash "$script" --mpirun ../hosts "${short[@]}") > mpirun.out 2>&1 ||
-        { cat mpirun.out; fail "--mpirun hosts"; }
+    mkdir mpirun && (cd mpirun && unset MOETRAIN && timeout 300 bash "$script" --mpirun ../hosts "${short[@]}") \
+        > mpirun.out 2>&1 || { cat mpirun.out; fail "--mpirun hosts"; }
     trained mpirun.out "pmix (mpirun)"
+    grep -qF "moetrain is $tmp/bin/moetrain (on PATH)" mpirun.out || { cat mpirun.out; fail "--mpirun: not the moetrain on PATH"; }
     [ -s mpirun/tiny_moe_metrics.jsonl ] || fail "--mpirun: no metrics file in the working directory"
     echo "ok: mpirun --hostfile form trained 4 processes"
 else
     echo "mpirun form not run: $why"
 fi
 
-# sbatch on the local cluster: srun --mpi=pmix over 2 nodes
+# sbatch on the local cluster: srun --mpi=pmix over 2 nodes, submitted from a built
+# source tree (its namelists, an out-of-tree build), nothing on PATH or in $MOETRAIN
 start_slurm_cluster 2
-mkdir job && cd job
-timeout 600 sbatch --wait --output="$tmp/job.out" "$script" "${short[@]}" > sbatch.out 2>&1 ||
-    { cat sbatch.out "$tmp/job.out"; fail "sbatch --wait slurm/cpu_example.sh"; }
+sys_path=$(dirname "$(command -v sbatch)"):$(dirname "$(command -v srun)"):/usr/bin:/bin
+PATH=$sys_path command -v moetrain > /dev/null && fail "a moetrain on PATH ($sys_path) hides what this test checks"
+tree=$tmp/tree
+mkdir -p "$tree/build" && ln -s "$MT_TOP_SRCDIR/namelists" "$tree/namelists" && ln -s "$built" "$tree/build/moetrain"
+cd "$tree"
+(unset MOETRAIN MOETRAIN_NAMELISTS && PATH=$sys_path timeout 600 sbatch --wait --output="$tmp/job.out" "$script" "${short[@]}") \
+    > sbatch.out 2>&1 || { cat sbatch.out "$tmp/job.out"; fail "sbatch --wait slurm/cpu_example.sh"; }
 trained "$tmp/job.out" "pmix (slurm)"
 grep -q '4 processes on 2 nodes' "$tmp/job.out" || { cat "$tmp/job.out"; fail "sbatch: not 2 nodes"; }
+grep -qF "moetrain is $tree/build/moetrain (the newest build in the source tree $tree)" "$tmp/job.out" ||
+    { cat "$tmp/job.out"; fail "sbatch: not the build of the tree it was submitted from"; }
 [ -s tiny_moe_metrics.jsonl ] || fail "sbatch: no metrics file in the submit directory"
-echo "ok: sbatch slurm/cpu_example.sh trained 4 processes on 2 nodes"
+echo "ok: sbatch slurm/cpu_example.sh from a source tree trained 4 processes on 2 nodes with the tree's build"
