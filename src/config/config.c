@@ -111,7 +111,10 @@ static int unknown_key(const struct mt_nml_file *f, const char *group,
     if (meg_name && strncmp(meg_name, a->name, strcspn(meg_name, "=")) == 0 &&
         a->name[strcspn(meg_name, "=")] == '\0')
         meg = NULL;
-    if (meg && meg->key) { /* Megatron's spelling of a flag moetrain has as a key */
+    if (meg && meg->key && meg->conv != MT_MEG_AS_IS) { /* a value to convert first */
+        snprintf(hint, sizeof hint, "; that is Megatron's %s, which becomes '%s' converted (%s)",
+                 meg->flag, meg->key, meg->why);
+    } else if (meg && meg->key) { /* Megatron's spelling of a flag moetrain has as a key */
         snprintf(hint, sizeof hint, "; did you mean '%s'? (Megatron's %s)", meg->key, meg->flag);
     } else if (meg) {
         snprintf(hint, sizeof hint, "; that is Megatron's %s: %s in moetrain (%s)", meg->flag,

@@ -4,7 +4,9 @@
  * and checks every override against the schema. */
 #include "config/from_megatron.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -423,6 +425,9 @@ static int mapped_flag(struct conv *c, const struct mt_megatron_flag *f, struct 
         return add_override(c, ov);
     case MT_MEG_VOCAB_DIVISOR:
         return MT_OK; /* with --vocab-size, in vocab_rule */
+    case MT_MEG_SAMPLES:
+    case MT_MEG_WARMUP_FRACTION:
+        return MT_OK; /* with the other schedule flags, in schedule_rule */
     }
     return MT_OK;
 }
@@ -494,6 +499,236 @@ static int vocab_rule(struct conv *c)
                     "model%%vocab_size=%ld: padded to a multiple of %ld x TP %ld, as Megatron "
                     "pads it",
                     padded, div, tp);
+}
+
+static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
+
+/* ---- the schedule in samples ------------------------------------------------------- */
+
+/* A flag's count of samples: a non-negative integer, which may exceed an int. */
+static int count_flag(struct conv *c, const struct given *g, long long *out)
+{
+    const char *v = NULL;
+    char *end;
+    MT_CHECK(one_value(c, g, &v));
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end || n < 0)
+        return mt_err_set(c->err, MT_EINVAL, "from-megatron: %.*s %s: not a non-negative integer",
+                          (int)g->len, g->name, v);
+    *out = n;
+    return MT_OK;
+}
+
+/* A decimal number as written ("0.01", ".5", "1e-2") into num / den in lowest terms,
+ * so that a fraction of a count is computed exactly (0.1 is one tenth, not the double
+ * nearest it). False when it is not a non-negative decimal or does not fit. */
+static bool decimal_ratio(const char *s, long long *num, long long *den)
+{
+    long long n = 0, d = 1;
+    int exp10 = 0, digits = 0;
+    bool point = false;
+    const char *p = s + (*s == '+');
+    for (; isdigit((unsigned char)*p) || (*p == '.' && !point); p++) {
+        if (*p == '.') {
+            point = true;
+            continue;
+        }
+        if (n > (LLONG_MAX - 9) / 10) return false;
+        n = n * 10 + (*p - '0');
+        digits++;
+        exp10 -= point;
+    }
+    if (!digits) return false;
+    const bool signed_exp = p[1] == '-' || p[1] == '+';
+    if ((*p == 'e' || *p == 'E') && (isdigit((unsigned char)p[1]) || signed_exp)) {
+        char *end;
+        long e = strtol(p + 1, &end, 10);
+        if (end == p + 1 || e < -30 || e > 30) return false;
+        exp10 += (int)e;
+        p = end;
+    }
+    if (*p) return false;
+    for (; exp10 > 0; exp10--) {
+        if (n > LLONG_MAX / 10) return false;
+        n *= 10;
+    }
+    for (; exp10 < 0; exp10++) {
+        if (d > LLONG_MAX / 10) return false;
+        d *= 10;
+    }
+    long long g = gcd(n, d);
+    *num = n / g;
+    *den = d / g;
+    return true;
+}
+
+/* The sample count n of flag g as n / gbs iterations into key, when that is whole;
+ * else, or when refused says why there is no constant global batch, a note why not.
+ * megatron: what Megatron does with a count that is not whole. */
+static int samples_to_iters(struct conv *c, struct given *g, const char *key, long long n,
+                            long gbs, const char *refused, const char *megatron)
+{
+    if (refused) return add_note(c, given_text(g), "refused", "%s", refused);
+    if (n % gbs)
+        return add_note(c, given_text(g), "refused",
+                        "%lld samples are %.2f global batches of %ld, not a whole number: %s, "
+                        "which moetrain's schedule in whole iterations cannot express; give "
+                        "%lld or %lld",
+                        n, (double)n / (double)gbs, gbs, megatron, n / gbs * gbs,
+                        (n / gbs + 1) * gbs);
+    char *ov = fmt("%s=%lld", key, n / gbs);
+    if (!ov) return oom(c);
+    MT_CHECK(add_note(c, given_text(g), "converted", "%s (%lld samples / global batch %ld)", ov,
+                      n, gbs));
+    return add_override(c, ov);
+}
+
+/* --lr-warmup-fraction F: F x decay (iterations, or samples of global batches of gbs)
+ * as warmup iterations, when that is whole; else, or when refused, a note why not. */
+static int warmup_fraction(struct conv *c, struct given *g, long long decay, bool in_samples,
+                           long gbs, const char *refused)
+{
+    const char *v = NULL, *unit = in_samples ? "samples" : "iterations";
+    long long num, den;
+    MT_CHECK(one_value(c, g, &v));
+    if (!decimal_ratio(v, &num, &den))
+        return mt_err_set(c->err, MT_EINVAL,
+                          "from-megatron: --lr-warmup-fraction %s: not a non-negative decimal "
+                          "number",
+                          v);
+    if (refused) return add_note(c, given_text(g), "refused", "%s", refused);
+    if (num && decay / den > LLONG_MAX / num)
+        return mt_err_set(c->err, MT_EINVAL,
+                          "from-megatron: --lr-warmup-fraction %s x %lld %s: too large", v,
+                          decay, unit);
+    if (decay % den)
+        return add_note(c, given_text(g), "refused",
+                        "%s x the decay's %lld %s = %g %s, not a whole number: Megatron's "
+                        "warmup ends part-way through an iteration, which moetrain's schedule "
+                        "in whole iterations cannot express; give --lr-warmup-%s instead",
+                        v, decay, unit, (double)decay * (double)num / (double)den, unit,
+                        in_samples ? "samples" : "iters");
+    const long long warm = decay / den * num;
+    if (!in_samples) {
+        char *ov = fmt("optimizer%%lr_warmup_iters=%lld", warm);
+        if (!ov) return oom(c);
+        MT_CHECK(add_note(c, given_text(g), "converted", "%s: %s x the decay's %lld iterations",
+                          ov, v, decay));
+        return add_override(c, ov);
+    }
+    if (warm % gbs)
+        return add_note(c, given_text(g), "refused",
+                        "%s x the decay's %lld samples = %lld samples, %.2f global batches of "
+                        "%ld, not a whole number: Megatron's warmup ends part-way through an "
+                        "iteration, which moetrain's schedule in whole iterations cannot "
+                        "express; give --lr-warmup-samples %lld or %lld instead",
+                        v, decay, warm, (double)warm / (double)gbs, gbs, warm / gbs * gbs,
+                        (warm / gbs + 1) * gbs);
+    char *ov = fmt("optimizer%%lr_warmup_iters=%lld", warm / gbs);
+    if (!ov) return oom(c);
+    MT_CHECK(add_note(c, given_text(g), "converted",
+                      "%s: %s x the decay's %lld samples = %lld samples = %lld global batches "
+                      "of %ld",
+                      ov, v, decay, warm, warm / gbs, gbs));
+    return add_override(c, ov);
+}
+
+/* Whether flag g is given with a value other than 0. */
+static int nonzero_count(struct conv *c, struct given *g, bool *nonzero)
+{
+    long long n = 0;
+    if (g) MT_CHECK(count_flag(c, g, &n));
+    *nonzero = n != 0;
+    return MT_OK;
+}
+
+/* Megatron's sample-based training (--train-samples, --lr-decay-samples,
+ * --lr-warmup-samples) and --lr-warmup-fraction, in iterations. Megatron's scheduler
+ * counts samples: an iteration advances it by the global batch G; warmup ends at
+ * lr_warmup_samples (or the fraction x the decay), decay at lr_decay_samples (default
+ * train_samples); it trains train_samples // G iterations and sizes its training set
+ * by train_samples. With iterations it counts the same way, iterations x G. mt_lr_at
+ * is that function of iterations, so a count of k x G samples becomes k iterations
+ * and every iteration gets the same learning rate. Any other count, a global batch
+ * that changes during training, or one that depends on the world size (no
+ * --global-batch-size) is refused. The mixtures Megatron's argument checks reject are
+ * errors. */
+static int schedule_rule(struct conv *c)
+{
+    struct given *ts = find_given(c, "--train-samples"), *ti = find_given(c, "--train-iters");
+    struct given *ds = find_given(c, "--lr-decay-samples"), *di = find_given(c, "--lr-decay-iters");
+    struct given *ws = find_given(c, "--lr-warmup-samples");
+    struct given *wi = find_given(c, "--lr-warmup-iters");
+    struct given *wf = find_given(c, "--lr-warmup-fraction");
+    bool ws_set, wi_set;
+    MT_CHECK(nonzero_count(c, ws, &ws_set));
+    MT_CHECK(nonzero_count(c, wi, &wi_set));
+    const char *rule = NULL;
+    if (ti && ts)
+        rule = "--train-iters and --train-samples: Megatron trains by iterations or by samples, "
+               "give one";
+    else if (!ts && (ds || ws_set))
+        rule = "--lr-decay-samples and --lr-warmup-samples need sample-based training "
+               "(--train-samples); with --train-iters give --lr-decay-iters and --lr-warmup-iters";
+    else if (ts && (di || wi_set))
+        rule = "--lr-decay-iters and --lr-warmup-iters need iteration-based training "
+               "(--train-iters); with --train-samples give --lr-decay-samples and "
+               "--lr-warmup-samples";
+    else if (wf && (ts ? ws_set : wi_set))
+        rule = ts ? "give one of --lr-warmup-fraction and --lr-warmup-samples, as Megatron requires"
+                  : "give one of --lr-warmup-fraction and --lr-warmup-iters, as Megatron requires";
+    else if (wf && !ts && !ti)
+        rule = "--lr-warmup-fraction is a fraction of the decay, which Megatron takes from "
+               "--train-iters or --train-samples: give one";
+    if (rule) return mt_err_set(c->err, MT_EINVAL, "from-megatron: %s", rule);
+
+    if (!ts) { /* by iterations: the warmup fraction, and --lr-warmup-samples 0 */
+        if (ws)
+            MT_CHECK(add_note(c, given_text(ws), "not applicable",
+                              "no warmup in samples, as Megatron reads it with --train-iters"));
+        if (!wf) return MT_OK;
+        long iters, decay;
+        MT_CHECK(int_flag(c, "--train-iters", 0, &iters));
+        MT_CHECK(int_flag(c, "--lr-decay-iters", iters, &decay));
+        return warmup_fraction(c, wf, decay, false, 1, NULL);
+    }
+
+    long gbs;
+    long long train, decay, warm = 0;
+    MT_CHECK(int_flag(c, "--global-batch-size", 0, &gbs));
+    MT_CHECK(count_flag(c, ts, &train));
+    decay = train;
+    if (ds) MT_CHECK(count_flag(c, ds, &decay));
+    if (ws) MT_CHECK(count_flag(c, ws, &warm));
+    if (train == 0 || decay == 0)
+        return mt_err_set(c->err, MT_EINVAL,
+                          "from-megatron: --train-samples and --lr-decay-samples must be "
+                          "positive");
+    const struct given *ramp = find_given(c, "--rampup-batch-size");
+    if (!ramp) ramp = find_given(c, "--step-batch-size-schedule");
+    char *refused = NULL;
+    if (ramp)
+        refused = fmt("with %.*s the global batch changes during training, so Megatron's "
+                      "iterations are not all one batch of samples; moetrain's are",
+                      (int)ramp->len, ramp->name);
+    else if (gbs == 0)
+        refused = strdup("without --global-batch-size Megatron's global batch is the micro-batch "
+                         "x the data-parallel size, which depends on the world size; give "
+                         "--global-batch-size");
+    if ((ramp || gbs == 0) && !refused) return oom(c);
+    int rc = samples_to_iters(c, ts, "training%train_iters", train, gbs, refused,
+                              "Megatron trains the whole batches and drops the rest, but sizes "
+                              "its training set (and by default its decay) by all the samples");
+    if (!rc && ds)
+        rc = samples_to_iters(c, ds, "optimizer%lr_decay_iters", decay, gbs, refused,
+                              "Megatron's decay ends part-way through an iteration");
+    if (!rc && ws)
+        rc = samples_to_iters(c, ws, "optimizer%lr_warmup_iters", warm, gbs, refused,
+                              "Megatron's warmup ends part-way through an iteration");
+    if (!rc && wf) rc = warmup_fraction(c, wf, decay, true, gbs, refused);
+    free(refused);
+    return rc;
 }
 
 /* Megatron's GQA rule and SwiGLU width. */
@@ -593,6 +828,7 @@ static int convert(struct conv *c, int argc, char *const argv[])
         if (!find_given(c, f->flag)) MT_CHECK(absent_flag(c, f));
     MT_CHECK(vocab_rule(c));
     MT_CHECK(model_rules(c));
+    MT_CHECK(schedule_rule(c));
     return check_overrides(c);
 }
 
@@ -637,8 +873,6 @@ void mt_megatron_report(const struct mt_megatron_result *c, FILE *out)
                 fprintf(out, "  %s: %s: %s\n", c->notes[i].given, c->notes[i].status,
                         c->notes[i].why);
 }
-
-static long gcd(long a, long b) { return b ? gcd(b, a % b) : a; }
 
 int mt_megatron_world_unit(const struct mt_config_parallel *p)
 {

@@ -30,10 +30,14 @@ struct mt_megatron_result {
  * with, and notes for every flag that is not mapped as it is. Megatron's defaults
  * for flags not given are applied where they differ from moetrain's, and its
  * argument rules (GQA only with --group-query-attention, the SwiGLU FFN width,
- * sequence parallelism only with TP > 1) followed. Every override is checked
+ * sequence parallelism only with TP > 1) followed. Counts of samples
+ * (--train-samples, --lr-decay-samples, --lr-warmup-samples, and
+ * --lr-warmup-fraction's share of the decay) become iterations when they are
+ * whole global batches, else a "refused" note says why. Every override is checked
  * against the schema: one the schema rejects becomes a "not implemented" note
  * with the loader's message. Errors (MT_EINVAL): a value that cannot be
- * converted, such as a malformed --moe-layer-freq. */
+ * converted, such as a malformed --moe-layer-freq, and the mixtures of
+ * iteration- and sample-based flags that Megatron rejects. */
 int mt_megatron_convert(int argc, char *const argv[], struct mt_megatron_result *out,
                         struct mt_err *err);
 void mt_megatron_result_free(struct mt_megatron_result *c);

@@ -18,7 +18,9 @@ enum mt_megatron_conv {
     MT_MEG_LAYER_PATTERN,  /* --moe-layer-freq N or "([0]*1+[1]*47)" -> per-layer 0/1 */
     MT_MEG_VPP_LAYERS,     /* layers per virtual stage -> num_layers / PP / value */
     MT_MEG_VOCAB_DIVISOR,  /* --make-vocab-size-divisible-by: pads vocab_size to D x TP */
-    MT_MEG_WORDS           /* nargs='*' (--data-path): every word one array element */
+    MT_MEG_WORDS,          /* nargs='*' (--data-path): every word one array element */
+    MT_MEG_SAMPLES,        /* a sample count -> that many global batches, when whole */
+    MT_MEG_WARMUP_FRACTION /* --lr-warmup-fraction x the decay -> warmup iterations */
 };
 
 struct mt_megatron_flag {

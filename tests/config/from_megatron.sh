@@ -189,4 +189,96 @@ noted gelu "--fp16: refused"
 noted gelu "--no-such-flag 3: unknown: not in moetrain's table"
 noted gelu "moe%router_load_balancing_type='sinkhorn': not implemented:"
 has gelu "router_load_balancing_type = 'aux_loss'"
+
+# Megatron's schedule in samples: a count of whole global batches becomes iterations
+# (Megatron's scheduler advances by the global batch each iteration, so k batches of
+# samples are k iterations of moetrain's); any other count is refused, never rounded.
+SMALL=(
+    --num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-experts 4 --moe-router-topk 2
+    --swiglu --disable-bias-linear --normalization RMSNorm --position-embedding-type rope
+    --attention-dropout 0 --hidden-dropout 0 --vocab-size 257 --mock-data --micro-batch-size 2
+    --expert-model-parallel-size 2 --lr-decay-style cosine
+)
+# check_nml NAME: moetrain --check accepts NAME.nml for 2 processes
+check_nml() {
+    "$MOETRAIN" --check --world-size 2 "$1.nml" > check.out 2>&1 || { cat check.out; fail "--check of $1.nml"; }
+}
+from_megatron samples "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 \
+    --lr-decay-samples 1280 --lr-warmup-samples 160
+for kv in 'global_batch_size = 16' 'train_iters = 100' 'lr_decay_iters = 80' 'lr_warmup_iters = 10'; do
+    has samples "$kv"
+done
+noted samples "--train-samples 1600: converted: training%train_iters=100 (1600 samples / global batch 16)"
+noted samples "--lr-decay-samples 1280: converted: optimizer%lr_decay_iters=80 (1280 samples / global batch 16)"
+noted samples "--lr-warmup-samples 160: converted: optimizer%lr_warmup_iters=10 (160 samples / global batch 16)"
+check_nml samples
+gfortran_reads samples
+# the warmup fraction: of --lr-decay-samples, else of --train-samples (Megatron's decay
+# default, as lr_decay_iters 0 is moetrain's)
+from_megatron fraction_s "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 --lr-warmup-fraction 0.1
+has fraction_s 'train_iters = 100'
+has fraction_s 'lr_warmup_iters = 10'
+has fraction_s 'lr_decay_iters = 0'
+noted fraction_s "--lr-warmup-fraction 0.1: converted: optimizer%lr_warmup_iters=10: 0.1 x the decay's 1600 samples = 160 samples = 10 global batches of 16"
+check_nml fraction_s
+from_megatron fraction_d "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 \
+    --lr-decay-samples 1280 --lr-warmup-fraction 2.5e-2
+has fraction_d 'lr_warmup_iters = 2'
+has fraction_d 'lr_decay_iters = 80'
+# with --train-iters, of the decay's iterations; the decimal as written (0.1 x 30 is 3,
+# where the double nearest 0.1 times 30 is not)
+from_megatron fraction_i "${SMALL[@]}" --train-iters 30 --lr-warmup-fraction 0.1
+has fraction_i 'lr_warmup_iters = 3'
+noted fraction_i "--lr-warmup-fraction 0.1: converted: optimizer%lr_warmup_iters=3: 0.1 x the decay's 30 iterations"
+check_nml fraction_i
+from_megatron fraction_id "${SMALL[@]}" --train-iters 300 --lr-decay-iters 250 --lr-warmup-fraction .02 \
+    --lr-warmup-samples 0
+has fraction_id 'lr_warmup_iters = 5'
+noted fraction_id "--lr-warmup-samples 0: not applicable"
+# not whole: refused with the counts that would convert, the keys left at moetrain's defaults
+from_megatron inexact "${SMALL[@]}" --global-batch-size 16 --train-samples 1000 --lr-decay-samples 1000 \
+    --lr-warmup-samples 100
+noted inexact "--train-samples 1000: refused: 1000 samples are 62.50 global batches of 16, not a whole number: Megatron trains the whole batches and drops the rest"
+noted inexact "give 992 or 1008"
+noted inexact "--lr-decay-samples 1000: refused: 1000 samples are 62.50 global batches of 16"
+noted inexact "--lr-warmup-samples 100: refused: 100 samples are 6.25 global batches of 16, not a whole number: Megatron's warmup ends part-way through an iteration"
+for kv in 'train_iters = 100' 'lr_decay_iters = 0' 'lr_warmup_iters = 0'; do has inexact "$kv"; done
+from_megatron inexact_f "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 --lr-warmup-fraction 0.005
+has inexact_f 'train_iters = 100'
+has inexact_f 'lr_warmup_iters = 0'
+noted inexact_f "--lr-warmup-fraction 0.005: refused: 0.005 x the decay's 1600 samples = 8 samples, 0.50 global batches of 16, not a whole number"
+from_megatron inexact_fi "${SMALL[@]}" --train-iters 30 --lr-warmup-fraction 0.15
+noted inexact_fi "--lr-warmup-fraction 0.15: refused: 0.15 x the decay's 30 iterations = 4.5 iterations, not a whole number"
+has inexact_fi 'lr_warmup_iters = 0'
+# a global batch that grows, or one that depends on the world size: refused
+from_megatron rampup "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 --rampup-batch-size 4 4 800
+noted rampup "--rampup-batch-size 4 4 800: not implemented: batch-size ramp-up"
+noted rampup "--train-samples 1600: refused: with --rampup-batch-size the global batch changes during training"
+from_megatron nogbs "${SMALL[@]}" --train-samples 1600 --lr-warmup-fraction 0.1
+noted nogbs "--train-samples 1600: refused: without --global-batch-size Megatron's global batch is the micro-batch x the data-parallel size, which depends on the world size"
+noted nogbs "--lr-warmup-fraction 0.1: refused: without --global-batch-size"
+# a real script's schedule (a hybrid MoE's, 2048 sequences a batch): the warmup
+# converts, the training and decay length (not whole batches) do not, and the result,
+# 12000 warmup iterations in moetrain's default 100, does not check
+"$MOETRAIN" from-megatron -- "${SMALL[@]}" --global-batch-size 2048 --train-samples 366210938 \
+    --lr-decay-style WSD --lr-decay-samples 366210938 --lr-warmup-samples 24576000 \
+    --lr-wsd-decay-style minus_sqrt --lr-wsd-decay-samples 73242188 > wsd.out 2> wsd.err &&
+    fail "from-megatron wsd: a namelist without the script's training length checked"
+noted wsd "--lr-warmup-samples 24576000: converted: optimizer%lr_warmup_iters=12000 (24576000 samples / global batch 2048)"
+noted wsd "error: &optimizer lr_warmup_iters = 12000 exceeds lr_decay_iters = 100"
+noted wsd "--train-samples 366210938: refused: 366210938 samples are 178813.93 global batches of 2048"
+noted wsd "--lr-wsd-decay-samples 73242188: not implemented: the warmup-stable-decay (WSD) schedule"
+noted wsd "optimizer%lr_decay_style='WSD': not implemented"
+# what Megatron's argument checks reject
+expect_error "--train-iters and --train-samples" -- "${SMALL[@]}" --train-iters 10 --train-samples 160
+expect_error "need sample-based training (--train-samples)" -- "${SMALL[@]}" --train-iters 10 --lr-decay-samples 160
+expect_error "need iteration-based training (--train-iters)" -- "${SMALL[@]}" --global-batch-size 16 \
+    --train-samples 160 --lr-warmup-iters 2
+expect_error "give one of --lr-warmup-fraction and --lr-warmup-samples" -- "${SMALL[@]}" --global-batch-size 16 \
+    --train-samples 160 --lr-warmup-samples 16 --lr-warmup-fraction 0.1
+expect_error "--lr-warmup-fraction is a fraction of the decay" -- "${SMALL[@]}" --lr-warmup-fraction 0.1
+expect_error "--lr-warmup-fraction 1/10: not a non-negative decimal" -- "${SMALL[@]}" --train-iters 10 --lr-warmup-fraction 1/10
+expect_error "--train-samples -5: not a non-negative integer" -- "${SMALL[@]}" --train-samples -5
+echo "ok: from-megatron: the schedule in samples (whole global batches converted, the rest refused with why), the warmup fraction"
+
 echo "ok: from-megatron: the Mixtral 8x7B README example (32 processes) and a Qwen3-30B-A3B script (8), conversions, defaults, notes, errors"

@@ -24,7 +24,13 @@ expect "did you mean precision%params_dtype='bf16'?" --bf16 "$nml"
 expect "Megatron's --recompute-granularity is not implemented in moetrain (activation recomputation)" \
     --recompute-granularity full "$nml"
 expect "Megatron's --fp16 is refused in moetrain" --fp16 "$nml"
+expect "Megatron's --train-samples becomes training%train_iters here, converted (samples / --global-batch-size" \
+    --train-samples 1024 "$nml"
+expect "Megatron's --lr-wsd-decay-samples is not implemented in moetrain (the warmup-stable-decay (WSD) schedule)" \
+    --lr-wsd-decay-samples 4 "$nml"
 expect "unknown option '--no-such-flag' (see moetrain --help)" --no-such-flag "$nml"
 # and as an override, in Megatron's spelling of the key
 expect "did you mean 'moe%router_topk'? (Megatron's --moe-router-topk)" --check "$nml" moe%moe_router_topk=2
+expect "that is Megatron's --train-samples, which becomes 'training%train_iters' converted" --check "$nml" \
+    training%train_samples=1024
 echo "ok: Megatron flags as options and overrides"

@@ -362,6 +362,10 @@ static void test_megatron_spellings(void **state)
     expect_error("&model sequence_parallel = .true. /\n", "'sequence_parallel' belongs in &parallel");
     expect_error("&model recompute_granularity = 1 /\n",
                  "Megatron's --recompute-granularity: not implemented in moetrain");
+    /* a value Megatron counts otherwise: not the key's value as it is */
+    expect_error("&training train_samples = 1024 /\n",
+                 "that is Megatron's --train-samples, which becomes 'training%train_iters' "
+                 "converted (samples / --global-batch-size");
     /* a plain typo still gets the nearest key */
     expect_error("&moe router_top_k = 2 /\n", "did you mean 'router_topk'");
 }
