@@ -4,7 +4,9 @@
 # README, and a Qwen3-30B-A3B script: model flags as Megatron scripts give them for
 # Qwen3, with TP 4, EP 8, ETP 1); the namelist passes moetrain --check at the world
 # size the flags imply, gfortran reads it, and every flag not mapped is listed with
-# why. Then the conversions one by one, Megatron's defaults and rules, and errors.
+# why. Then the conversions one by one, Megatron's defaults and rules, and errors;
+# last the schedule in samples: whole global batches converted (a short run of one
+# such namelist has Megatron's learning rate at every iteration), the rest refused.
 set -u
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d) || exit 1
@@ -213,6 +215,39 @@ noted samples "--lr-decay-samples 1280: converted: optimizer%lr_decay_iters=80 (
 noted samples "--lr-warmup-samples 160: converted: optimizer%lr_warmup_iters=10 (160 samples / global batch 16)"
 check_nml samples
 gfortran_reads samples
+# Trained for its 10 iterations, the converted namelist gives each iteration the
+# learning rate Megatron's scheduler gives it, computed here in samples as Megatron
+# counts: before iteration i it has consumed (i - 1) x 4 samples; warmup ends at
+# 0.375 x 32 = 12 samples, cosine decay at 32, min_lr after.
+if [ -n "${PYTHON3:-}" ]; then
+    from_megatron lr_run "${SMALL[@]}" --expert-model-parallel-size 1 --seq-length 32 \
+        --max-position-embeddings 32 --global-batch-size 4 --train-samples 40 \
+        --lr-decay-samples 32 --lr-warmup-fraction 0.375 --lr 1e-3 --min-lr 1e-5 --log-interval 1
+    has lr_run 'train_iters = 10'
+    has lr_run 'lr_warmup_iters = 3'
+    has lr_run 'lr_decay_iters = 8'
+    "$MOETRAIN" lr_run.nml "logging%metrics_file='lr_run.jsonl'" > lr_run.log 2>&1 ||
+        { cat lr_run.log; fail "training lr_run.nml"; }
+    "$PYTHON3" - lr_run.jsonl << 'EOF' || fail "lr_run: a learning rate differs from Megatron's"
+import json, math, sys
+lr, min_lr, gbs, warmup, decay = 1e-3, 1e-5, 4, 0.375 * 32, 32
+def megatron(steps):
+    if warmup > 0 and steps <= warmup:
+        return lr * steps / warmup
+    if steps > decay:
+        return min_lr
+    ratio = (steps - warmup) / (decay - warmup)
+    return min_lr + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (lr - min_lr)
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "lr" in r]  # training rows
+assert [r["iteration"] for r in rows] == list(range(1, 11)), "not 10 iterations"
+for r in rows:
+    want = megatron((r["iteration"] - 1) * gbs)
+    if abs(r["lr"] - want) > 1e-9 * lr:
+        sys.exit("iteration %d: lr %r, Megatron's %r" % (r["iteration"], r["lr"], want))
+EOF
+else
+    echo "(python3 missing: the learning rates of a converted schedule not compared with Megatron's)"
+fi
 # the warmup fraction: of --lr-decay-samples, else of --train-samples (Megatron's decay
 # default, as lr_decay_iters 0 is moetrain's)
 from_megatron fraction_s "${SMALL[@]}" --global-batch-size 16 --train-samples 1600 --lr-warmup-fraction 0.1
