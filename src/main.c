@@ -279,6 +279,47 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
 #endif
 }
 
+/* After a training run: the CUDA backend's dense GEMMs that ran on cuBLASLt's fp32
+ * fallback (each shape was named on stderr when first seen). Rank 0 prints the counts
+ * at the end of the training log; another rank only when it used the fallback. */
+static void report_backend(const struct mt_kernels *k, const struct mt_world *w)
+{
+#ifdef HAVE_CUDA
+    if (strcmp(k->name, "cuda") != 0) return;
+    struct mt_cuda_gemm_stats s;
+    mt_cuda_gemm_stats(k, &s);
+    if (!s.compute || (w->rank != 0 && s.fallback_shapes == 0)) return;
+    char who[32] = "";
+    if (w->size > 1) snprintf(who, sizeof who, " (rank %d)", w->rank);
+    fprintf(w->rank == 0 ? stdout : stderr,
+            "moetrain: dense GEMMs%s: %lld shapes, %lld cuBLASLt calls asking for %s; on the %s fallback "
+            "(no tensor cores): %lld shape%s, %lld call%s%s\n",
+            who, s.shapes, s.calls, s.compute, s.fallback_compute, s.fallback_shapes,
+            s.fallback_shapes == 1 ? "" : "s", s.fallback_calls, s.fallback_calls == 1 ? "" : "s",
+            s.fallback_shapes ? " (each shape and its fix on stderr)" : "");
+#else
+    (void)k;
+    (void)w;
+#endif
+}
+
+/* Releases what the backend holds (the CUDA context: GEMM plans, cuBLASLt, memory,
+ * stream), once nothing uses it any more (the communicators are gone). */
+static void release_backend(const struct mt_kernels *k, const struct mt_world *w)
+{
+#ifdef HAVE_CUDA
+    struct mt_err err = { 0 };
+    if (!strcmp(k->name, "cuda") && mt_kernels_cuda_destroy(&err) != MT_OK) {
+        char who[32] = "";
+        if (w->size > 1) snprintf(who, sizeof who, "rank %d", w->rank);
+        print_error(&err, who);
+    }
+#else
+    (void)k;
+    (void)w;
+#endif
+}
+
 /* SIGTERM, SIGINT, SIGUSR1, SIGHUP: the first asks the training loop to save and stop
  * at the next iteration boundary (every rank agrees on which); a second one ends the
  * process at once, by the signal's default action. */
@@ -386,7 +427,10 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     rc = mt_train_run(cfg, &layout, par, k, w->rank == 0 ? stdout : NULL, &stopped_by, &err);
     fflush(stdout);
     agree_or_abort(w, rc, &err);
+    report_backend(k, w);
+    fflush(stdout);
     mt_parallel_destroy(par);
+    release_backend(k, w);
     mt_topo_setup_free(topo);
     mt_world_finalize(w);
     return stopped_by ? 128 + stopped_by : 0;

@@ -74,6 +74,20 @@ const struct mt_kernels *mt_kernels_cuda(struct mt_err *err)
     return k;
 }
 
+int mt_kernels_cuda_destroy(struct mt_err *err)
+{
+    int rc = MT_OK;
+    pthread_mutex_lock(&init_lock);
+    if (cuda_kernels.ctx) {
+        char msg[512];
+        if (mt_cuda_ctx_destroy(cuda_kernels.ctx, msg, sizeof msg) != 0)
+            rc = mt_err_set(err, MT_ERUNTIME, "CUDA backend teardown: %s", msg);
+        cuda_kernels.ctx = NULL;
+    }
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
 /* A build of the emulator without nvcc has no configured list: its devices (H100,
  * GB200) run what configure's default builds. */
 #ifndef MT_CUDA_ARCHS

@@ -28,9 +28,19 @@ struct mt_kernels;
 struct mt_kernel_ops;
 
 /* The CUDA backend on the current device (cudaSetDevice first to pick another). Built
- * once per process, on the first call: stream, cuBLASLt handle and workspace, allocator.
+ * on the first call after program start or after mt_kernels_cuda_destroy, then the
+ * same on every call: stream, cuBLASLt handle and workspace, allocator, GEMM plans.
  * Returns NULL with a message in err when there is no usable device. */
 const struct mt_kernels *mt_kernels_cuda(struct mt_err *err);
+
+/* Tears the backend down: waits for its stream, destroys the cached GEMM plans
+ * (cuBLASLt matmul descriptors and layouts), the cuBLASLt handle, the workspace, the
+ * staging buffer and the stream, and returns every block of the caching allocator to
+ * the driver, including blocks still handed out (every pointer alloc returned becomes
+ * invalid). Users of its stream (NCCL communicators) must be gone first. Nothing to do
+ * when the backend was not built. The next mt_kernels_cuda builds a new one. Returns
+ * MT_OK, or the first CUDA error met (everything is released all the same). */
+int mt_kernels_cuda_destroy(struct mt_err *err);
 
 /* Loads what a GPU run needs beyond this executable (kernels/cuda/cuda_dl.c): cuBLASLt
  * and the NVIDIA driver's libcuda.so.1. MT_EUNSUPPORTED with a message naming the
@@ -66,6 +76,19 @@ struct mt_cuda_mem_stats {
     long long device_allocs; /* cudaMalloc calls so far: flat once training is warm */
 };
 void mt_cuda_mem_stats(const struct mt_kernels *k, struct mt_cuda_mem_stats *s);
+
+/* The dense GEMMs (cuBLASLt) since the backend was built. A shape for which cuBLASLt's
+ * heuristic has no algorithm under the requested compute type (MT_CUDA_GEMM_COMPUTE)
+ * runs with fallback_compute, without tensor cores: each such shape is printed on
+ * stderr once, when first seen; these counts say how much work took that path. */
+struct mt_cuda_gemm_stats {
+    const char *compute;          /* requested, e.g. "CUBLAS_COMPUTE_32F_FAST_16BF" */
+    const char *fallback_compute; /* "CUBLAS_COMPUTE_32F" */
+    long long shapes, calls;      /* distinct shapes (cached plans), cublasLtMatmul calls */
+    long long fallback_shapes, fallback_calls; /* of which on fallback_compute */
+};
+/* All zero (names NULL) when the backend is not built. */
+void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_gemm_stats *s);
 
 /* Device facts for benchmarks: name, multiprocessors, peak SM clock, and the dense
  * bf16 tensor-core peak derived from them (0 when the architecture is not known). */

@@ -39,6 +39,8 @@ struct mt_gemm_plan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
+    bool fallback;   // CUBLAS_COMPUTE_32F: the heuristic had nothing for gemm_compute
+    long long calls; // cublasLtMatmul calls with this plan
 };
 
 struct mt_cuda_ctx {
@@ -48,6 +50,7 @@ struct mt_cuda_ctx {
     cudaStream_t stream;
 
     // cuBLASLt: one handle, one workspace allocated up front, plans cached per shape
+    // (each plan's descriptor and layouts are destroyed with the context)
     cublasLtHandle_t lt;
     void *lt_ws;
     size_t lt_ws_bytes;
@@ -72,6 +75,10 @@ struct mt_cuda_ctx {
 };
 
 static inline mt_cuda_ctx *mt_cuda(void *ctx) { return (mt_cuda_ctx *)ctx; }
+
+// Destroys every cached GEMM plan's descriptor and layouts (cuda_gemm.cu); the context's
+// teardown calls it once the stream has drained.
+void mt_cuda_gemm_plans_destroy(mt_cuda_ctx *c);
 
 // The op table has no error channel: a failed CUDA call inside an op is fatal, with
 // the place and a hint (llm.c's cudaCheck). Allocation failure is not: alloc returns NULL.

@@ -17,9 +17,25 @@
 // error ~64-fold for half the tensor-core rate.
 //
 // One workspace (32 MiB) is allocated with the context; the matmul descriptor, the
-// layouts and the heuristic's algorithm are cached per shape, so a call in the
-// training loop is one hash lookup and one cublasLtMatmul.
+// layouts and the heuristic's algorithm are cached per shape (M, N, K, transposes,
+// leading dimensions, pointer alignment), so a call in the training loop is one hash
+// lookup and one cublasLtMatmul. The plans live as long as the context:
+// mt_kernels_cuda_destroy (cuda_backend.h) destroys their descriptors and layouts with
+// the cuBLASLt handle, the workspace, the allocator's memory and the stream.
+//
+// No silent slow path. When cuBLASLt's heuristic offers no algorithm for a shape under
+// the requested compute type, the shape runs with CUBLAS_COMPUTE_32F: the same result
+// up to rounding (fp32 operands), but without tensor cores, an order of magnitude
+// less peak throughput. That fallback is printed on stderr once per shape (device,
+// M, N, K, transposes, leading dimensions, pointer alignment, the compute type asked
+// for and the one used, the dimensions that are not multiples of 16 bytes, and the
+// fix: pad them) and counted per call; mt_cuda_gemm_stats returns the counts, which
+// moetrain prints at the end of a training run. Without any algorithm at all, the
+// call is fatal.
 #include "kernels/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <string.h>
 
 static int pointer_alignment(const void *p)
 {
@@ -66,19 +82,109 @@ static bool find_plan(mt_cuda_ctx *c, const mt_gemm_key &k, cublasComputeType_t 
     return true;
 }
 
-// The cached plan of a shape. A shape the tensor-core compute type has no algorithm
-// for (odd leading dimensions, 4-byte alignment) runs in plain fp32: slower, exact-er.
-static const mt_gemm_plan &gemm_plan(mt_cuda_ctx *c, const mt_gemm_key &k)
+static const char *compute_name(cublasComputeType_t ct)
+{
+    switch (ct) {
+    case CUBLAS_COMPUTE_32F: return "CUBLAS_COMPUTE_32F";
+    case CUBLAS_COMPUTE_32F_FAST_16BF: return "CUBLAS_COMPUTE_32F_FAST_16BF";
+    case CUBLAS_COMPUTE_32F_FAST_TF32: return "CUBLAS_COMPUTE_32F_FAST_TF32";
+    default: return "(another compute type)";
+    }
+}
+
+// The dimensions of k (in floats) that miss the 16 bytes cuBLAS asks of tensor-core
+// operands: every leading dimension and the contiguous extent of each matrix
+// (row-major: A's rows hold ta ? M : K floats, B's tb ? K : N, C's N).
+static void misaligned_dims(const mt_gemm_key &k, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    auto add = [&](const char *name, int floats) {
+        if (floats % 4 != 0 && len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s %d (%d bytes)", len ? ", " : "", name, floats,
+                                    floats * 4);
+    };
+    add("lda", k.lda);
+    add("ldb", k.ldb);
+    add("ldc", k.ldc);
+    if (k.ta) add("M", k.M);
+    if (!k.ta || k.tb) add("K", k.K);
+    add("N", k.N);
+}
+
+static void report_fallback(const mt_cuda_ctx *c, const mt_gemm_key &k)
+{
+    fprintf(stderr,
+            "moetrain: warning: CUDA device %d: cuBLASLt has no algorithm with %s for the GEMM M=%d N=%d K=%d "
+            "(A %s, lda %d; B %s, ldb %d; ldc %d; pointers %d-byte aligned): it runs with %s, without tensor "
+            "cores (an order of magnitude slower); reported once per shape, every call counted in the "
+            "end-of-run summary\n",
+            c->device, compute_name(c->gemm_compute), k.M, k.N, k.K, k.ta ? "transposed" : "not transposed", k.lda,
+            k.tb ? "transposed" : "not transposed", k.ldb, k.ldc, k.align, compute_name(CUBLAS_COMPUTE_32F));
+    char dims[256];
+    misaligned_dims(k, dims, sizeof dims);
+    const bool ptrs = k.align < 16;
+    if (dims[0])
+        fprintf(stderr,
+                "HINT: not multiples of 16 bytes: %s; pad them to a multiple of 4 floats (8 or 16 suit "
+                "tensor-core tiles best)%s\n",
+                dims, ptrs ? ", and start each matrix 16-byte aligned" : "");
+    else if (ptrs)
+        fprintf(stderr,
+                "HINT: the pointers are only %d-byte aligned: start each matrix 16-byte aligned (at an offset of "
+                "a multiple of 4 floats into its buffer)\n",
+                k.align);
+    else
+        fprintf(stderr, "HINT: every dimension and pointer of this GEMM is 16-byte aligned; this cuBLASLt "
+                        "offers no tensor-core algorithm for it (try MT_CUDA_GEMM_COMPUTE=tf32)\n");
+}
+
+// The cached plan of a shape. A shape the requested compute type has no algorithm for
+// runs in plain fp32, reported once here and counted by the caller.
+static mt_gemm_plan &gemm_plan(mt_cuda_ctx *c, const mt_gemm_key &k)
 {
     auto it = c->gemm_plans.find(k);
     if (it != c->gemm_plans.end()) return it->second;
-    mt_gemm_plan p;
-    if (!find_plan(c, k, c->gemm_compute, &p) && !find_plan(c, k, CUBLAS_COMPUTE_32F, &p)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d", k.M, k.N, k.K, k.ta, k.tb);
-        mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
+    mt_gemm_plan p = {};
+    if (!find_plan(c, k, c->gemm_compute, &p)) {
+        if (c->gemm_compute == CUBLAS_COMPUTE_32F || !find_plan(c, k, CUBLAS_COMPUTE_32F, &p)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "no cuBLASLt algorithm for M=%d N=%d K=%d ta=%d tb=%d", k.M, k.N, k.K, k.ta,
+                     k.tb);
+            mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
+        }
+        p.fallback = true;
+        report_fallback(c, k);
     }
     return c->gemm_plans.emplace(k, p).first->second;
+}
+
+void mt_cuda_gemm_plans_destroy(mt_cuda_ctx *c)
+{
+    for (auto &kv : c->gemm_plans) {
+        cublasLtMatmulDescDestroy(kv.second.desc);
+        cublasLtMatrixLayoutDestroy(kv.second.a);
+        cublasLtMatrixLayoutDestroy(kv.second.b);
+        cublasLtMatrixLayoutDestroy(kv.second.c);
+    }
+    c->gemm_plans.clear();
+}
+
+extern "C" void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_gemm_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    const mt_cuda_ctx *c = mt_cuda(k->ctx);
+    if (!c) return;
+    s->compute = compute_name(c->gemm_compute);
+    s->fallback_compute = compute_name(CUBLAS_COMPUTE_32F);
+    for (const auto &kv : c->gemm_plans) {
+        s->shapes++;
+        s->calls += kv.second.calls;
+        if (kv.second.fallback) {
+            s->fallback_shapes++;
+            s->fallback_calls += kv.second.calls;
+        }
+    }
 }
 
 // C (M,N) = beta C over ldc-strided rows, beta = 0 writing zeros: the K = 0 product.
@@ -105,7 +211,8 @@ extern "C" void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N
     if (pointer_alignment(B) < align) align = pointer_alignment(B);
     if (pointer_alignment(C) < align) align = pointer_alignment(C);
     const mt_gemm_key key = {trans_a, trans_b, M, N, K, lda, ldb, ldc, align};
-    const mt_gemm_plan &p = gemm_plan(c, key);
+    mt_gemm_plan &p = gemm_plan(c, key);
+    p.calls++;
     MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c,
                                    &p.algo, c->lt_ws, c->lt_ws_bytes, c->stream));
 }

@@ -1,5 +1,5 @@
-// CUDA backend: the context (stream, cuBLASLt handle and workspace), the caching device
-// allocator, and the memory and stream ops of the table.
+// CUDA backend: the context (stream, cuBLASLt handle and workspace), its creation and
+// teardown, the caching device allocator, and the memory and stream ops of the table.
 //
 // Allocator: sizes are rounded to a class (powers of two up to 1 MiB, then multiples of
 // 2 MiB); a freed block goes to a free list of its class and the next request of that
@@ -209,6 +209,7 @@ extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
     c->rope_T = c->rope_D = 0;
     c->rope_theta = 0.0f;
     c->stream = NULL;
+    c->lt = NULL;
     if (gemm_compute_from_env(&c->gemm_compute, msg, msg_len)) {
         delete c;
         return -1;
@@ -244,11 +245,42 @@ extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
     return 0;
 fail:
     (void)cudaGetLastError();
-    if (c->lt_ws) cudaFree(c->lt_ws);
-    if (c->host_stage) cudaFreeHost(c->host_stage);
-    if (c->stream) cudaStreamDestroy(c->stream);
-    delete c;
+    mt_cuda_ctx_destroy(c, NULL, 0);
     return -1;
+}
+
+// Everything the context owns, in the reverse order of creation; a field still NULL
+// (a creation that failed half-way) is skipped.
+extern "C" int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    int rc = 0;
+    auto note = [&](const char *call, const char *why) {
+        if (rc == 0 && msg && msg_len) snprintf(msg, msg_len, "%s: %s", call, why);
+        rc = -1;
+    };
+    auto cuda = [&](const char *call, cudaError_t e) {
+        if (e != cudaSuccess) note(call, cudaGetErrorString(e));
+    };
+    // work still queued reads the plans, the workspace and the blocks
+    if (c->stream) cuda("cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
+    mt_cuda_gemm_plans_destroy(c);
+    if (c->lt) {
+        const cublasStatus_t s = cublasLtDestroy(c->lt);
+        if (s != CUBLAS_STATUS_SUCCESS) note("cublasLtDestroy", cublasLtGetStatusString(s));
+    }
+    {
+        std::lock_guard<std::mutex> lock(c->mu);
+        for (auto &kv : c->live) cuda("cudaFree (a block still in use)", cudaFree(kv.first));
+        c->live.clear();
+        release_cached(c);
+    }
+    if (c->lt_ws) cuda("cudaFree (cuBLASLt workspace)", cudaFree(c->lt_ws));
+    if (c->host_stage) cuda("cudaFreeHost", cudaFreeHost(c->host_stage));
+    if (c->stream) cuda("cudaStreamDestroy", cudaStreamDestroy(c->stream));
+    (void)cudaGetLastError();
+    delete c;
+    return rc;
 }
 
 extern "C" void mt_cuda_mem_stats(const struct mt_kernels *k, struct mt_cuda_mem_stats *s)

@@ -22,6 +22,9 @@ extern "C" {
 
 /* cuda_memory.cu: context, caching allocator, memory and stream ops */
 int mt_cuda_ctx_create(void **ctx, char *msg, size_t msg_len);
+/* Releases everything the context owns (mt_kernels_cuda_destroy); -1 with the first
+ * failing call in msg (msg may be NULL), the rest released all the same. */
+int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len);
 void *mt_cuda_alloc(void *ctx, size_t bytes);
 void mt_cuda_free(void *ctx, void *p);
 void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes);

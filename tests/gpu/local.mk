@@ -113,6 +113,17 @@ tests_gpu_emu_libraries_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_libraries_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
 
+# The CUDA backend's dense GEMMs: the fp32 fallback (forced by the emulated cuBLASLt's
+# test knob) reported once per shape and counted; the backend's teardown destroys every
+# cuBLASLt object it made, and a new backend works after it.
+check_PROGRAMS += tests/gpu/emu_gemm
+TESTS += tests/gpu/emu_gemm.sh
+EXTRA_DIST += tests/gpu/emu_gemm.sh
+tests_gpu_emu_gemm_SOURCES = tests/gpu/emu_gemm.cc
+tests_gpu_emu_gemm_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_gemm_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_gemm_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
+
 # moetrain with the emulated device in place of a GPU: src/main.c and src/version.c as
 # in a CUDA build (kernels/cuda/emu/shim/config.h), libmt_cuda_emu in place of
 # libmt_cuda, first: the runtime's CUDA
@@ -136,4 +147,5 @@ EXTRA_DIST += tests/gpu/emu_streams.sh tests/gpu/emu_streams.cc tests/gpu/emu_me
 EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gpu/emu_cute_check.sh \
 	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc \
 	tests/gpu/train_parity_emu.sh kernels/cuda/emu/shim/config.h
+EXTRA_DIST += tests/gpu/emu_gemm.sh tests/gpu/emu_gemm.cc
 endif

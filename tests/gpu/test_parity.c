@@ -1206,6 +1206,18 @@ int main(void)
     test_adamw();
     test_bf16_round();
     test_scale_sumsq();
+    if (!selftest) {
+        /* figures: how many of the dense GEMMs ran without tensor cores (each such shape
+         * was named on stderr); then the teardown, which under LeakSanitizer shows that
+         * the GEMM plans and the cuBLASLt handle are destroyed */
+        struct mt_cuda_gemm_stats gs;
+        mt_cuda_gemm_stats(G, &gs);
+        printf("# dense GEMMs: %lld shapes, %lld cuBLASLt calls asking for %s; on %s: %lld shapes, %lld calls\n",
+               gs.shapes, gs.calls, gs.compute, gs.fallback_compute, gs.fallback_shapes, gs.fallback_calls);
+        struct mt_err err;
+        mt_err_clear(&err);
+        expect_true("backend teardown", mt_kernels_cuda_destroy(&err) == MT_OK, err.msg);
+    }
 
     printf("%d checks, %d failed\n", checks, failures);
     return failures ? 1 : 0;

@@ -87,6 +87,11 @@ train() {
         { cat m.jsonl; fail "$1: expected $iters training lines in the metrics file"; }
     grep -q '"val_loss": ' m.jsonl || { cat m.jsonl; fail "$1: no val_loss line"; }
     echo "$1 (--backend=$2): $(grep 'training done' out.log)"
+    # the CUDA backend's count of dense GEMMs on cuBLASLt's fp32 fallback (a figure)
+    if [ "$2" = cuda ]; then
+        gemms=$(grep '^moetrain: dense GEMMs' out.log) || { cat out.log; fail "$1: no 'dense GEMMs' summary line"; }
+        echo "$1: $gemms"
+    fi
     cd "$tmp" || exit 1
 }
 

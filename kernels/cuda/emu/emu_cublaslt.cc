@@ -10,13 +10,29 @@
 // NaN). The heuristic returns one algorithm that records the preference's minimum
 // pointer alignment (256 bytes when unset, as documented); cublasLtMatmul refuses
 // pointers less aligned than that.
+//
+// Live objects. Handles, matmul descriptors, matrix layouts and preferences are each a
+// heap object, counted while alive (mt_emu::cublaslt_live_objects): a test of their
+// owner's teardown asserts the counts fall back to zero, and LeakSanitizer reports any
+// that is dropped without its Destroy.
+//
+// Test knob MT_EMU_CUBLASLT_TENSOR_CORE_ALIGN=BYTES. The real heuristic's choices are
+// not emulated: without the knob it offers an algorithm for every supported problem.
+// With it, the heuristic offers none (CUBLAS_STATUS_NOT_SUPPORTED, no result) for the
+// tensor-core compute types (32F_FAST_16BF, 32F_FAST_TF32) unless every matrix's
+// leading dimension and rows (its contiguous extent) and the preference's minimum
+// pointer alignments are multiples of BYTES: the conditions cuBLAS documents for the
+// best tensor-core performance, with 16. It exists to make a caller's fallback path
+// happen on purpose (tests/gpu/emu_gemm); 32F is never refused.
 #include "kernels/cuda/emu/emu_internal.h"
 #include "kernels/cuda/emu/emu_streams.h"
 
 #include <cublasLt.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <new>
 #include <vector>
 
@@ -46,6 +62,8 @@ static_assert(sizeof(matmul_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descri
 static_assert(sizeof(layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
 static_assert(sizeof(preference) <= sizeof(cublasLtMatmulPreferenceOpaque_t), "preference fits");
 static_assert(sizeof(algo) <= sizeof(cublasLtMatmulAlgo_t), "algorithm fits");
+
+std::atomic<long> live_handles, live_descs, live_layouts, live_prefs;
 
 template <typename T, typename O>
 T *as(O *o)
@@ -103,23 +121,38 @@ const char *cublasLtGetStatusString(cublasStatus_t s)
     }
 }
 
+// A handle holds nothing here; it is an object of its own so that it can be counted.
+struct emu_handle {
+    uint32_t magic;
+};
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
 {
-    static int handle;
-    *h = reinterpret_cast<cublasLtHandle_t>(&handle);
+    emu_handle *e = new (std::nothrow) emu_handle{algo_magic};
+    if (!e) return CUBLAS_STATUS_ALLOC_FAILED;
+    *h = reinterpret_cast<cublasLtHandle_t>(e);
+    live_handles++;
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete reinterpret_cast<emu_handle *>(h);
+    live_handles--;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale)
 {
     *d = new (std::nothrow) cublasLtMatmulDescOpaque_t();
     if (!*d) return CUBLAS_STATUS_ALLOC_FAILED;
     *as<matmul_desc>(*d) = matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
+    live_descs++;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
 {
+    if (d) live_descs--;
     delete d;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -149,10 +182,12 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
     *l = new (std::nothrow) cublasLtMatrixLayoutOpaque_t();
     if (!*l) return CUBLAS_STATUS_ALLOC_FAILED;
     *as<layout>(*l) = layout{type, rows, cols, ld};
+    live_layouts++;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
 {
+    if (l) live_layouts--;
     delete l;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -162,10 +197,12 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
     *p = new (std::nothrow) cublasLtMatmulPreferenceOpaque_t();
     if (!*p) return CUBLAS_STATUS_ALLOC_FAILED;
     *as<preference>(*p) = preference{0, {256, 256, 256, 256}};
+    live_prefs++;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
 {
+    if (p) live_prefs--;
     delete p;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -223,6 +260,34 @@ static bool shapes(const matmul_desc &m, const layout *ls[4], uint64_t *M, uint6
     return true;
 }
 
+// MT_EMU_CUBLASLT_TENSOR_CORE_ALIGN (above), read once: 0 when unset.
+static uint32_t tensor_core_align_knob(void)
+{
+    static const uint32_t bytes = [] {
+        const char *e = getenv("MT_EMU_CUBLASLT_TENSOR_CORE_ALIGN");
+        if (!e || !*e) return 0u;
+        char *end;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 4 || v > 256 || (v & (v - 1)))
+            mt_emu::fail(nullptr, 0, "MT_EMU_CUBLASLT_TENSOR_CORE_ALIGN='%s' is not a power of two from 4 to 256 "
+                                     "(bytes; 16 is what cuBLAS documents for tensor cores)", e);
+        return (uint32_t)v;
+    }();
+    return bytes;
+}
+
+// Whether the knob lets the heuristic offer an algorithm for this problem.
+static bool tensor_core_knob_allows(const matmul_desc &m, const layout *ls[4], const preference &pref)
+{
+    const uint32_t x = tensor_core_align_knob();
+    if (!x || m.compute == CUBLAS_COMPUTE_32F) return true;
+    for (int i = 0; i < 4; i++) {
+        const uint64_t elem = 4; // CUDA_R_32F, the only type supported()
+        if ((ls[i]->rows * elem) % x || ((uint64_t)ls[i]->ld * elem) % x || pref.align[i] % x) return false;
+    }
+    return true;
+}
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A,
                                               cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
                                               cublasLtMatrixLayout_t D, cublasLtMatmulPreference_t pref, int requested,
@@ -235,6 +300,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!tensor_core_knob_allows(m, ls, *as<preference>(pref))) return CUBLAS_STATUS_NOT_SUPPORTED;
     memset(res, 0, sizeof *res);
     algo *g = reinterpret_cast<algo *>(res->algo.data);
     g->magic = algo_magic;
@@ -281,6 +347,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
 }
 
 } // extern "C"
+
+mt_emu::cublaslt_objects mt_emu::cublaslt_live_objects(void)
+{
+    return cublaslt_objects{live_handles.load(), live_descs.load(), live_layouts.load(), live_prefs.load()};
+}
 
 static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_p, const void *B_p, const void *C_p,
                    void *D_p, const int64_t ld[4], uint64_t M, uint64_t N, uint64_t K)

@@ -91,6 +91,13 @@ struct launch_site {
 void note_extent(const void *p, size_t bytes, cudaStream_t stream);
 void note_cached(const void *p, cudaStream_t stream);
 
+// The emulated cuBLASLt's objects created and not yet destroyed (emu_cublaslt.cc), for
+// tests of their owners' teardown.
+struct cublaslt_objects {
+    long handles, matmul_descs, layouts, preferences;
+};
+cublaslt_objects cublaslt_live_objects(void);
+
 // Checks the configuration, then issues on the stream the work that runs body(args) once
 // per thread of the grid (emu_streams.h); acc: the device memory the arguments point to.
 void launch(const launch_site &site, const void *func, void (*body)(void *), std::shared_ptr<void> args, dim3 grid,
