@@ -123,12 +123,12 @@ const char *cublasLtGetStatusString(cublasStatus_t s)
 
 // A handle holds nothing here; it is an object of its own so that it can be counted.
 struct emu_handle {
-    uint32_t magic;
+    char unused;
 };
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
 {
-    emu_handle *e = new (std::nothrow) emu_handle{algo_magic};
+    emu_handle *e = new (std::nothrow) emu_handle();
     if (!e) return CUBLAS_STATUS_ALLOC_FAILED;
     *h = reinterpret_cast<cublasLtHandle_t>(e);
     live_handles++;
