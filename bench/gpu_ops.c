@@ -228,5 +228,14 @@ int main(int argc, char **argv)
     mt_cuda_mem_stats(K, &ms);
     printf("# device memory: peak in use %.2f GiB, reserved %.2f GiB, %lld cudaMalloc calls\n",
            ms.peak_in_use / 1073741824.0, ms.reserved / 1073741824.0, ms.device_allocs);
+    struct mt_cuda_gemm_stats gs;
+    mt_cuda_gemm_stats(K, &gs);
+    printf("# dense GEMMs: %lld shapes, %lld calls; on the %s fallback: %lld shapes, %lld calls\n",
+           gs.shapes, gs.calls, gs.fallback_compute ? gs.fallback_compute : "fp32",
+           gs.fallback_shapes, gs.fallback_calls);
+    if (mt_kernels_cuda_destroy(&err)) {
+        fprintf(stderr, "gpu_ops: %s\n", err.msg);
+        return 1;
+    }
     return 0;
 }
