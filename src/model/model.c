@@ -734,9 +734,10 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
         }
     }
     if ((fwd && !a->over) || !m->scratch_over || m->h_over_rows < rows) {
-        if (a->over) o->free(p->ctx, a->over);
+        if (fwd && a->over) o->free(p->ctx, a->over); /* backward keeps forward's */
+        if (fwd) a->over = NULL;
         if (m->scratch_over) o->free(p->ctx, m->scratch_over);
-        a->over = m->scratch_over = NULL;
+        m->scratch_over = NULL;
         return mt_err_set(p->err, MT_ENOMEM,
                           "model: layer %d: the experts of rank (EP %d, ETP %d, TP %d) received "
                           "%lld rows, more than the %d the buffers hold (moe%%expert_buffer_factor "
