@@ -25,6 +25,22 @@ static int check_permutation(const int *map, int n, struct mt_err *err)
     return rc;
 }
 
+int mt_parallel_alloc(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                      struct mt_parallel **out, struct mt_err *err)
+{
+    struct mt_parallel *p = calloc(1, sizeof *p);
+    if (!p) return mt_err_set(err, MT_ENOMEM, "out of memory");
+    int rc = mt_groups_build(&cfg->parallel, l, &p->layout, err);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    p->rank = rank;
+    mt_parallel_coords(p, l);
+    *out = p;
+    return MT_OK;
+}
+
 void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l)
 {
     p->tp = l->tp;
@@ -55,13 +71,10 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                           "the layout was resolved for %d processes but the job has %d",
                           l->world_size, w->size);
     if (logical_of_process) MT_CHECK(check_permutation(logical_of_process, w->size, err));
-    struct mt_parallel *p = calloc(1, sizeof *p);
-    if (!p) return mt_err_set(err, MT_ENOMEM, "out of memory");
-    int rc = mt_groups_build(&cfg->parallel, l, &p->layout, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
+    struct mt_parallel *p;
+    MT_CHECK(mt_parallel_alloc(cfg, l, logical_of_process ? logical_of_process[w->rank] : w->rank,
+                               &p, err));
+    int rc = MT_OK;
     p->world = w;
     p->world_comm = w->comm;
     if (logical_of_process) {
@@ -72,8 +85,6 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
         }
         memcpy(p->logical_of_process, logical_of_process, sizeof(int) * (size_t)w->size);
     }
-    p->rank = logical_of_process ? logical_of_process[w->rank] : w->rank;
-    mt_parallel_coords(p, l);
     for (int k = 0; k < MT_GROUP_COUNT; k++) {
         int group, pos;
         mt_groups_find(&p->layout, (enum mt_group_kind)k, p->rank, &group, &pos);

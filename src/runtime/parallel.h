@@ -81,6 +81,10 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                      struct mt_err *err);
 void mt_parallel_destroy(struct mt_parallel *p);
 
+/* A struct mt_parallel for logical rank `rank` of l: its groups, sizes and coordinates,
+ * no communicators yet (mt_parallel_init and mt_parallel_plan add theirs). */
+int mt_parallel_alloc(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                      struct mt_parallel **out, struct mt_err *err);
 /* Sets p's group sizes from l and its coordinates (position in its group of each kind,
  * 0 in none) from p->layout and p->rank. */
 void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l);

@@ -86,15 +86,9 @@ int mt_parallel_plan(const struct mt_config *cfg, const struct mt_layout *l, int
     *out = NULL;
     if (rank < 0 || rank >= l->world_size)
         return mt_err_set(err, MT_EINVAL, "rank %d is not in a world of %d", rank, l->world_size);
-    struct mt_parallel *p = calloc(1, sizeof *p);
-    if (!p) return mt_err_set(err, MT_ENOMEM, "out of memory");
-    int rc = mt_groups_build(&cfg->parallel, l, &p->layout, err);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    p->rank = rank;
-    mt_parallel_coords(p, l);
+    struct mt_parallel *p;
+    MT_CHECK(mt_parallel_alloc(cfg, l, rank, &p, err));
+    int rc = MT_OK;
     for (int k = 0; k < MT_GROUP_COUNT && rc == MT_OK; k++) {
         int group, pos;
         mt_groups_find(&p->layout, (enum mt_group_kind)k, rank, &group, &pos);
