@@ -6,6 +6,15 @@
  *
  * Conventions, for every op:
  * - Pointers are backend memory (from alloc); row-major; fp32 unless stated.
+ * - Arguments whose element type varies are typed tensors (struct mt_tensor below):
+ *   the data pointer with its dtype, shape and row stride. Activations, the working
+ *   copy of the weights and what is saved for backward are bf16 in bf16 training;
+ *   gradients, statistics (rstd, lse), router scores and losses stay fp32 pointers. A
+ *   typed output is written in its own dtype by the op that produces it (bf16: round to
+ *   nearest even from the op's fp32 result), so no separate rounding pass exists; a
+ *   typed input is read exactly (bf16 and fp32 values are fp32 values). Ops accept
+ *   MT_F32 and MT_BF16 for every typed argument unless stated; the fp8 dtypes are
+ *   reserved for the FP8 recipes (an op given one it does not take aborts).
  * - Shapes are given in a one-line comment, llm.c style: `// out is (N,C)`.
  *   N is a token count (B*T), C a channel count.
  * - "+=" marks outputs that are accumulated into (gradients of parameters and of
@@ -26,6 +35,62 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* Element types of typed tensors. */
+enum mt_dtype {
+    MT_F32 = 0,
+    MT_BF16 = 1,  /* bfloat16: the high half of an fp32 */
+    MT_E4M3 = 2,  /* fp8 (OCP E4M3), with a scale (reserved) */
+    MT_E5M2 = 3,  /* fp8 (OCP E5M2), with a scale (reserved) */
+};
+
+/* Bytes of one element of dtype. */
+static inline size_t mt_dtype_size(enum mt_dtype t) { return t == MT_F32 ? 4 : t == MT_BF16 ? 2 : 1; }
+
+/* A 2-D view of backend memory: rows x cols elements of dtype, row r starting at
+ * element r * ld of data (ld >= cols). Tensors of more dimensions are given as the 2-D
+ * view an op names in its comment, e.g. (B,T,H,D) as (B*T, H*D). scale: the fp8
+ * dequantisation scale (backend memory, one fp32) for the fp8 dtypes; NULL otherwise. */
+struct mt_tensor {
+    void *data;
+    enum mt_dtype dtype;
+    int64_t rows, cols, ld;
+    const float *scale;
+};
+
+/* A dense (ld = cols) view; data may be a pointer to const for an input. */
+static inline struct mt_tensor mt_tview(const void *data, enum mt_dtype dtype, int64_t rows,
+                                        int64_t cols)
+{
+    return (struct mt_tensor){(void *)(uintptr_t)data, dtype, rows, cols, cols, NULL};
+}
+
+/* A view with row stride ld. */
+static inline struct mt_tensor mt_tview_ld(const void *data, enum mt_dtype dtype, int64_t rows,
+                                           int64_t cols, int64_t ld)
+{
+    return (struct mt_tensor){(void *)(uintptr_t)data, dtype, rows, cols, ld, NULL};
+}
+
+/* An fp32 view. */
+static inline struct mt_tensor mt_f32(const float *data, int64_t rows, int64_t cols)
+{
+    return mt_tview(data, MT_F32, rows, cols);
+}
+
+/* Bytes from the first element to one past the last (0 for an empty view). */
+static inline size_t mt_tensor_bytes(struct mt_tensor t)
+{
+    if (t.rows <= 0 || t.cols <= 0) return 0;
+    return ((size_t)(t.rows - 1) * (size_t)t.ld + (size_t)t.cols) * mt_dtype_size(t.dtype);
+}
+
+/* Bytes of the elements (rows x cols x element size): what an op reads or writes. */
+static inline size_t mt_tensor_payload(struct mt_tensor t)
+{
+    if (t.rows <= 0 || t.cols <= 0) return 0;
+    return (size_t)t.rows * (size_t)t.cols * mt_dtype_size(t.dtype);
+}
 
 enum mt_op {
     /* memory and streams */
@@ -67,6 +132,7 @@ enum mt_op {
     MT_OP_CROSS_ENTROPY_BWD,
     MT_OP_ADAMW,
     MT_OP_BF16_ROUND,
+    MT_OP_CONVERT,
     MT_OP_SCALE,
     MT_OP_SUMSQ,
     MT_OP_COUNT
@@ -139,10 +205,12 @@ struct mt_kernel_ops {
 
     /* ---- dense algebra ---- */
     /* C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N);
-     * A is stored (M,K) or, transposed, (K,M); likewise B; leading dimensions in
-     * elements. beta = 0 ignores what C held (NaN included). */
+     * A is stored (M,K) or, transposed, (K,M); likewise B; the tensors' shapes are the
+     * stored ones and their ld the leading dimensions. A, B: fp32 or bf16 (products
+     * are formed and summed in fp32); C: fp32, or bf16 with beta = 0. beta = 0 ignores
+     * what C held (NaN included). */
     void (*gemm)(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+                 struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);
     /* One gemm per group g (an expert); m_g = offsets[g+1] - offsets[g] token rows,
      * taken from the token-sorted tensors at row offsets[g]; per-expert weight slabs
      * are contiguous, slab g at g*(slab size).
@@ -150,50 +218,56 @@ struct mt_kernel_ops {
      *             of (N,K) if trans_b (x W^T: Linear forward) else (K,N) (dgrad); M unused.
      *   trans_a:  C_g (M,N) = alpha A_g^T (M,m_g) B_g (m_g,N) + beta C_g, C holds the
      *             (M,N) slabs (weight gradients), A is (rows,M), B is (rows,N); K unused,
-     *             trans_b must be false. A group with m_g = 0 leaves C_g = beta C_g. */
+     *             trans_b must be false. A group with m_g = 0 leaves C_g = beta C_g.
+     * Tensors are dense: A, B and C are viewed as (rows or slabs x slab rows, width);
+     * dtypes as for gemm. */
     void (*grouped_gemm)(void *ctx, bool trans_a, bool trans_b, int num_groups,
                          const int32_t *offsets, int M, int N, int K, float alpha,
-                         const float *A, const float *B, float beta, float *C);
+                         struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);
 
     /* ---- layers ---- */
     // out is (N,C) = wte[tokens]; tokens (N) in [0,V) or -1 (a token of another vocabulary
     // shard: a zero row); wte is (V,C)
-    void (*embedding_fwd)(void *ctx, float *out, const int32_t *tokens, const float *wte,
-                          int N, int C);
+    void (*embedding_fwd)(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                          struct mt_tensor wte, int N, int C);
     // dwte (V,C) += scatter of dout (N,C) by tokens (N); tokens < 0 are skipped
     void (*embedding_bwd)(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
                           int N, int C);
     // out (N,C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) saved; x, w (C). Used per head
     // for QK-norm with N = tokens*heads, C = head_dim.
-    void (*rmsnorm_fwd)(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps);
+    void (*rmsnorm_fwd)(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                        struct mt_tensor w, int N, int C, float eps);
     // dx (N,C) +=, dw (C) +=; dout, x (N,C); rstd (N) from the forward
-    void (*rmsnorm_bwd)(void *ctx, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C);
+    void (*rmsnorm_bwd)(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                        struct mt_tensor w, const float *rstd, int N, int C);
     // out (B,T,H,D) = rope(x) (HF rotate-half; angle t * theta^(-2i/D), t = 0..T-1);
-    // out may alias x; D even
-    void (*rope_fwd)(void *ctx, float *out, const float *x, int B, int T, int H, int D,
-                     float theta);
+    // out may alias x (same dtype); D even
+    void (*rope_fwd)(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                     int D, float theta);
     // dx (B,T,H,D) = rope^T(dout); dx may alias dout
     void (*rope_bwd)(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                      float theta);
     // Causal GQA attention, softmax(q k^T / sqrt(D)) v in fp32, head h uses KV group
     // h / (Hq/Hkv); no T x T tensor is stored. out (B,T,Hq,D); lse (B,Hq,T) = per query
     // row, the logsumexp of the scaled causal scores; q (B,T,Hq,D); k, v (B,T,Hkv,D)
-    void (*attention_fwd)(void *ctx, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int B, int T, int Hq, int Hkv, int D);
+    void (*attention_fwd)(void *ctx, float *out, float *lse, struct mt_tensor q,
+                          struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
+                          int D);
     // dq (B,T,Hq,D) =, dk, dv (B,T,Hkv,D) =; dout (B,T,Hq,D); out and lse exactly as the
     // forward wrote them (the probabilities are recomputed from q, k and lse)
     void (*attention_bwd)(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                          const float *q, const float *k, const float *v, const float *out,
-                          const float *lse, int B, int T, int Hq, int Hkv, int D);
+                          struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
+                          const float *out, const float *lse, int B, int T, int Hq, int Hkv,
+                          int D);
     // out (N,F) = silu(gate) * up; gate, up (N,F)
-    void (*swiglu_fwd)(void *ctx, float *out, const float *gate, const float *up, int N, int F);
+    void (*swiglu_fwd)(void *ctx, struct mt_tensor out, struct mt_tensor gate,
+                       struct mt_tensor up, int N, int F);
     // dgate, dup (N,F) =; dout, gate, up (N,F)
     void (*swiglu_bwd)(void *ctx, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int N, int F);
-    // out (n) = a + b; out may alias a or b (residual connections)
-    void (*add)(void *ctx, float *out, const float *a, const float *b, size_t n);
+                       struct mt_tensor gate, struct mt_tensor up, int N, int F);
+    // out (n) = a + b, summed in fp32; out may alias a or b (same dtype; residual
+    // connections); the tensors are (1,n) views
+    void (*add)(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b, size_t n);
 
     /* ---- mixture of experts ---- */
     // Top-k routing (see struct mt_router_args). logits (N,E); expert_bias (E) or NULL;
@@ -231,18 +305,18 @@ struct mt_kernel_ops {
                                const int32_t *topk_idx, const float *topk_prob, int N, int E,
                                int topk, int capacity, enum mt_drop_policy policy, bool pad);
     // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
-    void (*permute_fwd)(void *ctx, float *xp, const float *x, const int32_t *row_slot,
-                        int rows, int topk, int C);
+    void (*permute_fwd)(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                        const int32_t *row_slot, int rows, int topk, int C);
     // dx (N,C) += sum over the kept slots of token n of dxp[slot_row]; dxp (rows,C)
     void (*permute_bwd)(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
                         int N, int topk, int C);
     // out (N,C) = sum_j prob[n,j] * yp[slot_row[n,j]] over kept slots; yp (rows,C);
     // prob, slot_row (N,k)
-    void (*unpermute_fwd)(void *ctx, float *out, const float *yp, const int32_t *slot_row,
-                          const float *prob, int N, int topk, int C);
+    void (*unpermute_fwd)(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                          const int32_t *slot_row, const float *prob, int N, int topk, int C);
     // dyp (rows,C) = (padding rows 0); dprob (N,k) = (dropped slots 0); dout (N,C)
     void (*unpermute_bwd)(void *ctx, float *dyp, float *dprob, const float *dout,
-                          const float *yp, const int32_t *slot_row, const float *prob,
+                          struct mt_tensor yp, const int32_t *slot_row, const float *prob,
                           int N, int topk, int C, int rows);
 
     /* ---- loss, optimizer, precision ---- */
@@ -267,6 +341,9 @@ struct mt_kernel_ops {
     // out (n) = x rounded to bfloat16 (round to nearest, ties to even; NaN stays NaN,
     // sign kept; +-Inf kept), stored widened to fp32; out may alias x
     void (*bf16_round)(void *ctx, float *out, const float *x, size_t n);
+    // dst = src converted element by element (same shape): fp32 -> bf16 rounds to
+    // nearest even (as bf16_round), bf16 -> fp32 is exact, same dtype copies
+    void (*convert)(void *ctx, struct mt_tensor dst, struct mt_tensor src);
     // x (n) *= s (gradient averaging over data-parallel replicas)
     void (*scale)(void *ctx, float *x, float s, size_t n);
     // acc (1) += sum_i x[i]^2, accumulated in fp64 in a fixed order; acc is backend
@@ -300,7 +377,7 @@ const struct mt_kernels *mt_kernels_guard(void);
 bool mt_guard_owns(const void *p, size_t bytes);
 
 /* The plan backend (kernels/cpu/cpu_plan.c): allocations are address ranges reserved
- * and never backed, memset/copy/bf16_round/sync do nothing, any other op faults. Setting
+ * and never backed, memset/copy/bf16_round/convert/sync do nothing, any other op faults. Setting
  * the model, optimizer and trainer up on it measures what they would allocate without
  * holding it (moetrain --check's memory report). One per planner, not thread-safe. */
 struct mt_kernels *mt_kernels_plan_create(void);

@@ -10,7 +10,7 @@ const char *const mt_op_names[] = {
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
     "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
     "dispatch_plan", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
-    "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round", "scale", "sumsq",
+    "cross_entropy_fwd", "cross_entropy_bwd", "adamw", "bf16_round", "convert", "scale", "sumsq",
 };
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
                "mt_op_names must name every enum mt_op");
@@ -51,19 +51,19 @@ static const struct mt_kernels cpu_kernels = {
         .memset = cpu_memset,
         .copy = cpu_copy,
         .sync = cpu_sync,
-        .gemm = mt_cpu_gemm,
-        .grouped_gemm = mt_cpu_grouped_gemm,
-        .embedding_fwd = mt_cpu_embedding_fwd,
+        .gemm = mt_cpu_t_gemm,
+        .grouped_gemm = mt_cpu_t_grouped_gemm,
+        .embedding_fwd = mt_cpu_t_embedding_fwd,
         .embedding_bwd = mt_cpu_embedding_bwd,
-        .rmsnorm_fwd = mt_cpu_rmsnorm_fwd,
-        .rmsnorm_bwd = mt_cpu_rmsnorm_bwd,
-        .rope_fwd = mt_cpu_rope_fwd,
+        .rmsnorm_fwd = mt_cpu_t_rmsnorm_fwd,
+        .rmsnorm_bwd = mt_cpu_t_rmsnorm_bwd,
+        .rope_fwd = mt_cpu_t_rope_fwd,
         .rope_bwd = mt_cpu_rope_bwd,
-        .attention_fwd = mt_cpu_attention_fwd,
-        .attention_bwd = mt_cpu_attention_bwd,
-        .swiglu_fwd = mt_cpu_swiglu_fwd,
-        .swiglu_bwd = mt_cpu_swiglu_bwd,
-        .add = mt_cpu_add,
+        .attention_fwd = mt_cpu_t_attention_fwd,
+        .attention_bwd = mt_cpu_t_attention_bwd,
+        .swiglu_fwd = mt_cpu_t_swiglu_fwd,
+        .swiglu_bwd = mt_cpu_t_swiglu_bwd,
+        .add = mt_cpu_t_add,
         .router_fwd = mt_cpu_router_fwd,
         .router_bwd = mt_cpu_router_bwd,
         .aux_counts = mt_cpu_aux_counts,
@@ -72,14 +72,15 @@ static const struct mt_kernels cpu_kernels = {
         .z_loss_fwd = mt_cpu_z_loss_fwd,
         .z_loss_bwd = mt_cpu_z_loss_bwd,
         .dispatch_plan = mt_cpu_dispatch_plan,
-        .permute_fwd = mt_cpu_permute_fwd,
+        .permute_fwd = mt_cpu_t_permute_fwd,
         .permute_bwd = mt_cpu_permute_bwd,
-        .unpermute_fwd = mt_cpu_unpermute_fwd,
-        .unpermute_bwd = mt_cpu_unpermute_bwd,
+        .unpermute_fwd = mt_cpu_t_unpermute_fwd,
+        .unpermute_bwd = mt_cpu_t_unpermute_bwd,
         .cross_entropy_fwd = mt_cpu_cross_entropy_fwd,
         .cross_entropy_bwd = mt_cpu_cross_entropy_bwd,
         .adamw = mt_cpu_adamw,
         .bf16_round = mt_cpu_bf16_round,
+        .convert = mt_cpu_t_convert,
         .scale = mt_cpu_scale,
         .sumsq = mt_cpu_sumsq,
     },
@@ -130,6 +131,7 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_CROSS_ENTROPY_BWD: return o->cross_entropy_bwd != NULL;
     case MT_OP_ADAMW: return o->adamw != NULL;
     case MT_OP_BF16_ROUND: return o->bf16_round != NULL;
+    case MT_OP_CONVERT: return o->convert != NULL;
     case MT_OP_SCALE: return o->scale != NULL;
     case MT_OP_SUMSQ: return o->sumsq != NULL;
     case MT_OP_COUNT: break;

@@ -120,6 +120,27 @@ static void range(const char *op, const char *arg, const void *p, size_t bytes)
         misuse(op, arg, p, "runs past the end of its allocation");
 }
 
+/* A typed tensor argument: backend memory holding its whole view, a consistent view
+ * (ld >= cols), fp32 or bf16 (the fp8 dtypes are the FP8 recipes'), and the shape the
+ * op's size arguments give (rows x cols; -1 leaves a dimension unchecked). */
+static void tensor(const char *op, const char *arg, struct mt_tensor t, int64_t rows, int64_t cols)
+{
+    if (t.dtype != MT_F32 && t.dtype != MT_BF16)
+        misuse(op, arg, t.data, "has a dtype this op does not take");
+    if (t.rows < 0 || t.cols < 0 || t.ld < t.cols)
+        misuse(op, arg, t.data, "is not a valid view (rows, cols >= 0, ld >= cols)");
+    if ((rows >= 0 && t.rows != rows) || (cols >= 0 && t.cols != cols)) {
+        char what[160];
+        snprintf(what, sizeof what, "is %lld x %lld where the op's sizes say %lld x %lld",
+                 (long long)t.rows, (long long)t.cols, (long long)rows, (long long)cols);
+        misuse(op, arg, t.data, what);
+    }
+    size_t bytes = mt_tensor_bytes(t);
+    if (!bytes) return;
+    dev(op, arg, t.data);
+    range(op, arg, t.data, bytes);
+}
+
 /* ---- memory ------------------------------------------------------------------- */
 
 static void *g_alloc(void *ctx, size_t bytes)
@@ -195,27 +216,32 @@ static void g_sync(void *ctx) { cpu->op.sync(ctx); }
         mt_guard_close();                                                                  \
     } while (0)
 
-static void g_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
+static void g_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
+                   struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C)
 {
-    dev("gemm", "A", A), dev("gemm", "B", B), dev("gemm", "C", C);
-    RUN(cpu->op.gemm(ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+    tensor("gemm", "A", A, ta ? K : M, ta ? M : K), tensor("gemm", "B", B, tb ? N : K, tb ? K : N);
+    tensor("gemm", "C", C, M, N);
+    if (C.dtype != MT_F32 && beta != 0.0f) misuse("gemm", "C", C.data, "is bf16 with beta != 0");
+    RUN(cpu->op.gemm(ctx, ta, tb, M, N, K, alpha, A, B, beta, C));
 }
 
 static void g_grouped_gemm(void *ctx, bool ta, bool tb, int G_, const int32_t *offsets, int M,
-                           int N, int K, float alpha, const float *A, const float *B, float beta,
-                           float *C)
+                           int N, int K, float alpha, struct mt_tensor A, struct mt_tensor B,
+                           float beta, struct mt_tensor C)
 {
-    dev("grouped_gemm", "offsets", offsets), dev("grouped_gemm", "A", A);
-    dev("grouped_gemm", "B", B), dev("grouped_gemm", "C", C);
+    dev("grouped_gemm", "offsets", offsets);
+    tensor("grouped_gemm", "A", A, -1, ta ? M : K), tensor("grouped_gemm", "B", B, -1, -1);
+    tensor("grouped_gemm", "C", C, ta ? (int64_t)G_ * M : -1, N);
+    if (C.dtype != MT_F32 && beta != 0.0f)
+        misuse("grouped_gemm", "C", C.data, "is bf16 with beta != 0");
     RUN(cpu->op.grouped_gemm(ctx, ta, tb, G_, offsets, M, N, K, alpha, A, B, beta, C));
 }
 
-static void g_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte, int N,
-                            int C)
+static void g_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                            struct mt_tensor wte, int N, int C)
 {
-    dev("embedding_fwd", "out", out), dev("embedding_fwd", "tokens", tokens);
-    dev("embedding_fwd", "wte", wte);
+    tensor("embedding_fwd", "out", out, N, C), dev("embedding_fwd", "tokens", tokens);
+    tensor("embedding_fwd", "wte", wte, -1, C);
     RUN(cpu->op.embedding_fwd(ctx, out, tokens, wte, N, C));
 }
 
@@ -227,27 +253,28 @@ static void g_embedding_bwd(void *ctx, float *dwte, const float *dout, const int
     RUN(cpu->op.embedding_bwd(ctx, dwte, dout, tokens, N, C));
 }
 
-static void g_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                          int N, int C, float eps)
+static void g_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                          struct mt_tensor w, int N, int C, float eps)
 {
-    dev("rmsnorm_fwd", "out", out), dev("rmsnorm_fwd", "rstd", rstd);
-    dev("rmsnorm_fwd", "x", x), dev("rmsnorm_fwd", "w", w);
+    tensor("rmsnorm_fwd", "out", out, N, C), dev("rmsnorm_fwd", "rstd", rstd);
+    tensor("rmsnorm_fwd", "x", x, N, C), tensor("rmsnorm_fwd", "w", w, 1, C);
     RUN(cpu->op.rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps));
 }
 
-static void g_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
-                          const float *w, const float *rstd, int N, int C)
+static void g_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                          struct mt_tensor w, const float *rstd, int N, int C)
 {
     dev("rmsnorm_bwd", "dx", dx), dev("rmsnorm_bwd", "dw", dw);
-    dev("rmsnorm_bwd", "dout", dout), dev("rmsnorm_bwd", "x", x);
-    dev("rmsnorm_bwd", "w", w), dev("rmsnorm_bwd", "rstd", rstd);
+    dev("rmsnorm_bwd", "dout", dout), tensor("rmsnorm_bwd", "x", x, N, C);
+    tensor("rmsnorm_bwd", "w", w, 1, C), dev("rmsnorm_bwd", "rstd", rstd);
     RUN(cpu->op.rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C));
 }
 
-static void g_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
-                       float theta)
+static void g_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                       int D, float theta)
 {
-    dev("rope_fwd", "out", out), dev("rope_fwd", "x", x);
+    tensor("rope_fwd", "out", out, (int64_t)B * T, (int64_t)H * D);
+    tensor("rope_fwd", "x", x, (int64_t)B * T, (int64_t)H * D);
     RUN(cpu->op.rope_fwd(ctx, out, x, B, T, H, D, theta));
 }
 
@@ -258,42 +285,54 @@ static void g_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, in
     RUN(cpu->op.rope_bwd(ctx, dx, dout, B, T, H, D, theta));
 }
 
-static void g_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
-                            const float *v, int B, int T, int Hq, int Hkv, int D)
+static void g_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
+                            struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
+                            int D)
 {
+    const int64_t N = (int64_t)B * T;
     dev("attention_fwd", "out", out), dev("attention_fwd", "lse", lse);
-    dev("attention_fwd", "q", q), dev("attention_fwd", "k", k), dev("attention_fwd", "v", v);
+    tensor("attention_fwd", "q", q, N, (int64_t)Hq * D);
+    tensor("attention_fwd", "k", k, N, (int64_t)Hkv * D);
+    tensor("attention_fwd", "v", v, N, (int64_t)Hkv * D);
     RUN(cpu->op.attention_fwd(ctx, out, lse, q, k, v, B, T, Hq, Hkv, D));
 }
 
 static void g_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                            const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, int B, int T, int Hq, int Hkv, int D)
+                            struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
+                            const float *out, const float *lse, int B, int T, int Hq, int Hkv,
+                            int D)
 {
+    const int64_t N = (int64_t)B * T;
     dev("attention_bwd", "dq", dq), dev("attention_bwd", "dk", dk);
     dev("attention_bwd", "dv", dv), dev("attention_bwd", "dout", dout);
-    dev("attention_bwd", "q", q), dev("attention_bwd", "k", k), dev("attention_bwd", "v", v);
+    tensor("attention_bwd", "q", q, N, (int64_t)Hq * D);
+    tensor("attention_bwd", "k", k, N, (int64_t)Hkv * D);
+    tensor("attention_bwd", "v", v, N, (int64_t)Hkv * D);
     dev("attention_bwd", "out", out), dev("attention_bwd", "lse", lse);
     RUN(cpu->op.attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D));
 }
 
-static void g_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F)
+static void g_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
+                         struct mt_tensor up, int N, int F)
 {
-    dev("swiglu_fwd", "out", out), dev("swiglu_fwd", "gate", gate), dev("swiglu_fwd", "up", up);
+    tensor("swiglu_fwd", "out", out, N, F), tensor("swiglu_fwd", "gate", gate, N, F);
+    tensor("swiglu_fwd", "up", up, N, F);
     RUN(cpu->op.swiglu_fwd(ctx, out, gate, up, N, F));
 }
 
 static void g_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
-                         const float *gate, const float *up, int N, int F)
+                         struct mt_tensor gate, struct mt_tensor up, int N, int F)
 {
     dev("swiglu_bwd", "dgate", dgate), dev("swiglu_bwd", "dup", dup);
-    dev("swiglu_bwd", "dout", dout), dev("swiglu_bwd", "gate", gate), dev("swiglu_bwd", "up", up);
+    dev("swiglu_bwd", "dout", dout), tensor("swiglu_bwd", "gate", gate, N, F);
+    tensor("swiglu_bwd", "up", up, N, F);
     RUN(cpu->op.swiglu_bwd(ctx, dgate, dup, dout, gate, up, N, F));
 }
 
-static void g_add(void *ctx, float *out, const float *a, const float *b, size_t n)
+static void g_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b, size_t n)
 {
-    dev("add", "out", out), dev("add", "a", a), dev("add", "b", b);
+    tensor("add", "out", out, 1, (int64_t)n), tensor("add", "a", a, 1, (int64_t)n);
+    tensor("add", "b", b, 1, (int64_t)n);
     RUN(cpu->op.add(ctx, out, a, b, n));
 }
 
@@ -372,10 +411,10 @@ static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
     return dropped;
 }
 
-static void g_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
-                          int rows, int topk, int C)
+static void g_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                          const int32_t *row_slot, int rows, int topk, int C)
 {
-    dev("permute_fwd", "xp", xp), dev("permute_fwd", "x", x);
+    tensor("permute_fwd", "xp", xp, rows, C), tensor("permute_fwd", "x", x, -1, C);
     dev("permute_fwd", "row_slot", row_slot);
     RUN(cpu->op.permute_fwd(ctx, xp, x, row_slot, rows, topk, C));
 }
@@ -388,20 +427,20 @@ static void g_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t 
     RUN(cpu->op.permute_bwd(ctx, dx, dxp, slot_row, N, topk, C));
 }
 
-static void g_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
-                            const float *prob, int N, int topk, int C)
+static void g_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                            const int32_t *slot_row, const float *prob, int N, int topk, int C)
 {
-    dev("unpermute_fwd", "out", out), dev("unpermute_fwd", "yp", yp);
+    tensor("unpermute_fwd", "out", out, N, C), tensor("unpermute_fwd", "yp", yp, -1, C);
     dev("unpermute_fwd", "slot_row", slot_row), dev("unpermute_fwd", "prob", prob);
     RUN(cpu->op.unpermute_fwd(ctx, out, yp, slot_row, prob, N, topk, C));
 }
 
 static void g_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                            const float *yp, const int32_t *slot_row, const float *prob, int N,
+                            struct mt_tensor yp, const int32_t *slot_row, const float *prob, int N,
                             int topk, int C, int rows)
 {
     dev("unpermute_bwd", "dyp", dyp), dev("unpermute_bwd", "dprob", dprob);
-    dev("unpermute_bwd", "dout", dout), dev("unpermute_bwd", "yp", yp);
+    dev("unpermute_bwd", "dout", dout), tensor("unpermute_bwd", "yp", yp, rows, C);
     dev("unpermute_bwd", "slot_row", slot_row), dev("unpermute_bwd", "prob", prob);
     RUN(cpu->op.unpermute_bwd(ctx, dyp, dprob, dout, yp, slot_row, prob, N, topk, C, rows));
 }
@@ -436,6 +475,12 @@ static void g_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
     dev("bf16_round", "out", out), dev("bf16_round", "x", x);
     RUN(cpu->op.bf16_round(ctx, out, x, n));
+}
+
+static void g_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
+{
+    tensor("convert", "dst", dst, -1, -1), tensor("convert", "src", src, dst.rows, dst.cols);
+    RUN(cpu->op.convert(ctx, dst, src));
 }
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
@@ -488,6 +533,7 @@ static const struct mt_kernels guard_kernels = {
         .cross_entropy_bwd = g_cross_entropy_bwd,
         .adamw = g_adamw,
         .bf16_round = g_bf16_round,
+        .convert = g_convert,
         .scale = g_scale,
         .sumsq = g_sumsq,
     },

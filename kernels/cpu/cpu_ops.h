@@ -95,4 +95,40 @@ void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n);
 void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);
 
+/* cpu_typed.c: the op table's typed entry points (fp32 kernels above behind them) */
+void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
+                   struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);
+void mt_cpu_t_grouped_gemm(void *ctx, bool ta, bool tb, int G, const int32_t *offsets, int M,
+                           int N, int K, float alpha, struct mt_tensor A, struct mt_tensor B,
+                           float beta, struct mt_tensor C);
+void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                            struct mt_tensor wte, int N, int C);
+void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                          struct mt_tensor w, int N, int C, float eps);
+void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                          struct mt_tensor w, const float *rstd, int N, int C);
+void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                       int D, float theta);
+void mt_cpu_t_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
+                            struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
+                            int D);
+void mt_cpu_t_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
+                            struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
+                            const float *out, const float *lse, int B, int T, int Hq, int Hkv,
+                            int D);
+void mt_cpu_t_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
+                         struct mt_tensor up, int N, int F);
+void mt_cpu_t_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
+                         struct mt_tensor gate, struct mt_tensor up, int N, int F);
+void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b,
+                  size_t n);
+void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                          const int32_t *row_slot, int rows, int topk, int C);
+void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                            const int32_t *slot_row, const float *prob, int N, int topk, int C);
+void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                            struct mt_tensor yp, const int32_t *slot_row, const float *prob,
+                            int N, int topk, int C, int rows);
+void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
+
 #endif

@@ -2,7 +2,7 @@
  * for training, every allocation an address range reserved and never backed (PROT_NONE,
  * no swap reserved), so that `moetrain --check` sizes a 256-GPU job's ranks on a login
  * node with the code that allocates in training. It computes nothing: allocation,
- * memset, copy, bf16_round and sync do no work, and any other op would touch the
+ * memset, copy, bf16_round, convert and sync do no work, and any other op would touch the
  * reserved ranges and fault, which keeps planning honest (a setup path that computes on
  * backend memory shows up at once instead of being planned wrongly). */
 #include "kernels/kernels.h"
@@ -76,6 +76,11 @@ static void plan_bf16_round(void *ctx, float *out, const float *x, size_t n)
     (void)ctx, (void)out, (void)x, (void)n;
 }
 
+static void plan_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
+{
+    (void)ctx, (void)dst, (void)src;
+}
+
 struct mt_kernels *mt_kernels_plan_create(void)
 {
     struct plan_kernels *pk = calloc(1, sizeof *pk);
@@ -89,6 +94,7 @@ struct mt_kernels *mt_kernels_plan_create(void)
     pk->k.op.copy = plan_copy;
     pk->k.op.sync = plan_sync;
     pk->k.op.bf16_round = plan_bf16_round;
+    pk->k.op.convert = plan_convert;
     return &pk->k;
 }
 

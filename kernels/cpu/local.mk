@@ -10,6 +10,7 @@ libmt_kernels_la_SOURCES = \
 	kernels/cpu/cpu_moe.c \
 	kernels/cpu/cpu_guard.c \
 	kernels/cpu/cpu_plan.c \
+	kernels/cpu/cpu_typed.c \
 	kernels/cpu/cpu_ops.h
 
 include tests/kernels/local.mk

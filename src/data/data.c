@@ -535,7 +535,7 @@ void mt_data_describe(const struct mt_data *d, char *buf, size_t n)
             len += (size_t)snprintf(buf + len, n - len, "%s%s%s (%" PRIu64 " documents, %s %s"
                                     " tokens)", k ? ", " : "", w, s->path,
                                     mt_indexed_num_documents(s->ix), tok,
-                                    mt_dtype_name(mt_indexed_dtype(s->ix)));
+                                    mt_token_dtype_name(mt_indexed_dtype(s->ix)));
         }
         if (len < n) len += (size_t)snprintf(buf + len, n - len, "; split %s", d->split);
     }

@@ -70,7 +70,7 @@ void mt_data_cache_stats(const struct mt_data *d, struct mt_data_cache_stats *ou
 /* ------------------------------------------------------------------------- */
 
 /* Megatron's DType codes for the token type in the .bin file. */
-enum mt_dtype {
+enum mt_token_dtype {
     MT_DTYPE_UINT8 = 1,
     MT_DTYPE_INT8 = 2,
     MT_DTYPE_INT16 = 3,
@@ -82,8 +82,8 @@ enum mt_dtype {
 };
 
 /* Bytes per token of a dtype code; 0 for a code that is not one. */
-size_t mt_dtype_size(int code);
-const char *mt_dtype_name(int code);
+size_t mt_token_dtype_size(int code);
+const char *mt_token_dtype_name(int code);
 
 /* A read-only dataset. Opening reads the whole index into memory and validates it
  * (header, sizes against file lengths, pointers against the .bin); any problem
@@ -118,7 +118,7 @@ int mt_indexed_read(const struct mt_indexed *ix, uint64_t seq, uint64_t off, uin
  * renamed), one sequence per document, in Megatron's layout. */
 struct mt_indexed_writer;
 
-int mt_indexed_writer_open(const char *prefix, enum mt_dtype dtype,
+int mt_indexed_writer_open(const char *prefix, enum mt_token_dtype dtype,
                            struct mt_indexed_writer **out, struct mt_err *err);
 /* Appends one document; each token must fit the dtype. */
 int mt_indexed_writer_add(struct mt_indexed_writer *w, const int32_t *tokens, size_t n,

@@ -40,7 +40,7 @@
 #define IDX_HEADER_LEN 34  /* magic 9 + version 8 + dtype 1 + counts 16 */
 #define FIX_HINT "hint: re-run moetrain-preprocess to regenerate %s.bin and %s.idx"
 
-size_t mt_dtype_size(int code)
+size_t mt_token_dtype_size(int code)
 {
     switch (code) {
     case MT_DTYPE_UINT8: case MT_DTYPE_INT8: return 1;
@@ -51,7 +51,7 @@ size_t mt_dtype_size(int code)
     }
 }
 
-const char *mt_dtype_name(int code)
+const char *mt_token_dtype_name(int code)
 {
     switch (code) {
     case MT_DTYPE_UINT8: return "uint8";
@@ -205,7 +205,7 @@ static int check_header(struct mt_indexed *ix, struct mt_err *err)
         return corrupt(ix, err, ix->idx_path, what);
     }
     ix->dtype = p[17];
-    ix->elem = mt_dtype_size(ix->dtype);
+    ix->elem = mt_token_dtype_size(ix->dtype);
     if (ix->elem == 0) {
         snprintf(what, sizeof what, "unknown dtype code %d (Megatron codes are 1..8)", ix->dtype);
         return corrupt(ix, err, ix->idx_path, what);
@@ -421,7 +421,7 @@ int mt_indexed_read(const struct mt_indexed *ix, uint64_t seq, uint64_t off, uin
                 if (integral)
                     snprintf(val, sizeof val, "%" PRId64, t);
                 else
-                    snprintf(val, sizeof val, "a non-integer %s", mt_dtype_name(ix->dtype));
+                    snprintf(val, sizeof val, "a non-integer %s", mt_token_dtype_name(ix->dtype));
                 return mt_err_set(err, MT_ECORRUPT,
                                   "%s: token %s at position %" PRIu64 " of document %" PRIu64
                                   " (sequence %" PRIu64 ") is outside the vocabulary [0, %"
@@ -471,16 +471,16 @@ void mt_indexed_writer_abort(struct mt_indexed_writer *w)
     writer_free(w);
 }
 
-int mt_indexed_writer_open(const char *prefix, enum mt_dtype dtype,
+int mt_indexed_writer_open(const char *prefix, enum mt_token_dtype dtype,
                            struct mt_indexed_writer **out, struct mt_err *err)
 {
     *out = NULL;
-    if (mt_dtype_size((int)dtype) == 0)
+    if (mt_token_dtype_size((int)dtype) == 0)
         return mt_err_set(err, MT_EINVAL, "unknown dtype code %d", (int)dtype);
     struct mt_indexed_writer *w = calloc(1, sizeof *w);
     if (!w) return mt_err_set(err, MT_ENOMEM, "out of memory");
     w->dtype = (int)dtype;
-    w->elem = mt_dtype_size((int)dtype);
+    w->elem = mt_token_dtype_size((int)dtype);
     w->prefix = strdup(prefix);
     w->bin_tmp = concat(prefix, ".bin.tmp");
     w->idx_tmp = concat(prefix, ".idx.tmp");
@@ -543,7 +543,7 @@ int mt_indexed_writer_add(struct mt_indexed_writer *w, const int32_t *tokens, si
     for (size_t i = 0; i < n; i++) {
         if (!fits_dtype(w->dtype, tokens[i]))
             return mt_err_set(err, MT_EINVAL, "token %" PRId32 " does not fit dtype %s",
-                              tokens[i], mt_dtype_name(w->dtype));
+                              tokens[i], mt_token_dtype_name(w->dtype));
         store_token(w->dtype, w->buf + i * w->elem, tokens[i]);
     }
     if (w->n == w->cap) {

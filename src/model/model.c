@@ -875,6 +875,8 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->F = cfg->model.ffn_hidden_size;
     m->V = cfg->model.vocab_size;
     m->bf16 = streq(cfg->precision.params_dtype, "bf16");
+    m->adt = MT_F32;
+    m->wdt = m->bf16 ? MT_BF16 : MT_F32;
     m->tied = !cfg->model.untie_embeddings_and_output_weights;
     m->qk_norm = cfg->model.qk_layernorm;
     m->eps = (float)cfg->model.norm_epsilon;
@@ -996,8 +998,9 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     NEED(m->params, "parameters", param_bytes);
     m->grads = dev_alloc(k, param_bytes);
     NEED(m->grads, "gradients", param_bytes);
-    m->work = m->bf16 ? dev_alloc(k, param_bytes) : m->params;
-    NEED(m->work, "bf16 working copy of the parameters", param_bytes);
+    const size_t work_bytes = sat_mul(mt_dtype_size(m->wdt), m->nparams);
+    m->work = m->bf16 ? dev_alloc(k, work_bytes) : m->params;
+    NEED(m->work, "bf16 working copy of the parameters", work_bytes);
     if (m->expert_bias_on) {
         m->expert_bias_dev = dev_alloc(k, sizeof(float) * (size_t)m->nmoe * m->E);
         NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
@@ -1267,6 +1270,15 @@ const struct mt_param_info *mt_model_tensor(const struct mt_model *m, int i)
 }
 
 float *mt_model_params(struct mt_model *m) { return m->params; }
+
+struct mt_tensor mt_model_weight(const struct mt_model *m, int tensor)
+{
+    if (tensor == MT_NO_TENSOR) return mt_tview(NULL, m->wdt, 0, 0);
+    const struct mt_param_info *t = &m->tensors[tensor];
+    const int64_t cols = t->ndim > 0 ? t->local_shape[t->ndim - 1] : 1;
+    const int64_t rows = cols > 0 ? (int64_t)t->numel / cols : 0;
+    return mt_tview((const char *)m->work + t->offset * mt_dtype_size(m->wdt), m->wdt, rows, cols);
+}
 float *mt_model_grads(struct mt_model *m) { return m->grads; }
 
 const struct mt_kernels *mt_model_kernels(const struct mt_model *m) { return m->k; }
@@ -1327,7 +1339,9 @@ void mt_model_buffers_updated(struct mt_model *m)
 
 void mt_model_params_updated(struct mt_model *m)
 {
-    if (m->bf16) m->k->op.bf16_round(m->k->ctx, m->work, m->params, m->nparams);
+    if (m->bf16)
+        m->k->op.convert(m->k->ctx, mt_tview(m->work, m->wdt, 1, (int64_t)m->nparams),
+                         mt_f32(m->params, 1, (int64_t)m->nparams));
 }
 
 void mt_model_zero_grad(struct mt_model *m)
@@ -1378,7 +1392,7 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
 {
     r->params = sizeof(float) * m->nparams;
     r->grads = sizeof(float) * m->nparams;
-    r->working_copy = m->bf16 ? sizeof(float) * m->nparams : 0;
+    r->working_copy = m->bf16 ? mt_dtype_size(m->wdt) * m->nparams : 0;
     r->activations = m->acts_bytes;
     r->scratch = m->scratch_bytes;
     r->device_buffers = m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0;

@@ -90,6 +90,8 @@ struct mt_model {
     /* the whole model */
     int L, H, nh, ng, hd, Q, KV, F, V, E, Fe, Fs, topk;
     bool bf16, tied, qk_norm;
+    enum mt_dtype adt;          /* stored activations: MT_BF16 in bf16 training */
+    enum mt_dtype wdt;          /* the working copy of the parameters (work) */
     float eps, theta;
     /* this rank's part of it */
     struct mt_shard_coords sc;
@@ -131,7 +133,8 @@ struct mt_model {
     size_t *slot_bytes;         /* per chunk */
     struct mt_layer_tensors *lt;
     size_t nparams, nparams_global;
-    float *params, *grads, *work; /* work == params in fp32 */
+    float *params, *grads;
+    void *work;                 /* working copy in wdt; == params in fp32 */
     /* activations */
     void *acts;
     size_t acts_bytes;
@@ -222,20 +225,30 @@ struct mt_pass {
     struct mt_err *err;
 };
 
+/* A stored activation (rows,cols) in the model's activation dtype. */
+static inline struct mt_tensor mt_pass_act(const struct mt_pass *p, const void *x, int64_t rows,
+                                           int64_t cols)
+{
+    return mt_tview(x, p->m->adt, rows, cols);
+}
+
+/* model.c: the working copy of parameter tensor (its local shape as rows x last dim) */
+struct mt_tensor mt_model_weight(const struct mt_model *m, int tensor);
+
 /* model_pass.c: pieces the MoE layer shares with the dense layers */
 void mt_pass_round(const struct mt_pass *p, float *x, size_t n);
-void mt_pass_linear_fwd(const struct mt_pass *p, float *out, const float *in, const float *w,
-                        int N, int dout, int din);
+void mt_pass_linear_fwd(const struct mt_pass *p, struct mt_tensor out, struct mt_tensor in,
+                        struct mt_tensor w, int N, int dout, int din);
 void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *dw,
-                        const float *dout, const float *in, const float *w, int N, int d_out,
-                        int d_in);
-void mt_pass_mlp_fwd(const struct mt_pass *p, float *out, const float *x, const float *wg,
-                     const float *wu, const float *wd, float *gate, float *up, float *act, int N,
-                     int F);
+                        const float *dout, struct mt_tensor in, struct mt_tensor w, int N,
+                        int d_out, int d_in);
+void mt_pass_mlp_fwd(const struct mt_pass *p, float *out, const float *x, struct mt_tensor wg,
+                     struct mt_tensor wu, struct mt_tensor wd, float *gate, float *up, float *act,
+                     int N, int F);
 void mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
                      const float *x, const float *gate, const float *up, const float *act, int N,
-                     int F, const float *wg, const float *wu, const float *wd, float *gg, float *gu,
-                     float *gd);
+                     int F, struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, float *gg,
+                     float *gu, float *gd);
 /* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
  * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
 int mt_pass_sp_gather(const struct mt_pass *p, float *full, const float *local, int C);

@@ -27,8 +27,13 @@
 
 typedef struct mt_pass pass_t;
 
-static float *W(const pass_t *p, int tensor) { return mt_model_view(p->m->work, p->m, tensor); }
+static struct mt_tensor W(const pass_t *p, int tensor) { return mt_model_weight(p->m, tensor); }
 static float *G(const pass_t *p, int tensor) { return mt_model_view(p->m->grads, p->m, tensor); }
+static struct mt_tensor ACT(const pass_t *p, const void *x, int64_t rows, int64_t cols)
+{
+    return mt_pass_act(p, x, rows, cols);
+}
+static struct mt_tensor F32(const float *x, int64_t rows, int64_t cols) { return mt_f32(x, rows, cols); }
 
 /* ------------------------------------------------------------ routing */
 
@@ -271,7 +276,8 @@ static int route(const pass_t *p, int l)
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
 
-    mt_pass_linear_fwd(p, a->logits, a->ln2, W(p, t->router), Nl, E, H); /* fp32 router */
+    mt_pass_linear_fwd(p, F32(a->logits, Nl, E), ACT(p, a->ln2, Nl, H), W(p, t->router), Nl, E,
+                       H); /* fp32 router logits */
     if (m->force_balance) force_logits(p, a->logits);
     if (m->z_coeff > 0.0f) {
         float z;
@@ -300,7 +306,7 @@ static int route(const pass_t *p, int l)
     dropped += p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap,
                                    m->drop_policy, m->pad_to_capacity);
     p->st->dropped_tokens += dropped;
-    FILE *dump;
+    FILE *dump = NULL;
     MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
     int32_t *offs = m->h_offs;
@@ -324,13 +330,16 @@ static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
 {
     const struct mt_model *m = p->m;
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
-    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, a->xs, W(p, t->exp_gate), 0.0f, a->eg);
+    const struct mt_tensor xs = ACT(p, a->xs, rows, H), eg = ACT(p, a->eg, rows, Fe);
+    const struct mt_tensor eu = ACT(p, a->eu, rows, Fe), ea = ACT(p, a->ea, rows, Fe);
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_gate), 0.0f, eg);
     mt_pass_round(p, a->eg, (size_t)rows * Fe);
-    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, a->xs, W(p, t->exp_up), 0.0f, a->eu);
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_up), 0.0f, eu);
     mt_pass_round(p, a->eu, (size_t)rows * Fe);
-    p->o->swiglu_fwd(p->ctx, a->ea, a->eg, a->eu, rows, Fe);
+    p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
     mt_pass_round(p, a->ea, (size_t)rows * Fe);
-    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, a->ea, W(p, t->exp_down), 0.0f, ey);
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, ea, W(p, t->exp_down), 0.0f,
+                       F32(ey, rows, H));
 }
 
 /* dxs (rows,H) = the input gradient (partial over ETP) from dys (rows,H); weight grads +=. */
@@ -342,14 +351,21 @@ static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
     float *dea = m->d_f1, *deg = m->d_f2, *deu = m->d_f3;
     /* down: ey = ea Wd^T per expert, slabs (H,Fe) */
-    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dys, W(p, t->exp_down), 0.0f, dea);
-    p->o->grouped_gemm(p->ctx, true, false, El, offs, H, Fe, 0, 1.0f, dys, a->ea, 1.0f, G(p, t->exp_down));
-    p->o->swiglu_bwd(p->ctx, deg, deu, dea, a->eg, a->eu, rows, Fe);
+    const struct mt_tensor xs = ACT(p, a->xs, rows, H), ea = ACT(p, a->ea, rows, Fe);
+    const struct mt_tensor dy = F32(dys, rows, H), dx = F32(dxs, rows, H);
+    const struct mt_tensor dg = F32(deg, rows, Fe), du = F32(deu, rows, Fe);
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dy, W(p, t->exp_down), 0.0f,
+                       F32(dea, rows, Fe));
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, H, Fe, 0, 1.0f, dy, ea, 1.0f,
+                       F32(G(p, t->exp_down), (int64_t)El * H, Fe));
+    p->o->swiglu_bwd(p->ctx, deg, deu, dea, ACT(p, a->eg, rows, Fe), ACT(p, a->eu, rows, Fe), rows, Fe);
     /* gate, up: slabs (Fe,H) */
-    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, deg, W(p, t->exp_gate), 0.0f, dxs);
-    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, deu, W(p, t->exp_up), 1.0f, dxs);
-    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, deg, a->xs, 1.0f, G(p, t->exp_gate));
-    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, deu, a->xs, 1.0f, G(p, t->exp_up));
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, dg, W(p, t->exp_gate), 0.0f, dx);
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, H, Fe, 1.0f, du, W(p, t->exp_up), 1.0f, dx);
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, dg, xs, 1.0f,
+                       F32(G(p, t->exp_gate), (int64_t)El * Fe, H));
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, du, xs, 1.0f,
+                       F32(G(p, t->exp_up), (int64_t)El * Fe, H));
 }
 
 /* ------------------------------------------------------------ all-to-all dispatcher */
@@ -466,7 +482,8 @@ static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const fl
                                  c.gather_at, MT_DT_F32, p->err));
         got = m->stage2;
     }
-    p->o->permute_fwd(p->ctx, out, got, a->sort_map, a->x_rows, 1, m->H);
+    p->o->permute_fwd(p->ctx, F32(out, a->x_rows, m->H), F32(got, a->x_rows, m->H), a->sort_map,
+                      a->x_rows, 1, m->H);
     return MT_OK;
 }
 
@@ -479,13 +496,16 @@ static int a2a_combine(const pass_t *p, const struct mt_layer_acts *a, const flo
     struct mt_model *m = p->m;
     const int etp = m->sc.etp;
     struct a2a_counts c = a2a_counts_of(p, a);
-    p->o->permute_fwd(p->ctx, m->stage, xrows, a->unsort_map, a->x_rows, 1, m->H);
+    p->o->permute_fwd(p->ctx, F32(m->stage, a->x_rows, m->H), F32(xrows, a->x_rows, m->H),
+                      a->unsort_map, a->x_rows, 1, m->H);
     if (etp > 1) {
         MT_CHECK(mt_all_to_all_v(m->etp_comm, m->stage, c.gather, c.gather_at, m->stage2, c.mine,
                                  c.mine_at, MT_DT_F32, p->err));
         const size_t n = c.rows * m->H;
         p->o->copy(p->ctx, m->stage, m->stage2, sizeof(float) * n);
-        for (int q = 1; q < etp; q++) p->o->add(p->ctx, m->stage, m->stage, m->stage2 + q * n, n);
+        for (int q = 1; q < etp; q++)
+            p->o->add(p->ctx, F32(m->stage, 1, (int64_t)n), F32(m->stage, 1, (int64_t)n),
+                      F32(m->stage2 + q * n, 1, (int64_t)n), n);
     }
     return mt_all_to_all_v(m->ep_comm, m->stage, c.recv, c.recv_at, out, c.send, c.send_at,
                            MT_DT_F32, p->err);
@@ -540,12 +560,14 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
     MT_CHECK(route(p, l));
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
-        p->o->permute_fwd(p->ctx, a->xp, a->ln2, a->plan.row_slot, a->rows, k, H);
+        p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
+                          a->rows, k, H);
         a->x_rows = a->rows;
         experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->ey);
         break;
     case MT_DISPATCH_ALLTOALL:
-        p->o->permute_fwd(p->ctx, a->xp, a->ln2, a->plan.row_slot, a->rows, k, H);
+        p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
+                          a->rows, k, H);
         MT_CHECK(a2a_prepare(p, l, a));
         MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs));
         experts_fwd(p, a, t, a->x_offsets, a->x_rows, m->d_x);
@@ -554,10 +576,12 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
     case MT_DISPATCH_ALLGATHER: {
         const size_t NG = (size_t)m->xg * Nl;
         MT_CHECK(ag_prepare(p, l, a));
-        p->o->permute_fwd(p->ctx, a->xs, m->stage, a->sort_map, a->x_rows, k, H);
+        p->o->permute_fwd(p->ctx, ACT(p, a->xs, a->x_rows, H), F32(m->stage, (int64_t)NG, H),
+                          a->sort_map, a->x_rows, k, H);
         experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->eys);
         if (m->sc.etp == 1) mt_pass_round(p, a->eys, (size_t)a->x_rows * H);
-        p->o->unpermute_fwd(p->ctx, m->stage2, a->eys, a->g_slot_row, a->g_prob, (int)NG, k, H);
+        p->o->unpermute_fwd(p->ctx, F32(m->stage2, (int64_t)NG, H), F32(a->eys, a->x_rows, H),
+                            a->g_slot_row, a->g_prob, (int)NG, k, H);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, out, (size_t)Nl * H, MT_DT_F32,
                                    MT_OP_SUM, p->err));
         break;
@@ -566,7 +590,8 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
     mt_model_expert_release(m, a, true); /* the activations stay for backward */
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         mt_pass_round(p, a->ey, (size_t)a->rows * H);
-        p->o->unpermute_fwd(p->ctx, out, a->ey, a->plan.slot_row, a->topk_prob, Nl, k, H);
+        p->o->unpermute_fwd(p->ctx, F32(out, Nl, H), F32(a->ey, a->rows, H), a->plan.slot_row,
+                            a->topk_prob, Nl, k, H);
     }
     mt_pass_round(p, out, (size_t)Nl * H);
     if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
@@ -576,7 +601,8 @@ int mt_moe_fwd(const pass_t *p, int l, float *out)
                         a->sg, a->su, a->sa, p->N, m->Fs_l);
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp2, sh, H));
         mt_pass_round(p, m->tmp2, (size_t)Nl * H);
-        p->o->add(p->ctx, out, out, m->tmp2, (size_t)Nl * H);
+        p->o->add(p->ctx, F32(out, 1, (int64_t)Nl * H), F32(out, 1, (int64_t)Nl * H),
+                  F32(m->tmp2, 1, (int64_t)Nl * H), (size_t)Nl * H);
         mt_pass_round(p, out, (size_t)Nl * H);
     }
     return MT_OK;
@@ -607,14 +633,14 @@ int mt_moe_bwd(const pass_t *p, int l)
 
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
-        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, a->ey, a->plan.slot_row,
-                            a->topk_prob, Nl, k, H, a->rows);
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, F32(a->ey, a->rows, H),
+                            a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_rows, m->d_rows2);
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
     case MT_DISPATCH_ALLTOALL:
-        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, a->ey, a->plan.slot_row,
-                            a->topk_prob, Nl, k, H, a->rows);
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, F32(a->ey, a->rows, H),
+                            a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
         MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x));
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
         MT_CHECK(a2a_combine(p, a, m->d_x2, m->d_rows2));
@@ -623,8 +649,8 @@ int mt_moe_bwd(const pass_t *p, int l)
     case MT_DISPATCH_ALLGATHER: {
         const size_t NG = (size_t)m->xg * Nl;
         MT_CHECK(mt_all_gather(m->xg_comm, dout, m->stage, (size_t)Nl * H, MT_DT_F32, p->err));
-        p->o->unpermute_bwd(p->ctx, m->d_x, m->g_dprob, m->stage, a->eys, a->g_slot_row,
-                            a->g_prob, (int)NG, k, H, a->x_rows);
+        p->o->unpermute_bwd(p->ctx, m->d_x, m->g_dprob, m->stage, F32(a->eys, a->x_rows, H),
+                            a->g_slot_row, a->g_prob, (int)NG, k, H, a->x_rows);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->g_dprob, m->d_prob, (size_t)Nl * k, MT_DT_F32,
                                    MT_OP_SUM, p->err));
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
@@ -632,7 +658,8 @@ int mt_moe_bwd(const pass_t *p, int l)
         p->o->permute_bwd(p->ctx, m->stage2, m->d_x2, a->g_slot_row, (int)NG, k, H);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, m->tmp, (size_t)Nl * H, MT_DT_F32,
                                    MT_OP_SUM, p->err));
-        p->o->add(p->ctx, m->d_ln, m->d_ln, m->tmp, (size_t)Nl * H);
+        p->o->add(p->ctx, F32(m->d_ln, 1, (int64_t)Nl * H), F32(m->d_ln, 1, (int64_t)Nl * H),
+                  F32(m->tmp, 1, (int64_t)Nl * H), (size_t)Nl * H);
         break;
     }
     }
@@ -646,8 +673,8 @@ int mt_moe_bwd(const pass_t *p, int l)
     }
     if (m->z_coeff > 0.0f)
         p->o->z_loss_bwd(p->ctx, m->d_logits, p->scale, a->z_lse, a->logits, Nl, E, z_coeff(p));
-    mt_pass_linear_bwd(p, m->d_ln, 1.0f, G(p, t->router), m->d_logits, a->ln2, W(p, t->router), Nl,
-                       E, H);
+    mt_pass_linear_bwd(p, m->d_ln, 1.0f, G(p, t->router), m->d_logits, ACT(p, a->ln2, Nl, H),
+                       W(p, t->router), Nl, E, H);
     mt_model_expert_release(m, a, false);
     return MT_OK;
 }

@@ -23,53 +23,60 @@ void mt_pass_round(const pass_t *p, float *x, size_t n)
     if (p->m->bf16) p->o->bf16_round(p->ctx, x, x, n);
 }
 
-static float *W(const pass_t *p, int tensor) { return mt_model_view(p->m->work, p->m, tensor); }
+static struct mt_tensor W(const pass_t *p, int tensor) { return mt_model_weight(p->m, tensor); }
 static float *G(const pass_t *p, int tensor) { return mt_model_view(p->m->grads, p->m, tensor); }
+static struct mt_tensor ACT(const pass_t *p, const void *x, int64_t rows, int64_t cols)
+{
+    return mt_pass_act(p, x, rows, cols);
+}
+static struct mt_tensor F32(const float *x, int64_t rows, int64_t cols) { return mt_f32(x, rows, cols); }
 
 // out (N,dout) = in (N,din) W^T, W is (dout,din)
-void mt_pass_linear_fwd(const pass_t *p, float *out, const float *in, const float *w, int N,
-                        int dout, int din)
+void mt_pass_linear_fwd(const pass_t *p, struct mt_tensor out, struct mt_tensor in,
+                        struct mt_tensor w, int N, int dout, int din)
 {
-    p->o->gemm(p->ctx, false, true, N, dout, din, 1.0f, in, din, w, din, 0.0f, out, dout);
+    p->o->gemm(p->ctx, false, true, N, dout, din, 1.0f, in, w, 0.0f, out);
 }
 
 // din (N,din) = beta din + dout W; dw (dout,din) += dout^T in
 void mt_pass_linear_bwd(const pass_t *p, float *din, float beta, float *dw, const float *dout,
-                        const float *in, const float *w, int N, int d_out, int d_in)
+                        struct mt_tensor in, struct mt_tensor w, int N, int d_out, int d_in)
 {
-    p->o->gemm(p->ctx, false, false, N, d_in, d_out, 1.0f, dout, d_out, w, d_in, beta, din, d_in);
-    p->o->gemm(p->ctx, true, false, d_out, d_in, N, 1.0f, dout, d_out, in, d_in, 1.0f, dw, d_in);
+    p->o->gemm(p->ctx, false, false, N, d_in, d_out, 1.0f, F32(dout, N, d_out), w, beta,
+               F32(din, N, d_in));
+    p->o->gemm(p->ctx, true, false, d_out, d_in, N, 1.0f, F32(dout, N, d_out), in, 1.0f,
+               F32(dw, d_out, d_in));
 }
 
 /* SwiGLU MLP on N rows: act = silu(x Wg^T) * (x Wu^T); out = act Wd^T (not rounded:
  * with TP it is a partial sum, rounded by the caller once reduced). */
-void mt_pass_mlp_fwd(const pass_t *p, float *out, const float *x, const float *wg,
-                     const float *wu, const float *wd, float *gate, float *up, float *act, int N,
-                     int F)
+void mt_pass_mlp_fwd(const pass_t *p, float *out, const float *x, struct mt_tensor wg,
+                     struct mt_tensor wu, struct mt_tensor wd, float *gate, float *up, float *act,
+                     int N, int F)
 {
     const int H = p->m->H;
-    mt_pass_linear_fwd(p, gate, x, wg, N, F, H);
+    mt_pass_linear_fwd(p, ACT(p, gate, N, F), ACT(p, x, N, H), wg, N, F, H);
     mt_pass_round(p, gate, (size_t)N * F);
-    mt_pass_linear_fwd(p, up, x, wu, N, F, H);
+    mt_pass_linear_fwd(p, ACT(p, up, N, F), ACT(p, x, N, H), wu, N, F, H);
     mt_pass_round(p, up, (size_t)N * F);
-    p->o->swiglu_fwd(p->ctx, act, gate, up, N, F);
+    p->o->swiglu_fwd(p->ctx, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
     mt_pass_round(p, act, (size_t)N * F);
-    mt_pass_linear_fwd(p, out, act, wd, N, H, F);
+    mt_pass_linear_fwd(p, F32(out, N, H), ACT(p, act, N, F), wd, N, H, F);
 }
 
 // dx (N,H) = beta dx + d(x); weight grads +=; dout (N,H)
 void mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const float *x,
                      const float *gate, const float *up, const float *act, int N, int F,
-                     const float *wg, const float *wu, const float *wd, float *gg, float *gu,
-                     float *gd)
+                     struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, float *gg,
+                     float *gu, float *gd)
 {
     struct mt_model *m = p->m;
     const int H = m->H;
     float *dact = m->d_f1, *dgate = m->d_f2, *dup = m->d_f3;
-    mt_pass_linear_bwd(p, dact, 0.0f, gd, dout, act, wd, N, H, F);
-    p->o->swiglu_bwd(p->ctx, dgate, dup, dact, gate, up, N, F);
-    mt_pass_linear_bwd(p, dx, beta, gg, dgate, x, wg, N, F, H);
-    mt_pass_linear_bwd(p, dx, 1.0f, gu, dup, x, wu, N, F, H);
+    mt_pass_linear_bwd(p, dact, 0.0f, gd, dout, ACT(p, act, N, F), wd, N, H, F);
+    p->o->swiglu_bwd(p->ctx, dgate, dup, dact, ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
+    mt_pass_linear_bwd(p, dx, beta, gg, dgate, ACT(p, x, N, H), wg, N, F, H);
+    mt_pass_linear_bwd(p, dx, 1.0f, gu, dup, ACT(p, x, N, H), wu, N, F, H);
 }
 
 int mt_pass_sp_gather(const pass_t *p, float *full, const float *local, int C)
@@ -99,37 +106,44 @@ static int attention_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
-    p->o->rmsnorm_fwd(p->ctx, a->ln1, a->ln1_rstd, m->res[l], W(p, t->ln1), Nl, H, m->eps);
+    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln1, Nl, H), a->ln1_rstd, ACT(p, m->res[l], Nl, H),
+                      W(p, t->ln1), Nl, H, m->eps);
     mt_pass_round(p, a->ln1, (size_t)Nl * H);
     MT_CHECK(mt_pass_sp_gather(p, a->ln1_full, a->ln1, H));
-    mt_pass_linear_fwd(p, a->q, a->ln1_full, W(p, t->wq), N, Q, H);
+    mt_pass_linear_fwd(p, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), W(p, t->wq), N, Q, H);
     mt_pass_round(p, a->q, (size_t)N * Q);
-    mt_pass_linear_fwd(p, a->k, a->ln1_full, W(p, t->wk), N, KV, H);
+    mt_pass_linear_fwd(p, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), W(p, t->wk), N, KV, H);
     mt_pass_round(p, a->k, (size_t)N * KV);
-    mt_pass_linear_fwd(p, a->v, a->ln1_full, W(p, t->wv), N, KV, H);
+    mt_pass_linear_fwd(p, ACT(p, a->v, N, KV), ACT(p, a->ln1_full, N, H), W(p, t->wv), N, KV, H);
     mt_pass_round(p, a->v, (size_t)N * KV);
     if (m->qk_norm) { /* per-head RMSNorm over head_dim, before RoPE */
-        p->o->rmsnorm_fwd(p->ctx, a->qr, a->q_rstd, a->q, W(p, t->q_norm), N * m->nh_l, m->hd, m->eps);
+        const int nq = N * m->nh_l, nk = N * m->ng_l, hd = m->hd;
+        p->o->rmsnorm_fwd(p->ctx, ACT(p, a->qr, nq, hd), a->q_rstd, ACT(p, a->q, nq, hd),
+                          W(p, t->q_norm), nq, hd, m->eps);
         mt_pass_round(p, a->qr, (size_t)N * Q);
-        p->o->rmsnorm_fwd(p->ctx, a->kr, a->k_rstd, a->k, W(p, t->k_norm), N * m->ng_l, m->hd, m->eps);
+        p->o->rmsnorm_fwd(p->ctx, ACT(p, a->kr, nk, hd), a->k_rstd, ACT(p, a->k, nk, hd),
+                          W(p, t->k_norm), nk, hd, m->eps);
         mt_pass_round(p, a->kr, (size_t)N * KV);
     } else {
-        p->o->copy(p->ctx, a->qr, a->q, sizeof(float) * (size_t)N * Q);
-        p->o->copy(p->ctx, a->kr, a->k, sizeof(float) * (size_t)N * KV);
+        p->o->copy(p->ctx, a->qr, a->q, mt_dtype_size(m->adt) * (size_t)N * Q);
+        p->o->copy(p->ctx, a->kr, a->k, mt_dtype_size(m->adt) * (size_t)N * KV);
     }
-    p->o->rope_fwd(p->ctx, a->qr, a->qr, p->B, m->T, m->nh_l, m->hd, m->theta);
+    p->o->rope_fwd(p->ctx, ACT(p, a->qr, N, Q), ACT(p, a->qr, N, Q), p->B, m->T, m->nh_l, m->hd,
+                   m->theta);
     mt_pass_round(p, a->qr, (size_t)N * Q);
-    p->o->rope_fwd(p->ctx, a->kr, a->kr, p->B, m->T, m->ng_l, m->hd, m->theta);
+    p->o->rope_fwd(p->ctx, ACT(p, a->kr, N, KV), ACT(p, a->kr, N, KV), p->B, m->T, m->ng_l, m->hd,
+                   m->theta);
     mt_pass_round(p, a->kr, (size_t)N * KV);
-    p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, a->qr, a->kr, a->v, p->B, m->T, m->nh_l,
-                        m->ng_l, m->hd);
+    p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
+                        ACT(p, a->v, N, KV), p->B, m->T, m->nh_l, m->ng_l, m->hd);
     /* rounded into y, not in place: attention_bwd needs the output it wrote */
     if (m->bf16) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
     float *o_full = full_or(p, m->full, m->tmp);
-    mt_pass_linear_fwd(p, o_full, a->y, W(p, t->wo), N, H, Q); /* row-parallel */
+    mt_pass_linear_fwd(p, F32(o_full, N, H), ACT(p, a->y, N, Q), W(p, t->wo), N, H, Q); /* row-parallel */
     MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, o_full, H));
     mt_pass_round(p, m->tmp, (size_t)Nl * H);
-    p->o->add(p->ctx, a->res_mid, m->res[l], m->tmp, (size_t)Nl * H);
+    p->o->add(p->ctx, ACT(p, a->res_mid, 1, (int64_t)Nl * H), ACT(p, m->res[l], 1, (int64_t)Nl * H),
+              F32(m->tmp, 1, (int64_t)Nl * H), (size_t)Nl * H);
     mt_pass_round(p, a->res_mid, (size_t)Nl * H);
     return MT_OK;
 }
@@ -143,29 +157,32 @@ static int attention_bwd(const pass_t *p, int l)
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H));
-    mt_pass_linear_bwd(p, m->dy, 0.0f, G(p, t->wo), d_out, a->y, W(p, t->wo), N, H, Q);
-    p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, a->qr, a->kr, a->v, a->att_out,
-                        a->att_lse, p->B, m->T, m->nh_l, m->ng_l, m->hd);
+    mt_pass_linear_bwd(p, m->dy, 0.0f, G(p, t->wo), d_out, ACT(p, a->y, N, Q), W(p, t->wo), N, H, Q);
+    p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
+                        ACT(p, a->v, N, KV), a->att_out, a->att_lse, p->B, m->T, m->nh_l, m->ng_l,
+                        m->hd);
     p->o->rope_bwd(p->ctx, m->dq, m->dq, p->B, m->T, m->nh_l, m->hd, m->theta);
     p->o->rope_bwd(p->ctx, m->dk, m->dk, p->B, m->T, m->ng_l, m->hd, m->theta);
     float *dq = m->dq, *dk = m->dk;
     if (m->qk_norm) {
         p->o->memset(p->ctx, m->dq2, 0, sizeof(float) * (size_t)N * Q);
         p->o->memset(p->ctx, m->dk2, 0, sizeof(float) * (size_t)N * KV);
-        p->o->rmsnorm_bwd(p->ctx, m->dq2, G(p, t->q_norm), m->dq, a->q, W(p, t->q_norm), a->q_rstd,
-                          N * m->nh_l, m->hd);
-        p->o->rmsnorm_bwd(p->ctx, m->dk2, G(p, t->k_norm), m->dk, a->k, W(p, t->k_norm), a->k_rstd,
-                          N * m->ng_l, m->hd);
+        const int nq = N * m->nh_l, nk = N * m->ng_l, hd = m->hd;
+        p->o->rmsnorm_bwd(p->ctx, m->dq2, G(p, t->q_norm), m->dq, ACT(p, a->q, nq, hd),
+                          W(p, t->q_norm), a->q_rstd, nq, hd);
+        p->o->rmsnorm_bwd(p->ctx, m->dk2, G(p, t->k_norm), m->dk, ACT(p, a->k, nk, hd),
+                          W(p, t->k_norm), a->k_rstd, nk, hd);
         dq = m->dq2;
         dk = m->dk2;
     }
     float *d_ln = full_or(p, m->full, m->d_ln); /* partial sums over the TP group */
-    mt_pass_linear_bwd(p, d_ln, 0.0f, G(p, t->wq), dq, a->ln1_full, W(p, t->wq), N, Q, H);
-    mt_pass_linear_bwd(p, d_ln, 1.0f, G(p, t->wk), dk, a->ln1_full, W(p, t->wk), N, KV, H);
-    mt_pass_linear_bwd(p, d_ln, 1.0f, G(p, t->wv), m->dv, a->ln1_full, W(p, t->wv), N, KV, H);
+    const struct mt_tensor ln1_full = ACT(p, a->ln1_full, N, H);
+    mt_pass_linear_bwd(p, d_ln, 0.0f, G(p, t->wq), dq, ln1_full, W(p, t->wq), N, Q, H);
+    mt_pass_linear_bwd(p, d_ln, 1.0f, G(p, t->wk), dk, ln1_full, W(p, t->wk), N, KV, H);
+    mt_pass_linear_bwd(p, d_ln, 1.0f, G(p, t->wv), m->dv, ln1_full, W(p, t->wv), N, KV, H);
     MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
-    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln1), m->d_ln, m->res[l], W(p, t->ln1), a->ln1_rstd,
-                      Nl, H);
+    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln1), m->d_ln, ACT(p, m->res[l], Nl, H), W(p, t->ln1),
+                      a->ln1_rstd, Nl, H);
     return MT_OK;
 }
 
@@ -177,7 +194,8 @@ static int mlp_block_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H;
-    p->o->rmsnorm_fwd(p->ctx, a->ln2, a->ln2_rstd, a->res_mid, W(p, t->ln2), Nl, H, m->eps);
+    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln2, Nl, H), a->ln2_rstd, ACT(p, a->res_mid, Nl, H),
+                      W(p, t->ln2), Nl, H, m->eps);
     mt_pass_round(p, a->ln2, (size_t)Nl * H);
     if (m->moe_of_layer[l] >= 0) {
         MT_CHECK(mt_moe_fwd(p, l, m->tmp));
@@ -189,7 +207,8 @@ static int mlp_block_fwd(const pass_t *p, int l)
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, out, H));
         mt_pass_round(p, m->tmp, (size_t)Nl * H);
     }
-    p->o->add(p->ctx, m->res[l + 1], a->res_mid, m->tmp, (size_t)Nl * H);
+    p->o->add(p->ctx, ACT(p, m->res[l + 1], 1, (int64_t)Nl * H), ACT(p, a->res_mid, 1, (int64_t)Nl * H),
+              F32(m->tmp, 1, (int64_t)Nl * H), (size_t)Nl * H);
     mt_pass_round(p, m->res[l + 1], (size_t)Nl * H);
     return MT_OK;
 }
@@ -212,8 +231,8 @@ static int mlp_block_bwd(const pass_t *p, int l)
                         G(p, t->down));
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     }
-    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln2), m->d_ln, a->res_mid, W(p, t->ln2), a->ln2_rstd,
-                      Nl, H);
+    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln2), m->d_ln, ACT(p, a->res_mid, Nl, H), W(p, t->ln2),
+                      a->ln2_rstd, Nl, H);
     return MT_OK;
 }
 
@@ -319,16 +338,17 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
 
     /* forward */
     float *emb = full_or(&p, m->full, m->res[0]);
-    p.o->embedding_fwd(p.ctx, emb, m->inputs_v, W(&p, m->embed), N, H); /* vocabulary-parallel */
+    p.o->embedding_fwd(p.ctx, F32(emb, N, H), m->inputs_v, W(&p, m->embed), N, H); /* vocabulary-parallel */
     MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->res[0], emb, H));
     for (int l = 0; l < m->L; l++) {
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
-    p.o->rmsnorm_fwd(p.ctx, m->lnf, m->lnf_rstd, m->res[m->L], W(&p, m->final_norm), Nl, H, m->eps);
+    p.o->rmsnorm_fwd(p.ctx, ACT(&p, m->lnf, Nl, H), m->lnf_rstd, ACT(&p, m->res[m->L], Nl, H),
+                     W(&p, m->final_norm), Nl, H, m->eps);
     mt_pass_round(&p, m->lnf, (size_t)Nl * H);
     MT_CHECK(mt_pass_sp_gather(&p, m->lnf_full, m->lnf, H));
-    mt_pass_linear_fwd(&p, m->lm_logits, m->lnf_full, W(&p, m->lm_head), N, V, H);
+    mt_pass_linear_fwd(&p, F32(m->lm_logits, N, V), ACT(&p, m->lnf_full, N, H), W(&p, m->lm_head), N, V, H);
     mt_pass_round(&p, m->lm_logits, (size_t)N * V);
     p.o->cross_entropy_fwd(p.ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
     if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(&p));
@@ -343,11 +363,11 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     float *dlogits = m->lm_logits; /* in place */
     p.o->cross_entropy_bwd(p.ctx, dlogits, m->lm_logits, m->ce_lse, m->targets, N, V, m->v0, ce_scale);
     float *d_lnf = full_or(&p, m->full, m->d_ln);
-    mt_pass_linear_bwd(&p, d_lnf, 0.0f, G(&p, m->lm_head), dlogits, m->lnf_full, W(&p, m->lm_head),
-                       N, V, H);
+    mt_pass_linear_bwd(&p, d_lnf, 0.0f, G(&p, m->lm_head), dlogits, ACT(&p, m->lnf_full, N, H),
+                       W(&p, m->lm_head), N, V, H);
     MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->d_ln, d_lnf, H));
     p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
-    p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, m->res[m->L],
+    p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, ACT(&p, m->res[m->L], Nl, H),
                      W(&p, m->final_norm), m->lnf_rstd, Nl, H);
     for (int l = m->L - 1; l >= 0; l--) {
         MT_CHECK(mlp_block_bwd(&p, l));
@@ -404,7 +424,7 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
     sl->loss_scale = loss_scale;
     if (m->first) {
         float *emb = full_or(&p, m->full, m->res[0]);
-        p.o->embedding_fwd(p.ctx, emb, m->inputs_v, W(&p, m->embed), N, H);
+        p.o->embedding_fwd(p.ctx, F32(emb, N, H), m->inputs_v, W(&p, m->embed), N, H);
         MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->res[0], emb, H));
     } else {
         p.o->copy(p.ctx, m->res[m->l0], x_in, sizeof(float) * (size_t)Nl * H);
@@ -417,10 +437,11 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
         p.o->copy(p.ctx, x_out, m->res[m->l1], sizeof(float) * (size_t)Nl * H);
         return MT_OK;
     }
-    p.o->rmsnorm_fwd(p.ctx, m->lnf, m->lnf_rstd, m->res[m->L], W(&p, m->final_norm), Nl, H, m->eps);
+    p.o->rmsnorm_fwd(p.ctx, ACT(&p, m->lnf, Nl, H), m->lnf_rstd, ACT(&p, m->res[m->L], Nl, H),
+                     W(&p, m->final_norm), Nl, H, m->eps);
     mt_pass_round(&p, m->lnf, (size_t)Nl * H);
     MT_CHECK(mt_pass_sp_gather(&p, m->lnf_full, m->lnf, H));
-    mt_pass_linear_fwd(&p, m->lm_logits, m->lnf_full, W(&p, m->lm_head), N, V, H);
+    mt_pass_linear_fwd(&p, F32(m->lm_logits, N, V), ACT(&p, m->lnf_full, N, H), W(&p, m->lm_head), N, V, H);
     mt_pass_round(&p, m->lm_logits, (size_t)N * V);
     p.o->cross_entropy_fwd(p.ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
     if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(&p));
@@ -450,11 +471,11 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
         p.o->cross_entropy_bwd(p.ctx, dlogits, m->lm_logits, m->ce_lse, m->targets, N, V, m->v0,
                                ce_scale);
         float *d_lnf = full_or(&p, m->full, m->d_ln);
-        mt_pass_linear_bwd(&p, d_lnf, 0.0f, G(&p, m->lm_head), dlogits, m->lnf_full,
+        mt_pass_linear_bwd(&p, d_lnf, 0.0f, G(&p, m->lm_head), dlogits, ACT(&p, m->lnf_full, N, H),
                            W(&p, m->lm_head), N, V, H);
         MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->d_ln, d_lnf, H));
         p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
-        p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, m->res[m->L],
+        p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, ACT(&p, m->res[m->L], Nl, H),
                          W(&p, m->final_norm), m->lnf_rstd, Nl, H);
     } else {
         p.o->copy(p.ctx, m->d_res, dy, sizeof(float) * (size_t)Nl * H);

@@ -30,7 +30,7 @@ void th_rmtree(const char *dir)
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-void th_write_dataset(const char *prefix, enum mt_dtype dtype, int ndocs, const int *lens,
+void th_write_dataset(const char *prefix, enum mt_token_dtype dtype, int ndocs, const int *lens,
                       int32_t base)
 {
     struct mt_err err = {0};

@@ -21,7 +21,7 @@ void th_rmtree(const char *dir);
 
 /* Writes prefix.bin/.idx: ndocs documents, document d of lens[d] tokens
  * TH_TOKEN(base, d, j). */
-void th_write_dataset(const char *prefix, enum mt_dtype dtype, int ndocs, const int *lens,
+void th_write_dataset(const char *prefix, enum mt_token_dtype dtype, int ndocs, const int *lens,
                       int32_t base);
 /* The same with lengths drawn from [lo, hi] by a fixed LCG seeded with seed. */
 void th_write_random_dataset(const char *prefix, int ndocs, int lo, int hi, unsigned seed,

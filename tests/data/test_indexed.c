@@ -25,7 +25,7 @@ static void roundtrip_every_dtype(void **state)
     for (int code = 1; code <= 8; code++) {
         struct mt_err err = {0};
         struct mt_indexed_writer *w;
-        assert_int_equal(mt_indexed_writer_open(prefix, (enum mt_dtype)code, &w, &err), MT_OK);
+        assert_int_equal(mt_indexed_writer_open(prefix, (enum mt_token_dtype)code, &w, &err), MT_OK);
         for (int d = 0; d < 3; d++) {
             int32_t t[8];
             for (int j = 0; j < lens3[d]; j++) t[j] = 10 * d + j + 1;
