@@ -404,6 +404,8 @@ static void *take(struct arena *a, size_t n, size_t elem)
 
 #define TAKE_F(a, n) ((float *)take((a), (size_t)(n), sizeof(float)))
 #define TAKE_I(a, n) ((int32_t *)take((a), (size_t)(n), sizeof(int32_t)))
+/* a stored activation: the model's activation dtype (m in scope) */
+#define TAKE_A(a, n) take((a), (size_t)(n), mt_dtype_size(m->adt))
 
 /* Token counts of a micro-batch of Bmax sequences: the whole (N), this rank's part (Nl),
  * and the tokens gathered over the ETP x EP group by the allgather dispatcher (G*Nl). */
@@ -422,14 +424,14 @@ static void layout_expert_views(const struct mt_model *m, struct arena *a,
 {
     *v = (struct mt_expert_views){0};
     if (m->dispatch != MT_DISPATCH_LOCAL) {
-        v->xs = TAKE_F(a, Rx * m->H);
+        v->xs = TAKE_A(a, Rx * m->H);
         v->sort_map = TAKE_I(a, Rx);
     }
     if (m->dispatch == MT_DISPATCH_ALLTOALL) v->unsort_map = TAKE_I(a, Rx);
-    if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = TAKE_F(a, Rx * m->H);
-    v->eg = TAKE_F(a, Rx * m->Fe_l);
-    v->eu = TAKE_F(a, Rx * m->Fe_l);
-    v->ea = TAKE_F(a, Rx * m->Fe_l);
+    if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = take(a, Rx * m->H, mt_dtype_size(m->eys_dt));
+    v->eg = TAKE_A(a, Rx * m->Fe_l);
+    v->eu = TAKE_A(a, Rx * m->Fe_l);
+    v->ea = TAKE_A(a, Rx * m->Fe_l);
 }
 
 static void get_views(const struct mt_layer_acts *x, struct mt_expert_views *v)
@@ -504,8 +506,8 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
     x->plan.slot_row = TAKE_I(a, Nl * k);
     x->plan.kept = (int64_t *)take(a, (size_t)m->E, sizeof(int64_t));
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
-        x->xp = TAKE_F(a, R * m->H);
-        x->ey = TAKE_F(a, R * m->H);
+        x->xp = TAKE_A(a, R * m->H);
+        x->ey = TAKE_A(a, R * m->H);
     }
     if (m->dispatch != MT_DISPATCH_LOCAL) x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
     if (m->dispatch == MT_DISPATCH_ALLGATHER) {
@@ -521,9 +523,9 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
     }
     if (m->Fs > 0) {
         const size_t N = tokens_all(m);
-        x->sg = TAKE_F(a, N * m->Fs_l);
-        x->su = TAKE_F(a, N * m->Fs_l);
-        x->sa = TAKE_F(a, N * m->Fs_l);
+        x->sg = TAKE_A(a, N * m->Fs_l);
+        x->su = TAKE_A(a, N * m->Fs_l);
+        x->sa = TAKE_A(a, N * m->Fs_l);
     }
 }
 
@@ -531,50 +533,51 @@ static void layout_acts(struct mt_model *m, struct arena *a)
 {
     const size_t N = tokens_all(m), Nl = tokens_local(m);
     const bool tp = m->sc.tp > 1;
-    for (int l = m->l0; l <= m->l1; l++) m->res[l] = TAKE_F(a, Nl * m->H);
+    for (int l = m->l0; l <= m->l1; l++) m->res[l] = TAKE_A(a, Nl * m->H);
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer_acts *x = &m->la[l];
         long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
         memset(x, 0, sizeof *x);
         x->h_offsets = h_offsets;
         x->recv_counts = recv_counts;
-        x->ln1 = TAKE_F(a, Nl * m->H);
+        x->ln1 = TAKE_A(a, Nl * m->H);
         x->ln1_rstd = TAKE_F(a, Nl);
-        x->ln1_full = tp ? TAKE_F(a, N * m->H) : x->ln1;
-        x->q = TAKE_F(a, N * m->Q_l);
-        x->k = TAKE_F(a, N * m->KV_l);
-        x->v = TAKE_F(a, N * m->KV_l);
+        x->ln1_full = tp ? TAKE_A(a, N * m->H) : x->ln1;
+        x->q = TAKE_A(a, N * m->Q_l);
+        x->k = TAKE_A(a, N * m->KV_l);
+        x->v = TAKE_A(a, N * m->KV_l);
         if (m->qk_norm) {
             x->q_rstd = TAKE_F(a, N * m->nh_l);
             x->k_rstd = TAKE_F(a, N * m->ng_l);
         }
-        x->qr = TAKE_F(a, N * m->Q_l);
-        x->kr = TAKE_F(a, N * m->KV_l);
+        x->qr = TAKE_A(a, N * m->Q_l);
+        x->kr = TAKE_A(a, N * m->KV_l);
         x->att_lse = TAKE_F(a, N * m->nh_l);
         x->att_out = TAKE_F(a, N * m->Q_l);
-        x->y = m->bf16 ? TAKE_F(a, N * m->Q_l) : x->att_out;
-        x->res_mid = TAKE_F(a, Nl * m->H);
-        x->ln2 = TAKE_F(a, Nl * m->H);
+        x->y = m->bf16 ? TAKE_A(a, N * m->Q_l) : x->att_out;
+        x->res_mid = TAKE_A(a, Nl * m->H);
+        x->ln2 = TAKE_A(a, Nl * m->H);
         x->ln2_rstd = TAKE_F(a, Nl);
         bool moe = m->moe_of_layer[l] >= 0;
-        x->ln2_full = tp && (!moe || m->Fs > 0) ? TAKE_F(a, N * m->H) : x->ln2;
+        x->ln2_full = tp && (!moe || m->Fs > 0) ? TAKE_A(a, N * m->H) : x->ln2;
         if (!moe) {
-            x->gate = TAKE_F(a, N * m->F_l);
-            x->up = TAKE_F(a, N * m->F_l);
-            x->act = TAKE_F(a, N * m->F_l);
+            x->gate = TAKE_A(a, N * m->F_l);
+            x->up = TAKE_A(a, N * m->F_l);
+            x->act = TAKE_A(a, N * m->F_l);
             continue;
         }
         layout_moe_acts(m, a, x);
     }
     if (m->last) {
-        m->lnf = TAKE_F(a, Nl * m->H);
+        m->lnf = TAKE_A(a, Nl * m->H);
         m->lnf_rstd = TAKE_F(a, Nl);
-        m->lnf_full = tp ? TAKE_F(a, N * m->H) : m->lnf;
+        m->lnf_full = tp ? TAKE_A(a, N * m->H) : m->lnf;
         m->lm_logits = TAKE_F(a, N * m->V_l);
         m->ce_lse = TAKE_F(a, N);
         m->ce_tl = TAKE_F(a, N);
     } else {
-        m->lnf = m->lnf_rstd = m->lnf_full = m->lm_logits = m->ce_lse = m->ce_tl = NULL;
+        m->lnf = m->lnf_full = NULL;
+        m->lnf_rstd = m->lm_logits = m->ce_lse = m->ce_tl = NULL;
     }
     m->inputs = TAKE_I(a, N);
     m->targets = TAKE_I(a, N);
@@ -589,6 +592,8 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
     const bool drop_over_tp = tp && m->nmoe > 0 && m->capacity_factor > 0.0;
     m->tmp = TAKE_F(a, Nl * m->H);
     m->tmp2 = TAKE_F(a, Nl * m->H);
+    m->tmpb = m->adt != MT_F32 ? TAKE_A(a, Nl * m->H) : m->tmp;
+    m->tmp2b = m->adt != MT_F32 ? TAKE_A(a, Nl * m->H) : m->tmp2;
     m->full = tp ? TAKE_F(a, N * m->H) : m->tmp;
     m->full2 = tp ? TAKE_F(a, N * m->H) : m->tmp2;
     m->d_res = TAKE_F(a, Nl * m->H);
@@ -875,8 +880,15 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->F = cfg->model.ffn_hidden_size;
     m->V = cfg->model.vocab_size;
     m->bf16 = streq(cfg->precision.params_dtype, "bf16");
-    m->adt = MT_F32;
+    /* MT_DEBUG_FP32_ACTIVATIONS=1: bf16 training on fp32-stored activations rounded in
+     * place, the reference tests/model/bf16_storage.sh compares bf16 storage with */
+    const char *fp32_acts = getenv("MT_DEBUG_FP32_ACTIVATIONS");
+    m->round_in_place = m->bf16 && fp32_acts && strcmp(fp32_acts, "1") == 0;
+    m->adt = m->bf16 && !m->round_in_place ? MT_BF16 : MT_F32;
     m->wdt = m->bf16 ? MT_BF16 : MT_F32;
+    /* the allgather dispatcher keeps the experts' output rows for backward: partial sums
+     * over ETP (fp32) with ETP > 1, else stored activations */
+    m->eys_dt = m->sc.etp == 1 ? m->adt : MT_F32;
     m->tied = !cfg->model.untie_embeddings_and_output_weights;
     m->qk_norm = cfg->model.qk_layernorm;
     m->eps = (float)cfg->model.norm_epsilon;
@@ -925,9 +937,9 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->moe_of_layer = calloc((size_t)m->L, sizeof(int));
     m->lt = calloc((size_t)m->L, sizeof *m->lt);
     m->la = calloc((size_t)m->L, sizeof *m->la);
-    m->res = calloc((size_t)m->L + 1, sizeof(float *));
+    m->res = calloc((size_t)m->L + 1, sizeof(void *));
     NEED(m->moe_of_layer && m->lt && m->la && m->res, "per-layer tables",
-         (size_t)m->L * (sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(float *)));
+         (size_t)m->L * (sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(void *)));
     for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
     m->dispatch = MT_DISPATCH_LOCAL;
     if (m->nmoe > 0) {
@@ -1193,7 +1205,7 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
     memcpy(m->chunk_l1, l1, sizeof(int) * (size_t)nchunks);
     m->nslots = nslots;
     const size_t E = (size_t)m->E, S = (size_t)m->sc.ep * (size_t)m->E_l;
-    float **res0 = m->res;
+    void **res0 = m->res;
     struct mt_layer_acts *la0 = m->la;
     m->acts_bytes = 0;
     size_t want = 0; /* the slot being allocated, for the message */
@@ -1209,7 +1221,7 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
                 x->res = res0;
             } else {
                 x->la = calloc((size_t)m->L, sizeof *x->la);
-                x->res = calloc((size_t)m->L + 1, sizeof(float *));
+                x->res = calloc((size_t)m->L + 1, sizeof(void *));
                 if (!x->la || !x->res) goto oom;
                 for (int l = m->l0; l < m->l1; l++) {
                     if (m->moe_of_layer[l] < 0) continue;

@@ -23,20 +23,24 @@ struct mt_layer_tensors {
 /* What one layer's forward saves for its backward (views into m->acts). Token counts:
  * N = B*T (the micro-batch), Nl = N/tp (this rank's sequence-parallel part); widths
  * with _l are this rank's shards (heads, F/tp, ...). */
+/* Stored activations (void *) are in the model's activation dtype (adt: bf16 in bf16
+ * training); statistics, router scores and routing weights (float *) are fp32. */
 struct mt_layer_acts {
-    float *ln1, *ln1_rstd;      /* (Nl,H), (Nl) */
-    float *ln1_full;            /* (N,H): ln1 gathered over TP (== ln1 when tp = 1) */
-    float *q, *k, *v;           /* projections (N,Q_l), (N,KV_l), (N,KV_l) */
+    void *ln1;                  /* (Nl,H) */
+    float *ln1_rstd;            /* (Nl) */
+    void *ln1_full;             /* (N,H): ln1 gathered over TP (== ln1 when tp = 1) */
+    void *q, *k, *v;            /* projections (N,Q_l), (N,KV_l), (N,KV_l) */
     float *q_rstd, *k_rstd;     /* QK-norm statistics (N*heads_l), (N*groups_l) */
-    float *qr, *kr;             /* normed + rotated q, k */
+    void *qr, *kr;              /* normed + rotated q, k */
     float *att_lse;             /* (B,heads_l,T) logsumexp of each query row's scores */
-    float *att_out;             /* (N,Q_l) attention output as attention_fwd wrote it */
-    float *y;                   /* att_out rounded for wo (== att_out in fp32) */
-    float *res_mid;             /* residual after attention (Nl,H) */
-    float *ln2, *ln2_rstd;      /* (Nl,H), (Nl) */
-    float *ln2_full;            /* (N,H) gathered for the dense MLP / shared expert */
+    float *att_out;             /* (N,Q_l) attention output as attention_fwd wrote it (fp32) */
+    void *y;                    /* att_out in adt for wo (== att_out in fp32) */
+    void *res_mid;              /* residual after attention (Nl,H) */
+    void *ln2;                  /* (Nl,H) */
+    float *ln2_rstd;            /* (Nl) */
+    void *ln2_full;             /* (N,H) gathered for the dense MLP / shared expert */
     /* dense MLP */
-    float *gate, *up, *act;     /* (N,F_l) */
+    void *gate, *up, *act;      /* (N,F_l) */
     /* MoE: routing of this rank's Nl tokens */
     float *logits;              /* router logits (Nl,E), forced ones when force-balancing */
     float *aux_counts;          /* (seqs,E), summed over the TP group */
@@ -44,18 +48,18 @@ struct mt_layer_acts {
     int32_t *topk_idx;          /* (Nl,k) */
     float *topk_prob;           /* (Nl,k) */
     struct mt_dispatch_plan plan; /* of the Nl tokens over all E experts */
-    float *xp;                  /* permuted input (R,H) */
-    float *ey;                  /* expert output in plan order (R,H) */
+    void *xp;                   /* permuted input (R,H) */
+    void *ey;                   /* expert output in plan order (R,H) */
     /* expert side: rows this rank's experts compute, grouped by local expert */
     int32_t *x_offsets;         /* (E_l+1) */
-    float *xs;                  /* (Rx,H) expert input (== xp for LOCAL) */
-    float *eg, *eu, *ea;        /* expert gate, up, SwiGLU (Rx,Fe_l) */
-    float *eys;                 /* (Rx,H) expert output rows (ALLGATHER) */
+    void *xs;                   /* (Rx,H) expert input (== xp for LOCAL) */
+    void *eg, *eu, *ea;         /* expert gate, up, SwiGLU (Rx,Fe_l) */
+    void *eys;                  /* (Rx,H) expert output rows (ALLGATHER), in eys_dt */
     int32_t *sort_map, *unsort_map; /* (Rx) ALLTOALL: received order <-> expert order */
     long long *recv_counts;     /* ALLTOALL host: [etp][ep][E_l] rows from each source */
     int32_t *g_slot_row;        /* ALLGATHER: (G*Nl,k) slot -> expert row of the gathered tokens */
     float *g_prob;              /* ALLGATHER: (G*Nl,k) gathered routing weights */
-    float *sg, *su, *sa;        /* shared expert (N,Fs_l) */
+    void *sg, *su, *sa;         /* shared expert (N,Fs_l) */
     int rows;                   /* R: rows of the plan of the last forward */
     int x_rows;                 /* Rx */
     long long *h_offsets;       /* host copy of plan.offsets (E+1) */
@@ -64,7 +68,7 @@ struct mt_layer_acts {
      * home keeps the views into the slot's arena */
     void *over;
     struct mt_expert_views {
-        float *xs, *eg, *eu, *ea, *eys;
+        void *xs, *eg, *eu, *ea, *eys;
         int32_t *sort_map, *unsort_map;
     } home;
 };
@@ -74,9 +78,10 @@ struct mt_layer_acts {
  * m->res, m->la and the head views at it. */
 struct mt_act_slot {
     void *mem;
-    float **res;
+    void **res;
     struct mt_layer_acts *la;
-    float *lnf, *lnf_rstd, *lnf_full, *lm_logits, *ce_lse, *ce_tl;
+    void *lnf, *lnf_full;
+    float *lnf_rstd, *lm_logits, *ce_lse, *ce_tl;
     int32_t *inputs, *targets, *inputs_v;
     int B;                      /* the micro-batch it holds */
     long long valid;            /* its valid targets (last stage) */
@@ -91,6 +96,8 @@ struct mt_model {
     int L, H, nh, ng, hd, Q, KV, F, V, E, Fe, Fs, topk;
     bool bf16, tied, qk_norm;
     enum mt_dtype adt;          /* stored activations: MT_BF16 in bf16 training */
+    enum mt_dtype eys_dt;       /* eys: adt, or fp32 where it holds ETP partial sums */
+    bool round_in_place;        /* bf16 training on fp32-stored activations (reference) */
     enum mt_dtype wdt;          /* the working copy of the parameters (work) */
     float eps, theta;
     /* this rank's part of it */
@@ -138,15 +145,17 @@ struct mt_model {
     /* activations */
     void *acts;
     size_t acts_bytes;
-    float **res;                /* (L+1) residual stream (Nl,H): res[0] embeddings */
+    void **res;                 /* (L+1) residual stream (Nl,H): res[0] embeddings */
     struct mt_layer_acts *la;
-    float *lnf, *lnf_rstd, *lnf_full, *lm_logits, *ce_lse, *ce_tl;
+    void *lnf, *lnf_full;       /* (Nl,H), (N,H) */
+    float *lnf_rstd, *lm_logits, *ce_lse, *ce_tl; /* (Nl), (N,V_l) fp32, (N), (N) */
     int32_t *inputs, *targets;  /* (N) */
     int32_t *inputs_v;          /* (N) inputs - v0 in this vocabulary shard, else -1 */
     /* scratch (backward temporaries, forward partial sums, communication staging) */
     void *scratch;
     size_t scratch_bytes;
     float *tmp, *tmp2;          /* (Nl,H) */
+    void *tmpb, *tmp2b;         /* (Nl,H) in adt (== tmp, tmp2 when adt is fp32) */
     float *full, *full2;        /* (N,H): row-parallel partial sums, gathered gradients */
     float *d_res, *d_ln;        /* (Nl,H) */
     float *dq, *dk, *dv, *dq2, *dk2, *dy; /* (N,Q_l) / (N,KV_l) */
@@ -236,28 +245,36 @@ static inline struct mt_tensor mt_pass_act(const struct mt_pass *p, const void *
 struct mt_tensor mt_model_weight(const struct mt_model *m, int tensor);
 
 /* model_pass.c: pieces the MoE layer shares with the dense layers */
-void mt_pass_round(const struct mt_pass *p, float *x, size_t n);
+void mt_pass_round(const struct mt_pass *p, void *x, size_t n);
+/* The communication dtype of stored activations. */
+enum mt_dt mt_pass_act_dt(const struct mt_pass *p);
+/* A row-parallel linear's output: where the linear writes (fp32 partial sums in full
+ * with TP, else out in adt), and the reduction over TP into out (adt) through fp32 tmp. */
+struct mt_tensor mt_pass_rowpar_dst(const struct mt_pass *p, float *full, void *out);
+int mt_pass_rowpar_finish(const struct mt_pass *p, float *full, float *tmp, void *out);
 void mt_pass_linear_fwd(const struct mt_pass *p, struct mt_tensor out, struct mt_tensor in,
                         struct mt_tensor w, int N, int dout, int din);
 void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *dw,
                         const float *dout, struct mt_tensor in, struct mt_tensor w, int N,
                         int d_out, int d_in);
-void mt_pass_mlp_fwd(const struct mt_pass *p, float *out, const float *x, struct mt_tensor wg,
-                     struct mt_tensor wu, struct mt_tensor wd, float *gate, float *up, float *act,
-                     int N, int F);
+void mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x,
+                     struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, void *gate,
+                     void *up, void *act, int N, int F);
 void mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
-                     const float *x, const float *gate, const float *up, const float *act, int N,
+                     const void *x, const void *gate, const void *up, const void *act, int N,
                      int F, struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, float *gg,
                      float *gu, float *gd);
 /* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
  * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
-int mt_pass_sp_gather(const struct mt_pass *p, float *full, const float *local, int C);
+int mt_pass_sp_gather(const struct mt_pass *p, void *full, const void *local, int C,
+                      enum mt_dt dt);
 /* local (Nl,C) = this rank's rows of the sum over the TP group of full (N,C). */
 int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float *full, int C);
 
-/* model_moe.c: the MoE block on this rank's Nl tokens; out (Nl,H); the backward reads
- * the output gradient from m->d_res and writes the input gradient to m->d_ln. */
-int mt_moe_fwd(const struct mt_pass *p, int l, float *out);
+/* model_moe.c: the MoE block on this rank's Nl tokens; its output (Nl,H) into m->tmpb
+ * (adt); the backward reads the output gradient from m->d_res and writes the input
+ * gradient to m->d_ln. */
+int mt_moe_fwd(const struct mt_pass *p, int l);
 int mt_moe_bwd(const struct mt_pass *p, int l);
 
 #endif

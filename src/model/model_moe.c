@@ -326,7 +326,7 @@ static int route(const pass_t *p, int l)
  * local expert at offs (E_l+1); ey is a partial sum over the ETP group. */
 static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
                         const struct mt_layer_tensors *t, const int32_t *offs, int rows,
-                        float *ey)
+                        struct mt_tensor ey)
 {
     const struct mt_model *m = p->m;
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
@@ -338,8 +338,7 @@ static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
     mt_pass_round(p, a->eu, (size_t)rows * Fe);
     p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
     mt_pass_round(p, a->ea, (size_t)rows * Fe);
-    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, ea, W(p, t->exp_down), 0.0f,
-                       F32(ey, rows, H));
+    p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, ea, W(p, t->exp_down), 0.0f, ey);
 }
 
 /* dxs (rows,H) = the input gradient (partial over ETP) from dys (rows,H); weight grads +=. */
@@ -467,23 +466,25 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 }
 
 /* rows (R,H) in plan order -> out (Rx,H) in expert order: all-to-all over EP, all-gather
- * over ETP, sort. Uses stage and stage2. */
-static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const float *rows,
-                        float *out)
+ * over ETP, sort; both in dt (the activations forward, fp32 gradients backward). Uses
+ * stage and stage2 (sized for fp32 rows). */
+static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const void *rows,
+                        void *out, enum mt_dtype dt)
 {
     struct mt_model *m = p->m;
+    const enum mt_dt cdt = dt == MT_BF16 ? MT_DT_BF16 : MT_DT_F32;
     struct a2a_counts c = a2a_counts_of(p, a);
     MT_CHECK(mt_all_to_all_v(m->ep_comm, rows, c.send, c.send_at, m->stage, c.recv, c.recv_at,
-                             MT_DT_F32, p->err));
-    const float *got = m->stage;
+                             cdt, p->err));
+    const void *got = m->stage;
     if (m->sc.etp > 1) { /* every ETP peer gets the same rows: displacement 0 for all */
         for (int q = 0; q < m->sc.etp; q++) c.mine_at[q] = 0;
         MT_CHECK(mt_all_to_all_v(m->etp_comm, m->stage, c.mine, c.mine_at, m->stage2, c.gather,
-                                 c.gather_at, MT_DT_F32, p->err));
+                                 c.gather_at, cdt, p->err));
         got = m->stage2;
     }
-    p->o->permute_fwd(p->ctx, F32(out, a->x_rows, m->H), F32(got, a->x_rows, m->H), a->sort_map,
-                      a->x_rows, 1, m->H);
+    p->o->permute_fwd(p->ctx, mt_tview(out, dt, a->x_rows, m->H), mt_tview(got, dt, a->x_rows, m->H),
+                      a->sort_map, a->x_rows, 1, m->H);
     return MT_OK;
 }
 
@@ -546,63 +547,67 @@ static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     int32_t rows;
     p->o->copy(p->ctx, &rows, a->x_offsets + m->E_l, sizeof rows);
     a->x_rows = rows;
-    return mt_all_gather(m->xg_comm, a->ln2, m->stage, (size_t)p->Nl * m->H, MT_DT_F32, p->err);
+    return mt_all_gather(m->xg_comm, a->ln2, m->stage, (size_t)p->Nl * m->H, mt_pass_act_dt(p),
+                         p->err);
 }
 
 /* ------------------------------------------------------------ the block */
 
-int mt_moe_fwd(const pass_t *p, int l, float *out)
+int mt_moe_fwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int Nl = p->Nl, H = m->H, k = m->topk;
+    void *out = m->tmpb; /* the block's output, (Nl,H) in adt */
     MT_CHECK(route(p, l));
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
         a->x_rows = a->rows;
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->ey);
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, ACT(p, a->ey, a->rows, H));
         break;
     case MT_DISPATCH_ALLTOALL:
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
         MT_CHECK(a2a_prepare(p, l, a));
-        MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs));
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, m->d_x);
-        MT_CHECK(a2a_combine(p, a, m->d_x, a->ey));
+        MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs, m->adt));
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, F32(m->d_x, a->x_rows, H));
+        /* partial sums over ETP, summed in fp32, then stored in adt */
+        MT_CHECK(a2a_combine(p, a, m->d_x, m->d_rows));
+        p->o->convert(p->ctx, ACT(p, a->ey, a->rows, H), F32(m->d_rows, a->rows, H));
         break;
     case MT_DISPATCH_ALLGATHER: {
         const size_t NG = (size_t)m->xg * Nl;
         MT_CHECK(ag_prepare(p, l, a));
-        p->o->permute_fwd(p->ctx, ACT(p, a->xs, a->x_rows, H), F32(m->stage, (int64_t)NG, H),
+        p->o->permute_fwd(p->ctx, ACT(p, a->xs, a->x_rows, H), ACT(p, m->stage, (int64_t)NG, H),
                           a->sort_map, a->x_rows, k, H);
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, a->eys);
+        const struct mt_tensor eys = mt_tview(a->eys, m->eys_dt, a->x_rows, H);
+        experts_fwd(p, a, t, a->x_offsets, a->x_rows, eys);
         if (m->sc.etp == 1) mt_pass_round(p, a->eys, (size_t)a->x_rows * H);
-        p->o->unpermute_fwd(p->ctx, F32(m->stage2, (int64_t)NG, H), F32(a->eys, a->x_rows, H),
-                            a->g_slot_row, a->g_prob, (int)NG, k, H);
-        MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, out, (size_t)Nl * H, MT_DT_F32,
+        p->o->unpermute_fwd(p->ctx, F32(m->stage2, (int64_t)NG, H), eys, a->g_slot_row, a->g_prob,
+                            (int)NG, k, H);
+        MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, m->tmp, (size_t)Nl * H, MT_DT_F32,
                                    MT_OP_SUM, p->err));
+        if (out != m->tmp) p->o->convert(p->ctx, ACT(p, out, Nl, H), F32(m->tmp, Nl, H));
         break;
     }
     }
     mt_model_expert_release(m, a, true); /* the activations stay for backward */
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         mt_pass_round(p, a->ey, (size_t)a->rows * H);
-        p->o->unpermute_fwd(p->ctx, F32(out, Nl, H), F32(a->ey, a->rows, H), a->plan.slot_row,
+        p->o->unpermute_fwd(p->ctx, ACT(p, out, Nl, H), ACT(p, a->ey, a->rows, H), a->plan.slot_row,
                             a->topk_prob, Nl, k, H);
     }
     mt_pass_round(p, out, (size_t)Nl * H);
     if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
-        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H));
-        float *sh = m->sc.tp > 1 ? m->full2 : m->tmp2;
-        mt_pass_mlp_fwd(p, sh, a->ln2_full, W(p, t->sh_gate), W(p, t->sh_up), W(p, t->sh_down),
-                        a->sg, a->su, a->sa, p->N, m->Fs_l);
-        MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp2, sh, H));
-        mt_pass_round(p, m->tmp2, (size_t)Nl * H);
-        p->o->add(p->ctx, F32(out, 1, (int64_t)Nl * H), F32(out, 1, (int64_t)Nl * H),
-                  F32(m->tmp2, 1, (int64_t)Nl * H), (size_t)Nl * H);
+        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
+        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, W(p, t->sh_gate),
+                        W(p, t->sh_up), W(p, t->sh_down), a->sg, a->su, a->sa, p->N, m->Fs_l);
+        MT_CHECK(mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b));
+        const int64_t n = (int64_t)Nl * H;
+        p->o->add(p->ctx, ACT(p, out, 1, n), ACT(p, out, 1, n), ACT(p, m->tmp2b, 1, n), (size_t)n);
         mt_pass_round(p, out, (size_t)Nl * H);
     }
     return MT_OK;
@@ -621,7 +626,7 @@ int mt_moe_bwd(const pass_t *p, int l)
 
     if (m->Fs > 0) {
         float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
-        MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H));
+        MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
         float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
         mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
                         W(p, t->sh_gate), W(p, t->sh_up), W(p, t->sh_down), G(p, t->sh_gate),
@@ -633,15 +638,15 @@ int mt_moe_bwd(const pass_t *p, int l)
 
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
-        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, F32(a->ey, a->rows, H),
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_rows, m->d_rows2);
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
     case MT_DISPATCH_ALLTOALL:
-        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, F32(a->ey, a->rows, H),
+        p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
-        MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x));
+        MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x, MT_F32));
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
         MT_CHECK(a2a_combine(p, a, m->d_x2, m->d_rows2));
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
@@ -649,8 +654,9 @@ int mt_moe_bwd(const pass_t *p, int l)
     case MT_DISPATCH_ALLGATHER: {
         const size_t NG = (size_t)m->xg * Nl;
         MT_CHECK(mt_all_gather(m->xg_comm, dout, m->stage, (size_t)Nl * H, MT_DT_F32, p->err));
-        p->o->unpermute_bwd(p->ctx, m->d_x, m->g_dprob, m->stage, F32(a->eys, a->x_rows, H),
-                            a->g_slot_row, a->g_prob, (int)NG, k, H, a->x_rows);
+        p->o->unpermute_bwd(p->ctx, m->d_x, m->g_dprob, m->stage,
+                            mt_tview(a->eys, m->eys_dt, a->x_rows, H), a->g_slot_row, a->g_prob,
+                            (int)NG, k, H, a->x_rows);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->g_dprob, m->d_prob, (size_t)Nl * k, MT_DT_F32,
                                    MT_OP_SUM, p->err));
         experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);

@@ -17,11 +17,15 @@
 
 typedef struct mt_pass pass_t;
 
-/* Rounds a stored activation to bf16 (no-op in fp32). */
-void mt_pass_round(const pass_t *p, float *x, size_t n)
+/* Rounds an fp32-stored activation to bf16 in place: only in bf16 training on fp32
+ * storage (MT_DEBUG_FP32_ACTIVATIONS, the reference of tests/model/bf16_storage.sh);
+ * with bf16 storage the producers write bf16 and this does nothing. */
+void mt_pass_round(const pass_t *p, void *x, size_t n)
 {
-    if (p->m->bf16) p->o->bf16_round(p->ctx, x, x, n);
+    if (p->m->round_in_place) p->o->bf16_round(p->ctx, x, x, n);
 }
+
+enum mt_dt mt_pass_act_dt(const pass_t *p) { return p->m->adt == MT_BF16 ? MT_DT_BF16 : MT_DT_F32; }
 
 static struct mt_tensor W(const pass_t *p, int tensor) { return mt_model_weight(p->m, tensor); }
 static float *G(const pass_t *p, int tensor) { return mt_model_view(p->m->grads, p->m, tensor); }
@@ -50,8 +54,8 @@ void mt_pass_linear_bwd(const pass_t *p, float *din, float beta, float *dw, cons
 
 /* SwiGLU MLP on N rows: act = silu(x Wg^T) * (x Wu^T); out = act Wd^T (not rounded:
  * with TP it is a partial sum, rounded by the caller once reduced). */
-void mt_pass_mlp_fwd(const pass_t *p, float *out, const float *x, struct mt_tensor wg,
-                     struct mt_tensor wu, struct mt_tensor wd, float *gate, float *up, float *act,
+void mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, struct mt_tensor wg,
+                     struct mt_tensor wu, struct mt_tensor wd, void *gate, void *up, void *act,
                      int N, int F)
 {
     const int H = p->m->H;
@@ -61,12 +65,12 @@ void mt_pass_mlp_fwd(const pass_t *p, float *out, const float *x, struct mt_tens
     mt_pass_round(p, up, (size_t)N * F);
     p->o->swiglu_fwd(p->ctx, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
     mt_pass_round(p, act, (size_t)N * F);
-    mt_pass_linear_fwd(p, F32(out, N, H), ACT(p, act, N, F), wd, N, H, F);
+    mt_pass_linear_fwd(p, out, ACT(p, act, N, F), wd, N, H, F);
 }
 
 // dx (N,H) = beta dx + d(x); weight grads +=; dout (N,H)
-void mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const float *x,
-                     const float *gate, const float *up, const float *act, int N, int F,
+void mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const void *x,
+                     const void *gate, const void *up, const void *act, int N, int F,
                      struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, float *gg,
                      float *gu, float *gd)
 {
@@ -79,10 +83,10 @@ void mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, 
     mt_pass_linear_bwd(p, dx, 1.0f, gu, dup, ACT(p, x, N, H), wu, N, F, H);
 }
 
-int mt_pass_sp_gather(const pass_t *p, float *full, const float *local, int C)
+int mt_pass_sp_gather(const pass_t *p, void *full, const void *local, int C, enum mt_dt dt)
 {
     if (p->m->sc.tp == 1) return MT_OK;
-    return mt_all_gather(p->m->tp_comm, local, full, (size_t)p->Nl * C, MT_DT_F32, p->err);
+    return mt_all_gather(p->m->tp_comm, local, full, (size_t)p->Nl * C, dt, p->err);
 }
 
 int mt_pass_sp_reduce_scatter(const pass_t *p, float *local, const float *full, int C)
@@ -98,6 +102,26 @@ static float *full_or(const pass_t *p, float *full, float *local)
     return p->m->sc.tp > 1 ? full : local;
 }
 
+/* A row-parallel linear's (N,H) output: partial sums over TP in fp32 full, reduced to
+ * (Nl,H) in fp32 tmp, then stored in the activation dtype in out; with tp = 1 the
+ * linear writes out directly (rowpar_dst), and rowpar_finish only rounds in the
+ * reference mode. out == tmp when activations are fp32. */
+struct mt_tensor mt_pass_rowpar_dst(const pass_t *p, float *full, void *out)
+{
+    return p->m->sc.tp > 1 ? F32(full, p->N, p->m->H) : ACT(p, out, p->Nl, p->m->H);
+}
+
+int mt_pass_rowpar_finish(const pass_t *p, float *full, float *tmp, void *out)
+{
+    const int Nl = p->Nl, H = p->m->H;
+    if (p->m->sc.tp > 1) {
+        MT_CHECK(mt_pass_sp_reduce_scatter(p, tmp, full, H));
+        if (out != tmp) p->o->convert(p->ctx, ACT(p, out, Nl, H), F32(tmp, Nl, H));
+    }
+    mt_pass_round(p, out, (size_t)Nl * H);
+    return MT_OK;
+}
+
 /* ------------------------------------------------------------ attention */
 
 static int attention_fwd(const pass_t *p, int l)
@@ -109,7 +133,7 @@ static int attention_fwd(const pass_t *p, int l)
     p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln1, Nl, H), a->ln1_rstd, ACT(p, m->res[l], Nl, H),
                       W(p, t->ln1), Nl, H, m->eps);
     mt_pass_round(p, a->ln1, (size_t)Nl * H);
-    MT_CHECK(mt_pass_sp_gather(p, a->ln1_full, a->ln1, H));
+    MT_CHECK(mt_pass_sp_gather(p, a->ln1_full, a->ln1, H, mt_pass_act_dt(p)));
     mt_pass_linear_fwd(p, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), W(p, t->wq), N, Q, H);
     mt_pass_round(p, a->q, (size_t)N * Q);
     mt_pass_linear_fwd(p, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), W(p, t->wk), N, KV, H);
@@ -136,14 +160,15 @@ static int attention_fwd(const pass_t *p, int l)
     mt_pass_round(p, a->kr, (size_t)N * KV);
     p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
                         ACT(p, a->v, N, KV), p->B, m->T, m->nh_l, m->ng_l, m->hd);
-    /* rounded into y, not in place: attention_bwd needs the output it wrote */
-    if (m->bf16) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
-    float *o_full = full_or(p, m->full, m->tmp);
-    mt_pass_linear_fwd(p, F32(o_full, N, H), ACT(p, a->y, N, Q), W(p, t->wo), N, H, Q); /* row-parallel */
-    MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, o_full, H));
-    mt_pass_round(p, m->tmp, (size_t)Nl * H);
-    p->o->add(p->ctx, ACT(p, a->res_mid, 1, (int64_t)Nl * H), ACT(p, m->res[l], 1, (int64_t)Nl * H),
-              F32(m->tmp, 1, (int64_t)Nl * H), (size_t)Nl * H);
+    /* stored in y, not in place: attention_bwd needs the fp32 output it wrote */
+    if (m->round_in_place) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
+    else if (m->bf16) p->o->convert(p->ctx, ACT(p, a->y, N, Q), F32(a->att_out, N, Q));
+    mt_pass_linear_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), ACT(p, a->y, N, Q), W(p, t->wo),
+                       N, H, Q); /* row-parallel */
+    MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
+    const int64_t n = (int64_t)Nl * H;
+    p->o->add(p->ctx, ACT(p, a->res_mid, 1, n), ACT(p, m->res[l], 1, n), ACT(p, m->tmpb, 1, n),
+              (size_t)n);
     mt_pass_round(p, a->res_mid, (size_t)Nl * H);
     return MT_OK;
 }
@@ -156,7 +181,7 @@ static int attention_bwd(const pass_t *p, int l)
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
     float *d_out = full_or(p, m->full2, m->d_res);
-    MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H));
+    MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
     mt_pass_linear_bwd(p, m->dy, 0.0f, G(p, t->wo), d_out, ACT(p, a->y, N, Q), W(p, t->wo), N, H, Q);
     p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
                         ACT(p, a->v, N, KV), a->att_out, a->att_lse, p->B, m->T, m->nh_l, m->ng_l,
@@ -198,17 +223,16 @@ static int mlp_block_fwd(const pass_t *p, int l)
                       W(p, t->ln2), Nl, H, m->eps);
     mt_pass_round(p, a->ln2, (size_t)Nl * H);
     if (m->moe_of_layer[l] >= 0) {
-        MT_CHECK(mt_moe_fwd(p, l, m->tmp));
+        MT_CHECK(mt_moe_fwd(p, l)); /* into tmpb */
     } else {
-        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H));
-        float *out = full_or(p, m->full, m->tmp);
-        mt_pass_mlp_fwd(p, out, a->ln2_full, W(p, t->gate), W(p, t->up), W(p, t->down), a->gate,
-                        a->up, a->act, N, m->F_l);
-        MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, out, H));
-        mt_pass_round(p, m->tmp, (size_t)Nl * H);
+        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
+        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), a->ln2_full, W(p, t->gate),
+                        W(p, t->up), W(p, t->down), a->gate, a->up, a->act, N, m->F_l);
+        MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
     }
-    p->o->add(p->ctx, ACT(p, m->res[l + 1], 1, (int64_t)Nl * H), ACT(p, a->res_mid, 1, (int64_t)Nl * H),
-              F32(m->tmp, 1, (int64_t)Nl * H), (size_t)Nl * H);
+    const int64_t n = (int64_t)Nl * H;
+    p->o->add(p->ctx, ACT(p, m->res[l + 1], 1, n), ACT(p, a->res_mid, 1, n), ACT(p, m->tmpb, 1, n),
+              (size_t)n);
     mt_pass_round(p, m->res[l + 1], (size_t)Nl * H);
     return MT_OK;
 }
@@ -224,7 +248,7 @@ static int mlp_block_bwd(const pass_t *p, int l)
         MT_CHECK(mt_moe_bwd(p, l));
     } else {
         float *d_out = full_or(p, m->full2, m->d_res);
-        MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H));
+        MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
         float *d_ln = full_or(p, m->full, m->d_ln);
         mt_pass_mlp_bwd(p, d_ln, 0.0f, d_out, a->ln2_full, a->gate, a->up, a->act, N, m->F_l,
                         W(p, t->gate), W(p, t->up), W(p, t->down), G(p, t->gate), G(p, t->up),
@@ -310,6 +334,47 @@ static int loss_sum(const pass_t *p, double *sum)
     return MT_OK;
 }
 
+/* res[0] (Nl,H) = the micro-batch's token embeddings (vocabulary-parallel: each TP
+ * rank embeds the tokens of its shard, the rows are summed over TP and scattered to
+ * the rank's tokens; a sum of one row and zeros, so the rows stay bf16 values). */
+static int embed(const pass_t *p)
+{
+    struct mt_model *m = p->m;
+    const int N = p->N, H = m->H;
+    if (m->sc.tp == 1) {
+        p->o->embedding_fwd(p->ctx, ACT(p, m->res[0], N, H), m->inputs_v, W(p, m->embed), N, H);
+        return MT_OK;
+    }
+    p->o->embedding_fwd(p->ctx, F32(m->full, N, H), m->inputs_v, W(p, m->embed), N, H);
+    if (m->adt == MT_F32) return mt_pass_sp_reduce_scatter(p, m->res[0], m->full, H);
+    MT_CHECK(mt_pass_sp_reduce_scatter(p, m->tmp, m->full, H));
+    p->o->convert(p->ctx, ACT(p, m->res[0], p->Nl, H), F32(m->tmp, p->Nl, H));
+    return MT_OK;
+}
+
+/* The final norm, the LM head and the cross-entropy of the last stage; the loss into st. */
+static int head_fwd(const pass_t *p, long long valid)
+{
+    struct mt_model *m = p->m;
+    const int N = p->N, Nl = p->Nl, H = m->H, V = m->V_l;
+    p->o->rmsnorm_fwd(p->ctx, ACT(p, m->lnf, Nl, H), m->lnf_rstd, ACT(p, m->res[m->L], Nl, H),
+                      W(p, m->final_norm), Nl, H, m->eps);
+    mt_pass_round(p, m->lnf, (size_t)Nl * H);
+    MT_CHECK(mt_pass_sp_gather(p, m->lnf_full, m->lnf, H, mt_pass_act_dt(p)));
+    mt_pass_linear_fwd(p, F32(m->lm_logits, N, V), ACT(p, m->lnf_full, N, H), W(p, m->lm_head), N,
+                       V, H);
+    /* The logits stay fp32 (the cross-entropy backward writes its gradient over them)
+     * holding bf16 values: in bf16 training the one rounding pass left */
+    if (m->bf16) p->o->bf16_round(p->ctx, m->lm_logits, m->lm_logits, (size_t)N * V);
+    p->o->cross_entropy_fwd(p->ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
+    if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(p));
+    double sum = 0.0;
+    MT_CHECK(loss_sum(p, &sum));
+    p->st->tokens = valid;
+    p->st->lm_loss = valid > 0 ? sum / (double)valid : 0.0;
+    return MT_OK;
+}
+
 /* ------------------------------------------------------------ the whole model */
 
 int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward, float loss_scale,
@@ -337,25 +402,12 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     const int H = m->H, V = m->V_l;
 
     /* forward */
-    float *emb = full_or(&p, m->full, m->res[0]);
-    p.o->embedding_fwd(p.ctx, F32(emb, N, H), m->inputs_v, W(&p, m->embed), N, H); /* vocabulary-parallel */
-    MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->res[0], emb, H));
+    MT_CHECK(embed(&p));
     for (int l = 0; l < m->L; l++) {
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
-    p.o->rmsnorm_fwd(p.ctx, ACT(&p, m->lnf, Nl, H), m->lnf_rstd, ACT(&p, m->res[m->L], Nl, H),
-                     W(&p, m->final_norm), Nl, H, m->eps);
-    mt_pass_round(&p, m->lnf, (size_t)Nl * H);
-    MT_CHECK(mt_pass_sp_gather(&p, m->lnf_full, m->lnf, H));
-    mt_pass_linear_fwd(&p, F32(m->lm_logits, N, V), ACT(&p, m->lnf_full, N, H), W(&p, m->lm_head), N, V, H);
-    mt_pass_round(&p, m->lm_logits, (size_t)N * V);
-    p.o->cross_entropy_fwd(p.ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
-    if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(&p));
-    double sum = 0.0;
-    MT_CHECK(loss_sum(&p, &sum));
-    st->tokens = valid;
-    st->lm_loss = valid > 0 ? sum / (double)valid : 0.0;
+    MT_CHECK(head_fwd(&p, valid));
     if (!backward) return MT_OK;
 
     /* backward: d_res carries the gradient of the residual stream down the layers */
@@ -374,7 +426,7 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
         MT_CHECK(attention_bwd(&p, l));
     }
     float *d_emb = full_or(&p, m->full2, m->d_res);
-    MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H));
+    MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H, MT_DT_F32));
     p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
     return MT_OK;
 }
@@ -418,38 +470,24 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
     const int N = B * m->T, Nl = N / m->sc.tp;
     pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, train,
                 loss_scale, st, err};
-    const int H = m->H, V = m->V_l;
+    const int H = m->H;
     sl->B = B;
     sl->valid = valid;
     sl->loss_scale = loss_scale;
-    if (m->first) {
-        float *emb = full_or(&p, m->full, m->res[0]);
-        p.o->embedding_fwd(p.ctx, F32(emb, N, H), m->inputs_v, W(&p, m->embed), N, H);
-        MT_CHECK(mt_pass_sp_reduce_scatter(&p, m->res[0], emb, H));
-    } else {
-        p.o->copy(p.ctx, m->res[m->l0], x_in, sizeof(float) * (size_t)Nl * H);
-    }
+    const size_t act_bytes = mt_dtype_size(m->adt) * (size_t)Nl * H;
+    if (m->first)
+        MT_CHECK(embed(&p));
+    else
+        p.o->copy(p.ctx, m->res[m->l0], x_in, act_bytes);
     for (int l = m->l0; l < m->l1; l++) {
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
     if (!m->last) {
-        p.o->copy(p.ctx, x_out, m->res[m->l1], sizeof(float) * (size_t)Nl * H);
+        p.o->copy(p.ctx, x_out, m->res[m->l1], act_bytes);
         return MT_OK;
     }
-    p.o->rmsnorm_fwd(p.ctx, ACT(&p, m->lnf, Nl, H), m->lnf_rstd, ACT(&p, m->res[m->L], Nl, H),
-                     W(&p, m->final_norm), Nl, H, m->eps);
-    mt_pass_round(&p, m->lnf, (size_t)Nl * H);
-    MT_CHECK(mt_pass_sp_gather(&p, m->lnf_full, m->lnf, H));
-    mt_pass_linear_fwd(&p, F32(m->lm_logits, N, V), ACT(&p, m->lnf_full, N, H), W(&p, m->lm_head), N, V, H);
-    mt_pass_round(&p, m->lm_logits, (size_t)N * V);
-    p.o->cross_entropy_fwd(p.ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
-    if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(&p));
-    double sum = 0.0;
-    MT_CHECK(loss_sum(&p, &sum));
-    st->tokens = valid;
-    st->lm_loss = valid > 0 ? sum / (double)valid : 0.0;
-    return MT_OK;
+    return head_fwd(&p, valid);
 }
 
 int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,
@@ -489,7 +527,7 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
         return MT_OK;
     }
     float *d_emb = full_or(&p, m->full2, m->d_res);
-    MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H));
+    MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H, MT_DT_F32));
     p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
     return MT_OK;
 }

@@ -16,6 +16,7 @@ size_t mt_dt_size(enum mt_dt dt)
     case MT_DT_I32: return 4;
     case MT_DT_I64: return 8;
     case MT_DT_U8: return 1;
+    case MT_DT_BF16: return 2;
     }
     return 0;
 }
@@ -117,6 +118,14 @@ static int check_call(struct mt_comm *c, const char *op, enum mt_dt dt, struct m
     return mt_comm_check_usable(c, op, err);
 }
 
+static int check_reducible(struct mt_comm *c, const char *op, enum mt_dt dt, struct mt_err *err)
+{
+    if (dt == MT_DT_BF16)
+        return mt_err_set(err, MT_EINVAL, "%s on %s: bf16 data is moved, not reduced (reduce in fp32)",
+                          op, c->name);
+    return MT_OK;
+}
+
 static int check_peer(struct mt_comm *c, const char *op, const char *what, int peer,
                       struct mt_err *err)
 {
@@ -130,6 +139,7 @@ int mt_all_reduce(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, enu
                   struct mt_err *err)
 {
     MT_CHECK(check_call(c, "all_reduce", dt, err));
+    MT_CHECK(check_reducible(c, "all_reduce", dt, err));
     return c->ops->all_reduce(c, buf, count, dt, op, err);
 }
 
@@ -137,6 +147,7 @@ int mt_reduce_scatter(struct mt_comm *c, const void *send, void *recv, size_t co
                       enum mt_dt dt, enum mt_redop op, struct mt_err *err)
 {
     MT_CHECK(check_call(c, "reduce_scatter", dt, err));
+    MT_CHECK(check_reducible(c, "reduce_scatter", dt, err));
     return c->ops->reduce_scatter(c, send, recv, count, dt, op, err);
 }
 

@@ -15,7 +15,8 @@
 
 #include "util/error.h"
 
-enum mt_dt { MT_DT_F32, MT_DT_F64, MT_DT_I32, MT_DT_I64, MT_DT_U8 };
+/* MT_DT_BF16 is moved, never reduced (moetrain reduces in fp32). */
+enum mt_dt { MT_DT_F32, MT_DT_F64, MT_DT_I32, MT_DT_I64, MT_DT_U8, MT_DT_BF16 };
 enum mt_redop { MT_OP_SUM, MT_OP_MAX, MT_OP_MIN };
 
 size_t mt_dt_size(enum mt_dt dt);

@@ -33,6 +33,7 @@ static MPI_Datatype mpi_type(enum mt_dt dt)
     case MT_DT_I32: return MPI_INT32_T;
     case MT_DT_I64: return MPI_INT64_T;
     case MT_DT_U8: return MPI_UINT8_T;
+    case MT_DT_BF16: return MPI_UINT16_T; /* moved only */
     }
     return MPI_DATATYPE_NULL;
 }

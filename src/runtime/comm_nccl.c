@@ -58,6 +58,7 @@ static ncclDataType_t nccl_type(enum mt_dt dt)
     case MT_DT_I32: return ncclInt32;
     case MT_DT_I64: return ncclInt64;
     case MT_DT_U8: return ncclUint8;
+    case MT_DT_BF16: return ncclBfloat16;
     }
     return ncclUint8;
 }

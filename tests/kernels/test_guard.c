@@ -53,7 +53,8 @@ static void test_same_results(void **state)
     enum mt_op missing;
     assert_int_equal(mt_kernels_count_ops(G, &missing), MT_OP_COUNT);
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {0.5f, -1, 2, 0.25f, 3, -2}, want[4], got[4];
-    C->op.gemm(C->ctx, false, false, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, want, 2);
+    C->op.gemm(C->ctx, false, false, 2, 2, 3, 1.0f, mt_f32(a, 2, 3), mt_f32(b, 3, 2), 0.0f,
+               mt_f32(want, 2, 2));
     float *da = G->op.alloc(G->ctx, sizeof a), *db = G->op.alloc(G->ctx, sizeof b),
           *dc = G->op.alloc(G->ctx, sizeof got);
     assert_true(da && db && dc);
@@ -61,9 +62,20 @@ static void test_same_results(void **state)
     assert_false(mt_guard_owns(da, sizeof a + 4096)); /* past the end of the allocation */
     G->op.copy(G->ctx, da, a, sizeof a);
     G->op.copy(G->ctx, db, b, sizeof b);
-    G->op.gemm(G->ctx, false, false, 2, 2, 3, 1.0f, da, 3, db, 2, 0.0f, dc, 2);
+    G->op.gemm(G->ctx, false, false, 2, 2, 3, 1.0f, mt_f32(da, 2, 3), mt_f32(db, 3, 2), 0.0f,
+               mt_f32(dc, 2, 2));
     G->op.copy(G->ctx, got, dc, sizeof got);
     assert_memory_equal(want, got, sizeof got);
+    /* bf16 operands and a bf16 result: the values are bf16-exact, so the product is too */
+    uint16_t *hb = G->op.alloc(G->ctx, 6 * sizeof(uint16_t)), *hc = G->op.alloc(G->ctx, 8);
+    G->op.convert(G->ctx, mt_tview(hb, MT_BF16, 3, 2), mt_f32(db, 3, 2));
+    G->op.gemm(G->ctx, false, false, 2, 2, 3, 1.0f, mt_f32(da, 2, 3), mt_tview(hb, MT_BF16, 3, 2),
+               0.0f, mt_tview(hc, MT_BF16, 2, 2));
+    G->op.convert(G->ctx, mt_f32(dc, 2, 2), mt_tview(hc, MT_BF16, 2, 2));
+    G->op.copy(G->ctx, got, dc, sizeof got);
+    assert_memory_equal(want, got, sizeof got);
+    G->op.free(G->ctx, hb);
+    G->op.free(G->ctx, hc);
     double s = 0.0, *ds = G->op.alloc(G->ctx, sizeof s);
     G->op.memset(G->ctx, ds, 0, sizeof s);
     G->op.sumsq(G->ctx, ds, da, 6);
@@ -92,7 +104,27 @@ static void host_tensor(void)
 {
     float x[4] = {1, 2, 3, 4};
     float *d = G->op.alloc(G->ctx, sizeof x);
-    G->op.add(G->ctx, d, d, x, 4); /* b is host memory */
+    G->op.add(G->ctx, mt_f32(d, 1, 4), mt_f32(d, 1, 4), mt_f32(x, 1, 4), 4); /* b is host memory */
+}
+
+static void wrong_shape(void)
+{
+    float *a = G->op.alloc(G->ctx, sizeof(float) * 6), *c = G->op.alloc(G->ctx, sizeof(float) * 4);
+    /* A is 2 x 3 but the op says M = 2, K = 2 */
+    G->op.gemm(G->ctx, false, false, 2, 2, 2, 1.0f, mt_f32(a, 2, 3), mt_f32(a, 2, 2), 0.0f,
+               mt_f32(c, 2, 2));
+}
+
+static void past_the_end(void)
+{
+    float *x = G->op.alloc(G->ctx, sizeof(float) * 4), *y = G->op.alloc(G->ctx, sizeof(float) * 8);
+    G->op.swiglu_fwd(G->ctx, mt_f32(y, 2, 4), mt_f32(x, 2, 4), mt_f32(y, 2, 4), 2, 4);
+}
+
+static void fp8_operand(void)
+{
+    float *x = G->op.alloc(G->ctx, sizeof(float) * 4);
+    G->op.add(G->ctx, mt_f32(x, 1, 4), mt_tview(x, MT_E4M3, 1, 4), mt_f32(x, 1, 4), 4);
 }
 
 static void device_loss(void)
@@ -116,6 +148,21 @@ static void test_faults(void **state)
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
     assert_non_null(strstr(msg, "add: argument 'b'"));
     assert_non_null(strstr(msg, "is host memory"));
+
+    st = in_child(wrong_shape, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "gemm: argument 'A'"));
+    assert_non_null(strstr(msg, "is 2 x 3 where the op's sizes say 2 x 2"));
+
+    st = in_child(past_the_end, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "swiglu_fwd: argument 'gate'"));
+    assert_non_null(strstr(msg, "runs past the end of its allocation"));
+
+    st = in_child(fp8_operand, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "add: argument 'a'"));
+    assert_non_null(strstr(msg, "has a dtype this op does not take"));
 
     st = in_child(device_loss, msg, sizeof msg);
     assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);

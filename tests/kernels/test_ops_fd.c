@@ -34,6 +34,13 @@
 static const struct mt_kernels *K;
 static struct mt_kernel_ops O;
 
+/* fp32 views for the typed arguments */
+static struct mt_tensor T(const float *p, int64_t rows, int64_t cols) { return mt_f32(p, rows, cols); }
+static struct mt_tensor TL(const float *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    return mt_tview_ld(p, MT_F32, rows, cols, ld);
+}
+
 static float *fnew(size_t n, float scale, uint64_t stream)
 {
     float *p = calloc(n ? n : 1, sizeof(float));
@@ -63,8 +70,9 @@ static double gemm_loss(void *p)
 {
     struct gemm_st *s = p;
     memcpy(s->C, s->C0, sizeof(float) * (size_t)s->M * s->N);
-    O.gemm(K->ctx, s->ta, s->tb, s->M, s->N, s->K, s->alpha, s->A, s->ta ? s->M : s->K, s->B,
-           s->tb ? s->K : s->N, s->beta, s->C, s->N);
+    O.gemm(K->ctx, s->ta, s->tb, s->M, s->N, s->K, s->alpha,
+           s->ta ? T(s->A, s->K, s->M) : T(s->A, s->M, s->K),
+           s->tb ? T(s->B, s->N, s->K) : T(s->B, s->K, s->N), s->beta, T(s->C, s->M, s->N));
     return fd_dot(s->W, s->C, (size_t)s->M * s->N);
 }
 
@@ -83,13 +91,17 @@ static void test_gemm(void **state)
          * written with gemm itself in the layout A and B are stored in */
         float *dA = fnew(15, 0, 0), *dB = fnew(21, 0, 0);
         if (!s.ta) /* A (M,K): dA = dC op(B)^T */
-            O.gemm(K->ctx, false, !s.tb, 5, 3, 7, s.alpha, s.W, 7, s.B, s.tb ? 3 : 7, 0, dA, 3);
+            O.gemm(K->ctx, false, !s.tb, 5, 3, 7, s.alpha, T(s.W, 5, 7),
+                   s.tb ? TL(s.B, 7, 3, 3) : T(s.B, 3, 7), 0, T(dA, 5, 3));
         else /* A (K,M): dA = op(B) dC^T */
-            O.gemm(K->ctx, s.tb, true, 3, 5, 7, s.alpha, s.B, s.tb ? 3 : 7, s.W, 7, 0, dA, 5);
+            O.gemm(K->ctx, s.tb, true, 3, 5, 7, s.alpha, s.tb ? T(s.B, 7, 3) : T(s.B, 3, 7),
+                   T(s.W, 5, 7), 0, T(dA, 3, 5));
         if (!s.tb) /* B (K,N): dB = op(A)^T dC */
-            O.gemm(K->ctx, !s.ta, false, 3, 7, 5, s.alpha, s.A, s.ta ? 5 : 3, s.W, 7, 0, dB, 7);
+            O.gemm(K->ctx, !s.ta, false, 3, 7, 5, s.alpha, s.ta ? T(s.A, 3, 5) : T(s.A, 5, 3),
+                   T(s.W, 5, 7), 0, T(dB, 3, 7));
         else /* B (N,K): dB = dC^T op(A) */
-            O.gemm(K->ctx, true, s.ta, 7, 3, 5, s.alpha, s.W, 7, s.A, s.ta ? 5 : 3, 0, dB, 3);
+            O.gemm(K->ctx, true, s.ta, 7, 3, 5, s.alpha, T(s.W, 5, 7),
+                   s.ta ? T(s.A, 3, 5) : T(s.A, 5, 3), 0, T(dB, 7, 3));
         check("gemm dA", gemm_loss, &s, s.A, dA, 15, H_LINEAR, TOL_LINEAR);
         check("gemm dB", gemm_loss, &s, s.B, dB, 21, H_LINEAR, TOL_LINEAR);
         /* dC_in = beta W */
@@ -110,7 +122,8 @@ struct gg_st {
 static double gg_loss(void *p)
 {
     struct gg_st *s = p;
-    O.grouped_gemm(K->ctx, false, true, s->G, s->off, 0, s->N, s->K, 1.0f, s->X, s->Wt, 0.0f, s->Y);
+    O.grouped_gemm(K->ctx, false, true, s->G, s->off, 0, s->N, s->K, 1.0f, T(s->X, s->rows, s->K),
+                   T(s->Wt, (int64_t)s->G * s->N, s->K), 0.0f, T(s->Y, s->rows, s->N));
     return fd_dot(s->Wo, s->Y, (size_t)s->rows * s->N);
 }
 
@@ -126,9 +139,11 @@ static void test_grouped_gemm(void **state)
     float *dX = fnew(9 * 4, 0, 0), *dW = fnew(4 * 6 * 4, 1, 13), *dW0 = fnew(4 * 6 * 4, 0, 0);
     memcpy(dW0, dW, sizeof(float) * 96);
     /* dgrad: dX_g (m,K) = dY_g (m,N) W_g (N,K) */
-    O.grouped_gemm(K->ctx, false, false, s.G, s.off, 0, s.K, s.N, 1.0f, s.Wo, s.Wt, 0.0f, dX);
+    O.grouped_gemm(K->ctx, false, false, s.G, s.off, 0, s.K, s.N, 1.0f, T(s.Wo, s.rows, s.N),
+                   T(s.Wt, (int64_t)s.G * s.N, s.K), 0.0f, T(dX, s.rows, s.K));
     /* wgrad accumulates: dW_g (N,K) += dY_g^T X_g */
-    O.grouped_gemm(K->ctx, true, false, s.G, s.off, s.N, s.K, 0, 1.0f, s.Wo, s.X, 1.0f, dW);
+    O.grouped_gemm(K->ctx, true, false, s.G, s.off, s.N, s.K, 0, 1.0f, T(s.Wo, s.rows, s.N),
+                   T(s.X, s.rows, s.K), 1.0f, T(dW, (int64_t)s.G * s.N, s.K));
     for (int i = 0; i < 96; i++) dW[i] -= dW0[i];
     /* the empty expert's slab got no gradient and kept its accumulator */
     for (int i = 24; i < 48; i++) assert_true(dW[i] == 0.0f);
@@ -147,7 +162,7 @@ struct emb_st {
 static double emb_loss(void *p)
 {
     struct emb_st *s = p;
-    O.embedding_fwd(K->ctx, s->out, s->tok, s->wte, s->N, s->C);
+    O.embedding_fwd(K->ctx, T(s->out, s->N, s->C), s->tok, T(s->wte, 9, s->C), s->N, s->C);
     return fd_dot(s->w, s->out, (size_t)s->N * s->C);
 }
 
@@ -175,7 +190,8 @@ struct rms_st {
 static double rms_loss(void *p)
 {
     struct rms_st *s = p;
-    O.rmsnorm_fwd(K->ctx, s->out, s->rstd, s->x, s->wt, s->N, s->C, 1e-6f);
+    O.rmsnorm_fwd(K->ctx, T(s->out, s->N, s->C), s->rstd, T(s->x, s->N, s->C), T(s->wt, 1, s->C),
+                  s->N, s->C, 1e-6f);
     return fd_dot(s->w, s->out, (size_t)s->N * s->C);
 }
 
@@ -194,7 +210,7 @@ static void test_rmsnorm(void **state)
         s.w = fnew(n, 1, 32);
         float *dx = fnew(n, 0, 0), *dw = fnew((size_t)s.C, 0, 0);
         rms_loss(&s);
-        O.rmsnorm_bwd(K->ctx, dx, dw, s.w, s.x, s.wt, s.rstd, s.N, s.C);
+        O.rmsnorm_bwd(K->ctx, dx, dw, s.w, T(s.x, s.N, s.C), T(s.wt, 1, s.C), s.rstd, s.N, s.C);
         check("rmsnorm dx", rms_loss, &s, s.x, dx, n, H_SMOOTH, TOL_SMOOTH);
         check("rmsnorm dw", rms_loss, &s, s.wt, dw, (size_t)s.C, H_SMOOTH, TOL_SMOOTH);
         free(s.x); free(s.wt); free(s.out); free(s.rstd); free(s.w); free(dx); free(dw);
@@ -210,7 +226,8 @@ struct rope_st {
 static double rope_loss(void *p)
 {
     struct rope_st *s = p;
-    O.rope_fwd(K->ctx, s->out, s->x, s->B, s->T, s->H, s->D, 100.0f);
+    const int64_t rows = (int64_t)s->B * s->T, cols = (int64_t)s->H * s->D;
+    O.rope_fwd(K->ctx, T(s->out, rows, cols), T(s->x, rows, cols), s->B, s->T, s->H, s->D, 100.0f);
     return fd_dot(s->w, s->out, (size_t)s->B * s->T * s->H * s->D);
 }
 
@@ -232,7 +249,7 @@ static void test_rope(void **state)
     float xt[6] = {1, 0, 0, 0, 0, 0}, ot[6];
     float *big = fnew(2 * 6, 0, 0);
     memcpy(big + 6, xt, sizeof xt); /* T = 2, position 1 */
-    O.rope_fwd(K->ctx, big, big, 1, 2, 1, 6, 100.0f);
+    O.rope_fwd(K->ctx, T(big, 2, 6), T(big, 2, 6), 1, 2, 1, 6, 100.0f);
     memcpy(ot, big + 6, sizeof ot);
     assert_true(fabsf(ot[0] - cosf(1.0f)) < 1e-6f && fabsf(ot[3] - sinf(1.0f)) < 1e-6f);
     free(s.x); free(s.out); free(s.w); free(dx); free(big);
@@ -247,7 +264,10 @@ struct att_st {
 static double att_loss(void *p)
 {
     struct att_st *s = p;
-    O.attention_fwd(K->ctx, s->out, s->lse, s->q, s->k, s->v, s->B, s->T, s->Hq, s->Hkv, s->D);
+    const int64_t N = (int64_t)s->B * s->T;
+    O.attention_fwd(K->ctx, s->out, s->lse, T(s->q, N, (int64_t)s->Hq * s->D),
+                    T(s->k, N, (int64_t)s->Hkv * s->D), T(s->v, N, (int64_t)s->Hkv * s->D), s->B,
+                    s->T, s->Hq, s->Hkv, s->D);
     return fd_dot(s->w, s->out, (size_t)s->B * s->T * s->Hq * s->D);
 }
 
@@ -288,8 +308,10 @@ static void test_attention(void **state)
         s.w = fnew(nq, 1, 53);
         float *dq = fnew(nq, 1, 0), *dk = fnew(nk, 1, 0), *dv = fnew(nk, 1, 0);
         att_loss(&s); /* out and lse at the unperturbed point, for the backward */
-        O.attention_bwd(K->ctx, dq, dk, dv, s.w, s.q, s.k, s.v, s.out, s.lse, s.B, s.T, s.Hq,
-                        s.Hkv, s.D);
+        const int64_t N = (int64_t)s.B * s.T;
+        O.attention_bwd(K->ctx, dq, dk, dv, s.w, T(s.q, N, (int64_t)s.Hq * s.D),
+                        T(s.k, N, (int64_t)s.Hkv * s.D), T(s.v, N, (int64_t)s.Hkv * s.D), s.out,
+                        s.lse, s.B, s.T, s.Hq, s.Hkv, s.D);
         check("attention dq", att_loss, &s, s.q, dq, nq, H_SMOOTH, TOL_SMOOTH);
         check("attention dk", att_loss, &s, s.k, dk, nk, H_SMOOTH, TOL_SMOOTH);
         check("attention dv", att_loss, &s, s.v, dv, nk, H_SMOOTH, TOL_SMOOTH);
@@ -311,7 +333,8 @@ struct swi_st {
 static double swi_loss(void *p)
 {
     struct swi_st *s = p;
-    O.swiglu_fwd(K->ctx, s->out, s->g, s->u, s->N, s->F);
+    O.swiglu_fwd(K->ctx, T(s->out, s->N, s->F), T(s->g, s->N, s->F), T(s->u, s->N, s->F), s->N,
+                 s->F);
     return fd_dot(s->w, s->out, (size_t)s->N * s->F);
 }
 
@@ -324,7 +347,7 @@ static void test_swiglu(void **state)
     s.out = fnew(28, 0, 0);
     s.w = fnew(28, 1, 62);
     float *dg = fnew(28, 0, 0), *du = fnew(28, 0, 0);
-    O.swiglu_bwd(K->ctx, dg, du, s.w, s.g, s.u, s.N, s.F);
+    O.swiglu_bwd(K->ctx, dg, du, s.w, T(s.g, s.N, s.F), T(s.u, s.N, s.F), s.N, s.F);
     check("swiglu dgate", swi_loss, &s, s.g, dg, 28, H_SMOOTH, TOL_SMOOTH);
     check("swiglu dup", swi_loss, &s, s.u, du, 28, H_SMOOTH, TOL_SMOOTH);
     free(s.g); free(s.u); free(s.out); free(s.w); free(dg); free(du);
@@ -566,11 +589,13 @@ struct disp_st {
 static double disp_loss(void *ps)
 {
     struct disp_st *s = ps;
-    O.permute_fwd(K->ctx, s->xp, s->x, s->p.row_slot, s->rows, s->k, s->C);
+    O.permute_fwd(K->ctx, T(s->xp, s->rows, s->C), T(s->x, s->N, s->C), s->p.row_slot, s->rows,
+                  s->k, s->C);
     for (int r = 0; r < s->rows; r++)
         for (int c = 0; c < s->C; c++)
             s->yp[r * s->C + c] = s->xp[r * s->C + c] * s->scale[r * s->C + c] + s->xp[r * s->C];
-    O.unpermute_fwd(K->ctx, s->out, s->yp, s->p.slot_row, s->prob, s->N, s->k, s->C);
+    O.unpermute_fwd(K->ctx, T(s->out, s->N, s->C), T(s->yp, s->rows, s->C), s->p.slot_row, s->prob,
+                    s->N, s->k, s->C);
     return fd_dot(s->w, s->out, (size_t)s->N * s->C);
 }
 
@@ -607,7 +632,8 @@ static void test_permute_unpermute(void **state)
         /* backward by hand through the row map, then permute_bwd */
         float *dyp = fnew((size_t)s.rows * 3, 0, 0), *dprob = fnew(14, 0, 0);
         float *dxp = fnew((size_t)s.rows * 3, 0, 0), *dx = fnew(21, 0, 0);
-        O.unpermute_bwd(K->ctx, dyp, dprob, s.w, s.yp, s.p.slot_row, s.prob, 7, 2, 3, s.rows);
+        O.unpermute_bwd(K->ctx, dyp, dprob, s.w, T(s.yp, s.rows, 3), s.p.slot_row, s.prob, 7, 2, 3,
+                        s.rows);
         for (int r = 0; r < s.rows; r++)
             for (int cc = 0; cc < 3; cc++) {
                 dxp[r * 3 + cc] += dyp[r * 3 + cc] * s.scale[r * 3 + cc];

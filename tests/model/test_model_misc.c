@@ -72,6 +72,16 @@ static void test_determinism(void **state)
     }
 }
 
+/* Element i of a stored tensor of dtype dt, as fp32. */
+static float elem(const void *p, enum mt_dtype dt, size_t i)
+{
+    if (dt == MT_F32) return ((const float *)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static void test_bf16(void **state)
 {
     (void)state;
@@ -84,9 +94,10 @@ static void test_bf16(void **state)
     /* same master weights, a bf16 working copy */
     assert_memory_equal(mt_model_params(m32), mt_model_params(m16), sizeof(float) * n);
     size_t exact = 0;
+    assert_int_equal(m16->wdt, MT_BF16); /* stored as bf16, 2 bytes each */
     for (size_t i = 0; i < n; i++) {
-        assert_true(is_bf16(m16->work[i]));
-        exact += m16->work[i] == m16->params[i];
+        assert_true(is_bf16(elem(m16->work, m16->wdt, i)));
+        exact += elem(m16->work, m16->wdt, i) == m16->params[i];
     }
     assert_true(exact < n / 2); /* the master weights themselves are not bf16 */
     int32_t *tok = tokens_for(&cfg, 2);
@@ -99,9 +110,9 @@ static void test_bf16(void **state)
     /* stored activations are bf16; router logits stay fp32 */
     const size_t N = (size_t)B_ * cfg.training.seq_length;
     for (size_t i = 0; i < N * (size_t)m16->H; i++) {
-        assert_true(is_bf16(m16->la[0].ln1[i]));
-        assert_true(is_bf16(m16->res[1][i]));
-        assert_true(is_bf16(m16->la[2].res_mid[i]));
+        assert_true(is_bf16(elem(m16->la[0].ln1, m16->adt, i)));
+        assert_true(is_bf16(elem(m16->res[1], m16->adt, i)));
+        assert_true(is_bf16(elem(m16->la[2].res_mid, m16->adt, i)));
     }
     size_t logits_bf16 = 0;
     for (size_t i = 0; i < N * (size_t)m16->E; i++) logits_bf16 += is_bf16(m16->la[0].logits[i]);
@@ -119,12 +130,12 @@ static void test_bf16(void **state)
     assert_true(g_bf16 < n / 2);
     /* the working copy follows the master after params_updated */
     m16->params[0] = 1.00390625f; /* 1 + 2^-8: rounds to 1 (tie to even) */
-    assert_true(m16->work[0] != 1.0f);
+    assert_true(elem(m16->work, m16->wdt, 0) != 1.0f);
     mt_model_params_updated(m16);
-    assert_true(m16->work[0] == 1.0f);
+    assert_true(elem(m16->work, m16->wdt, 0) == 1.0f);
     struct mt_memory_report r;
     mt_model_memory(m16, &r);
-    assert_int_equal(r.working_copy, sizeof(float) * n);
+    assert_int_equal(r.working_copy, sizeof(uint16_t) * n);
     mt_model_memory(m32, &r);
     assert_int_equal(r.working_copy, 0);
     free(g32);
