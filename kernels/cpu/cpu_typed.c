@@ -114,8 +114,8 @@ static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_
     check_dtype(op, t);
     *tmp = NULL;
     if (ld) *ld = t.ld;
+    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
     if (t.dtype == MT_F32) return t.data;
-    if (!ld && t.ld != t.cols) fail(op, "takes dense tensors (ld = cols)");
     const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
     float *w = take(op, rows * cols);
     const uint16_t *s = t.data;
@@ -127,21 +127,14 @@ static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_
     return w;
 }
 
-/* Where the fp32 result for output t goes: t itself when fp32, else scratch (*tmp),
- * initialised from t when the op accumulates into it (keep). */
-static float *out32(const char *op, struct mt_tensor t, float **tmp, bool keep, int64_t *ld)
+/* Where the fp32 result for output t goes: t itself when fp32, else scratch (*tmp). */
+static float *out32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
 {
     check_dtype(op, t);
     *tmp = NULL;
     if (ld) *ld = t.ld;
+    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
     if (t.dtype == MT_F32) return t.data;
-    if (!ld && t.ld != t.cols) fail(op, "takes dense tensors (ld = cols)");
-    if (keep) {
-        float *w;
-        in32(op, t, &w, ld);
-        *tmp = w;
-        return w;
-    }
     const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
     *tmp = take(op, rows * cols);
     if (ld) *ld = t.cols;
@@ -194,7 +187,7 @@ void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha
     float *ta_, *tb_, *tc;
     int64_t lda, ldb, ldc;
     const float *a = in32("gemm", A, &ta_, &lda), *b = in32("gemm", B, &tb_, &ldb);
-    float *c = out32("gemm", C, &tc, false, &ldc);
+    float *c = out32("gemm", C, &tc, &ldc);
     mt_cpu_gemm(ctx, ta, tb, M, N, K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     store(C, tc);
     give(ta_);
@@ -205,9 +198,10 @@ void mt_cpu_t_grouped_gemm(void *ctx, bool ta, bool tb, int G, const int32_t *of
                                   int N, int K, float alpha, struct mt_tensor A,
                                   struct mt_tensor B, float beta, struct mt_tensor C)
 {
+    if (C.dtype == MT_BF16 && beta != 0.0f) fail("grouped_gemm", "a bf16 C takes beta = 0");
     float *ta_, *tb_, *tc;
     const float *a = in32("grouped_gemm", A, &ta_, NULL), *b = in32("grouped_gemm", B, &tb_, NULL);
-    float *c = out32("grouped_gemm", C, &tc, beta != 0.0f, NULL);
+    float *c = out32("grouped_gemm", C, &tc, NULL);
     mt_cpu_grouped_gemm(ctx, ta, tb, G, offsets, M, N, K, alpha, a, b, beta, c);
     store(C, tc);
     give(ta_);
@@ -219,7 +213,7 @@ void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *toke
 {
     float *tw, *to;
     const float *w = in32("embedding_fwd", wte, &tw, NULL);
-    float *o = out32("embedding_fwd", out, &to, false, NULL);
+    float *o = out32("embedding_fwd", out, &to, NULL);
     mt_cpu_embedding_fwd(ctx, o, tokens, w, N, C);
     store(out, to);
     give(tw);
@@ -230,7 +224,7 @@ void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct m
 {
     float *tx, *tw, *to;
     const float *xx = in32("rmsnorm_fwd", x, &tx, NULL), *ww = in32("rmsnorm_fwd", w, &tw, NULL);
-    float *o = out32("rmsnorm_fwd", out, &to, false, NULL);
+    float *o = out32("rmsnorm_fwd", out, &to, NULL);
     mt_cpu_rmsnorm_fwd(ctx, o, rstd, xx, ww, N, C, eps);
     store(out, to);
     give(tx);
@@ -253,7 +247,7 @@ void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int 
 {
     float *tx, *to;
     const float *xx = in32("rope_fwd", x, &tx, NULL);
-    float *o = out32("rope_fwd", out, &to, false, NULL);
+    float *o = out32("rope_fwd", out, &to, NULL);
     mt_cpu_rope_fwd(ctx, o, xx, B, T, H, D, theta);
     store(out, to);
     give(tx);
@@ -291,7 +285,7 @@ void mt_cpu_t_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
 {
     float *tg, *tu, *to;
     const float *g = in32("swiglu_fwd", gate, &tg, NULL), *u = in32("swiglu_fwd", up, &tu, NULL);
-    float *o = out32("swiglu_fwd", out, &to, false, NULL);
+    float *o = out32("swiglu_fwd", out, &to, NULL);
     mt_cpu_swiglu_fwd(ctx, o, g, u, N, F);
     store(out, to);
     give(tg);
@@ -313,7 +307,7 @@ void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt
 {
     float *ta_, *tb_, *to;
     const float *aa = in32("add", a, &ta_, NULL), *bb = in32("add", b, &tb_, NULL);
-    float *o = out32("add", out, &to, false, NULL);
+    float *o = out32("add", out, &to, NULL);
     mt_cpu_add(ctx, o, aa, bb, n);
     store(out, to);
     give(ta_);
@@ -325,7 +319,7 @@ void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
 {
     float *tx, *to;
     const float *xx = in32("permute_fwd", x, &tx, NULL);
-    float *o = out32("permute_fwd", xp, &to, false, NULL);
+    float *o = out32("permute_fwd", xp, &to, NULL);
     mt_cpu_permute_fwd(ctx, o, xx, row_slot, rows, topk, C);
     store(xp, to);
     give(tx);
@@ -337,7 +331,7 @@ void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp
 {
     float *ty, *to;
     const float *y = in32("unpermute_fwd", yp, &ty, NULL);
-    float *o = out32("unpermute_fwd", out, &to, false, NULL);
+    float *o = out32("unpermute_fwd", out, &to, NULL);
     mt_cpu_unpermute_fwd(ctx, o, y, slot_row, prob, N, topk, C);
     store(out, to);
     give(ty);

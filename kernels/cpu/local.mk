@@ -1,5 +1,5 @@
-# kernels/cpu: the C reference backend (BLAS for GEMM, OpenMP loops, fp32 math,
-# bf16 emulated bit-exactly).
+# kernels/cpu: the C reference backend (BLAS for GEMM, OpenMP loops, fp32 math; bf16
+# tensors widened to fp32 on input and rounded to nearest even on output, cpu_typed.c).
 noinst_LTLIBRARIES += libmt_kernels.la
 MT_MODULE_LIBS += libmt_kernels.la
 libmt_kernels_la_SOURCES = \

@@ -1266,6 +1266,8 @@ size_t mt_model_slot_bytes(const struct mt_model *m, int chunk)
     return m->staged ? m->slot_bytes[chunk] : m->acts_bytes;
 }
 
+size_t mt_model_act_size(const struct mt_model *m) { return mt_dtype_size(m->adt); }
+
 size_t mt_model_stage_act_numel(const struct mt_model *m, int B)
 {
     return (size_t)B * (size_t)m->T / (size_t)m->sc.tp * (size_t)m->H;

@@ -24,20 +24,26 @@
  *
  * Precision (precision%params_dtype):
  *   fp32: everything fp32; the working weights are the master weights.
- *   bf16: emulated bit-exactly on fp32 storage. The optimizer updates fp32 master
- *         weights; forward and backward read a working copy rounded to bf16 (round to
- *         nearest even), refreshed by mt_model_params_updated(). Activations are
- *         rounded to bf16 where they are stored, as Megatron's bf16 tensors are:
- *         the embedding output, every RMSNorm output (input, post-attention, QK-norm,
- *         final), every linear layer's output (q, k, v, o_proj, MLP and expert
- *         gate/up/down, shared expert, LM-head logits), RoPE outputs, the attention
- *         output, SwiGLU outputs, the MoE combine (unpermute) output, the MoE plus
- *         shared-expert sum, and the residual stream after each addition. Kept in
- *         fp32: router logits, scores and routing weights (router_dtype fp32), the
- *         attention probabilities inside the attention op and the output and lse it
- *         saves for its backward (o_proj reads a rounded copy), softmax/CE/loss
- *         internals, RMSNorm statistics, the expert bias, and all gradients (which
- *         accumulate in fp32; rounding is treated as the identity in backward). */
+ *   bf16: the optimizer updates fp32 master weights; forward and backward read a
+ *         working copy stored in bf16 (round to nearest even), refreshed by
+ *         mt_model_params_updated() (the convert op). Activations are stored in bf16,
+ *         written so by the op that produces them (the fp32 result rounded to nearest
+ *         even as it is stored), as Megatron's bf16 tensors are: the embedding output,
+ *         every RMSNorm output (input, post-attention, QK-norm, final), every linear
+ *         layer's output (q, k, v, o_proj, MLP and expert gate/up/down, shared expert),
+ *         RoPE outputs, the attention output's copy that o_proj reads, SwiGLU outputs,
+ *         the MoE combine (unpermute) output, the MoE plus shared-expert sum, and the
+ *         residual stream after each addition. Partial sums over TP or ETP are reduced
+ *         in fp32 and stored in bf16 after the sum. Kept in fp32: router logits, scores
+ *         and routing weights (router_dtype fp32), the LM-head logits (rounded to bf16
+ *         values in place: the cross-entropy backward writes its gradient over them),
+ *         the attention output and lse the attention op saves for its backward,
+ *         softmax/CE/loss internals, RMSNorm statistics, the allgather dispatcher's
+ *         expert outputs while they are ETP partial sums, the expert bias, and all
+ *         gradients (which accumulate in fp32; rounding is treated as the identity in
+ *         backward). The values are those of fp32 storage rounded in place at the same
+ *         points, bit for bit (MT_DEBUG_FP32_ACTIVATIONS=1 trains that way, for
+ *         tests/parallel/bf16_storage.sh). */
 #ifndef MT_MODEL_MODEL_H
 #define MT_MODEL_MODEL_H
 
@@ -183,12 +189,15 @@ int mt_model_pp_tied_embedding(const struct mt_model *m);
  * norm and LM head on the last, the tied embedding on both); the activations become nslots slots per chunk, mt_model_slot_bytes(chunk) each, one per
  * in-flight micro-batch: a slot keeps what a forward saved until its backward.
  * Between stages travels this rank's (B*T/tp, hidden) part of the residual stream:
- * mt_model_stage_act_numel floats. */
+ * mt_model_stage_act_numel values of mt_model_act_size bytes (bf16 in bf16 training);
+ * its gradient the same number of fp32 values. */
 int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int *l1,
                        bool first_stage, bool last_stage, int nslots, struct mt_err *err);
 /* One micro-batch's activations of chunk (the whole model's before set_stage). */
 size_t mt_model_slot_bytes(const struct mt_model *m, int chunk);
 size_t mt_model_stage_act_numel(const struct mt_model *m, int B);
+/* Bytes of one stored activation value (the activation dtype's size). */
+size_t mt_model_act_size(const struct mt_model *m);
 /* Forward of chunk into slot: x_in is the previous chunk's output (NULL for the
  * first stage's chunk 0: tokens are embedded), x_out receives this chunk's (ignored on
  * the last stage's last chunk, which computes the loss into st). train: keep what

@@ -321,14 +321,22 @@ static int pp_bwd(struct trainer *t, struct pp_acc *a, int chunk, const float *d
     return MT_OK;
 }
 
+/* Bytes of a message between stages: an activation forward (the model's activation
+ * dtype: bf16 in bf16 training), an fp32 gradient backward; sent as bytes. The
+ * interleaved schedule's messages (msg_alloc) hold either kind: act_n fp32 values. */
+static size_t pp_bytes(const struct trainer *t, int tag)
+{
+    return t->act_n * (tag == TAG_PP_FWD ? mt_model_act_size(t->model) : sizeof(float));
+}
+
 static int pp_send(struct trainer *t, const float *buf, int peer, int tag, struct mt_err *err)
 {
-    return mt_send(t->pp_comm, buf, t->act_n, MT_DT_F32, peer, tag, err);
+    return mt_send(t->pp_comm, buf, pp_bytes(t, tag), MT_DT_U8, peer, tag, err);
 }
 
 static int pp_recv(struct trainer *t, float *buf, int peer, int tag, struct mt_err *err)
 {
-    return mt_recv(t->pp_comm, buf, t->act_n, MT_DT_F32, peer, tag, err);
+    return mt_recv(t->pp_comm, buf, pp_bytes(t, tag), MT_DT_U8, peer, tag, err);
 }
 
 /* Megatron's forward_backward_pipelining_without_interleaving: warmup forwards, then
@@ -419,11 +427,12 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
         msg_free(t, *g);
         return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages");
     }
-    if (out) ops[n++] = (struct mt_p2p){true, out, t->act_n, next, TAG_PP_FWD};
-    if (recv_prev) ops[n++] = (struct mt_p2p){false, *x, t->act_n, prev, TAG_PP_FWD};
-    if (dx) ops[n++] = (struct mt_p2p){true, dx, t->act_n, prev, TAG_PP_BWD};
-    if (recv_next) ops[n++] = (struct mt_p2p){false, *g, t->act_n, next, TAG_PP_BWD};
-    int rc = n && !t->dry ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_F32, err) : MT_OK;
+    const size_t fwd = pp_bytes(t, TAG_PP_FWD), bwd = pp_bytes(t, TAG_PP_BWD);
+    if (out) ops[n++] = (struct mt_p2p){true, out, fwd, next, TAG_PP_FWD};
+    if (recv_prev) ops[n++] = (struct mt_p2p){false, *x, fwd, prev, TAG_PP_FWD};
+    if (dx) ops[n++] = (struct mt_p2p){true, dx, bwd, prev, TAG_PP_BWD};
+    if (recv_next) ops[n++] = (struct mt_p2p){false, *g, bwd, next, TAG_PP_BWD};
+    int rc = n && !t->dry ? mt_p2p_batch(t->pp_comm, ops, n, MT_DT_U8, err) : MT_OK;
     if (rc) {
         msg_free(t, *x);
         msg_free(t, *g);
@@ -772,11 +781,14 @@ static int setup_stage(struct trainer *t, struct mt_err *err)
     MT_CHECK(mt_model_set_stage(t->model, t->vpp, t->chunk_l0, t->chunk_l1, t->first, t->last,
                                 t->nslots, err));
     t->act_n = mt_model_stage_act_numel(t->model, c->training.micro_batch_size);
-    t->p_x = t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n * 4);
-    if (!t->p_x) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
-    t->p_y = t->p_x + t->act_n;
-    t->p_dy = t->p_y + t->act_n;
-    t->p_dx = t->p_dy + t->act_n;
+    /* activations in and out (the activation dtype), gradients in and out (fp32) */
+    const size_t ab = pp_bytes(t, TAG_PP_FWD), gb = pp_bytes(t, TAG_PP_BWD);
+    char *pb = t->k->op.alloc(t->k->ctx, 2 * ab + 2 * gb);
+    if (!pb) return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline buffers");
+    t->p_x = (float *)pb;
+    t->p_y = (float *)(pb + ab);
+    t->p_dy = (float *)(pb + 2 * ab);
+    t->p_dx = (float *)(pb + 2 * ab + gb);
     if (t->vpp > 1) {
         struct pp_acc a = { 0 };
         t->dry = true;
@@ -809,7 +821,9 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
     r->inflight = t->pp_comm ? t->nslots : 1;
     r->activations = m.activations;
     r->act_per_mb = m.activations / (size_t)r->inflight;
-    r->pipeline = t->p_x ? sizeof(float) * t->act_n * (4 + (size_t)t->msgs_plan) : 0;
+    r->pipeline = t->p_x ? 2 * pp_bytes(t, TAG_PP_FWD) +
+                               pp_bytes(t, TAG_PP_BWD) * (2 + (size_t)t->msgs_plan)
+                         : 0;
     r->comm = o.staging;
     r->workspace = m.scratch + o.norm;
     r->other = m.device_buffers;

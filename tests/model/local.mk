@@ -19,3 +19,15 @@ tests_model_model_dump_SOURCES = tests/model/model_dump.c
 tests_model_model_dump_CPPFLAGS = $(AM_CPPFLAGS)
 tests_model_model_dump_LDADD = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.la \
 	libmt_nml.la libmt_util.la $(MT_LIBS)
+
+# bench/bytes_moved: bytes one layer's forward writes and reads, bf16 storage against the
+# fp32-stored activations rounded in place (tests/model/bytes_moved.sh checks it runs and
+# that bf16 storage moves fewer bytes with no rounding pass; bench/bytes_moved.sh prints
+# the Qwen3-30B-A3B proxy's figures)
+check_PROGRAMS += bench/bytes_moved
+TESTS += tests/model/bytes_moved.sh
+EXTRA_DIST += tests/model/bytes_moved.sh bench/bytes_moved.sh
+bench_bytes_moved_SOURCES = bench/bytes_moved.c
+bench_bytes_moved_CPPFLAGS = $(AM_CPPFLAGS)
+bench_bytes_moved_LDADD = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.la \
+	libmt_nml.la libmt_util.la $(MT_LIBS)
