@@ -23,6 +23,7 @@
 #include "config/megatron.h"
 #include "config/schema.h"
 #include "model/model.h"
+#include "plan/plan.h"
 #include "runtime/comm.h"
 #include "runtime/cli_end.h"
 #include "runtime/groups.h"
@@ -43,6 +44,9 @@
 static void usage(FILE *out)
 {
     fputs("usage: moetrain [options] FILE.nml [FILE.nml ...] [group%key=value ...]\n"
+          "       moetrain plan --gpus N --gpu h100|h800|h200|b200|gb200|gb300 [--nodes-file F]\n"
+          "                     [--global-batch G] [--top K] FILE.nml ...\n"
+          "       moetrain --fake-world N --fake-rank R [--backend cpu|guard|plan] FILE.nml ...\n"
           "       moetrain topo [--json] [--dry-run --nodes-file F --gpus-per-node G] FILE.nml ...\n"
           "       moetrain ckpt convert [--to sharded|state.bin] SRC DST\n"
           "       moetrain from-megatron [--world-size N] [-o FILE.nml] -- PRETRAIN_GPT_ARGS...\n"
@@ -56,6 +60,9 @@ static void usage(FILE *out)
           "  --print-config     print the fully resolved configuration as a namelist\n"
           "  --help-config      list every namelist group and key: type, default, meaning\n"
           "  --world-size N     with --check/--print-config: validate for N processes\n"
+          "  --fake-world N     build rank --fake-rank R of an N-process job in this process\n"
+          "  --fake-rank R      (no communication) and check its allocations against the\n"
+          "                     memory plan; --backend plan reserves without touching\n"
           "  --verbose          with --check: list every group (default: the first few of a\n"
           "                     kind and its last)\n"
           "  --backend NAME     compute backend: cuda (default when this build has CUDA, a\n"
@@ -156,7 +163,8 @@ static void agree_or_abort(struct mt_world *w, int rc, const struct mt_err *err)
 
 /* What the command line asks for. */
 struct cli {
-    enum { TRAIN, CHECK, PRINT } action;
+    enum { TRAIN, CHECK, PRINT, FAKE } action;
+    int fake_world, fake_rank; /* --fake-world, --fake-rank (-1: not given) */
     int world;         /* --world-size (default 1) */
     bool world_given;
     bool verbose;      /* --verbose: --check lists every group */
@@ -497,12 +505,29 @@ static int parse_args(int argc, char **argv, struct cli *cli)
             cli->world_given = true;
         } else if (!strcmp(a, "--backend") || !strncmp(a, "--backend=", 10)) {
             const char *v = a[9] == '=' ? a + 10 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "guard"))) {
-                fprintf(stderr, "moetrain: error: --backend takes cpu, cuda or guard%s%s%s\n",
+            if (!v || (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "guard") &&
+                       strcmp(v, "plan"))) {
+                fprintf(stderr, "moetrain: error: --backend takes cpu, cuda or guard (plan with "
+                                "--fake-world)%s%s%s\n",
                         v ? " (not '" : "", v ? v : "", v ? "')" : "");
                 return 1;
             }
             cli->backend = v;
+        } else if (!strcmp(a, "--fake-world") || !strcmp(a, "--fake-rank")) {
+            const char *v = i + 1 < argc ? argv[++i] : NULL;
+            char *end;
+            long n = v ? strtol(v, &end, 10) : -1;
+            const bool world = a[7] == 'w';
+            if (!v || !*v || *end || n < (world ? 1 : 0) || n > 100000000) {
+                fprintf(stderr, "moetrain: error: %s needs %s\n", a,
+                        world ? "the job's process count, a positive integer"
+                              : "a rank, an integer from 0 to the --fake-world size - 1");
+                return 1;
+            }
+            if (world)
+                cli->fake_world = (int)n;
+            else
+                cli->fake_rank = (int)n;
         } else if (a[0] == '-' && a[1]) {
             unknown_option(a);
             return 1;
@@ -511,6 +536,25 @@ static int parse_args(int argc, char **argv, struct cli *cli)
         } else {
             cli->files[cli->nfiles++] = argv[i];
         }
+    }
+    if ((cli->fake_world > 0) != (cli->fake_rank >= 0)) {
+        fprintf(stderr, "moetrain: error: --fake-world N and --fake-rank R go together (rank R "
+                        "of an N-process job)\n");
+        return 1;
+    }
+    if (cli->fake_world > 0) {
+        if (cli->action != TRAIN || cli->world_given) {
+            fprintf(stderr, "moetrain: error: --fake-world builds one rank; it does not go with "
+                            "--check, --print-config or --world-size (its N is the world size)\n");
+            return 1;
+        }
+        cli->action = FAKE;
+        cli->world = cli->fake_world;
+    } else if (cli->backend && !strcmp(cli->backend, "plan")) {
+        fprintf(stderr, "moetrain: error: --backend plan (address ranges reserved, never "
+                        "touched) builds nothing that trains; it goes with --fake-world N "
+                        "--fake-rank R\n");
+        return 1;
     }
     if (cli->nfiles == 0 && cli->noverrides == 0) {
         usage(stderr);
@@ -542,6 +586,38 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     }
     mt_groups_free(&rl);
     if (mt_train_memory_report(cfg, &layout, stdout, &err)) return fail(&err);
+    return 0;
+}
+
+/* --fake-world N --fake-rank R: rank R of an N-process job, built in this process on the
+ * backend asked (cpu by default; plan: reserved ranges, no page touched) without
+ * communication, its allocations compared with its memory plan. */
+static int fake_world(struct mt_config *cfg, const struct cli *cli)
+{
+    struct mt_err err = { 0 };
+    struct mt_layout layout;
+    if (load_config(cfg, cli, cli->world, &layout, &err)) return fail(&err);
+    const struct mt_kernels *k = NULL;
+    if (!cli->backend || !strcmp(cli->backend, "cpu"))
+        k = mt_kernels_cpu();
+    else if (!strcmp(cli->backend, "guard"))
+        k = mt_kernels_guard();
+    else if (strcmp(cli->backend, "plan")) {
+        mt_err_set(&err, MT_EUNSUPPORTED,
+                   "--fake-world with --backend %s: a fake rank is built on cpu, guard or plan "
+                   "(a GPU's allocations are what --backend cpu counts: the same sizes go "
+                   "through the same op table)",
+                   cli->backend);
+        return fail(&err);
+    }
+    printf("moetrain: fake world of %d processes, layout TP %d x CP %d x PP %d x DP %d, experts "
+           "ETP %d x EP %d x EDP %d, VPP %d\n",
+           layout.world_size, layout.tp, layout.cp, layout.pp, layout.dp, layout.etp, layout.ep,
+           layout.edp, layout.vpp);
+    if (mt_plan_fake_rank(cfg, &layout, cli->fake_rank, k, stdout, &err)) {
+        fflush(stdout);
+        return fail(&err);
+    }
     return 0;
 }
 
@@ -628,7 +704,8 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "topo")) return mt_topo_cli(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "ckpt")) return mt_ckpt_cli(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "from-megatron")) return from_megatron(argc - 1, argv + 1);
-    struct cli cli = { .action = TRAIN, .world = 1 };
+    if (argc > 1 && !strcmp(argv[1], "plan")) return mt_plan_cli(argc - 1, argv + 1);
+    struct cli cli = { .action = TRAIN, .world = 1, .fake_rank = -1 };
     cli.files = calloc((size_t)argc, sizeof *cli.files);
     cli.overrides = calloc((size_t)argc, sizeof *cli.overrides);
     struct mt_config *cfg = malloc(sizeof *cfg);
@@ -638,7 +715,9 @@ int main(int argc, char **argv)
         rc = 1;
     } else if ((rc = parse_args(argc, argv, &cli)) < 0) {
         mt_config_defaults(cfg);
-        rc = cli.action == TRAIN ? train(cfg, &cli) : check_or_print(cfg, &cli);
+        rc = cli.action == TRAIN  ? train(cfg, &cli)
+             : cli.action == FAKE ? fake_world(cfg, &cli)
+                                  : check_or_print(cfg, &cli);
     }
     free(cfg);
     free(cli.files);

@@ -831,11 +831,11 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
                r->comm + r->workspace + r->other;
 }
 
-int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l, int rank,
-                         struct mt_rank_memory *r, struct mt_err *err)
+int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                        const struct mt_kernels *k, bool init,
+                        size_t (*live)(const struct mt_kernels *k), struct mt_rank_memory *r,
+                        struct mt_err *err)
 {
-    struct mt_kernels *k = mt_kernels_plan_create();
-    if (!k) return mt_err_set(err, MT_ENOMEM, "memory plan: out of memory");
     struct trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
@@ -852,6 +852,7 @@ int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l,
     if (rc == MT_OK)
         rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
     if (rc == MT_OK && t.pp_comm) rc = setup_stage(&t, err);
+    if (rc == MT_OK && init) mt_model_init(t.model, (unsigned long long)cfg->training.seed);
     if (rc == MT_OK)
         rc = mt_optim_create(t.model, k, t.par, cfg->parallel.use_distributed_optimizer, 0,
                              &t.optim, err);
@@ -859,24 +860,32 @@ int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l,
         memory_of(&t, r);
         /* the categories account for every byte held (messages come and go) */
         const size_t held = r->total - (t.p_x ? sizeof(float) * t.act_n * (size_t)t.msgs_plan : 0);
-        if (held != mt_kernels_plan_live(k))
+        if (held != live(k))
             rc = mt_err_set(err, MT_ERUNTIME,
-                            "memory plan of rank %d: the categories sum to %zu bytes but %zu are "
-                            "allocated (a bug: a category is missing from the report)",
-                            rank, held, mt_kernels_plan_live(k));
+                            "memory of rank %d on backend %s: the categories sum to %zu bytes but "
+                            "%zu are allocated (a bug: a category is missing from the report)",
+                            rank, k->name, held, live(k));
     }
     mt_optim_destroy(t.optim);
     mt_model_destroy(t.model);
     if (t.p_x) k->op.free(k->ctx, t.p_x);
     mt_parallel_plan_destroy(t.par);
+    return rc;
+}
+
+int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                         struct mt_rank_memory *r, struct mt_err *err)
+{
+    struct mt_kernels *k = mt_kernels_plan_create();
+    if (!k) return mt_err_set(err, MT_ENOMEM, "memory plan: out of memory");
+    int rc = mt_train_build_rank(cfg, l, rank, k, false, mt_kernels_plan_live, r, err);
     mt_kernels_plan_destroy(k);
     return rc;
 }
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
-/* One line of the report (no newline). */
-static void memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
+void mt_train_memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
 {
     snprintf(buf, n,
              "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
@@ -955,7 +964,7 @@ int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *
         fputs(memory_head, out);
         char line[512];
         for (int s = 0; s < pp; s++) {
-            memory_line(line, sizeof line, &best[s]);
+            mt_train_memory_line(line, sizeof line, &best[s]);
             fprintf(out, "%s\n", line);
         }
         for (int s = 0; s < pp && rc == MT_OK; s++) rc = check_fits(cfg, &best[s], err);
@@ -987,7 +996,7 @@ static int log_memory(struct trainer *t, struct mt_err *err)
         say(t, "%s", memory_head);
         char line[512];
         for (int s = 0; s < (t->pp ? t->pp : 1); s++) {
-            memory_line(line, sizeof line, &best[s]);
+            mt_train_memory_line(line, sizeof line, &best[s]);
             say(t, "%s\n", line);
         }
     }

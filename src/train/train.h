@@ -51,6 +51,18 @@ struct mt_rank_memory {
  * run of that layout. Checks that the categories account for every byte allocated. */
 int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l, int rank,
                          struct mt_rank_memory *r, struct mt_err *err);
+/* mt_train_plan_memory on any backend k: builds logical rank `rank` of layout l for real
+ * (its shards, stage buffers, schedule and optimizer; parameters initialised when init)
+ * with placeholder communicators that refuse to communicate, reports its bytes, checks
+ * that they equal live(k) (the bytes k holds) and releases everything. The plan backend
+ * with init false is mt_train_plan_memory; moetrain --fake-world runs it on a backend
+ * that allocates. */
+int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, int rank,
+                        const struct mt_kernels *k, bool init,
+                        size_t (*live)(const struct mt_kernels *k), struct mt_rank_memory *r,
+                        struct mt_err *err);
+/* One line of the memory report for r (no newline): "  stage S, rank R: parameters ...". */
+void mt_train_memory_line(char *buf, size_t n, const struct mt_rank_memory *r);
 /* moetrain --check: the report of the most loaded rank of every pipeline stage, to out;
  * fails (after printing) when one exceeds precision%gpu_memory_gb. */
 int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *l, FILE *out,

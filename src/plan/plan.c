@@ -1,0 +1,968 @@
+/* moetrain plan: the layouts of a model on N GPUs, ranked by a modelled step time, the
+ * best ones checked for memory with the trainer's own setup (doc/plan.md).
+ *
+ * Three passes:
+ *   1. enumerate TP, PP, VPP (with the even split and, per PP x VPP, the uneven end
+ *      stages that balance the LM head best), EP, ETP and the micro-batch size; keep
+ *      what moetrain's configuration rules accept (mt_config_resolve,
+ *      mt_model_check_config) for the world and the global batch;
+ *   2. model each one's step time (below) and sort;
+ *   3. in that order, place it on the cluster (mt_topo_place, cached per TP x PP x EP x
+ *      ETP) and plan the memory of its most loaded ranks (mt_train_plan_memory), until
+ *      --top layouts fit.
+ * Pass 3 stops early, so a 100,000-GPU plan sizes a few dozen layouts, not thousands.
+ *
+ * Which ranks are sized: the ranks whose TP, CP, EP, ETP and DP positions are 0, on the
+ * first stage, the second (the most loaded middle stage: every middle stage has the same
+ * layers, and the schedules hold the most micro-batches on the earliest stages) and the
+ * last. Position 0 holds the largest part of the vocabulary (mt_model splits it with the
+ * remainder first) and the experts and ZeRO slices split evenly, so these are the most
+ * loaded ranks; tests/train/plan.sh checks it against --check, which sizes every kind of
+ * rank. */
+#include "config.h"
+
+#include "plan/plan.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/model.h"
+#include "runtime/groups.h"
+#include "runtime/parallel.h"
+#include "topo/topo.h"
+#include "train/train.h"
+
+/* ---- the assumptions: every number the model uses ------------------------------- */
+
+/* One platform: its peak, memory and links, and what fraction of them training gets.
+ * Bandwidths are per GPU and per direction. */
+struct platform {
+    const char *name;
+    double bf16_tflops;   /* dense BF16 tensor-core peak, TFLOP/s */
+    double hbm_gib;       /* GPU memory the device reports, GiB */
+    double hbm_tbps;      /* GPU memory bandwidth, TB/s */
+    int domain;           /* GPUs per NVLink domain */
+    int gpus_per_node;    /* GPUs per node (compute tray) */
+    double nvlink_gbps;   /* NVLink, GB/s per direction */
+    double net_gbps;      /* scale-out network (InfiniBand), GB/s per direction */
+    double eff_dense;     /* fraction of peak of the dense GEMMs and attention */
+    double eff_expert;    /* fraction of peak of the grouped expert GEMMs */
+    double eff_link;      /* fraction of link bandwidth NCCL collectives reach */
+};
+
+/* Sources (vendor datasheets, by name):
+ *   Memory is what the device reports: 79.6 GiB of an 80 GB H100 (doc/memory.md); the
+ *   other datasheets' GB are HBM stacks counted in GiB (HBM comes in powers of two),
+ *   taken as they are.
+ *   H100: "NVIDIA H100 Tensor Core GPU" datasheet, SXM5: BF16 989 TFLOP/s dense (1979
+ *         with sparsity), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; "NVIDIA DGX H100"
+ *         datasheet: 8 GPUs a node, 8 ConnectX-7 400 Gb/s (50 GB/s) a GPU.
+ *   H800: the H100's compute and memory with NVLink cut to 400 GB/s; DeepSeek-V3
+ *         Technical Report (section 3.1): 8 GPUs a node over NVLink/NVSwitch, 50 GB/s
+ *         InfiniBand a GPU.
+ *   H200: "NVIDIA H200 Tensor Core GPU" datasheet: 141 GB HBM3e at 4.8 TB/s, BF16 and
+ *         NVLink as the H100; HGX H200 nodes of 8 with 400 Gb/s a GPU.
+ *   B200: "NVIDIA DGX B200" datasheet: 8 GPUs, 1,440 GB (180 GB a GPU), 72 PFLOPS FP8
+ *         training with sparsity (2.25 PFLOP/s BF16 dense a GPU), NVLink 5 1.8 TB/s a
+ *         GPU, 8 ConnectX-7 400 Gb/s; 8 TB/s HBM3e a GPU.
+ *   GB200: "NVIDIA GB200 NVL72" datasheet: 72 GPUs in one NVLink domain, 360 PFLOPS
+ *         FP16/BF16 with sparsity (2.5 PFLOP/s dense a GPU), 13.4 TB HBM3e (186 GB a
+ *         GPU) at 576 TB/s, NVLink 1.8 TB/s a GPU; compute trays of 4 GPUs; ConnectX-7
+ *         400 Gb/s a GPU.
+ *   GB300: "NVIDIA GB300 NVL72" datasheet: 72 GPUs in one NVLink domain, BF16 as the
+ *         GB200, 20.7 TB HBM3e (288 GB a GPU) at 576 TB/s, NVLink 1.8 TB/s a GPU;
+ *         trays of 4; ConnectX-8 800 Gb/s (100 GB/s) a GPU.
+ * Efficiencies (doc/plan.md, "Calibration"):
+ *   eff_dense: Megatron-LM's README reports up to 47% model FLOP utilisation for GPT
+ *         models on H100; 0.47 for Hopper, and the same fraction for Blackwell.
+ *   eff_expert: fitted to Megatron-Bridge's performance summary (25.11 container),
+ *         Qwen3-235B-A22B BF16 on 256 GB200 GPUs (TP 1, PP 8, VP 3, EP 32, MBS 1): 728
+ *         TFLOP/s a GPU; the one fitted number, used for every platform.
+ *   eff_link: 0.8 of the link for NCCL's ring and all-to-all (DeepSeek-V3 Technical
+ *         Report: about 160 GB/s of the H800's NVLink reached in practice, 0.8 of 200). */
+static const struct platform platforms[] = {
+    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 0.47, 0.25, 0.8},
+    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 0.47, 0.25, 0.8},
+    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 0.47, 0.25, 0.8},
+    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 0.47, 0.25, 0.8},
+    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 0.47, 0.25, 0.8},
+    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 0.47, 0.25, 0.8},
+};
+#define NPLATFORMS (sizeof platforms / sizeof platforms[0])
+
+/* What moetrain itself does, which the step model follows:
+ *   activations and their gradients travel as BF16 (2 bytes) in the TP collectives, the
+ *   EP all-to-all and the pipeline transfers;
+ *   gradients are reduced in FP32 (4 bytes) and, with the distributed optimizer, the
+ *   updated FP32 slices all-gathered (4 bytes), after the last micro-batch, not
+ *   overlapped with the backward (src/train/optim.c);
+ *   the optimizer step reads and writes 32 bytes a parameter it owns (master weight,
+ *   gradient, two moments; master and moments written back) and 8 a parameter it holds
+ *   (the working copy refreshed);
+ *   the GPU memory moetrain may plan is the GPU's less 5.6 GiB for what it does not
+ *   allocate (CUDA context, NCCL, cuBLASLt, fragmentation: doc/memory.md; 74 GiB of an
+ *   80 GB H100), unless precision%gpu_memory_gb says otherwise;
+ *   a layout whose most loaded rank plans 90% or more of that memory is at the memory
+ *   wall. */
+#define WIRE_BYTES 2.0
+#define GRAD_BYTES 4.0
+#define GATHER_BYTES 4.0
+#define OPT_BYTES_OWNED 32.0
+#define OPT_BYTES_HELD 8.0
+#define RESERVE_GIB 5.6
+#define MEMORY_WALL 0.90
+
+/* The micro-batch sizes tried. */
+static const int mbs_choices[] = {1, 2, 4, 8};
+
+/* The keys the plan chooses. An override of an axis fixes it (the plan tries only that
+ * value); the others are refused, not ignored. */
+enum { FIX_TP, FIX_PP, FIX_VPP, FIX_FIRST, FIX_LAST, FIX_EP, FIX_ETP, FIX_MBS, NFIX };
+static const char *const axis_keys[NFIX] = {
+    "parallel%tensor_model_parallel_size", "parallel%pipeline_model_parallel_size",
+    "parallel%virtual_pipeline_model_parallel_size",
+    "parallel%decoder_first_pipeline_num_layers", "parallel%decoder_last_pipeline_num_layers",
+    "parallel%expert_model_parallel_size", "parallel%expert_tensor_parallel_size",
+    "training%micro_batch_size"};
+static const char *const refused_keys[] = {
+    "parallel%sequence_parallel", "parallel%context_parallel_size",
+    "parallel%use_distributed_optimizer", "training%global_batch_size", NULL};
+
+static bool key_is(const char *a, const char *key)
+{
+    size_t n = strlen(key);
+    return !strncasecmp(a, key, n) && (a[n] == '=' || a[n] == ' ');
+}
+
+/* The value a fixed axis has in the loaded configuration. */
+static int fixed_value(const struct mt_config *c, int axis)
+{
+    const struct mt_config_parallel *p = &c->parallel;
+    switch (axis) {
+    case FIX_TP: return p->tensor_model_parallel_size;
+    case FIX_PP: return p->pipeline_model_parallel_size;
+    case FIX_VPP: return p->virtual_pipeline_model_parallel_size;
+    case FIX_FIRST: return p->decoder_first_pipeline_num_layers;
+    case FIX_LAST: return p->decoder_last_pipeline_num_layers;
+    case FIX_EP: return p->expert_model_parallel_size;
+    case FIX_ETP: return p->expert_tensor_parallel_size;
+    default: return c->training.micro_batch_size;
+    }
+}
+
+/* ---- the model, per token ---------------------------------------------------------- */
+
+struct model {
+    double H, Q, KV, F, Fe, Fs, topk, E, V, T;
+    int L, nmoe;
+    const int *moe; /* layer_freq */
+    /* FLOPs per token (forward and backward), Megatron's num_floating_point_operations
+     * split by where they run: attention GEMMs, core attention, a dense MLP, an MoE
+     * layer's experts (routed and shared), the LM head */
+    double f_attn, f_core, f_mlp, f_moe, f_head;
+    /* parameters: an attention block with its norms, a dense MLP, the routed experts of
+     * an MoE layer, its router and shared expert, the embedding (or head) */
+    double p_attn, p_mlp, p_experts, p_router_shared, p_embed;
+};
+
+static void model_facts(const struct mt_config *c, struct model *m)
+{
+    m->H = c->model.hidden_size;
+    m->Q = (double)c->model.num_attention_heads * c->model.kv_channels;
+    m->KV = (double)c->model.num_query_groups * c->model.kv_channels;
+    m->F = c->model.ffn_hidden_size;
+    m->L = c->model.num_layers;
+    m->V = c->model.vocab_size;
+    m->T = c->training.seq_length;
+    m->moe = c->moe.layer_freq;
+    m->nmoe = 0;
+    for (int i = 0; i < m->L; i++) m->nmoe += m->moe[i] != 0;
+    m->E = c->moe.num_experts;
+    m->Fe = m->E > 0 ? c->moe.moe_ffn_hidden_size : 0;
+    m->Fs = m->E > 0 ? c->moe.shared_expert_intermediate_size : 0;
+    m->topk = m->E > 0 ? c->moe.router_topk : 0;
+    const double H = m->H;
+    m->f_attn = 6.0 * (H * (m->Q + 2.0 * m->KV) + m->Q * H);
+    m->f_core = 6.0 * m->Q * m->T;
+    m->f_mlp = 6.0 * H * m->F * 3.0;
+    m->f_moe = 6.0 * H * (m->Fe * m->topk * 3.0 + m->Fs * 3.0);
+    m->f_head = 6.0 * H * m->V;
+    m->p_attn = H * (m->Q + 2.0 * m->KV) + m->Q * H;
+    m->p_mlp = 3.0 * H * m->F;
+    m->p_experts = m->E * 3.0 * H * m->Fe;
+    m->p_router_shared = H * m->E + 3.0 * H * m->Fs;
+    m->p_embed = m->V * H;
+}
+
+static double flops_per_token(const struct model *m)
+{
+    return m->L * (m->f_attn + m->f_core) + (m->L - m->nmoe) * m->f_mlp + m->nmoe * m->f_moe +
+           m->f_head;
+}
+
+/* ---- layouts ------------------------------------------------------------------------ */
+
+struct layout {
+    int tp, pp, vpp, ep, etp, mbs, first, last; /* first/last: 0 = the even split */
+    int dp, edp, m;
+    /* seconds per step */
+    double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt;
+    double tokens_s, tflops; /* a GPU */
+    const char *wall;
+    /* pass 3 */
+    enum { UNCHECKED, FITS, TOO_BIG, REFUSED } state;
+    struct mt_rank_memory worst;
+    char why[512];
+};
+
+struct planner {
+    const struct platform *gpu;
+    int world, gbs, top;
+    const char *nodes_file;
+    struct mt_config *base;   /* the namelists and overrides */
+    struct mt_config *resolved; /* base resolved for one process: the model's sizes */
+    struct mt_config *work;   /* one layout's resolved copy */
+    struct model model;
+    double usable_gib;
+    int domain;               /* the smallest NVLink domain of the cluster */
+    struct mt_topo_cluster cluster;
+    struct layout *cands;
+    size_t n, cap;
+    long long tried;          /* layouts enumerated before the configuration rules */
+    /* placements, by TP x PP x EP x ETP */
+    struct placed { int tp, pp, ep, etp, rc; char why[512]; } *placed;
+    size_t nplaced, capplaced;
+    int plans;                /* mt_train_plan_memory calls */
+    int fixed[NFIX];          /* an axis given on the command line: 1, then its value */
+    char **files, **overrides;
+    int nfiles, noverrides;
+};
+
+/* cfg's layout keys for one layout. */
+static void set_layout(struct mt_config *c, const struct layout *x, int gbs)
+{
+    struct mt_config_parallel *p = &c->parallel;
+    p->tensor_model_parallel_size = x->tp;
+    p->sequence_parallel = x->tp > 1;
+    p->pipeline_model_parallel_size = x->pp;
+    p->virtual_pipeline_model_parallel_size = x->vpp;
+    p->decoder_first_pipeline_num_layers = x->first;
+    p->decoder_last_pipeline_num_layers = x->last;
+    p->context_parallel_size = 1;
+    p->expert_model_parallel_size = x->ep;
+    p->expert_tensor_parallel_size = x->etp;
+    p->use_distributed_optimizer = true;
+    c->training.micro_batch_size = x->mbs;
+    c->training.global_batch_size = gbs;
+}
+
+/* Resolves the layout on pl->work; MT_OK when moetrain's rules accept it. */
+static int resolve(struct planner *pl, const struct layout *x, struct mt_layout *l,
+                   struct mt_err *err)
+{
+    memcpy(pl->work, pl->base, sizeof *pl->work);
+    set_layout(pl->work, x, pl->gbs);
+    MT_CHECK(mt_config_resolve(pl->work, pl->world, l, err));
+    return mt_model_check_config(pl->work, err);
+}
+
+/* Stage s's layers (every chunk): dense and MoE counts. */
+static void stage_layers(const struct mt_config *c, int s, int *dense, int *moe)
+{
+    *dense = *moe = 0;
+    for (int ch = 0; ch < c->parallel.virtual_pipeline_model_parallel_size; ch++) {
+        int first = 0, n = 0;
+        mt_config_pp_layers(c, s, ch, &first, &n);
+        for (int i = first; i < first + n; i++) {
+            if (c->moe.layer_freq[i])
+                ++*moe;
+            else
+                ++*dense;
+        }
+    }
+}
+
+/* A ring all-gather or reduce-scatter over n ranks of `bytes` in all (each rank holds
+ * bytes / n), at gbps GB/s: (n - 1) / n of it crosses each rank's link. */
+static double ring(double bytes, int n, double gbps)
+{
+    return n > 1 ? (double)(n - 1) / n * bytes / (gbps * 1e9) : 0.0;
+}
+
+/* The step model of one resolved layout (pl->work): fills x's times and rates. */
+static void model_step(const struct planner *pl, struct layout *x)
+{
+    const struct platform *g = pl->gpu;
+    const struct model *m = &pl->model;
+    const struct mt_config *c = pl->work;
+    const double peak = g->bf16_tflops * 1e12;
+    const double nvl = g->nvlink_gbps * g->eff_link, net = g->net_gbps * g->eff_link;
+    const double b = (double)x->mbs * m->T; /* tokens of a micro-batch */
+    /* Placement keeps TP x CP and ETP x EP groups in a domain; a pipeline stays in one
+     * when all of its stages' blocks fit one; data-parallel groups span the stage's
+     * ranks, in one domain only when the whole job is. */
+    int block = x->tp, e = x->ep * x->etp;
+    while (block % e) block += x->tp; /* lcm */
+    const double pp_bw = (long long)block * x->pp <= pl->domain ? nvl : net;
+    const double dp_bw = pl->world <= pl->domain ? nvl : net;
+    double worst = 0, w_c = 0, w_tp = 0, w_ep = 0, w_pp = 0, dense_p = 0, expert_p = 0;
+    for (int s = 0; s < x->pp; s++) {
+        int nd, nm;
+        stage_layers(c, s, &nd, &nm);
+        const int n = nd + nm;
+        const bool last = s == x->pp - 1;
+        double dense_f = n * m->f_attn + nd * m->f_mlp + (last ? m->f_head : 0.0);
+        double t_c = b / x->tp *
+                     ((dense_f + n * m->f_core) / (peak * g->eff_dense) +
+                      nm * m->f_moe / (peak * g->eff_expert));
+        /* sequence parallel: all-gather and reduce-scatter of the activations around
+         * attention and each dense MLP, forward and backward, and around the LM head */
+        double colls = 4.0 * (n + nd) + (last ? 2.0 : 0.0);
+        double t_tp = x->tp > 1 ? colls * ring(b * m->H * WIRE_BYTES, x->tp, nvl) : 0.0;
+        /* dispatch and combine, forward and backward; ETP gathers the rows it receives */
+        double rows = b / x->tp * m->topk;
+        double t_ep = 0.0;
+        if (nm > 0 && x->ep > 1)
+            t_ep += 4.0 * nm * (double)(x->ep - 1) / x->ep * rows * m->H * WIRE_BYTES /
+                    (nvl * 1e9);
+        if (nm > 0 && x->etp > 1)
+            t_ep += 4.0 * nm * ring(x->etp * rows * m->H * WIRE_BYTES, x->etp, nvl);
+        /* a transfer forward and one backward per model chunk */
+        double t_pp = x->pp > 1 ? 2.0 * x->vpp * b / x->tp * m->H * WIRE_BYTES / (pp_bw * 1e9)
+                                : 0.0;
+        double t = t_c + t_tp + t_ep + t_pp;
+        if (t > worst) {
+            worst = t;
+            w_c = t_c;
+            w_tp = t_tp;
+            w_ep = t_ep;
+            w_pp = t_pp;
+        }
+        double dp_s = n * (m->p_attn / x->tp + 2.0 * m->H) + nd * m->p_mlp / x->tp +
+                      nm * m->p_router_shared / x->tp +
+                      ((s == 0) + last) * m->p_embed / x->tp;
+        double ex_s = nm * m->p_experts / ((double)x->ep * x->etp);
+        if (dp_s + ex_s > dense_p + expert_p) {
+            dense_p = dp_s;
+            expert_p = ex_s;
+        }
+    }
+    x->compute = x->m * w_c;
+    x->t_tp = x->m * w_tp;
+    x->t_ep = x->m * w_ep;
+    x->t_pp = x->m * w_pp;
+    x->bubble = (double)(x->pp - 1) / x->vpp * worst;
+    x->t_dp = ring(dense_p * (GRAD_BYTES + GATHER_BYTES), x->dp, dp_bw) +
+              ring(expert_p * (GRAD_BYTES + GATHER_BYTES), x->edp, dp_bw);
+    double owned = dense_p / x->dp + expert_p / x->edp;
+    x->t_opt = (owned * OPT_BYTES_OWNED + (dense_p + expert_p) * OPT_BYTES_HELD) /
+               (g->hbm_tbps * 1e12);
+    x->step = x->compute + x->t_tp + x->t_ep + x->t_pp + x->bubble + x->t_dp + x->t_opt;
+    x->tokens_s = (double)pl->gbs * m->T / x->step / pl->world;
+    x->tflops = x->tokens_s * flops_per_token(m) / 1e12;
+    const double comm = x->t_tp + x->t_ep + x->t_pp + x->t_dp;
+    x->wall = x->compute >= comm && x->compute >= x->bubble ? "compute"
+              : comm >= x->bubble                           ? "communication"
+                                                            : "pipeline bubble";
+}
+
+static int add(struct planner *pl, const struct layout *x)
+{
+    if (pl->n == pl->cap) {
+        size_t cap = pl->cap ? 2 * pl->cap : 1024;
+        struct layout *p = realloc(pl->cands, cap * sizeof *p);
+        if (!p) return MT_ENOMEM;
+        pl->cands = p;
+        pl->cap = cap;
+    }
+    pl->cands[pl->n++] = *x;
+    return MT_OK;
+}
+
+/* Tries one layout: kept (with its step model) when the rules accept it. */
+static int try_layout(struct planner *pl, struct layout x, struct layout *out)
+{
+    struct mt_layout l;
+    struct mt_err e = {0};
+    pl->tried++;
+    if (resolve(pl, &x, &l, &e) != MT_OK) return 0;
+    x.dp = l.dp;
+    x.edp = l.edp;
+    x.m = l.num_micro_batches;
+    x.state = UNCHECKED;
+    model_step(pl, &x);
+    if (out) *out = x;
+    return 1;
+}
+
+/* The uneven end stages for PP x VPP that balance the stages best (the LM head's work
+ * on the last stage counted): Megatron's decoder_first/last_pipeline_num_layers, which
+ * moetrain takes. *first = *last = 0 when the even split is as good or none is valid. */
+static void best_ends(struct planner *pl, int pp, int vpp, int *first, int *last)
+{
+    const struct model *m = &pl->model;
+    const struct platform *g = pl->gpu;
+    struct mt_config *c = pl->work;
+    memcpy(c, pl->resolved, sizeof *c);
+    c->parallel.pipeline_model_parallel_size = pp;
+    c->parallel.virtual_pipeline_model_parallel_size = vpp;
+    const double layer = (m->f_attn + m->f_core) / g->eff_dense;
+    const int L = m->L, per = (L + pp - 1) / pp;
+    double best = HUGE_VAL;
+    *first = *last = 0;
+    for (int f = 0; f <= per && pp > 1; f++)
+        for (int la = 0; la <= per; la++) {
+            int rest = L - f - la, middle = pp - (f > 0) - (la > 0);
+            if (rest < 0 || (middle == 0 && rest) ||
+                (middle > 0 && (rest < middle || rest % (middle * vpp))) ||
+                (!f && !la && L % (pp * vpp)))
+                continue; /* mt_config_resolve's rule */
+            c->parallel.decoder_first_pipeline_num_layers = f;
+            c->parallel.decoder_last_pipeline_num_layers = la;
+            double worst = 0;
+            for (int s = 0; s < pp; s++) {
+                int nd, nm;
+                stage_layers(c, s, &nd, &nm);
+                double t = (nd + nm) * layer + nd * m->f_mlp / g->eff_dense +
+                           nm * m->f_moe / g->eff_expert +
+                           (s == pp - 1 ? m->f_head / g->eff_dense : 0.0);
+                if (t > worst) worst = t;
+            }
+            if (worst < best * (1 - 1e-12)) {
+                best = worst;
+                *first = f;
+                *last = la;
+            }
+        }
+}
+
+/* Whether v is allowed on axis k (not fixed, or fixed to v). */
+static bool allowed(const struct planner *pl, int k, int v)
+{
+    return pl->fixed[k] < 0 || pl->fixed[k] == v;
+}
+
+static int enumerate(struct planner *pl)
+{
+    const struct model *m = &pl->model;
+    const int N = pl->world;
+    for (int pp = 1; pp <= m->L && pp <= N; pp++) {
+        if (N % pp || !allowed(pl, FIX_PP, pp)) continue;
+        for (int vpp = 1; vpp * pp <= m->L; vpp++) {
+            if (vpp > 1 && pp == 1) break;
+            if (!allowed(pl, FIX_VPP, vpp)) continue;
+            int first, last;
+            best_ends(pl, pp, vpp, &first, &last);
+            const bool ends_fixed = pl->fixed[FIX_FIRST] >= 0 || pl->fixed[FIX_LAST] >= 0;
+            if (ends_fixed) {
+                first = pl->fixed[FIX_FIRST] > 0 ? pl->fixed[FIX_FIRST] : 0;
+                last = pl->fixed[FIX_LAST] > 0 ? pl->fixed[FIX_LAST] : 0;
+            }
+            for (int tp = 1; tp <= pl->domain && tp * pp <= N; tp++) {
+                if (N % (tp * pp) || !allowed(pl, FIX_TP, tp)) continue;
+                for (int ep = 1; ep <= (m->E > 0 ? m->E : 1); ep++) {
+                    if ((m->E > 0 && (int)m->E % ep) || N % (ep * pp)) continue;
+                    if (!allowed(pl, FIX_EP, ep)) continue;
+                    for (int etp = 1; etp * ep <= pl->domain; etp++) {
+                        if (N % (etp * ep * pp) || (m->E == 0 && etp > 1)) continue;
+                        if (!allowed(pl, FIX_ETP, etp)) continue;
+                        if (m->E > 0 && (int)m->Fe % etp) continue;
+                        const int dp = N / (tp * pp);
+                        const size_t nmbs = pl->fixed[FIX_MBS] > 0 ? 1 : sizeof mbs_choices /
+                                                                         sizeof *mbs_choices;
+                        for (size_t i = 0; i < nmbs; i++) {
+                            const int mbs = pl->fixed[FIX_MBS] > 0 ? pl->fixed[FIX_MBS]
+                                                                   : mbs_choices[i];
+                            if (pl->gbs % ((long long)mbs * dp) || !allowed(pl, FIX_MBS, mbs))
+                                continue;
+                            struct layout x = {.tp = tp, .pp = pp, .vpp = vpp, .ep = ep,
+                                               .etp = etp, .mbs = mbs}, got;
+                            if (!ends_fixed && try_layout(pl, x, &got) && add(pl, &got))
+                                return MT_ENOMEM;
+                            if (!first && !last) continue;
+                            x.first = first;
+                            x.last = last;
+                            if (try_layout(pl, x, &got) && add(pl, &got)) return MT_ENOMEM;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return MT_OK;
+}
+
+/* ---- pass 3: placement and memory -------------------------------------------------- */
+
+static int cmp_step(const void *pa, const void *pb)
+{
+    const struct layout *a = pa, *b = pb;
+    if (a->step != b->step) return a->step < b->step ? -1 : 1;
+    /* equal models: the simpler layout first */
+    int sa = a->tp * a->pp * a->vpp * a->ep * a->etp, sb = b->tp * b->pp * b->vpp * b->ep * b->etp;
+    if (sa != sb) return sa < sb ? -1 : 1;
+    return a->mbs - b->mbs;
+}
+
+/* Whether moetrain's placement puts the layout on the cluster (cached). */
+static int place(struct planner *pl, const struct layout *x, const struct mt_layout *l,
+                 char *why, size_t len)
+{
+    for (size_t i = 0; i < pl->nplaced; i++) {
+        const struct placed *p = &pl->placed[i];
+        if (p->tp == x->tp && p->pp == x->pp && p->ep == x->ep && p->etp == x->etp) {
+            snprintf(why, len, "%s", p->why);
+            return p->rc;
+        }
+    }
+    struct mt_err e = {0};
+    struct mt_rank_layout rl;
+    struct mt_topo_plan tp;
+    int rc = mt_groups_build(&pl->work->parallel, l, &rl, &e);
+    if (rc == MT_OK) {
+        rc = mt_topo_place(&pl->cluster, &rl, "nvlink", &tp, &e);
+        if (rc == MT_OK) mt_topo_plan_free(&tp);
+        mt_groups_free(&rl);
+    }
+    if (rc == MT_ENOMEM) return rc;
+    snprintf(why, len, "%s", rc ? e.msg : "");
+    if (pl->nplaced == pl->capplaced) {
+        size_t cap = pl->capplaced ? 2 * pl->capplaced : 64;
+        struct placed *p = realloc(pl->placed, cap * sizeof *p);
+        if (!p) return MT_ENOMEM;
+        pl->placed = p;
+        pl->capplaced = cap;
+    }
+    struct placed *p = &pl->placed[pl->nplaced++];
+    *p = (struct placed){x->tp, x->pp, x->ep, x->etp, rc, ""};
+    snprintf(p->why, sizeof p->why, "%s", why);
+    return rc;
+}
+
+static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+/* Places x and sizes its most loaded ranks (see the top of this file). */
+static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err)
+{
+    struct mt_layout l;
+    struct mt_err e = {0};
+    if (resolve(pl, x, &l, &e)) /* accepted in pass 1 */
+        return mt_err_set(err, MT_ERUNTIME, "plan: a layout accepted before is refused: %s",
+                          e.msg);
+    int rc = place(pl, x, &l, x->why, sizeof x->why);
+    if (rc == MT_ENOMEM) return mt_err_set(err, rc, "plan: out of memory");
+    if (rc) {
+        x->state = REFUSED;
+        return MT_OK;
+    }
+    const int per_stage = pl->world / x->pp; /* order tp-cp-ep-dp-pp: stage s starts there */
+    const int stages[3] = {0, 1, x->pp - 1};
+    x->worst.total = 0;
+    for (int i = 0; i < 3; i++) {
+        if (stages[i] >= x->pp || (i > 0 && stages[i] <= stages[i - 1])) continue;
+        struct mt_rank_memory r;
+        pl->plans++;
+        rc = mt_train_plan_memory(pl->work, &l, stages[i] * per_stage, &r, &e);
+        if (rc) {
+            x->state = REFUSED;
+            snprintf(x->why, sizeof x->why, "%s", e.msg);
+            return MT_OK;
+        }
+        if (r.total > x->worst.total) x->worst = r;
+    }
+    x->state = gib(x->worst.total) <= pl->usable_gib ? FITS : TOO_BIG;
+    if (x->state == FITS && gib(x->worst.total) >= MEMORY_WALL * pl->usable_gib)
+        x->wall = "memory";
+    return MT_OK;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static void layout_name(const struct layout *x, char *buf, size_t n)
+{
+    char ends[48] = "";
+    if (x->first || x->last)
+        snprintf(ends, sizeof ends, " (first %d, last %d layers)", x->first, x->last);
+    snprintf(buf, n, "TP %d x PP %d x DP %d, VPP %d%s, EP %d x ETP %d x EDP %d, micro-batch %d "
+                     "x %d",
+             x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m);
+}
+
+/* The --check command that checks x. */
+static void check_command(const struct planner *pl, const struct layout *x, FILE *out)
+{
+    fprintf(out, "    check: moetrain --check --world-size %d", pl->world);
+    for (int i = 0; i < pl->nfiles; i++) fprintf(out, " %s", pl->files[i]);
+    for (int i = 0; i < pl->noverrides; i++) {
+        bool axis = false;
+        for (int k = 0; k < NFIX; k++) axis |= key_is(pl->overrides[i], axis_keys[k]);
+        if (!axis) fprintf(out, " %s", pl->overrides[i]);
+    }
+    fprintf(out, " parallel%%tensor_model_parallel_size=%d", x->tp);
+    if (x->tp > 1) fprintf(out, " parallel%%sequence_parallel=T");
+    fprintf(out, " parallel%%pipeline_model_parallel_size=%d", x->pp);
+    if (x->vpp > 1) fprintf(out, " parallel%%virtual_pipeline_model_parallel_size=%d", x->vpp);
+    if (x->first) fprintf(out, " parallel%%decoder_first_pipeline_num_layers=%d", x->first);
+    if (x->last) fprintf(out, " parallel%%decoder_last_pipeline_num_layers=%d", x->last);
+    fprintf(out, " parallel%%expert_model_parallel_size=%d parallel%%expert_tensor_parallel_size=%d"
+                 " parallel%%use_distributed_optimizer=T training%%micro_batch_size=%d"
+                 " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f\n",
+            x->ep, x->etp, x->mbs, pl->gbs, floor(pl->usable_gib * 10) / 10);
+}
+
+static void print_layout(const struct planner *pl, int *shown, const struct layout *x, FILE *out)
+{
+    char name[256];
+    layout_name(x, name, sizeof name);
+    const double s = x->step;
+    fputc('\n', out);
+    if (x->state == FITS)
+        fprintf(out, "%2d. %s\n", ++*shown, name);
+    else
+        fprintf(out, " -  %s: does not fit\n", name);
+    fprintf(out, "    modelled: %.0f tokens/s/GPU, %.0f TFLOP/s/GPU, step %.3f s = compute %.0f%% "
+                 "| TP %.0f%% | EP all-to-all %.0f%% | PP transfers %.0f%% | bubble %.0f%% | DP "
+                 "%.0f%% | optimizer %.0f%%; wall: %s\n",
+            x->tokens_s, x->tflops, s, 100 * x->compute / s, 100 * x->t_tp / s,
+            100 * x->t_ep / s, 100 * x->t_pp / s, 100 * x->bubble / s, 100 * x->t_dp / s,
+            100 * x->t_opt / s, x->wall);
+    const struct mt_rank_memory *r = &x->worst;
+    fprintf(out, "    memory, the most loaded rank (%lld, stage %lld), GiB: parameters %.2f | "
+                 "master weights %.2f | gradients %.2f | optimizer state %.2f | activations "
+                 "%.2f (%lld in flight) | pipeline %.2f | communication %.2f | workspace %.2f | "
+                 "other %.2f | total %.2f of %.1f\n",
+            r->rank, r->stage, gib(r->params), gib(r->master), gib(r->grads), gib(r->optimizer),
+            gib(r->activations), r->inflight, gib(r->pipeline), gib(r->comm), gib(r->workspace),
+            gib(r->other), gib(r->total), pl->usable_gib);
+    check_command(pl, x, out);
+}
+
+/* ---- the command ------------------------------------------------------------------- */
+
+static void usage(FILE *out)
+{
+    fputs("usage: moetrain plan --gpus N --gpu h100|h800|h200|b200|gb200|gb300 [--nodes-file F]\n"
+          "                     [--global-batch G] [--top K] MODEL.nml [...] [group%key=value ...]\n"
+          "\n"
+          "Lists the layouts of the model on N GPUs that moetrain accepts and that fit the\n"
+          "GPU's memory (sized as --check sizes them), fastest first by a modelled step time.\n"
+          "\n"
+          "  --gpus N           the job's GPUs (one process each)\n"
+          "  --gpu NAME         the platform: peak, memory, NVLink domain and network\n"
+          "  --nodes-file F     the cluster's nodes, 'hostname domain_key' a line (as moetrain\n"
+          "                     topo --dry-run reads it); default: nodes of the platform's\n"
+          "                     size in NVLink domains of its size\n"
+          "  --global-batch G   sequences per iteration (default training%global_batch_size)\n"
+          "  --top K            how many fitting layouts to print (default 5)\n"
+          "\n"
+          "See moetrain(1), PLAN, and doc/plan.md.\n",
+          out);
+}
+
+static int bad(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "moetrain plan: error: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    return 1;
+}
+
+static bool is_override(const char *a)
+{
+    const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
+    return pct && eq && pct < eq;
+}
+
+/* A whole number in [lo, hi] from the option's value. */
+static int number(const char *opt, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || n < lo || n > hi) {
+        fprintf(stderr, "moetrain plan: error: %s needs a whole number from %ld to %ld%s%s%s\n",
+                opt, lo, hi, v ? " (not '" : "", v ? v : "", v ? "')" : "");
+        return 1;
+    }
+    *out = (int)n;
+    return 0;
+}
+
+/* The described cluster: the nodes file, or whole nodes in domains of the platform's. */
+static int describe_cluster(struct planner *pl, struct mt_err *err)
+{
+    const int G = pl->gpu->gpus_per_node;
+    struct mt_topo_map map = {0};
+    if (pl->nodes_file) {
+        MT_CHECK(mt_topo_map_read(pl->nodes_file, &map, err));
+        if ((long long)map.n * G != pl->world) {
+            mt_topo_map_free(&map);
+            return mt_err_set(err, MT_EINVAL,
+                              "--nodes-file %s lists %d node%s of %d %s GPUs (%lld GPUs), but "
+                              "--gpus is %d",
+                              pl->nodes_file, map.n, map.n == 1 ? "" : "s", G, pl->gpu->name,
+                              (long long)map.n * G, pl->world);
+        }
+    } else {
+        if (pl->world % G) {
+            return mt_err_set(err, MT_EINVAL,
+                              "--gpus %d is not whole %s nodes of %d GPUs; give a multiple of "
+                              "%d (or a --nodes-file)",
+                              pl->world, pl->gpu->name, G, G);
+        }
+        map.n = pl->world / G;
+        map.host = calloc((size_t)map.n, sizeof *map.host);
+        map.key = calloc((size_t)map.n, sizeof *map.key);
+        if (!map.host || !map.key) {
+            mt_topo_map_free(&map);
+            return mt_err_set(err, MT_ENOMEM, "out of memory");
+        }
+        const int per_domain = pl->gpu->domain / G;
+        for (int i = 0; i < map.n; i++) {
+            snprintf(map.host[i], sizeof map.host[i], "node%06d", i);
+            snprintf(map.key[i], sizeof map.key[i], "nvlink%06d", i / per_domain);
+        }
+        pl->domain = pl->gpu->domain < pl->world ? pl->gpu->domain : pl->world;
+    }
+    int rc = mt_topo_cluster_describe(&map, G, NULL, "none", &pl->cluster, err);
+    mt_topo_map_free(&map);
+    if (rc || !pl->nodes_file) return rc;
+    /* the smallest domain, in GPUs: from a placement of one-rank groups */
+    struct mt_config_parallel p = pl->resolved->parallel;
+    struct mt_layout l = {.world_size = pl->world, .tp = 1, .cp = 1, .pp = 1, .vpp = 1,
+                          .ep = 1, .etp = 1, .dp = pl->world, .edp = pl->world,
+                          .num_micro_batches = 1};
+    struct mt_rank_layout rl;
+    struct mt_topo_plan tp;
+    MT_CHECK(mt_groups_build(&p, &l, &rl, err));
+    rc = mt_topo_place(&pl->cluster, &rl, "nvlink", &tp, err);
+    mt_groups_free(&rl);
+    MT_CHECK(rc);
+    pl->domain = tp.domain_size[0];
+    for (int i = 1; i < tp.ndomains; i++)
+        if (tp.domain_size[i] < pl->domain) pl->domain = tp.domain_size[i];
+    mt_topo_plan_free(&tp);
+    return MT_OK;
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+static int run(struct planner *pl, FILE *out, struct mt_err *err)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* the model's derived sizes, from the namelists resolved on one process */
+    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
+    struct mt_config *c = pl->work;
+    memcpy(c, pl->base, sizeof *c);
+    set_layout(c, &one, 0);
+    struct mt_layout l1;
+    if (mt_config_resolve(c, 1, &l1, err) || mt_model_check_config(c, err))
+        return mt_err_prefix(err, "the model");
+    memcpy(pl->resolved, c, sizeof *c);
+    model_facts(pl->resolved, &pl->model);
+    if (pl->gbs <= 0) {
+        if (pl->base->training.global_batch_size <= 0)
+            return mt_err_set(err, MT_EINVAL,
+                              "no global batch: give --global-batch G (sequences per "
+                              "iteration) or set training%%global_batch_size");
+        pl->gbs = pl->base->training.global_batch_size;
+    }
+    pl->usable_gib = pl->base->precision.gpu_memory_gb > 0
+                         ? pl->base->precision.gpu_memory_gb
+                         : pl->gpu->hbm_gib - RESERVE_GIB;
+    MT_CHECK(describe_cluster(pl, err));
+    if (enumerate(pl)) return mt_err_set(err, MT_ENOMEM, "out of memory");
+    const double t_enum = seconds_since(&t0);
+    const struct model *m = &pl->model;
+    fprintf(out, "moetrain plan: %d %s GPUs (NVLink domains of %d, %d a node), global batch %d "
+                 "x %g tokens; %.2f GFLOP a token (forward and backward)\n",
+            pl->world, pl->gpu->name, pl->domain, pl->gpu->gpus_per_node, pl->gbs, m->T,
+            flops_per_token(m) / 1e9);
+    fprintf(out, "axes: TP, PP, VPP (even split, and the uneven end stages that balance best), "
+                 "EP, ETP, micro-batch 1/2/4/8; CP 1, the distributed optimizer, BF16 "
+                 "(recompute and FP8 recipes are not namelist keys yet); the namelists' layout "
+                 "keys are replaced\n");
+    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules "
+                 "(%.2f s)\n",
+            pl->tried, pl->n, t_enum);
+    if (pl->n == 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "no layout of this model on %d GPUs is accepted with global batch %d: "
+                          "the batch must divide by micro-batch x data-parallel size, heads and "
+                          "experts by TP and EP (moetrain --check --world-size %d MODEL.nml "
+                          "says why for a given layout)",
+                          pl->world, pl->gbs, pl->world);
+    qsort(pl->cands, pl->n, sizeof *pl->cands, cmp_step);
+    int fit = 0, too_big = 0, refused = 0;
+    size_t checked = 0;
+    const struct layout *smallest = NULL;
+    for (size_t i = 0; i < pl->n && fit < pl->top; i++, checked++) {
+        MT_CHECK(check_layout(pl, &pl->cands[i], err));
+        switch (pl->cands[i].state) {
+        case FITS: fit++; break;
+        case TOO_BIG:
+            too_big++;
+            if (!smallest || pl->cands[i].worst.total < smallest->worst.total)
+                smallest = &pl->cands[i];
+            break;
+        default: refused++; break;
+        }
+    }
+    /* with nothing fitting yet, the rest are sized too: the message names the closest */
+    fprintf(out, "%zu checked in that order until %d fit%s: %d fit, %d need more than %.1f GiB, "
+                 "%d refused by placement or setup (%d memory plans, %.2f s in all)\n",
+            checked, pl->top, checked == pl->n && fit < pl->top ? " (all checked)" : "", fit,
+            too_big, pl->usable_gib, refused, pl->plans, seconds_since(&t0));
+    if (refused) {
+        for (size_t i = 0; i < checked; i++)
+            if (pl->cands[i].state == REFUSED) {
+                char name[256];
+                layout_name(&pl->cands[i], name, sizeof name);
+                fprintf(out, "  e.g. %s refused: %.300s\n", name, pl->cands[i].why);
+                break;
+            }
+    }
+    const struct layout *fastest = &pl->cands[0];
+    if (fastest->state == TOO_BIG) {
+        char name[256];
+        layout_name(fastest, name, sizeof name);
+        fprintf(out, "memory wall: the fastest layout by the model, %s (%.0f tokens/s/GPU), "
+                     "needs %.2f GiB\n",
+                name, fastest->tokens_s, gib(fastest->worst.total));
+    }
+    /* the fitting ones numbered; the first few that rank ahead of them but do not fit,
+     * marked */
+    int shown = 0, big = 0;
+    for (size_t i = 0; i < checked; i++) {
+        const struct layout *x = &pl->cands[i];
+        if (x->state == FITS || (x->state == TOO_BIG && !shown && big++ < 3))
+            print_layout(pl, &shown, x, out);
+    }
+    if (fit == 0) {
+        char name[256] = "none could be placed";
+        if (smallest) {
+            char lay[200];
+            layout_name(smallest, lay, sizeof lay);
+            snprintf(name, sizeof name, "the smallest, %s, needs %.2f GiB", lay,
+                     gib(smallest->worst.total));
+        }
+        return mt_err_set(err, MT_EINVAL,
+                          "the model fits no layout on %d %s GPUs: every layout's most loaded "
+                          "rank needs more than %.1f GiB (%s); use more GPUs, a GPU with more "
+                          "memory, a shorter training%%seq_length, or a smaller model",
+                          pl->world, pl->gpu->name, pl->usable_gib, name);
+    }
+    return MT_OK;
+}
+
+int mt_plan_cli(int argc, char **argv)
+{
+    struct planner pl = {.top = 5};
+    const char *gpu = NULL;
+    pl.files = calloc((size_t)argc, sizeof *pl.files);
+    pl.overrides = calloc((size_t)argc, sizeof *pl.overrides);
+    pl.base = malloc(sizeof *pl.base);
+    pl.work = malloc(sizeof *pl.work);
+    pl.resolved = malloc(sizeof *pl.resolved);
+    int rc = 1;
+    if (!pl.files || !pl.overrides || !pl.base || !pl.work || !pl.resolved) {
+        fprintf(stderr, "moetrain plan: error: out of memory\n");
+        goto done;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        } else if (!strcmp(a, "--gpus")) {
+            if (number(a, v, 1, 10000000, &pl.world)) goto done;
+            i++;
+        } else if (!strcmp(a, "--global-batch")) {
+            if (number(a, v, 1, 1000000000, &pl.gbs)) goto done;
+            i++;
+        } else if (!strcmp(a, "--top")) {
+            if (number(a, v, 1, 1000, &pl.top)) goto done;
+            i++;
+        } else if (!strcmp(a, "--gpu")) {
+            if (!v) {
+                bad("--gpu needs a platform: h100, h800, h200, b200, gb200 or gb300%s%s", "", "");
+                goto done;
+            }
+            gpu = v;
+            i++;
+        } else if (!strcmp(a, "--nodes-file")) {
+            if (!v) {
+                bad("--nodes-file needs a file of 'hostname domain_key' lines%s%s", "", "");
+                goto done;
+            }
+            pl.nodes_file = v;
+            i++;
+        } else if (a[0] == '-' && a[1]) {
+            bad("unknown option '%s'%s (moetrain plan --help)", a, "");
+            goto done;
+        } else if (is_override(a)) {
+            for (const char *const *k = refused_keys; *k; k++)
+                if (key_is(a, *k)) {
+                    bad("'%s': the plan sets %s itself (sequence parallelism with TP, CP 1, "
+                        "the distributed optimizer; the batch is --global-batch)",
+                        a, *k);
+                    goto done;
+                }
+            for (int k = 0; k < NFIX; k++)
+                if (key_is(a, axis_keys[k])) pl.fixed[k] = 1;
+            pl.overrides[pl.noverrides++] = argv[i];
+        } else {
+            pl.files[pl.nfiles++] = argv[i];
+        }
+    }
+    if (!gpu) {
+        bad("--gpu is required: h100, h800, h200, b200, gb200 or gb300%s%s", "", "");
+        goto done;
+    }
+    for (size_t i = 0; i < NPLATFORMS; i++)
+        if (!strcasecmp(gpu, platforms[i].name)) pl.gpu = &platforms[i];
+    if (!pl.gpu) {
+        bad("--gpu '%s' is not a platform the plan knows: h100, h800, h200, b200, gb200 or "
+            "gb300%s", gpu, "");
+        goto done;
+    }
+    if (!pl.world) {
+        bad("--gpus N is required (the job's GPUs)%s%s", "", "");
+        goto done;
+    }
+    if (pl.nfiles == 0) {
+        bad("no model namelist given (e.g. namelists/qwen3_30b_a3b.nml)%s%s", "", "");
+        goto done;
+    }
+    struct mt_err err = {0};
+    mt_config_defaults(pl.base);
+    int rcl = mt_config_load(pl.base, pl.nfiles, pl.files, pl.noverrides, pl.overrides, &err);
+    for (int k = 0; k < NFIX && rcl == MT_OK; k++)
+        pl.fixed[k] = pl.fixed[k] ? fixed_value(pl.base, k) : -1;
+    if (rcl || run(&pl, stdout, &err)) {
+        fflush(stdout);
+        fprintf(stderr, "moetrain plan: error: %s\n", err.msg);
+        goto done;
+    }
+    rc = 0;
+done:
+    mt_topo_cluster_free(&pl.cluster);
+    free(pl.cands);
+    free(pl.placed);
+    free(pl.files);
+    free(pl.overrides);
+    free(pl.base);
+    free(pl.work);
+    free(pl.resolved);
+    return rc;
+}
