@@ -452,7 +452,7 @@ static int enumerate(struct planner *pl)
     const int N = pl->world;
     for (int pp = 1; pp <= m->L && pp <= N; pp++) {
         if (N % pp || !allowed(pl, FIX_PP, pp)) continue;
-        for (int vpp = 1; vpp * pp <= m->L; vpp++) {
+        for (int vpp = 1; vpp * pp <= m->L && vpp <= MT_MAX_VPP; vpp++) {
             if (vpp > 1 && pp == 1) break;
             if (!allowed(pl, FIX_VPP, vpp)) continue;
             int first, last;
@@ -483,7 +483,7 @@ static int enumerate(struct planner *pl)
                                                .etp = etp, .mbs = mbs}, got;
                             if (!ends_fixed && try_layout(pl, x, &got) && add(pl, &got))
                                 return MT_ENOMEM;
-                            if (!first && !last) continue;
+                            if (!first && !last && !ends_fixed) continue;
                             x.first = first;
                             x.last = last;
                             if (try_layout(pl, x, &got) && add(pl, &got)) return MT_ENOMEM;

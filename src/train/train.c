@@ -20,7 +20,6 @@
 
 #include "data/data.h"
 
-#define MT_MAX_VPP 16 /* model chunks per pipeline stage this trainer runs */
 
 struct trainer {
     const struct mt_config *cfg;
@@ -831,11 +830,21 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
                r->comm + r->workspace + r->other;
 }
 
+static int check_vpp(const struct mt_layout *l, struct mt_err *err)
+{
+    if (l->vpp <= MT_MAX_VPP) return MT_OK;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "&parallel virtual_pipeline_model_parallel_size = %d: this trainer runs at "
+                      "most %d model chunks per pipeline stage",
+                      l->vpp, MT_MAX_VPP);
+}
+
 int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, int rank,
                         const struct mt_kernels *k, bool init,
                         size_t (*live)(const struct mt_kernels *k), struct mt_rank_memory *r,
                         struct mt_err *err)
 {
+    MT_CHECK(check_vpp(l, err));
     struct trainer t;
     memset(&t, 0, sizeof t);
     t.cfg = cfg;
@@ -1238,11 +1247,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         return mt_err_set(err, MT_EINVAL,
                           "world size %d needs the parallel context of a launched job",
                           layout->world_size);
-    if (layout->vpp > MT_MAX_VPP)
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&parallel virtual_pipeline_model_parallel_size = %d: this trainer runs "
-                          "at most %d model chunks per pipeline stage",
-                          layout->vpp, MT_MAX_VPP);
+    MT_CHECK(check_vpp(layout, err));
     if (par && par->world->size == 1) par = NULL; /* one process: no collectives at all */
     struct trainer t;
     memset(&t, 0, sizeof t);

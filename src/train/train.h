@@ -24,6 +24,10 @@
 #include "runtime/parallel.h"
 #include "util/error.h"
 
+/* Model chunks per pipeline stage (virtual_pipeline_model_parallel_size) the trainer
+ * runs at most. */
+#define MT_MAX_VPP 16
+
 /* One rank's GPU memory by category, in bytes: what moetrain allocates through the
  * kernel backend (not the CUDA context, the backend's own workspace, NCCL's buffers). */
 struct mt_rank_memory {
