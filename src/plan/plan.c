@@ -85,12 +85,12 @@ struct platform {
  *   eff_link: 0.8 of the link for NCCL's ring and all-to-all (DeepSeek-V3 Technical
  *         Report: about 160 GB/s of the H800's NVLink reached in practice, 0.8 of 200). */
 static const struct platform platforms[] = {
-    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 0.47, 0.25, 0.8},
-    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 0.47, 0.25, 0.8},
-    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 0.47, 0.25, 0.8},
-    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 0.47, 0.25, 0.8},
-    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 0.47, 0.25, 0.8},
-    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 0.47, 0.25, 0.8},
+    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 0.47, 0.34, 0.8},
+    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 0.47, 0.34, 0.8},
+    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 0.47, 0.34, 0.8},
+    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 0.47, 0.34, 0.8},
+    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 0.47, 0.34, 0.8},
+    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 0.47, 0.34, 0.8},
 };
 #define NPLATFORMS (sizeof platforms / sizeof platforms[0])
 
@@ -216,6 +216,7 @@ struct layout {
     /* pass 3 */
     enum { UNCHECKED, FITS, TOO_BIG, REFUSED } state;
     struct mt_rank_memory worst;
+    bool bound;              /* too big by a lower bound: worst.total only */
     char why[512];
 };
 
@@ -237,6 +238,13 @@ struct planner {
     struct placed { int tp, pp, ep, etp, rc; char why[512]; } *placed;
     size_t nplaced, capplaced;
     int plans;                /* mt_train_plan_memory calls */
+    int bounded;              /* layouts found too big by a bound, without a plan */
+    /* per TP x PP x VPP x ends x EP x ETP (the world fixes DP and EDP): the most a rank
+     * holds whatever the micro-batch (parameters, master weights, gradients, optimizer
+     * state, communication buffers, expert biases), from an exact plan: a lower bound
+     * on the most loaded rank's total for every micro-batch size */
+    struct fixed_part { int tp, pp, vpp, first, last, ep, etp; size_t bytes; } *parts;
+    size_t nparts, capparts;
     int fixed[NFIX];          /* an axis given on the command line: 1, then its value */
     char **files, **overrides;
     int nfiles, noverrides;
@@ -545,6 +553,23 @@ static int place(struct planner *pl, const struct layout *x, const struct mt_lay
 
 static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+static struct fixed_part *find_part(struct planner *pl, const struct layout *x)
+{
+    for (size_t i = 0; i < pl->nparts; i++) {
+        struct fixed_part *f = &pl->parts[i];
+        if (f->tp == x->tp && f->pp == x->pp && f->vpp == x->vpp && f->first == x->first &&
+            f->last == x->last && f->ep == x->ep && f->etp == x->etp)
+            return f;
+    }
+    return NULL;
+}
+
+/* What rank r holds whatever the micro-batch size. */
+static size_t fixed_bytes(const struct mt_rank_memory *r)
+{
+    return r->params + r->master + r->grads + r->optimizer + r->comm + r->other;
+}
+
 /* Places x and sizes its most loaded ranks (see the top of this file). */
 static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err)
 {
@@ -557,6 +582,14 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
     if (rc == MT_ENOMEM) return mt_err_set(err, rc, "plan: out of memory");
     if (rc) {
         x->state = REFUSED;
+        return MT_OK;
+    }
+    const struct fixed_part *part = find_part(pl, x);
+    if (part && gib(part->bytes) > pl->usable_gib) {
+        x->state = TOO_BIG;
+        x->worst.total = part->bytes; /* at least */
+        x->bound = true;
+        pl->bounded++;
         return MT_OK;
     }
     const int per_stage = pl->world / x->pp; /* order tp-cp-ep-dp-pp: stage s starts there */
@@ -573,6 +606,21 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
             return MT_OK;
         }
         if (r.total > x->worst.total) x->worst = r;
+        if (!part || fixed_bytes(&r) > part->bytes) {
+            if (!part) {
+                if (pl->nparts == pl->capparts) {
+                    size_t cap = pl->capparts ? 2 * pl->capparts : 256;
+                    struct fixed_part *p = realloc(pl->parts, cap * sizeof *p);
+                    if (!p) return mt_err_set(err, MT_ENOMEM, "plan: out of memory");
+                    pl->parts = p;
+                    pl->capparts = cap;
+                }
+                struct fixed_part *f = &pl->parts[pl->nparts++];
+                *f = (struct fixed_part){x->tp, x->pp, x->vpp, x->first, x->last, x->ep, x->etp, 0};
+                part = f;
+            }
+            ((struct fixed_part *)part)->bytes = fixed_bytes(&r);
+        }
     }
     x->state = gib(x->worst.total) <= pl->usable_gib ? FITS : TOO_BIG;
     if (x->state == FITS && gib(x->worst.total) >= MEMORY_WALL * pl->usable_gib)
@@ -811,17 +859,20 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
         case FITS: fit++; break;
         case TOO_BIG:
             too_big++;
-            if (!smallest || pl->cands[i].worst.total < smallest->worst.total)
+            if (!pl->cands[i].bound &&
+                (!smallest || pl->cands[i].worst.total < smallest->worst.total))
                 smallest = &pl->cands[i];
             break;
         default: refused++; break;
         }
     }
     /* with nothing fitting yet, the rest are sized too: the message names the closest */
-    fprintf(out, "%zu checked in that order until %d fit%s: %d fit, %d need more than %.1f GiB, "
-                 "%d refused by placement or setup (%d memory plans, %.2f s in all)\n",
+    fprintf(out, "%zu checked in that order until %d fit%s: %d fit, %d need more than %.1f GiB "
+                 "(%d of them by the parameters and optimizer state their TP x PP x VPP x EP x "
+                 "ETP holds whatever the micro-batch), %d refused by placement or setup (%d "
+                 "memory plans, %.2f s in all)\n",
             checked, pl->top, checked == pl->n && fit < pl->top ? " (all checked)" : "", fit,
-            too_big, pl->usable_gib, refused, pl->plans, seconds_since(&t0));
+            too_big, pl->usable_gib, pl->bounded, refused, pl->plans, seconds_since(&t0));
     if (refused) {
         for (size_t i = 0; i < checked; i++)
             if (pl->cands[i].state == REFUSED) {
@@ -832,7 +883,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
             }
     }
     const struct layout *fastest = &pl->cands[0];
-    if (fastest->state == TOO_BIG) {
+    if (fastest->state == TOO_BIG && !fastest->bound) {
         char name[256];
         layout_name(fastest, name, sizeof name);
         fprintf(out, "memory wall: the fastest layout by the model, %s (%.0f tokens/s/GPU), "
@@ -844,7 +895,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     int shown = 0, big = 0;
     for (size_t i = 0; i < checked; i++) {
         const struct layout *x = &pl->cands[i];
-        if (x->state == FITS || (x->state == TOO_BIG && !shown && big++ < 3))
+        if (x->state == FITS || (x->state == TOO_BIG && !x->bound && !shown && big++ < 3))
             print_layout(pl, &shown, x, out);
     }
     if (fit == 0) {
@@ -959,6 +1010,7 @@ done:
     mt_topo_cluster_free(&pl.cluster);
     free(pl.cands);
     free(pl.placed);
+    free(pl.parts);
     free(pl.files);
     free(pl.overrides);
     free(pl.base);
