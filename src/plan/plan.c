@@ -682,10 +682,10 @@ static void print_layout(const struct planner *pl, int *shown, const struct layo
     fprintf(out, "    memory, the most loaded rank (%lld, stage %lld), GiB: parameters %.2f | "
                  "master weights %.2f | gradients %.2f | optimizer state %.2f | activations "
                  "%.2f (%lld in flight) | pipeline %.2f | communication %.2f | workspace %.2f | "
-                 "other %.2f | total %.2f of %.1f\n",
+                 "other %.2f | total %.2f (%zu bytes) of %.1f\n",
             r->rank, r->stage, gib(r->params), gib(r->master), gib(r->grads), gib(r->optimizer),
             gib(r->activations), r->inflight, gib(r->pipeline), gib(r->comm), gib(r->workspace),
-            gib(r->other), gib(r->total), pl->usable_gib);
+            gib(r->other), gib(r->total), r->total, pl->usable_gib);
     check_command(pl, x, out);
 }
 
@@ -746,13 +746,14 @@ static int describe_cluster(struct planner *pl, struct mt_err *err)
     struct mt_topo_map map = {0};
     if (pl->nodes_file) {
         MT_CHECK(mt_topo_map_read(pl->nodes_file, &map, err));
-        if ((long long)map.n * G != pl->world) {
+        const int n = map.n;
+        if ((long long)n * G != pl->world) {
             mt_topo_map_free(&map);
             return mt_err_set(err, MT_EINVAL,
                               "--nodes-file %s lists %d node%s of %d %s GPUs (%lld GPUs), but "
                               "--gpus is %d",
-                              pl->nodes_file, map.n, map.n == 1 ? "" : "s", G, pl->gpu->name,
-                              (long long)map.n * G, pl->world);
+                              pl->nodes_file, n, n == 1 ? "" : "s", G, pl->gpu->name,
+                              (long long)n * G, pl->world);
         }
     } else {
         if (pl->world % G) {

@@ -1,0 +1,70 @@
+#!/bin/sh
+# moetrain plan: every layout it prints passes --check with the memory it reports (the
+# most loaded rank's bytes equal the largest of --check's per-stage figures, which size
+# every kind of rank), a model that fits nowhere and bad arguments fail with one clear
+# message, and a fixed axis is kept.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+cd "$tmp"
+nml="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
+plan() { "$MOETRAIN" plan "$@"; }
+expect_fail() { # expect_fail NEEDLE ARGS...: moetrain plan must exit 1 with NEEDLE on stderr
+    needle=$1; shift
+    plan "$@" > out.log 2> err.log && { cat out.log err.log; fail "expected failure: $*"; }
+    grep -q -- "$needle" err.log || { cat err.log; fail "message lacks '$needle': $*"; }
+    [ "$(grep -c 'error: ' err.log)" -eq 1 ] || { cat err.log; fail "expected one error: $*"; }
+}
+
+# 16 GPUs, 4 layouts: each one's --check passes, and its bytes are --check's largest
+plan --gpus 16 --gpu h100 --global-batch 64 --top 4 "$nml" > plan.log 2>&1 ||
+    { cat plan.log; fail "plan on 16 GPUs"; }
+[ "$(grep -c '^ *[0-9]*\. TP' plan.log)" -eq 4 ] || { cat plan.log; fail "expected 4 layouts"; }
+grep 'check: ' plan.log | sed 's/^ *check: moetrain //' > checks
+n=0
+while read -r args; do
+    n=$((n + 1))
+    planned=$(grep -A2 "^ *$n\. TP" plan.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
+    # shellcheck disable=SC2086
+    "$MOETRAIN" $args > check.log 2>&1 || { cat check.log; fail "layout $n fails --check: $args"; }
+    checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' check.log | sort -n | tail -1)
+    [ -n "$planned" ] && [ "$planned" = "$checked" ] ||
+        { cat plan.log check.log; fail "layout $n: plan says $planned bytes, --check $checked"; }
+done < checks
+[ "$n" -eq 4 ] || fail "expected 4 check commands, got $n"
+
+# the top layout fits: its check passes with the planned limit, and fails below it
+args=$(head -1 checks)
+limit=$(grep -m1 'total .* bytes) of' plan.log | sed 's/.* of \([0-9.]*\)$/\1/')
+[ "$limit" = "74.0" ] || fail "usable memory of an H100: $limit GiB, expected 74.0"
+# shellcheck disable=SC2086
+"$MOETRAIN" $args precision%gpu_memory_gb=0.000001 > /dev/null 2>&1 &&
+    fail "--check of the top layout should fail with a 1 KiB limit"
+
+# a fixed axis: only layouts with TP 1 and EP 2
+plan --gpus 16 --gpu h100 --global-batch 64 --top 3 "$nml" parallel%tensor_model_parallel_size=1 \
+    parallel%expert_model_parallel_size=2 > fixed.log 2>&1 || { cat fixed.log; fail "fixed axes"; }
+[ "$(grep -c '^ *[0-9]*\. TP 1 x .* EP 2 x' fixed.log)" -eq 3 ] || { cat fixed.log; fail "fixed TP and EP"; }
+grep '^ *[0-9]*\. TP' fixed.log | grep -v 'TP 1 x .*EP 2 x' && fail "a layout outside the fixed axes"
+
+# nothing fits: one message naming the smallest layout and what to change
+expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
+    precision%gpu_memory_gb=0.000001
+grep -q "the smallest, TP .* needs" err.log || { cat err.log; fail "no smallest layout named"; }
+
+# bad arguments
+expect_fail "--gpu is required" --gpus 16 "$nml"
+expect_fail "--gpu 'a100' is not a platform" --gpus 16 --gpu a100 "$nml"
+expect_fail "--gpus N is required" --gpu h100 "$nml"
+expect_fail "--gpus needs a whole number" --gpus 0 --gpu h100 "$nml"
+expect_fail "--top needs a whole number" --gpus 16 --gpu h100 --top x "$nml"
+expect_fail "not whole h100 nodes of 8 GPUs" --gpus 12 --gpu h100 "$nml"
+expect_fail "no model namelist" --gpus 16 --gpu h100
+expect_fail "unknown option '--world-size'" --world-size 16 --gpu h100 "$nml"
+expect_fail "the plan sets parallel%use_distributed_optimizer" --gpus 16 --gpu h100 "$nml" \
+    parallel%use_distributed_optimizer=F
+expect_fail "no layout of this model on 16 GPUs is accepted with global batch 3" --gpus 16 \
+    --gpu h100 --global-batch 3 "$nml"
+printf 'n0 rackA\nn1 rackA\n' > two.nodes
+expect_fail "lists 2 nodes of 4 gb200 GPUs (8 GPUs), but --gpus is 16" --gpus 16 --gpu gb200 \
+    --nodes-file two.nodes "$nml"
+expect_fail "missing.nml" --gpus 16 --gpu h100 missing.nml
+echo "PASS"
