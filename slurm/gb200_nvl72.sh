@@ -13,14 +13,16 @@
 # with racks.txt one 'hostname domain' line per tray (doc/topology.md).
 #
 # Layout (Megatron vocabulary; order tp-cp-ep-dp-pp):
-#   attention/dense: TP 4 (with sequence parallelism) x PP 2 x DP 36
-#   experts:         ETP 1 x EP 8 x EDP 18 x PP 2 (MoE parallel folding)
-#   94 layers / PP 2 = 47 per stage; 128 experts / EP 8 = 16 per rank.
-#   global batch 1152 sequences of 4096 = micro 1 x DP 36 x 32 micro-batches.
-# Memory: --check prints each stage's most loaded rank by category (doc/memory.md).
-# At this layout it plans 278.90 GiB on stage 0 (60.8 GB each of working copy, master
-# weights and gradients: 15.2B parameters a rank), more than a GB200's 186 GB: the job
-# does not fit as moetrain stores weights today (the working copy widened to fp32).
+#   attention/dense: TP 4 (with sequence parallelism) x PP 4 x DP 18
+#   experts:         ETP 1 x EP 8 x EDP 9 x PP 4 (MoE parallel folding)
+#   94 layers over PP 4 = 23, 24, 24, 23 (the first and last stages also hold the
+#   embedding and the LM head); 128 experts / EP 8 = 16 per rank.
+#   global batch 1152 sequences of 4096 = micro 1 x DP 18 x 64 micro-batches.
+# Memory: --check prints each stage's most loaded rank by category (doc/memory.md):
+# 130.44 GiB on stage 0 with bf16 weights and activations. PP 2 would plan 203.2 GiB,
+# more than a GB200's 186 GB. precision%gpu_memory_gb = 167 makes --check and the job
+# refuse a change that would not fit (186 GB = 173.2 GiB, less the CUDA context,
+# NCCL's buffers and fragmentation, which moetrain does not allocate).
 # Check with --check before submitting.
 # The TP and EP groups fold into blocks of lcm(4, 8) = 8 ranks = 2 trays, and a
 # rack holds 9 such blocks exactly (72 / 8): with whole racks, &topology
@@ -115,12 +117,15 @@ MOETRAIN_BIN=$(find_moetrain) || exit 2
 LAYOUT=(
     parallel%tensor_model_parallel_size=4
     parallel%sequence_parallel=.true.
-    parallel%pipeline_model_parallel_size=2
+    parallel%pipeline_model_parallel_size=4
+    parallel%decoder_first_pipeline_num_layers=23
+    parallel%decoder_last_pipeline_num_layers=23
     parallel%expert_model_parallel_size=8
     parallel%expert_tensor_parallel_size=1
     parallel%use_distributed_optimizer=.true.
     parallel%distributed_timeout_minutes=10
     training%global_batch_size=1152
+    precision%gpu_memory_gb=167
     "topology%nvlink_domain_source='nvml'"
     "topology%placement='nvlink'"
 )

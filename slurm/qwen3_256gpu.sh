@@ -39,7 +39,7 @@
 # must not bind (--cpu-bind=none).
 #
 # Memory: --check prints what each pipeline stage's most loaded rank allocates, by
-# category (doc/memory.md): 65.25 GiB on stage 0, which holds 4 micro-batches in flight.
+# category (doc/memory.md): 39.50 GiB on stage 0, which holds 4 micro-batches in flight.
 # precision%gpu_memory_gb = 74 makes --check and the job itself (before it allocates)
 # refuse a change that would not fit an 80 GB H100 (79.6 GiB, less the CUDA context,
 # NCCL's buffers and fragmentation, which moetrain does not allocate).

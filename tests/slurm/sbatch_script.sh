@@ -65,6 +65,6 @@ echo "ok: the job's shape comes from the #SBATCH lines (--check, and a job of an
 # gb200_nvl72.sh: 72 trays in 4 racks, placement kept in the NVLink domains
 PATH="$tmp/bin:$PATH" MOETRAIN_NAMELISTS="$MT_TOP_SRCDIR/namelists" bash "$MT_TOP_SRCDIR/slurm/gb200_nvl72.sh" --check > out 2> err ||
     { cat out err; fail "gb200_nvl72.sh --check"; }
-grep -q 'valid for 288 processes' out && grep -q 'world 288 = TP 4 x CP 1 x PP 2 x DP 36; experts: ETP 1 x EP 8 x EDP 18' out ||
+grep -q 'valid for 288 processes' out && grep -q 'world 288 = TP 4 x CP 1 x PP 4 x DP 18; experts: ETP 1 x EP 8 x EDP 9' out ||
     { cat out; fail "gb200_nvl72.sh --check output"; }
 echo "ok: gb200_nvl72.sh --check for 288 processes"
