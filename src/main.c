@@ -49,6 +49,7 @@ static void usage(FILE *out)
           "       moetrain --fake-world N --fake-rank R [--backend cpu|guard|plan] FILE.nml ...\n"
           "       moetrain topo [--json] [--dry-run --nodes-file F --gpus-per-node G] FILE.nml ...\n"
           "       moetrain ckpt convert [--to sharded|state.bin] SRC DST\n"
+          "       moetrain export-hf [--dtype fp32|bf16] [--max-shard-size BYTES] CKPT OUTDIR\n"
           "       moetrain from-megatron [--world-size N] [-o FILE.nml] -- PRETRAIN_GPT_ARGS...\n"
           "\n"
           "Trains a Mixture-of-Experts language model configured by Fortran namelist files.\n"
@@ -703,6 +704,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "topo")) return mt_topo_cli(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "ckpt")) return mt_ckpt_cli(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "export-hf")) return mt_hf_cli(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "from-megatron")) return from_megatron(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "plan")) return mt_plan_cli(argc - 1, argv + 1);
     struct cli cli = { .action = TRAIN, .world = 1, .fake_rank = -1 };

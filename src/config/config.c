@@ -553,6 +553,26 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                               e->expert_capacity_factor, e->num_experts, cap,
                               t->micro_batch_size, t->seq_length, e->router_topk, MT_SIZE_MAX);
     }
+    if (e->use_upcycling) {
+        int nmoe = 0;
+        for (int i = 0; i < m->num_layers; i++) nmoe += e->num_experts > 0 && e->layer_freq[i];
+        if (nmoe == 0)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe use_upcycling = .true. turns a dense model into an MoE "
+                              "model, but this model has no MoE layer: set num_experts (and "
+                              "layer_freq)");
+        if (!c->checkpoint.load[0] && !c->checkpoint.load_hf[0])
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe use_upcycling = .true. needs the dense model's weights: set "
+                              "&checkpoint load_hf (a Hugging Face directory) or load (a "
+                              "moetrain checkpoint)");
+        if (e->shared_expert_intermediate_size)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe use_upcycling = .true. copies the dense MLP into the routed "
+                              "experts; a shared expert (shared_expert_intermediate_size = %d) "
+                              "has no dense counterpart: set it to 0",
+                              e->shared_expert_intermediate_size);
+    }
     if (e->pad_expert_input_to_capacity && e->expert_capacity_factor <= 0)
         return mt_err_set(err, MT_EINVAL,
                           "&moe pad_expert_input_to_capacity = .true. needs "

@@ -60,6 +60,7 @@ struct mt_config_moe {
     char token_drop_policy[16];      /* probs | position */
     char token_dispatcher_type[16];  /* alltoall | allgather */
     int shared_expert_intermediate_size; /* 0: no shared expert */
+    bool use_upcycling;              /* initialise from a dense model: experts = its MLP */
 };
 
 struct mt_config_parallel {
@@ -117,6 +118,7 @@ struct mt_config_data {
 struct mt_config_checkpoint {
     char save[MT_STR_MAX];
     char load[MT_STR_MAX];
+    char load_hf[MT_STR_MAX];        /* initial weights: a Hugging Face directory */
     int save_interval;
     int keep_last;                   /* 0: keep all */
     bool load_optional;              /* a load dir without a checkpoint: start fresh */

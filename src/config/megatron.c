@@ -78,6 +78,8 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--moe-token-drop-policy", "moe%token_drop_policy"),
     VD("--moe-token-dispatcher-type", "moe%token_dispatcher_type", "allgather"),
     V("--moe-shared-expert-intermediate-size", "moe%shared_expert_intermediate_size"),
+    S("--moe-use-upcycling", "moe%use_upcycling"),
+    NI("--moe-upcycling-granularity", "granular upcycling (experts narrower than the dense MLP)"),
     NA("--moe-grouped-gemm", "experts always run as one grouped GEMM"),
     NA("--moe-permute-fusion", "kernel choice is moetrain's"),
     NA("--moe-use-legacy-grouped-gemm", "kernel choice is moetrain's"),

@@ -92,6 +92,12 @@ const struct mt_key mt_schema[] = {
           "how tokens reach experts on other expert-parallel ranks"),
     KINT(moe, shared_expert_intermediate_size, 0, 0, IMAX,
          "width of the shared expert applied to every token; 0 = none"),
+    KBOOL(moe, use_upcycling, 0,
+          ".true.: initialise this MoE model from a dense model's weights (checkpoint%load_hf, "
+          "else the checkpoint checkpoint%load finds), every routed expert a copy of the dense "
+          "MLP, routers initialised as usual, optimizer state fresh, iteration 0 (Megatron's "
+          "--moe-use-upcycling, default strategy): moe_ffn_hidden_size must equal the dense "
+          "ffn_hidden_size and every other &model key the dense model's; no shared expert"),
 
     /* &parallel */
     KINT(parallel, tensor_model_parallel_size, 1, 1, IMAX, "tensor parallel size (TP)"),
@@ -174,6 +180,13 @@ const struct mt_key mt_schema[] = {
          "checkpoint directory (or one of its iter_* directories) to resume from; '' = start "
          "from initialisation. A directory that holds no checkpoint is an error unless "
          "load_optional"),
+    KSTR(checkpoint, load_hf, "",
+         "a Hugging Face directory (config.json, model*.safetensors: Qwen3MoeForCausalLM, "
+         "MixtralForCausalLM or Qwen3ForCausalLM, F32 or BF16) to take the initial weights "
+         "from, in any parallel layout; config.json must describe this model (a difference "
+         "names the key). Optimizer state starts fresh at iteration 0. Used only when "
+         "checkpoint%load finds no checkpoint (a resumed run continues from its own); '' = "
+         "none"),
     KINT(checkpoint, save_interval, 0, 0, IMAX, "iterations between saves; 0 = only at the end"),
     KINT(checkpoint, keep_last, 0, 0, IMAX,
          "keep only the N most recently written checkpoints (never the one 'latest' names); "

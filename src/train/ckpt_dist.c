@@ -98,6 +98,12 @@ static int agree_all(struct mt_comm *world, int rc, const char *what, struct mt_
     return mt_err_set(err, MT_EIO, "%s failed on rank %d (its message says why)", what, first);
 }
 
+int mt_ckpt_agree_all(const struct mt_parallel *par, int rc, const char *what,
+                      struct mt_err *err)
+{
+    return agree_all(world_of(par), rc, what, err);
+}
+
 /* ---- measuring host memory ----------------------------------------------------- */
 
 static long long proc_status_kb(const char *key)
@@ -668,6 +674,39 @@ static int share_index(struct mt_comm *world, char *iter_dir, size_t dir_len, ch
     return MT_OK;
 }
 
+/* Rank 0 finds the checkpoint in dir (mt_ckpt_locate) and reads its index; every rank
+ * gets it and opens it (*ix NULL when *found is false). iter_dir: len bytes. */
+static int open_located(const char *dir, bool optional, const struct mt_parallel *par,
+                        char *iter_dir, size_t len_dir, bool *found,
+                        struct mt_shard_index **ix, struct mt_err *err)
+{
+    struct mt_comm *world = world_of(par);
+    *found = false;
+    *ix = NULL;
+    iter_dir[0] = '\0';
+    char *text = NULL;
+    size_t len = 0;
+    bool have = false;
+    int rc = MT_OK;
+    if (!world || world->rank == 0) {
+        rc = mt_ckpt_locate(dir, optional, iter_dir, len_dir, &have, err);
+        if (rc == MT_OK && have) rc = mt_shard_index_text(iter_dir, &text, &len, err);
+    }
+    rc = mt_ckpt_agree_on_rank0(par, rc, "loading the checkpoint", err);
+    int32_t flag = have;
+    if (rc == MT_OK && world && world->size > 1)
+        rc = mt_broadcast(world, &flag, 1, MT_DT_I32, 0, err);
+    if (rc || !flag) {
+        free(text);
+        return rc;
+    }
+    rc = share_index(world, iter_dir, len_dir, &text, &len, err);
+    if (rc == MT_OK) rc = mt_shard_index_open(iter_dir, text, len, ix, err);
+    free(text);
+    if (rc == MT_OK) *found = true;
+    return rc;
+}
+
 int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct mt_optim *o,
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
                       char *loaded, size_t loaded_len, struct mt_ckpt_stats *stats,
@@ -679,32 +718,15 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
     const long long mark = rss_mark();
     struct rank_info me;
     info_of(par, &me);
-    *found = false;
     char iter_dir[4200] = "";
-    char *text = NULL;
-    size_t len = 0;
-    bool have = false;
-    int rc = MT_OK;
-    if (me.world_rank == 0) {
-        rc = mt_ckpt_locate(dir, optional, iter_dir, sizeof iter_dir, &have, err);
-        if (rc == MT_OK && have) rc = mt_shard_index_text(iter_dir, &text, &len, err);
-    }
-    rc = mt_ckpt_agree_on_rank0(par, rc, "loading the checkpoint", err);
-    int32_t flag = have;
-    if (rc == MT_OK && world && world->size > 1)
-        rc = mt_broadcast(world, &flag, 1, MT_DT_I32, 0, err);
-    if (rc || !flag) {
-        free(text);
-        return rc;
-    }
-    rc = share_index(world, iter_dir, sizeof iter_dir, &text, &len, err);
     struct mt_shard_index *ix = NULL;
+    int rc = open_located(dir, optional, par, iter_dir, sizeof iter_dir, found, &ix, err);
+    if (rc || !*found) return rc;
+    *found = false;
     struct mt_ckpt_view table = { 0 };
     struct staging g = { 0 };
     struct mt_shard_piece *targets = NULL;
     int ntargets = 0;
-    if (rc == MT_OK) rc = mt_shard_index_open(iter_dir, text, len, &ix, err);
-    free(text);
     if (rc == MT_OK) rc = model_table(m, &table, err);
     if (rc == MT_OK) {
         rc = mt_shard_index_check(ix, &table, err);
@@ -725,5 +747,179 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
     free(targets);
     mt_shard_index_free(ix);
     if (rc == MT_OK && stats) finish_stats(world, stats, t0, rss_rise(mark), own);
+    return rc;
+}
+
+/* ---- initial weights: parameters only (load_hf, upcycling) ----------------------- */
+
+/* The model's tensor named name (-1: none). */
+static int model_tensor_named(const struct mt_model *m, const char *name)
+{
+    const int n = mt_model_num_tensors(m);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(mt_model_tensor(m, i)->name, name)) return i;
+    return -1;
+}
+
+static bool is_router(const char *name)
+{
+    size_t n = strlen(name), k = strlen(".mlp.gate.weight");
+    return n > k && !strcmp(name + n - k, ".mlp.gate.weight");
+}
+
+static void dims_text(int ndim, const long long *shape, char *out, size_t len)
+{
+    size_t at = (size_t)snprintf(out, len, "[");
+    for (int d = 0; d < ndim && at < len; d++)
+        at += (size_t)snprintf(out + at, len - at, "%s%lld", d ? ", " : "", shape[d]);
+    if (at < len) snprintf(out + at, len - at, "]");
+}
+
+int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
+                          const struct mt_config *cfg, const char *what, struct mt_err *err)
+{
+    static const char *const kinds[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int l = 0; l < cfg->model.num_layers; l++) {
+        if (cfg->moe.num_experts <= 0 || !cfg->moe.layer_freq[l]) continue;
+        for (int k = 0; k < 3; k++) {
+            char from[160], to[160];
+            snprintf(from, sizeof from, "model.layers.%d.mlp.%s.weight", l, kinds[k]);
+            snprintf(to, sizeof to, "model.layers.%d.mlp.experts.%s", l, kinds[k]);
+            const int ti = model_tensor_named(m, to);
+            int fi = -1, nd = 0;
+            long long shape[4] = {0};
+            for (int i = 0; i < mt_shard_index_count(ix); i++) {
+                const char *n = mt_shard_index_tensor(ix, i, &nd, shape);
+                if (!strncmp(n, to, strlen(to)) ||
+                    (!strncmp(n, "model.layers.", 13) && strstr(n, ".mlp.experts.") &&
+                     atoi(n + 13) == l))
+                    return mt_err_set(err, MT_EINVAL,
+                                      "moe%%use_upcycling: %s already holds routed experts "
+                                      "('%s'): upcycling starts from a dense model's checkpoint "
+                                      "(to resume an upcycled run, remove moe%%use_upcycling)",
+                                      what, n);
+                if (!strcmp(n, from)) fi = i;
+            }
+            if (fi < 0)
+                return mt_err_set(err, MT_EINVAL,
+                                  "moe%%use_upcycling: %s has no tensor '%s', the dense MLP of "
+                                  "layer %d to copy into its experts (model%%num_layers and "
+                                  "moe%%layer_freq must describe the dense model's layers)",
+                                  what, from, l);
+            mt_shard_index_tensor(ix, fi, &nd, shape);
+            const struct mt_param_info *t = mt_model_tensor(m, ti);
+            bool same = ti >= 0 && nd == t->ndim - 1;
+            for (int d = 0; same && d < nd; d++) same = shape[d] == t->shape[d + 1];
+            if (!same) {
+                char a[80], b[80];
+                dims_text(nd, shape, a, sizeof a);
+                dims_text(t->ndim - 1, t->shape + 1, b, sizeof b);
+                return mt_err_set(err, MT_EINVAL,
+                                  "moe%%use_upcycling: the dense MLP '%s' is %s in %s but an "
+                                  "expert's is %s: each expert starts as a copy of the dense "
+                                  "MLP (Megatron's default upcycling), so moe%%moe_ffn_hidden_size "
+                                  "= %d must equal the dense model's FFN width and model%%"
+                                  "hidden_size = %d its hidden size",
+                                  from, a, what, b, cfg->moe.moe_ffn_hidden_size,
+                                  cfg->model.hidden_size);
+            }
+            MT_CHECK(mt_shard_index_replicate(ix, from, to, t->shape[0], err));
+        }
+    }
+    return mt_shard_index_seal(ix, err);
+}
+
+int mt_ckpt_check_params(const struct mt_shard_index *ix, const struct mt_model *m,
+                         bool routers_may_lack, const char *what, struct mt_err *err)
+{
+    const int n = mt_model_num_tensors(m);
+    for (int i = 0; i < n; i++) {
+        const struct mt_param_info *t = mt_model_tensor(m, i);
+        const int j = mt_shard_index_find(ix, t->name);
+        if (j < 0) {
+            if (routers_may_lack && is_router(t->name)) continue;
+            return mt_err_set(err, MT_EINVAL, "%s has no tensor '%s' that this model has",
+                              what, t->name);
+        }
+        int nd;
+        long long shape[4];
+        mt_shard_index_tensor(ix, j, &nd, shape);
+        bool same = nd == t->ndim;
+        for (int d = 0; same && d < nd; d++) same = shape[d] == t->shape[d];
+        if (!same) {
+            char a[80], b[80];
+            dims_text(nd, shape, a, sizeof a);
+            dims_text(t->ndim, t->shape, b, sizeof b);
+            return mt_err_set(err, MT_EINVAL, "%s: tensor '%s' is %s there but %s in this model",
+                              what, t->name, a, b);
+        }
+    }
+    for (int j = 0; j < mt_shard_index_count(ix); j++) {
+        const char *name = mt_shard_index_tensor(ix, j, NULL, NULL);
+        if (!strncmp(name, "optimizer.", 10) || !strcmp(name, MT_SHARD_BIAS)) continue;
+        if (model_tensor_named(m, name) < 0)
+            return mt_err_set(err, MT_EINVAL, "%s holds tensor '%s', which this model does not have",
+                              what, name);
+    }
+    return MT_OK;
+}
+
+int mt_ckpt_load_params(struct mt_shard_index *ix, struct mt_model *m,
+                        const struct mt_parallel *par, struct mt_ckpt_stats *stats,
+                        struct mt_err *err)
+{
+    struct mt_comm *world = world_of(par);
+    const double t0 = now_s();
+    const long long mark = rss_mark();
+    struct rank_info me;
+    info_of(par, &me);
+    const struct mt_kernels *k = mt_model_kernels(m);
+    const size_t np = mt_model_num_params(m);
+    const int nt = mt_model_num_tensors(m);
+    float *staging = mt_shard_malloc(sizeof(float) * np);
+    struct mt_shard_piece *p = NULL;
+    int n = 0, rc = MT_OK;
+    if (!staging)
+        rc = mt_err_set(err, MT_ENOMEM, "checkpoint: no host memory to load this rank's %zu "
+                        "parameters", np);
+    if (rc == MT_OK) rc = alloc_pieces((size_t)nt, &p, err);
+    if (rc == MT_OK) {
+        /* what the source lacks (the routers of an upcycled model) keeps its init */
+        k->op.copy(k->ctx, staging, mt_model_params(m), sizeof(float) * np);
+        for (int i = 0; i < nt; i++) {
+            const struct mt_param_info *t = mt_model_tensor(m, i);
+            if (t->numel && mt_shard_index_find(ix, t->name) >= 0)
+                piece_of(t, &me, "", 0, t->numel, staging + t->offset, false, &p[n++]);
+        }
+        rc = mt_shard_read(ix, p, n, err);
+    }
+    rc = agree_all(world, rc, "loading the initial weights", err);
+    if (rc == MT_OK) {
+        k->op.copy(k->ctx, mt_model_params(m), staging, sizeof(float) * np);
+        mt_model_params_updated(m);
+        if (stats) snprintf(stats->layout, sizeof stats->layout, "%s", mt_shard_index_layout(ix));
+    }
+    mt_shard_free(staging, sizeof(float) * np);
+    free(p);
+    if (rc == MT_OK && stats) finish_stats(world, stats, t0, rss_rise(mark), sizeof(float) * np);
+    return rc;
+}
+
+int mt_ckpt_load_upcycled(const char *dir, bool optional, const struct mt_config *cfg,
+                          struct mt_model *m, const struct mt_parallel *par, bool *found,
+                          char *loaded, size_t loaded_len, struct mt_ckpt_stats *stats,
+                          struct mt_err *err)
+{
+    mt_shard_mem_reset();
+    char iter_dir[4200] = "", what[4300];
+    struct mt_shard_index *ix = NULL;
+    MT_CHECK(open_located(dir, optional, par, iter_dir, sizeof iter_dir, found, &ix, err));
+    if (!*found) return MT_OK;
+    snprintf(what, sizeof what, "checkpoint '%s'", iter_dir);
+    int rc = mt_ckpt_upcycle_index(ix, m, cfg, what, err);
+    if (rc == MT_OK) rc = mt_ckpt_check_params(ix, m, true, what, err);
+    if (rc == MT_OK) rc = mt_ckpt_load_params(ix, m, par, stats, err);
+    if (rc == MT_OK && loaded) snprintf(loaded, loaded_len, "%s", iter_dir);
+    mt_shard_index_free(ix);
     return rc;
 }

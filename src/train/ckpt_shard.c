@@ -250,8 +250,10 @@ struct slice {
     long long start[4], shape[4];
     size_t lo, hi;
     uint64_t offset;
-    uint32_t *crc;             /* per block; NULL: verified otherwise (state.bin) */
+    uint32_t *crc;             /* per block; NULL: verified otherwise (state.bin) or not
+                                * at all (a Hugging Face file) */
     size_t ncrc;
+    enum mt_shard_dtype dtype; /* how its elements are stored */
 };
 
 struct tensor {
@@ -271,7 +273,7 @@ struct mt_shard_index {
     int nfiles;
     char **files;
     int *fds;
-    int nt;
+    int nt, tcap;              /* tensors, and room for them in t */
     struct tensor *t;
     /* parameter table (mt_shard_index_table) */
     int nparams_t;
@@ -421,6 +423,7 @@ static int parse_index(struct mt_shard_index *ix, const struct mt_json *root, st
         return bad_index(err, ix, "it lacks the \"tensors\" or \"slices\" list");
     ix->t = calloc(tensors->n + 1, sizeof *ix->t);
     if (!ix->t) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    ix->tcap = (int)tensors->n + 1;
     MT_CHECK(set_param_table(ix, tensors->n, err));
     for (size_t i = 0; i < tensors->n; i++) {
         const struct mt_json *e = &tensors->items[i];
@@ -630,6 +633,7 @@ static int open_single(struct mt_shard_index *ix, struct mt_err *err)
     ix->nfiles = 1;
     ix->files = calloc(1, sizeof *ix->files);
     ix->t = calloc(3 * ntensors + 2, sizeof *ix->t);
+    ix->tcap = (int)(3 * ntensors + 2);
     if (!ix->files || !ix->t || !(ix->files[0] = strdup("state.bin")) ||
         set_param_table(ix, ntensors, err)) {
         fclose(f);
@@ -874,6 +878,17 @@ static int open_file(struct mt_shard_index *ix, int id, struct mt_err *err)
     return MT_OK;
 }
 
+/* bf16 values read into the first 2n bytes of buf become n floats (from the last, so
+ * that none is overwritten before it is read). */
+static void bf16_widen(float *buf, size_t n)
+{
+    const uint16_t *h = (const uint16_t *)buf;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&buf[i], &u, sizeof u);
+    }
+}
+
 /* Reads the blocks of slice s that hold its elements [f0, f1) and copies what target t
  * needs; *copied counts it. */
 static int read_slice(struct mt_shard_index *ix, const struct tensor *T, const struct slice *s,
@@ -883,13 +898,14 @@ static int read_slice(struct mt_shard_index *ix, const struct tensor *T, const s
     MT_CHECK(open_file(ix, s->file, err));
     const size_t per = ix->block / sizeof(float);
     const size_t total = s->hi - s->lo;
+    const size_t elem = s->dtype == MT_SHARD_BF16 ? 2 : 4;
     /* slice-relative element ranges, block-aligned when blocks carry checksums */
     size_t a = f0 - s->lo, e = f1 - s->lo;
     if (s->crc) a -= a % per;
     for (size_t at = a; at < e; at += per) {
         size_t n = total - at < per ? total - at : per;
-        uint64_t off = s->offset + 4 * (uint64_t)at;
-        int rc = read_exact(ix->fds[s->file], buf, sizeof(float) * n, off);
+        uint64_t off = s->offset + elem * (uint64_t)at;
+        int rc = read_exact(ix->fds[s->file], buf, elem * n, off);
         if (rc == MT_EIO)
             return mt_err_errno(err, "checkpoint '%s': reading '%s' failed", ix->dir,
                                 ix->files[s->file]);
@@ -900,7 +916,8 @@ static int read_slice(struct mt_shard_index *ix, const struct tensor *T, const s
                               "file. Load an older checkpoint (set checkpoint%%load to its "
                               "iter_* directory) or start without load",
                               ix->dir, ix->files[s->file], T->name, off,
-                              off + 4 * (uint64_t)n);
+                              off + elem * (uint64_t)n);
+        if (s->dtype == MT_SHARD_BF16) bf16_widen(buf, n);
         if (s->crc && mt_crc32(0, buf, sizeof(float) * n) != s->crc[at / per])
             return mt_err_set(err, MT_ECORRUPT,
                               "checkpoint '%s' is corrupt: the checksum of tensor '%s' in "
@@ -965,4 +982,146 @@ int mt_shard_read(struct mt_shard_index *ix, const struct mt_shard_piece *t, int
     }
     mt_shard_free(buf, bufbytes);
     return rc;
+}
+
+/* ---- indexes built by hand: a Hugging Face directory, upcycling ---------------------- */
+
+int mt_shard_index_new(const char *dir, struct mt_shard_index **out, struct mt_err *err)
+{
+    struct mt_shard_index *ix = calloc(1, sizeof *ix);
+    if (!ix) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    snprintf(ix->dir, sizeof ix->dir, "%s", dir);
+    snprintf(ix->layout, sizeof ix->layout, "Hugging Face safetensors");
+    ix->block = mt_shard_block_bytes();
+    *out = ix;
+    return MT_OK;
+}
+
+/* The tensor named name, searched linearly (an index being built is not sorted);
+ * NULL when it has none. */
+static struct tensor *find_unsorted(const struct mt_shard_index *ix, const char *name)
+{
+    for (int i = ix->nt; i-- > 0;)
+        if (!strcmp(ix->t[i].name, name)) return &ix->t[i];
+    return NULL;
+}
+
+static int add_tensor(struct mt_shard_index *ix, const char *name, int ndim,
+                      const long long *shape, struct tensor **out)
+{
+    if (ix->nt == ix->tcap) {
+        struct tensor *g = realloc(ix->t, (size_t)(ix->tcap + 64) * sizeof *g);
+        if (!g) return MT_ENOMEM;
+        ix->t = g;
+        ix->tcap += 64;
+    }
+    struct tensor *t = &ix->t[ix->nt];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = strdup(name))) return MT_ENOMEM;
+    t->ndim = ndim;
+    for (int d = 0; d < 4; d++) t->shape[d] = d < ndim ? shape[d] : 0;
+    ix->nt++;
+    *out = t;
+    return MT_OK;
+}
+
+int mt_shard_index_add(struct mt_shard_index *ix, const char *name, int ndim,
+                       const long long *shape, const long long *start,
+                       const long long *slice_shape, const char *file, uint64_t offset,
+                       enum mt_shard_dtype dtype, struct mt_err *err)
+{
+    struct tensor *t = find_unsorted(ix, name);
+    if (!t && add_tensor(ix, name, ndim, shape, &t))
+        return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    struct slice s = { .offset = offset, .dtype = dtype };
+    for (int d = 0; d < ndim; d++) {
+        s.start[d] = start[d];
+        s.shape[d] = slice_shape[d];
+    }
+    s.hi = box_numel(ndim, s.shape);
+    if (file_id(ix, file, &s.file) || add_slice(t, &s))
+        return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    return MT_OK;
+}
+
+int mt_shard_index_replicate(struct mt_shard_index *ix, const char *from, const char *to,
+                             long long copies, struct mt_err *err)
+{
+    struct tensor *f = find_unsorted(ix, from);
+    if (!f) return mt_err_set(err, MT_EINVAL, "checkpoint '%s' has no tensor '%s'", ix->dir, from);
+    if (f->ndim > 3)
+        return mt_err_set(err, MT_EINVAL, "checkpoint '%s': tensor '%s' has %d dimensions",
+                          ix->dir, from, f->ndim);
+    long long shape[4] = {copies, f->shape[0], f->shape[1], f->shape[2]};
+    const int fi = (int)(f - ix->t);
+    struct tensor *t;
+    if (add_tensor(ix, to, f->ndim + 1, shape, &t))
+        return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    f = &ix->t[fi]; /* add_tensor may have moved the array */
+    for (long long c = 0; c < copies; c++)
+        for (int j = 0; j < f->n; j++) {
+            struct slice s = f->s[j];
+            for (int d = f->ndim; d > 0; d--) {
+                s.start[d] = s.start[d - 1];
+                s.shape[d] = s.shape[d - 1];
+            }
+            s.start[0] = c;
+            s.shape[0] = 1;
+            if (f->s[j].crc) {
+                s.crc = malloc(sizeof(uint32_t) * (s.ncrc ? s.ncrc : 1));
+                if (!s.crc) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+                memcpy(s.crc, f->s[j].crc, sizeof(uint32_t) * s.ncrc);
+            }
+            if (add_slice(t, &s)) {
+                free(s.crc);
+                return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+            }
+        }
+    /* the source is consumed: removed from the index (and its parameter table) */
+    for (int i = 0; i < ix->nparams_t; i++)
+        if (ix->pnames[i] == f->name) {
+            for (int k = i + 1; k < ix->nparams_t; k++) {
+                ix->pnames[k - 1] = ix->pnames[k];
+                ix->pndims[k - 1] = ix->pndims[k];
+                memcpy(ix->pshapes[k - 1], ix->pshapes[k], sizeof ix->pshapes[k]);
+            }
+            ix->nparams_t--;
+            break;
+        }
+    for (int j = 0; j < f->n; j++) free(f->s[j].crc);
+    free(f->s);
+    free(f->name);
+    memmove(f, f + 1, (size_t)(ix->nt - fi - 1) * sizeof *f);
+    ix->nt--;
+    return MT_OK;
+}
+
+int mt_shard_index_seal(struct mt_shard_index *ix, struct mt_err *err)
+{
+    qsort(ix->t, (size_t)ix->nt, sizeof *ix->t, cmp_tensor);
+    for (int i = 1; i < ix->nt; i++)
+        if (!strcmp(ix->t[i].name, ix->t[i - 1].name))
+            return mt_err_set(err, MT_EINVAL, "checkpoint '%s' holds tensor '%s' twice", ix->dir,
+                              ix->t[i].name);
+    free(ix->fds);
+    ix->fds = malloc(sizeof(int) * (size_t)(ix->nfiles ? ix->nfiles : 1));
+    if (!ix->fds) return mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
+    for (int i = 0; i < ix->nfiles; i++) ix->fds[i] = -1;
+    return MT_OK;
+}
+
+int mt_shard_index_count(const struct mt_shard_index *ix) { return ix->nt; }
+
+const char *mt_shard_index_tensor(const struct mt_shard_index *ix, int i, int *ndim,
+                                  long long shape[4])
+{
+    if (ndim) *ndim = ix->t[i].ndim;
+    if (shape) memcpy(shape, ix->t[i].shape, sizeof ix->t[i].shape);
+    return ix->t[i].name;
+}
+
+int mt_shard_index_find(const struct mt_shard_index *ix, const char *name)
+{
+    const struct tensor *t = find(ix, name);
+    return t ? (int)(t - ix->t) : -1;
 }

@@ -37,6 +37,9 @@
 #define MT_SHARD_PREFIX_V "optimizer.exp_avg_sq."
 #define MT_SHARD_BIAS "moetrain.expert_bias"
 
+/* How a stored slice's elements are kept in its file (moetrain's own files: F32). */
+enum mt_shard_dtype { MT_SHARD_F32 = 0, MT_SHARD_BF16 };
+
 /* A slice of a stored tensor, and where its values are in memory. */
 struct mt_shard_piece {
     char name[320];            /* the stored tensor's name */
@@ -111,5 +114,28 @@ void mt_shard_index_table(const struct mt_shard_index *ix, struct mt_ckpt_view *
  * the checksums of the blocks read; a target not covered exactly is an error. */
 int mt_shard_read(struct mt_shard_index *ix, const struct mt_shard_piece *t, int n,
                   struct mt_err *err);
+
+/* Indexes put together by hand (a Hugging Face directory, hf.c; upcycling): new makes
+ * an empty one reading files in dir; add records a whole slice (box start, shape) of
+ * tensor name (global shape; created at its first slice) stored at byte offset of file
+ * in dtype, without checksums; seal makes it readable (a tensor twice is an error).
+ * replicate (on an index opened or sealed, before reading) turns tensor from into a
+ * tensor `to` of copies stacked copies of it ([copies, from's shape...]: copy c is from's
+ * slices again at c in the first dimension, the same bytes); from is removed. */
+int mt_shard_index_new(const char *dir, struct mt_shard_index **out, struct mt_err *err);
+int mt_shard_index_add(struct mt_shard_index *ix, const char *name, int ndim,
+                       const long long *shape, const long long *start,
+                       const long long *slice_shape, const char *file, uint64_t offset,
+                       enum mt_shard_dtype dtype, struct mt_err *err);
+int mt_shard_index_seal(struct mt_shard_index *ix, struct mt_err *err);
+int mt_shard_index_replicate(struct mt_shard_index *ix, const char *from, const char *to,
+                             long long copies, struct mt_err *err);
+
+/* The stored tensors (of a sealed index, in name order): how many, the name, dimensions
+ * and global shape of the i-th, and the position of a name (-1: none). */
+int mt_shard_index_count(const struct mt_shard_index *ix);
+const char *mt_shard_index_tensor(const struct mt_shard_index *ix, int i, int *ndim,
+                                  long long shape[4]);
+int mt_shard_index_find(const struct mt_shard_index *ix, const char *name);
 
 #endif

@@ -242,22 +242,51 @@ static int save_checkpoint(struct trainer *t, struct mt_err *err)
     return ck->async_save ? MT_OK : finish_save(t, err);
 }
 
-static int load_checkpoint(struct trainer *t, struct mt_err *err)
+/* The initial weights of checkpoint%load_hf (upcycled with moe%use_upcycling). */
+static int load_hf(struct trainer *t, struct mt_err *err)
+{
+    const char *dir = t->cfg->checkpoint.load_hf;
+    struct mt_ckpt_stats cs = { 0 };
+    MT_CHECK(mt_hf_load(dir, t->cfg, t->model, t->par, &cs, err));
+    say(t, "initial weights from the Hugging Face directory %s%s: optimizer state fresh, "
+           "iteration 0\n", dir,
+        t->cfg->moe.use_upcycling ? ", upcycled (every expert a copy of the dense MLP)" : "");
+    say_ckpt_cost(t, "load", &cs);
+    return MT_OK;
+}
+
+/* checkpoint%load: a resume, or with moe%use_upcycling (and no load_hf) the dense
+ * model's checkpoint to upcycle. *found: a checkpoint was there. */
+static int load_checkpoint(struct trainer *t, bool *found_out, struct mt_err *err)
 {
     const char *dir = t->cfg->checkpoint.load;
     const bool optional = t->cfg->checkpoint.load_optional;
     bool found = false;
     char where[4200] = "";
     struct mt_ckpt_stats cs = { 0 };
-    MT_CHECK(mt_ckpt_load_dist(dir, optional, t->model, t->optim, t->par, &t->st, &found, where,
-                               sizeof where, &cs, err));
+    *found_out = false;
+    if (t->cfg->moe.use_upcycling && !t->cfg->checkpoint.load_hf[0]) {
+        MT_CHECK(mt_ckpt_load_upcycled(dir, optional, t->cfg, t->model, t->par, &found, where,
+                                       sizeof where, &cs, err));
+        if (found) {
+            *found_out = true;
+            say(t, "upcycled the dense checkpoint %s: every expert a copy of the dense MLP, "
+                   "optimizer state fresh, iteration 0\n", where);
+            say_ckpt_cost(t, "load", &cs);
+            return MT_OK;
+        }
+    } else {
+        MT_CHECK(mt_ckpt_load_dist(dir, optional, t->model, t->optim, t->par, &t->st, &found,
+                                   where, sizeof where, &cs, err));
+    }
+    *found_out = found;
     if (found) {
         say(t, "loaded checkpoint %s: iteration %lld, %lld samples consumed (saved by %s)\n",
             where, t->st.iteration, t->st.consumed_samples, cs.layout);
         say_ckpt_cost(t, "load", &cs);
     } else {
-        say(t, "no checkpoint in '%s' yet (checkpoint%%load_optional): starting from "
-               "initialisation\n", dir);
+        say(t, "no checkpoint in '%s' yet (checkpoint%%load_optional): starting from %s\n",
+            dir, t->cfg->checkpoint.load_hf[0] ? "checkpoint%load_hf" : "initialisation");
     }
     return MT_OK;
 }
@@ -1099,7 +1128,9 @@ static int setup(struct trainer *t, struct mt_err *err)
         t->flops_per_token / 1e9, t->k->name);
     if (c->logging.log_memory) MT_CHECK(log_memory(t, err));
 
-    if (c->checkpoint.load[0]) MT_CHECK(load_checkpoint(t, err));
+    bool resumed = false;
+    if (c->checkpoint.load[0]) MT_CHECK(load_checkpoint(t, &resumed, err));
+    if (!resumed && c->checkpoint.load_hf[0]) MT_CHECK(load_hf(t, err));
     return open_metrics(t, err);
 }
 

@@ -333,6 +333,10 @@ int mt_ckpt_save_whole(const struct mt_ckpt_dir *dir, const struct mt_ckpt_view 
  * what; rank 0 keeps its message, the others say that rank 0 failed. */
 int mt_ckpt_agree_on_rank0(const struct mt_parallel *par, int rc, const char *what,
                            struct mt_err *err);
+/* A collective: MT_OK when every rank's rc is; otherwise a failed rank keeps its
+ * message and the others name the first rank that failed. */
+int mt_ckpt_agree_all(const struct mt_parallel *par, int rc, const char *what,
+                      struct mt_err *err);
 /* Loads what mt_ckpt_locate finds in dir; *found as there. Corrupt or mismatched
  * checkpoints are errors naming the file and tensor, and leave the model and
  * optimizer untouched. */
@@ -340,5 +344,55 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
                       const struct mt_parallel *par, struct mt_train_state *s, bool *found,
                       char *loaded_path, size_t loaded_path_len, struct mt_ckpt_stats *stats,
                       struct mt_err *err);
+
+/* ---- initial weights (ckpt_dist.c, hf.c): a run's parameters from a Hugging Face
+ * directory (checkpoint%load_hf) or, with moe%use_upcycling, from a dense model's
+ * checkpoint, each expert a copy of the dense MLP. Only parameters: the optimizer state
+ * and expert biases stay as created, the run starts at iteration 0. Collectives over
+ * all processes; each rank reads only the stored slices that overlap its shards. */
+struct mt_shard_index;
+/* Upcycling: in ix (a dense model's stored tensors), the dense MLP of every layer that
+ * is an MoE layer in m becomes its experts' tensors, copy after copy; a checkpoint that
+ * already has experts, lacks a layer's MLP or whose MLP has another shape than an
+ * expert is an error naming the keys (what names the source). Seals ix. */
+int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
+                          const struct mt_config *cfg, const char *what, struct mt_err *err);
+/* ix holds every parameter tensor of m with its global shape (the routers may be
+ * absent when routers_may_lack: they keep their init) and no other parameter. */
+int mt_ckpt_check_params(const struct mt_shard_index *ix, const struct mt_model *m,
+                         bool routers_may_lack, const char *what, struct mt_err *err);
+/* Every rank reads its shards of the tensors ix holds; the model changes only when all
+ * ranks have read all. */
+int mt_ckpt_load_params(struct mt_shard_index *ix, struct mt_model *m,
+                        const struct mt_parallel *par, struct mt_ckpt_stats *stats,
+                        struct mt_err *err);
+/* Upcycles the dense checkpoint mt_ckpt_locate finds in dir into m (*found as there). */
+int mt_ckpt_load_upcycled(const char *dir, bool optional, const struct mt_config *cfg,
+                          struct mt_model *m, const struct mt_parallel *par, bool *found,
+                          char *loaded_path, size_t loaded_path_len,
+                          struct mt_ckpt_stats *stats, struct mt_err *err);
+/* checkpoint%load_hf: the Hugging Face directory dir (config.json checked against cfg,
+ * naming the key that differs; upcycled with moe%use_upcycling). */
+int mt_hf_load(const char *dir, const struct mt_config *cfg, struct mt_model *m,
+               const struct mt_parallel *par, struct mt_ckpt_stats *stats, struct mt_err *err);
+
+/* `moetrain export-hf CKPT OUTDIR` (hf.c): a checkpoint (either format, any layout) as
+ * a Hugging Face directory, streamed a block at a time. */
+struct mt_hf_export_opts {
+    int dtype;                  /* -1: the run's params_dtype; else MT_HF_F32 / MT_HF_BF16 */
+    unsigned long long max_shard_bytes;
+};
+enum { MT_HF_F32 = 0, MT_HF_BF16 = 1 };
+struct mt_hf_export_info {
+    char iter_dir[4200];
+    char architecture[64];
+    int nfiles, ntensors;
+    unsigned long long bytes;
+    int dtype;
+};
+int mt_hf_export(const char *ckpt, const char *outdir, const struct mt_hf_export_opts *o,
+                 struct mt_hf_export_info *info, struct mt_err *err);
+/* `moetrain export-hf ...` (argv[0] is "export-hf"): the exit status. */
+int mt_hf_cli(int argc, char **argv);
 
 #endif
