@@ -779,6 +779,15 @@ int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
                           const struct mt_config *cfg, const char *what, struct mt_err *err)
 {
     static const char *const kinds[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < mt_shard_index_count(ix); i++) {
+        const char *n = mt_shard_index_tensor(ix, i, NULL, NULL);
+        if (!strncmp(n, "model.layers.", 13) && strstr(n, ".mlp.experts."))
+            return mt_err_set(err, MT_EINVAL,
+                              "moe%%use_upcycling: %s already holds routed experts ('%s'): "
+                              "upcycling starts from a dense model's checkpoint (to resume an "
+                              "upcycled run, remove moe%%use_upcycling)",
+                              what, n);
+    }
     for (int l = 0; l < cfg->model.num_layers; l++) {
         if (cfg->moe.num_experts <= 0 || !cfg->moe.layer_freq[l]) continue;
         for (int k = 0; k < 3; k++) {
@@ -788,18 +797,8 @@ int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
             const int ti = model_tensor_named(m, to);
             int fi = -1, nd = 0;
             long long shape[4] = {0};
-            for (int i = 0; i < mt_shard_index_count(ix); i++) {
-                const char *n = mt_shard_index_tensor(ix, i, &nd, shape);
-                if (!strncmp(n, to, strlen(to)) ||
-                    (!strncmp(n, "model.layers.", 13) && strstr(n, ".mlp.experts.") &&
-                     atoi(n + 13) == l))
-                    return mt_err_set(err, MT_EINVAL,
-                                      "moe%%use_upcycling: %s already holds routed experts "
-                                      "('%s'): upcycling starts from a dense model's checkpoint "
-                                      "(to resume an upcycled run, remove moe%%use_upcycling)",
-                                      what, n);
-                if (!strcmp(n, from)) fi = i;
-            }
+            for (int i = 0; i < mt_shard_index_count(ix) && fi < 0; i++)
+                if (!strcmp(mt_shard_index_tensor(ix, i, NULL, NULL), from)) fi = i;
             if (fi < 0)
                 return mt_err_set(err, MT_EINVAL,
                                   "moe%%use_upcycling: %s has no tensor '%s', the dense MLP of "

@@ -1136,6 +1136,8 @@ int mt_hf_export(const char *ckpt, const char *outdir, const struct mt_hf_export
         return mt_err_set(err, MT_EINVAL,
                           "export-hf: '%s' exists; give a new directory to write the model into",
                           outdir);
+    if (stat(ckpt, &sb) != 0)
+        return mt_err_errno(err, "export-hf: checkpoint '%s'", ckpt);
     bool found;
     MT_CHECK(mt_ckpt_locate(ckpt, false, info->iter_dir, sizeof info->iter_dir, &found, err));
     struct mt_config *c = malloc(sizeof *c);
