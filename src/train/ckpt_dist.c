@@ -752,8 +752,7 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
 
 /* ---- initial weights: parameters only (load_hf, upcycling) ----------------------- */
 
-/* The model's tensor named name (-1: none). */
-static int model_tensor_named(const struct mt_model *m, const char *name)
+int mt_ckpt_tensor_index(const struct mt_model *m, const char *name)
 {
     const int n = mt_model_num_tensors(m);
     for (int i = 0; i < n; i++)
@@ -765,14 +764,6 @@ static bool is_router(const char *name)
 {
     size_t n = strlen(name), k = strlen(".mlp.gate.weight");
     return n > k && !strcmp(name + n - k, ".mlp.gate.weight");
-}
-
-static void dims_text(int ndim, const long long *shape, char *out, size_t len)
-{
-    size_t at = (size_t)snprintf(out, len, "[");
-    for (int d = 0; d < ndim && at < len; d++)
-        at += (size_t)snprintf(out + at, len - at, "%s%lld", d ? ", " : "", shape[d]);
-    if (at < len) snprintf(out + at, len - at, "]");
 }
 
 int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
@@ -794,7 +785,7 @@ int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
             char from[160], to[160];
             snprintf(from, sizeof from, "model.layers.%d.mlp.%s.weight", l, kinds[k]);
             snprintf(to, sizeof to, "model.layers.%d.mlp.experts.%s", l, kinds[k]);
-            const int ti = model_tensor_named(m, to);
+            const int ti = mt_ckpt_tensor_index(m, to);
             int fi = -1, nd = 0;
             long long shape[4] = {0};
             for (int i = 0; i < mt_shard_index_count(ix) && fi < 0; i++)
@@ -811,8 +802,8 @@ int mt_ckpt_upcycle_index(struct mt_shard_index *ix, const struct mt_model *m,
             for (int d = 0; same && d < nd; d++) same = shape[d] == t->shape[d + 1];
             if (!same) {
                 char a[80], b[80];
-                dims_text(nd, shape, a, sizeof a);
-                dims_text(t->ndim - 1, t->shape + 1, b, sizeof b);
+                mt_shard_dims_text(nd, shape, a, sizeof a);
+                mt_shard_dims_text(t->ndim - 1, t->shape + 1, b, sizeof b);
                 return mt_err_set(err, MT_EINVAL,
                                   "moe%%use_upcycling: the dense MLP '%s' is %s in %s but an "
                                   "expert's is %s: each expert starts as a copy of the dense "
@@ -847,8 +838,8 @@ int mt_ckpt_check_params(const struct mt_shard_index *ix, const struct mt_model 
         for (int d = 0; same && d < nd; d++) same = shape[d] == t->shape[d];
         if (!same) {
             char a[80], b[80];
-            dims_text(nd, shape, a, sizeof a);
-            dims_text(t->ndim, t->shape, b, sizeof b);
+            mt_shard_dims_text(nd, shape, a, sizeof a);
+            mt_shard_dims_text(t->ndim, t->shape, b, sizeof b);
             return mt_err_set(err, MT_EINVAL, "%s: tensor '%s' is %s there but %s in this model",
                               what, t->name, a, b);
         }
@@ -856,7 +847,7 @@ int mt_ckpt_check_params(const struct mt_shard_index *ix, const struct mt_model 
     for (int j = 0; j < mt_shard_index_count(ix); j++) {
         const char *name = mt_shard_index_tensor(ix, j, NULL, NULL);
         if (!strncmp(name, "optimizer.", 10) || !strcmp(name, MT_SHARD_BIAS)) continue;
-        if (model_tensor_named(m, name) < 0)
+        if (mt_ckpt_tensor_index(m, name) < 0)
             return mt_err_set(err, MT_EINVAL, "%s holds tensor '%s', which this model does not have",
                               what, name);
     }

@@ -1125,3 +1125,11 @@ int mt_shard_index_find(const struct mt_shard_index *ix, const char *name)
     const struct tensor *t = find(ix, name);
     return t ? (int)(t - ix->t) : -1;
 }
+
+void mt_shard_dims_text(int ndim, const long long *shape, char *out, size_t len)
+{
+    size_t at = (size_t)snprintf(out, len, "[");
+    for (int d = 0; d < ndim && at < len; d++)
+        at += (size_t)snprintf(out + at, len - at, "%s%lld", d ? ", " : "", shape[d]);
+    if (at < len) snprintf(out + at, len - at, "]");
+}

@@ -138,4 +138,7 @@ const char *mt_shard_index_tensor(const struct mt_shard_index *ix, int i, int *n
                                   long long shape[4]);
 int mt_shard_index_find(const struct mt_shard_index *ix, const char *name);
 
+/* "[a, b, c]": a shape for messages. */
+void mt_shard_dims_text(int ndim, const long long *shape, char *out, size_t len);
+
 #endif

@@ -543,22 +543,6 @@ static void seen_free(struct seen *s)
     free(s->count);
 }
 
-static int model_index(const struct mt_model *m, const char *name)
-{
-    const int n = mt_model_num_tensors(m);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(mt_model_tensor(m, i)->name, name)) return i;
-    return -1;
-}
-
-static void shape_text(int nd, const long long *s, char *out, size_t len)
-{
-    size_t at = (size_t)snprintf(out, len, "[");
-    for (int d = 0; d < nd && at < len; d++)
-        at += (size_t)snprintf(out + at, len - at, "%s%lld", d ? ", " : "", s[d]);
-    if (at < len) snprintf(out + at, len - at, "]");
-}
-
 /* One safetensors file's tensors into ix. */
 static int index_file(struct mt_shard_index *ix, const char *dir, const char *file,
                       const struct mt_config *c, struct seen *sn, struct mt_err *err)
@@ -635,10 +619,10 @@ static int index_file(struct mt_shard_index *ix, const char *dir, const char *fi
         /* a tied model's output layer is its embedding: a copy some writers keep */
         if (!strcmp(name, "lm_head.weight") && !c->model.untie_embeddings_and_output_weights)
             continue;
-        const int ti = model_index(sn->m, name);
+        const int ti = mt_ckpt_tensor_index(sn->m, name);
         const struct mt_param_info *p = ti >= 0 ? mt_model_tensor(sn->m, ti) : NULL;
         char want[96], have[96];
-        shape_text(nd, shape, have, sizeof have);
+        mt_shard_dims_text(nd, shape, have, sizeof have);
         if (!p && e < 0 && c->moe.use_upcycling) {
             /* the dense MLP of a layer that upcycling makes MoE: kept for the experts */
             int l, n = 0;
@@ -669,7 +653,7 @@ static int index_file(struct mt_shard_index *ix, const char *dir, const char *fi
                                     "moe%%num_experts = %lld",
                                     path, e, key, p->shape[0]);
                 else {
-                    shape_text(2, p->shape + 1, want, sizeof want);
+                    mt_shard_dims_text(2, p->shape + 1, want, sizeof want);
                     rc = mt_err_set(err, MT_EINVAL,
                                     "checkpoint%%load_hf: tensor '%s' is %s in '%s' but %s in "
                                     "this model",
@@ -690,7 +674,7 @@ static int index_file(struct mt_shard_index *ix, const char *dir, const char *fi
         bool same = nd == p->ndim;
         for (int d = 0; same && d < nd; d++) same = shape[d] == p->shape[d];
         if (!same) {
-            shape_text(p->ndim, p->shape, want, sizeof want);
+            mt_shard_dims_text(p->ndim, p->shape, want, sizeof want);
             rc = mt_err_set(err, MT_EINVAL,
                             "checkpoint%%load_hf: tensor '%s' is %s in '%s' but %s in this model",
                             key, have, path, want);
@@ -1186,7 +1170,9 @@ int mt_hf_export(const char *ckpt, const char *outdir, const struct mt_hf_export
     int n = 0, nfiles = 0;
     if (rc == MT_OK) rc = plan_export(m, fam, dtype, o->max_shard_bytes, &ot, &n, &nfiles, err);
     char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", outdir, (long)getpid());
+    size_t ol = strlen(outdir);
+    while (ol > 1 && outdir[ol - 1] == '/') ol--; /* "out/" is the directory out */
+    snprintf(tmp, sizeof tmp, "%.*s.tmp%ld", (int)ol, outdir, (long)getpid());
     if (rc == MT_OK && mkdir(tmp, 0777) != 0)
         rc = mt_err_errno(err, "export-hf: cannot create '%s'", tmp);
     else if (rc == MT_OK) {

@@ -351,6 +351,8 @@ int mt_ckpt_load_dist(const char *dir, bool optional, struct mt_model *m, struct
  * and expert biases stay as created, the run starts at iteration 0. Collectives over
  * all processes; each rank reads only the stored slices that overlap its shards. */
 struct mt_shard_index;
+/* The index of m's tensor named name (-1: none). */
+int mt_ckpt_tensor_index(const struct mt_model *m, const char *name);
 /* Upcycling: in ix (a dense model's stored tensors), the dense MLP of every layer that
  * is an MoE layer in m becomes its experts' tensors, copy after copy; a checkpoint that
  * already has experts, lacks a layer's MLP or whose MLP has another shape than an

@@ -36,7 +36,7 @@ for a; do
     --check|--print-config|--help-config|--help|-h|--version|-V) exec "\$real" "\$@" ;;
     esac
 done
-case "\${1:-}" in topo|from-megatron) exec "\$real" "\$@" ;; esac
+case "\${1:-}" in topo|from-megatron|ckpt|export-hf) exec "\$real" "\$@" ;; esac
 exec "\$real" "\$@" training%train_iters=2 training%eval_iters=1 \\
     optimizer%lr_warmup_iters=1 logging%log_interval=1
 EOF
