@@ -1,15 +1,14 @@
 """transformers as the oracle of moetrain's Hugging Face directories
-(tests/train/hf_transformers.sh).
+(tests/train/hf_transformers.sh). One process per mode: torch loads once.
 
-  hf_oracle.py check DIR LOSS TOKENS...
-      loads DIR with AutoModelForCausalLM (fp32; every tensor used, none missing),
-      checks that its architecture is the one config.json names, and that its loss on
-      TOKENS (one sequence: inputs TOKENS[:-1], targets TOKENS[1:]) is moetrain's LOSS
-      within TOL relative.
-  hf_oracle.py make FAMILY DTYPE DIR TOKENS...
-      writes a small random model of FAMILY (qwen3_moe, mixtral, qwen3) with
-      save_pretrained into DIR, its tensors in DTYPE (float32, bfloat16), and prints
-      its loss on TOKENS computed in fp32 from what it wrote.
+  hf_oracle.py make PREFIX TOKENS...
+      for each FAMILY (qwen3_moe, mixtral, qwen3) and DTYPE (float32, bfloat16) writes a
+      small random model with save_pretrained into PREFIX_FAMILY_DTYPE, and prints
+      "FAMILY DTYPE LOSS": its loss on TOKENS (one sequence: inputs TOKENS[:-1],
+      targets TOKENS[1:]) computed in fp32 from what it wrote.
+  hf_oracle.py check DIR=LOSS ... -- TOKENS...
+      loads each DIR with AutoModelForCausalLM (fp32; every tensor used, none missing)
+      and checks that its loss on TOKENS is moetrain's LOSS within TOL relative.
 
 Routing must be clear of ties: a token whose k-th and (k+1)-th router
 probabilities are closer than MARGIN could be routed otherwise by another
@@ -75,27 +74,34 @@ def load(d):
 
 def main():
     if sys.argv[1] == "check":
-        d, want, tokens = sys.argv[2], float(sys.argv[3]), [int(t) for t in sys.argv[4:]]
-        model = load(d)
-        got = loss_of(model, tokens)
-        rel = abs(got - want) / abs(want)
-        print("  %s: transformers %s %.8f, moetrain %.8f, relative %.1e"
-              % (d, type(model).__name__, got, want, rel))
-        if not rel <= TOL:
-            sys.exit("FAIL: %s: the losses differ by %.2e relative (> %g)" % (d, rel, TOL))
+        at = sys.argv.index("--")
+        tokens = [int(t) for t in sys.argv[at + 1:]]
+        for arg in sys.argv[2:at]:
+            d, want = arg.rsplit("=", 1)
+            want = float(want)
+            model = load(d)
+            got = loss_of(model, tokens)
+            rel = abs(got - want) / abs(want)
+            print("  %s: transformers %s %.8f, moetrain %.8f, relative %.1e"
+                  % (d, type(model).__name__, got, want, rel))
+            if not rel <= TOL:
+                sys.exit("FAIL: %s: the losses differ by %.2e relative (> %g)" % (d, rel, TOL))
         return
-    family, dtype, d, tokens = sys.argv[2], sys.argv[3], sys.argv[4], [int(t) for t in sys.argv[5:]]
-    torch.manual_seed(1)
-    cfg, cls = shape(family)
-    model = cls(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0, 0.2 if ".gate." in name else 0.05)
-    model.to(getattr(torch, dtype)).save_pretrained(d)
-    print("%.9g" % loss_of(load(d), tokens))
+    prefix, tokens = sys.argv[2], [int(t) for t in sys.argv[3:]]
+    for family in ("qwen3_moe", "mixtral", "qwen3"):
+        for dtype in ("float32", "bfloat16"):
+            torch.manual_seed(1)
+            cfg, cls = shape(family)
+            model = cls(cfg)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name.endswith("norm.weight"):
+                        p.copy_(1 + 0.1 * torch.randn_like(p))
+                    else:
+                        p.normal_(0, 0.2 if ".gate." in name else 0.05)
+            d = "%s_%s_%s" % (prefix, family, dtype)
+            model.to(getattr(torch, dtype)).save_pretrained(d)
+            print("%s %s %.9g" % (family, dtype, loss_of(load(d), tokens)))
 
 
 main()
