@@ -6,6 +6,8 @@
 
 #include <stdlib.h>
 
+#include <cblas.h>
+
 void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
                           int N, int C)
 {
@@ -122,51 +124,154 @@ void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int 
     rope_apply(dx, dout, B, T, H, D, theta, -1.0f);
 }
 
-/* Scaled score of query row qt against key row ks. */
-static float attention_score(const float *qt, const float *ks, int D, float scale)
+/* Attention, flash style: queries and keys in blocks of ATT_BLOCK rows; the scores of a
+ * block pair, S = scale Q K^T, and the products with them (P V, P^T dO, dO V^T, dS^T Q,
+ * dS K) are GEMMs on strided views of q, k, v (one head's rows are Hq*D or Hkv*D
+ * apart), so BLAS does the arithmetic; the softmax runs over one ATT_BLOCK x ATT_BLOCK
+ * tile at a time with a vectorised exp. Memory: one tile per thread and, backward, one
+ * float per query row (delta), so linear in T.
+ *
+ * Determinism: every output row is written by one task, which visits its block pairs
+ * in a fixed order with BLAS single-threaded; so the bits depend neither on the number
+ * of threads nor on which thread runs a task.
+ * - forward: a task per (batch, head, query block), the online softmax over key blocks
+ *   0..diagonal: running max m, sum l, and out rescaled by exp(m_old - m_new);
+ * - backward, dK and dV: a task per (batch, KV group, key block), over the group's heads
+ *   in order and the query blocks from the diagonal on;
+ * - backward, dQ: a task per (batch, head, query block), over key blocks 0..diagonal.
+ * The two backward passes each recompute P = exp(S - lse) and dP = dO V^T of their tiles
+ * (7 tile GEMMs in all against 5 for a single pass), which keeps every sum in one task
+ * without a T x T buffer or a reduction across tasks. */
+#define ATT_BLOCK 64
+
+struct att_shape {
+    int B, T, Hq, Hkv, D, rep;
+    float scale;
+    size_t ldq, ldk; /* floats between consecutive tokens of one head of q, of k */
+};
+
+static struct att_shape att_shape(int B, int T, int Hq, int Hkv, int D)
 {
-    float dot = 0.0f;
-    for (int d = 0; d < D; d++) dot += qt[d] * ks[d];
-    return dot * scale;
+    return (struct att_shape){B, T, Hq, Hkv, D, Hq / Hkv, 1.0f / sqrtf((float)D),
+                              (size_t)Hq * D, (size_t)Hkv * D};
+}
+
+/* Row t of head h in a (B,T,Hq,D) tensor, of group g in a (B,T,Hkv,D) tensor. */
+static size_t att_qrow(const struct att_shape *a, int b, int t, int h)
+{
+    return (((size_t)b * a->T + t) * a->Hq + h) * a->D;
+}
+
+static size_t att_krow(const struct att_shape *a, int b, int t, int g)
+{
+    return (((size_t)b * a->T + t) * a->Hkv + g) * a->D;
+}
+
+static int att_rows(int T, int blk) { return T - blk * ATT_BLOCK < ATT_BLOCK ? T - blk * ATT_BLOCK : ATT_BLOCK; }
+
+/* S (nq,nk; row stride ATT_BLOCK) = scale Q K^T for query rows i0.. of head h and key
+ * rows j0.. of its group. */
+static void att_scores(const struct att_shape *a, float *S, const float *q, const float *k,
+                       int b, int h, int i0, int nq, int j0, int nk)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, a->D, a->scale,
+                q + att_qrow(a, b, i0, h), (int)a->ldq, k + att_krow(a, b, j0, h / a->rep),
+                (int)a->ldk, 0.0f, S, ATT_BLOCK);
+}
+
+/* Keys past the query (j0 + c > i0 + r) get -Inf; only the diagonal tile has any. */
+static void att_mask(float *S, int i0, int nq, int j0, int nk)
+{
+    if (j0 + nk - 1 <= i0) return;
+    for (int r = 0; r < nq; r++)
+        for (int c = i0 + r - j0 + 1; c < nk; c++) S[(size_t)r * ATT_BLOCK + c] = -INFINITY;
+}
+
+static float *att_tile(int n)
+{
+    float *p = aligned_alloc(64, sizeof(float) * (size_t)n * ATT_BLOCK * ATT_BLOCK);
+    if (!p) abort(); /* a few tens of KB; the op table has no error channel */
+    return p;
 }
 
 void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                           const float *v, int B, int T, int Hq, int Hkv, int D)
 {
     (void)ctx;
-    const float scale = 1.0f / sqrtf((float)D);
-    const int rep = Hq / Hkv;
-    /* One task per (batch, head), one row of T probabilities at a time. */
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < Hq; h++) {
-            int g = h / rep;
-            float *row = malloc(sizeof(float) * (size_t)(T > 0 ? T : 1));
-            if (!row) abort();
-            for (int t = 0; t < T; t++) {
-                const float *qt = q + (((size_t)b * T + t) * Hq + h) * D;
-                float mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    row[s] = attention_score(qt, k + (((size_t)b * T + s) * Hkv + g) * D, D, scale);
-                    if (row[s] > mx) mx = row[s];
+    if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
+    const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
+    const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+#pragma omp parallel
+    {
+        float *S = att_tile(1);
+        float m[ATT_BLOCK], l[ATT_BLOCK];
+        /* the largest query blocks first, so that the small ones fill in at the end */
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int qb = nblk - 1; qb >= 0; qb--)
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < Hq; h++) {
+                    const int i0 = qb * ATT_BLOCK, nq = att_rows(T, qb);
+                    float *O = out + att_qrow(&a, b, i0, h);
+                    for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0.0f;
+                    for (int kb = 0; kb <= qb; kb++) {
+                        const int j0 = kb * ATT_BLOCK, nk = att_rows(T, kb);
+                        att_scores(&a, S, q, k, b, h, i0, nq, j0, nk);
+                        att_mask(S, i0, nq, j0, nk);
+                        for (int r = 0; r < nq; r++) {
+                            float *Sr = S + (size_t)r * ATT_BLOCK, mx = m[r], sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+                            for (int c = 0; c < nk; c++) mx = Sr[c] > mx ? Sr[c] : mx;
+#pragma omp simd reduction(+ : sum)
+                            for (int c = 0; c < nk; c++) {
+                                Sr[c] = mt_cpu_expf(Sr[c] - mx);
+                                sum += Sr[c];
+                            }
+                            /* rescale what the earlier key blocks left (nothing for kb 0) */
+                            float alpha = kb == 0 ? 0.0f : mt_cpu_expf(m[r] - mx);
+                            l[r] = l[r] * alpha + sum;
+                            m[r] = mx;
+                            if (kb > 0) {
+                                float *Or = O + (size_t)r * a.ldq;
+#pragma omp simd
+                                for (int d = 0; d < D; d++) Or[d] *= alpha;
+                            }
+                        }
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, S,
+                                    ATT_BLOCK, v + att_krow(&a, b, j0, h / a.rep), (int)a.ldk,
+                                    kb == 0 ? 0.0f : 1.0f, O, (int)a.ldq);
+                    }
+                    for (int r = 0; r < nq; r++) {
+                        float *Or = O + (size_t)r * a.ldq, inv = 1.0f / l[r];
+#pragma omp simd
+                        for (int d = 0; d < D; d++) Or[d] *= inv;
+                        lse[((size_t)b * Hq + h) * T + i0 + r] = m[r] + logf(l[r]);
+                    }
                 }
-                float sum = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    row[s] = expf(row[s] - mx);
-                    sum += row[s];
-                }
-                float inv = 1.0f / sum;
-                float *ot = out + (((size_t)b * T + t) * Hq + h) * D;
-                for (int d = 0; d < D; d++) ot[d] = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    const float *vs = v + (((size_t)b * T + s) * Hkv + g) * D;
-                    float p = row[s] * inv;
-                    for (int d = 0; d < D; d++) ot[d] += p * vs[d];
-                }
-                lse[((size_t)b * Hq + h) * T + t] = mx + logf(sum);
-            }
-            free(row);
+        free(S);
+    }
+}
+
+/* For the tile (query block at i0 of head h, key block at j0): P = exp(S - lse) (0 past
+ * the diagonal) into P, and dS = P (dO V^T - delta) into dS; both (nq,nk), row stride
+ * ATT_BLOCK. lse and delta are the head's rows (T). */
+static void att_tile_grads(const struct att_shape *a, float *P, float *dS, const float *q,
+                           const float *k, const float *v, const float *dout, const float *lse,
+                           const float *delta, int b, int h, int i0, int nq, int j0, int nk)
+{
+    att_scores(a, P, q, k, b, h, i0, nq, j0, nk);
+    att_mask(P, i0, nq, j0, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, a->D, 1.0f,
+                dout + att_qrow(a, b, i0, h), (int)a->ldq, v + att_krow(a, b, j0, h / a->rep),
+                (int)a->ldk, 0.0f, dS, ATT_BLOCK);
+    for (int r = 0; r < nq; r++) {
+        float *Pr = P + (size_t)r * ATT_BLOCK, *dSr = dS + (size_t)r * ATT_BLOCK;
+        const float lr = lse[i0 + r], dr = delta[i0 + r];
+#pragma omp simd
+        for (int c = 0; c < nk; c++) {
+            Pr[c] = mt_cpu_expf(Pr[c] - lr);
+            dSr[c] = Pr[c] * (dSr[c] - dr);
         }
+    }
 }
 
 void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
@@ -174,46 +279,68 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
                           const float *lse, int B, int T, int Hq, int Hkv, int D)
 {
     (void)ctx;
-    const float scale = 1.0f / sqrtf((float)D);
-    const int rep = Hq / Hkv;
-    /* P = exp(s - lse) is recomputed one score at a time; with delta = rowsum(dout * out)
-     * (= sum_s P dP), dS = P (dP - delta). One task per (batch, KV group): it owns dk,
-     * dv of its group and dq of its heads, and visits the heads of the group in order. */
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++) {
-            for (int t = 0; t < T; t++) {
-                memset(dk + (((size_t)b * T + t) * Hkv + g) * D, 0, sizeof(float) * (size_t)D);
-                memset(dv + (((size_t)b * T + t) * Hkv + g) * D, 0, sizeof(float) * (size_t)D);
-            }
-            for (int h = g * rep; h < (g + 1) * rep; h++) {
-                for (int t = 0; t < T; t++) {
-                    const size_t qrow = (((size_t)b * T + t) * Hq + h) * D;
-                    const float *dot_ = dout + qrow, *qt = q + qrow, *ot = out + qrow;
-                    const float lse_t = lse[((size_t)b * Hq + h) * T + t];
-                    float *dqt = dq + qrow;
-                    float delta = 0.0f;
-                    for (int d = 0; d < D; d++) delta += dot_[d] * ot[d];
-                    for (int d = 0; d < D; d++) dqt[d] = 0.0f;
-                    for (int s = 0; s <= t; s++) {
-                        const size_t kvrow = (((size_t)b * T + s) * Hkv + g) * D;
-                        const float *ks = k + kvrow, *vs = v + kvrow;
-                        float *dks = dk + kvrow, *dvs = dv + kvrow;
-                        float p = expf(attention_score(qt, ks, D, scale) - lse_t);
-                        float dp = 0.0f;
-                        for (int d = 0; d < D; d++) {
-                            dp += dot_[d] * vs[d];
-                            dvs[d] += p * dot_[d];
-                        }
-                        float ds = p * (dp - delta) * scale;
-                        for (int d = 0; d < D; d++) {
-                            dqt[d] += ds * ks[d];
-                            dks[d] += ds * qt[d];
+    if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
+    const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
+    const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+    /* delta (B,Hq,T) = rowsum(dout * out) = sum_s P dP, the softmax's backward term */
+    float *delta = malloc(sizeof(float) * (size_t)B * Hq * T);
+    if (!delta) abort();
+#pragma omp parallel
+    {
+        float *P = att_tile(2), *dS = P + ATT_BLOCK * ATT_BLOCK;
+#pragma omp for collapse(3) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < Hq; h++) {
+                    const float *o = out + att_qrow(&a, b, t, h), *d = dout + att_qrow(&a, b, t, h);
+                    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                    for (int c = 0; c < D; c++) acc += o[c] * d[c];
+                    delta[((size_t)b * Hq + h) * T + t] = acc;
+                }
+        /* dK, dV (scale folded into dK's GEMM): key block kb sees query blocks kb.. */
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int kb = 0; kb < nblk; kb++)
+            for (int b = 0; b < B; b++)
+                for (int g = 0; g < Hkv; g++) {
+                    const int j0 = kb * ATT_BLOCK, nk = att_rows(T, kb);
+                    float *dK = dk + att_krow(&a, b, j0, g), *dV = dv + att_krow(&a, b, j0, g);
+                    bool first = true;
+                    for (int h = g * a.rep; h < (g + 1) * a.rep; h++) {
+                        const float *lh = lse + ((size_t)b * Hq + h) * T;
+                        const float *dh = delta + ((size_t)b * Hq + h) * T;
+                        for (int qb = kb; qb < nblk; qb++) {
+                            const int i0 = qb * ATT_BLOCK, nq = att_rows(T, qb);
+                            const size_t qrow = att_qrow(&a, b, i0, h);
+                            att_tile_grads(&a, P, dS, q, k, v, dout, lh, dh, b, h, i0, nq, j0, nk);
+                            const float beta = first ? 0.0f : 1.0f;
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, P,
+                                        ATT_BLOCK, dout + qrow, (int)a.ldq, beta, dV, (int)a.ldk);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, a.scale,
+                                        dS, ATT_BLOCK, q + qrow, (int)a.ldq, beta, dK, (int)a.ldk);
+                            first = false;
                         }
                     }
                 }
-            }
-        }
+        /* dQ = scale dS K: query block qb sees key blocks 0..qb */
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int qb = nblk - 1; qb >= 0; qb--)
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < Hq; h++) {
+                    const int i0 = qb * ATT_BLOCK, nq = att_rows(T, qb);
+                    const float *lh = lse + ((size_t)b * Hq + h) * T;
+                    const float *dh = delta + ((size_t)b * Hq + h) * T;
+                    for (int kb = 0; kb <= qb; kb++) {
+                        const int j0 = kb * ATT_BLOCK, nk = att_rows(T, kb);
+                        att_tile_grads(&a, P, dS, q, k, v, dout, lh, dh, b, h, i0, nq, j0, nk);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, a.scale,
+                                    dS, ATT_BLOCK, k + att_krow(&a, b, j0, h / a.rep), (int)a.ldk,
+                                    kb == 0 ? 0.0f : 1.0f, dq + att_qrow(&a, b, i0, h), (int)a.ldq);
+                    }
+                }
+        free(P);
+    }
+    free(delta);
 }
 
 void mt_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F)
