@@ -1,40 +1,140 @@
 #!/bin/sh
-# CPU training throughput next to the machine's measured sgemm rate.
+# CPU training throughput next to the machine's measured sgemm rate and PyTorch.
 # usage: bench/cpu_step.sh [BUILDDIR]   (default: the current directory)
-# Prints, per configuration: tokens/s, achieved model GFLOP/s (Megatron's MoE
-# FLOP count), and that rate as a fraction of the measured sgemm peak.
+#
+# For tiny_moe (the embedded default), bench/cpu_large.nml and bench/cpu_h512.nml:
+# - tokens/s: the median over ROUNDS runs (default 3) of each run's median logged
+#   interval after the first (warm-up);
+# - model GFLOP/s (Megatron's MoE FLOP count, as moetrain logs it) and that rate as a
+#   fraction of the sgemm rate bench/sgemm_peak.c measures through the same BLAS;
+# - the share of the step outside BLAS, from a perf profile of the first run (the BLAS
+#   library's samples against all of moetrain's; OpenMP's runtime, mostly threads
+#   waiting at barriers, shown apart); skipped with a message without perf;
+# - PyTorch eager on the same model and batch (bench/torch_cpu_step.py: Hugging Face's
+#   Qwen3-MoE, SDPA, grouped_mm experts, fused AdamW), run alternately with moetrain in
+#   each round so that both see the same machine; skipped with a message when torch
+#   or transformers cannot be imported.
+# The threads are OpenMP's (OMP_NUM_THREADS, default: all cores) for moetrain and the
+# same number for PyTorch. Figures only: nothing here passes or fails on a rate.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/.." && pwd)
 build=$(cd "${1:-.}" && pwd)
 moetrain="$build/moetrain"
+py=${PYTHON3:-python3}
+rounds=${ROUNDS:-3}
 [ -x "$moetrain" ] || { echo "bench/cpu_step.sh: no moetrain in $build (build first)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+threads=${OMP_NUM_THREADS:-$(getconf _NPROCESSORS_ONLN)}
+export OMP_NUM_THREADS="$threads"
 
+"$moetrain" --version | sed -n 's/^  *BLAS/BLAS:/p'
 cc -O2 -o "$tmp/sgemm_peak" "$here/sgemm_peak.c" $(pkg-config --cflags --libs openblas 2>/dev/null || echo -lopenblas)
 "$tmp/sgemm_peak" | tee "$tmp/peak.txt"
 peak=$(awk '/^sgemm_peak_gflops/ {print $2}' "$tmp/peak.txt")
 
+have_perf=no
+if command -v perf >/dev/null 2>&1 && perf record -q -o "$tmp/probe.data" true >/dev/null 2>&1; then
+    have_perf=yes
+else
+    echo "perf cannot record here: no share outside BLAS"
+fi
+have_torch=no
+if "$py" -c 'import torch, transformers' >/dev/null 2>&1; then
+    have_torch=yes
+else
+    echo "torch or transformers cannot be imported ($py): no PyTorch comparison" \
+         "(python3 -m pip install torch transformers)"
+fi
+
+median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print 0; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+
+# moetrain_run NAME ROUND ARGS...: appends "tokens/s GFLOP/s" (medians of the run's
+# intervals after the first) to $tmp/NAME.mt
+moetrain_run() {
+    name=$1 round=$2; shift 2
+    prof=""
+    [ "$round" = 1 ] && [ $have_perf = yes ] && prof="perf record -q -F 499 -o $tmp/$name.perf"
+    (cd "$top" && MOETRAIN_DATADIR="$build" $prof "$moetrain" "$@" \
+        "logging%metrics_file='$tmp/$name.jsonl'" > "$tmp/$name.log" 2>&1) ||
+        { echo "$name: moetrain failed:"; tail -5 "$tmp/$name.log"; return 1; }
+    sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' "$tmp/$name.jsonl" | sed 1d | median > "$tmp/t"
+    sed -n 's/.*"tflops": \([0-9.e+-]*\).*/\1/p' "$tmp/$name.jsonl" | sed 1d | median > "$tmp/f"
+    echo "$(cat "$tmp/t") $(awk '{print $1 * 1000}' "$tmp/f")" >> "$tmp/$name.mt"
+}
+
+# torch_args NAME ARGS...: bench/torch_cpu_step.py's options for the model moetrain
+# resolves from ARGS
+torch_args() {
+    name=$1; shift
+    (cd "$top" && MOETRAIN_DATADIR="$build" "$moetrain" --print-config "$@") > "$tmp/$name.cfg"
+    awk -v threads="$threads" '
+        { sub(/^ +/, ""); k = $1; sub(/^[^=]*= */, ""); v[k] = $0 }
+        END {
+            lf = v["layer_freq"]; gsub(/ /, "", lf)
+            printf "--layers %s --hidden %s --heads %s --groups %s --head-dim %s --ffn %s ",
+                v["num_layers"], v["hidden_size"], v["num_attention_heads"],
+                v["num_query_groups"], v["kv_channels"], v["ffn_hidden_size"]
+            printf "--experts %s --expert-ffn %s --topk %s --vocab %s --seq %s ",
+                v["num_experts"], v["moe_ffn_hidden_size"], v["router_topk"], v["vocab_size"],
+                v["seq_length"]
+            printf "--micro-batch %s --global-batch %s --moe-layers %s --aux-coeff %s ",
+                v["micro_batch_size"], v["global_batch_size"], lf, v["aux_loss_coeff"]
+            printf "--rope-theta %s --eps %s --lr %s --weight-decay %s --clip-grad %s --threads %s\n",
+                v["rotary_base"], v["norm_epsilon"], v["lr"], v["weight_decay"], v["clip_grad"], threads
+        }' "$tmp/$name.cfg"
+}
+
+torch_run() {
+    name=$1
+    # shellcheck disable=SC2046
+    "$py" "$here/torch_cpu_step.py" $(cat "$tmp/$name.targs") > "$tmp/$name.tlog" 2>&1 ||
+        { echo "$name: torch_cpu_step.py failed:"; tail -3 "$tmp/$name.tlog"; return 0; }
+    [ "${TORCH_SAID:-}" = "$name" ] || { grep -v result "$tmp/$name.tlog" | head -1; TORCH_SAID=$name; }
+    sed -n 's/.*result tokens_per_s=\([0-9.]*\) gflops=\([0-9.]*\).*/\1 \2/p' "$tmp/$name.tlog" >> "$tmp/$name.pt"
+}
+
+# profile_shares NAME: "blas% omp% other%" of moetrain's samples in the first run
+profile_shares() {
+    perf report -q -i "$tmp/$1.perf" --comm moetrain --sort dso 2>/dev/null |
+        awk '{ s = $1; sub(/%/, "", s); if ($2 ~ /blas|blis|mkl/) b += s; else if ($2 ~ /gomp|iomp/) o += s; else r += s }
+             END { t = b + o + r; if (t == 0) t = 1; printf "%.0f %.0f %.0f", 100 * b / t, 100 * o / t, 100 * r / t }'
+}
 
 bench() {
     name=$1; shift
-    (cd "$top" && MOETRAIN_DATADIR="$build" "$moetrain" "$@" "logging%metrics_file='$tmp/$name.jsonl'" > "$tmp/$name.log" 2>&1) ||
-        { echo "$name: moetrain failed:"; tail -5 "$tmp/$name.log"; return 1; }
-    # skip the first logged interval (warm-up), average the rest
-    awk -v name="$name" -v peak="$peak" '
-        /"tokens_per_s"/ {
-            n++; if (n == 1) next
-            match($0, /"tokens_per_s": [0-9.e+]+/); t += substr($0, RSTART + 16, RLENGTH - 16)
-            match($0, /"tflops": [0-9.e+-]+/); f += substr($0, RSTART + 10, RLENGTH - 10); m++
-        }
-        END {
-            if (m == 0) { print name ": no throughput lines"; exit 1 }
-            g = f / m * 1000
-            printf "%-10s tokens/s %9.0f | model GFLOP/s %7.2f | %.1f%% of sgemm peak (%.1f GFLOP/s)\n",
-                name, t / m, g, 100 * g / peak, peak
-        }' "$tmp/$name.jsonl"
+    : > "$tmp/$name.mt"
+    : > "$tmp/$name.pt"
+    [ $have_torch = yes ] && torch_args "$name" "$@" > "$tmp/$name.targs"
+    r=1
+    while [ $r -le "$rounds" ]; do
+        moetrain_run "$name" $r "$@" || return 1
+        [ $have_torch = yes ] && torch_run "$name"
+        r=$((r + 1))
+    done
+    tok=$(awk '{print $1}' "$tmp/$name.mt" | median)
+    gf=$(awk '{print $2}' "$tmp/$name.mt" | median)
+    printf "%-10s moetrain tokens/s %8.0f | model GFLOP/s %7.2f | %5.1f%% of sgemm (%.1f GFLOP/s)" \
+        "$name" "$tok" "$gf" "$(echo "$gf $peak" | awk '{print 100 * $1 / $2}')" "$peak"
+    if [ $have_perf = yes ]; then
+        set -- $(profile_shares "$name")
+        printf " | outside BLAS %s%% (OpenMP runtime %s%%)" "$(($2 + $3))" "$2"
+    fi
+    echo
+    if [ -s "$tmp/$name.pt" ]; then
+        ttok=$(awk '{print $1}' "$tmp/$name.pt" | median)
+        tgf=$(awk '{print $2}' "$tmp/$name.pt" | median)
+        printf "%-10s pytorch  tokens/s %8.0f | model GFLOP/s %7.2f | %5.1f%% of sgemm | moetrain/pytorch %.2fx\n" \
+            "$name" "$ttok" "$tgf" "$(echo "$tgf $peak" | awk '{print 100 * $1 / $2}')" \
+            "$(echo "$tok $ttok" | awk '{print $1 / $2}')"
+    fi
+    printf "%-10s per run (moetrain | pytorch tokens/s): %s | %s\n" "$name" \
+        "$(awk '{printf "%s%.0f", NR > 1 ? " " : "", $1}' "$tmp/$name.mt")" \
+        "$(awk '{printf "%s%.0f", NR > 1 ? " " : "", $1}' "$tmp/$name.pt")"
 }
 
+echo "threads: $threads; rounds: $rounds (moetrain and PyTorch alternate)"
 bench tiny_moe namelists/tiny_moe.nml training%train_iters=60 training%eval_interval=1000 training%eval_iters=0
 bench cpu_large bench/cpu_large.nml
+bench cpu_h512 bench/cpu_h512.nml

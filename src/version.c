@@ -1,6 +1,6 @@
 /* moetrain --version (version.h). The build-time versions come from the headers
  * configure found; the run-time ones from the libraries this process has loaded (hwloc,
- * PMIx, MPI: linked) or can load (cuBLASLt, NCCL, the NVIDIA driver: opened here, as a
+ * PMIx, MPI, the BLAS: linked) or can load (cuBLASLt, NCCL, the NVIDIA driver: opened here, as a
  * GPU run would open them, and only reported when they cannot be). */
 #include "config.h"
 
@@ -32,6 +32,7 @@
 #include "runtime/nccl_dl.h"
 #endif
 
+#include "kernels/cpu/cpu_blas.h"
 #include "src/revision.h"
 #include "util/error.h"
 
@@ -67,6 +68,25 @@ static void hwloc_row(FILE *out)
              HWLOC_API_VERSION & 0xff);
     snprintf(r, sizeof r, "API %u.%u.%u", v >> 16, (v >> 8) & 0xff, v & 0xff);
     row(out, "hwloc", b, r);
+}
+
+/* The BLAS of the CPU backend and the kernels it picked for this CPU (OpenBLAS: at load
+ * time, or OPENBLAS_CORETYPE's), which set its GEMM rate. */
+static void blas_row(FILE *out)
+{
+    char r[256];
+    mt_cpu_blas_describe(r, sizeof r);
+#if defined(MT_BLAS_MKL)
+    row(out, "BLAS", "Intel oneMKL", r);
+#elif defined(MT_BLAS_BLIS)
+    row(out, "BLAS", "BLIS", r);
+#else
+    char b[32]; /* OPENBLAS_VERSION is " OpenBLAS 0.3.21 " */
+    const char *v = OPENBLAS_VERSION;
+    snprintf(b, sizeof b, "%s", v + strspn(v, " "));
+    for (size_t len = strlen(b); len > 0 && b[len - 1] == ' ';) b[--len] = '\0';
+    row(out, "BLAS", b, r);
+#endif
 }
 
 static void pmix_row(FILE *out)
@@ -150,7 +170,13 @@ void mt_print_version(FILE *out)
     fprintf(out, "; nvcc %s", MT_NVCC_VERSION);
 #endif
     fprintf(out, "\nconfigure: %s\n", MT_CONFIGURE_ARGS[0] ? MT_CONFIGURE_ARGS : "(no arguments)");
-    fprintf(out, "backends: cpu (BLAS");
+#if defined(MT_BLAS_MKL)
+    fprintf(out, "backends: cpu (Intel oneMKL");
+#elif defined(MT_BLAS_BLIS)
+    fprintf(out, "backends: cpu (BLIS");
+#else
+    fprintf(out, "backends: cpu (OpenBLAS");
+#endif
 #ifdef _OPENMP
     fprintf(out, ", OpenMP");
 #endif
@@ -176,6 +202,7 @@ void mt_print_version(FILE *out)
     fprintf(out, "\nlibraries:\n");
     row(out, "", "built with", "found at run time");
     hwloc_row(out);
+    blas_row(out);
     pmix_row(out);
     mpi_row(out);
     cuda_rows(out);

@@ -1,6 +1,7 @@
-/* CPU reference backend: GEMM and grouped GEMM through CBLAS (OpenBLAS).
+/* CPU reference backend: GEMM and grouped GEMM through CBLAS (OpenBLAS, BLIS or MKL:
+ * configure --with-blas).
  *
- * OpenBLAS runs single-threaded and the parallelism is ours: C is split into row (or
+ * The BLAS runs single-threaded and the parallelism is ours: C is split into row (or
  * column) blocks, one OpenMP thread per block, each block one sgemm over the full K.
  * Two thread pools that spin while the other works (OpenBLAS's and OpenMP's) slow
  * each other down several times over; one pool does not. Every element of C is
@@ -8,13 +9,14 @@
  * number of threads. */
 #include "kernels/cpu/cpu_ops.h"
 
-#include <cblas.h>
 #include <omp.h>
+
+#include "kernels/cpu/cpu_blas.h"
 
 /* Below this many multiply-adds one call on one thread is faster than splitting. */
 #define GEMM_SPLIT_MIN_FMA (1 << 18)
 
-void mt_cpu_blas_init(void) { openblas_set_num_threads(1); }
+void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
 
 void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)

@@ -6,7 +6,7 @@
 
 #include <stdlib.h>
 
-#include <cblas.h>
+#include "kernels/cpu/cpu_blas.h"
 
 void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
                           int N, int C)

@@ -65,7 +65,7 @@ static inline float mt_cpu_expf(float x)
 static inline float mt_cpu_sigmoid(float x) { return 1.0f / (1.0f + mt_cpu_expf(-x)); }
 
 /* cpu_dense.c */
-void mt_cpu_blas_init(void); /* OpenBLAS single-threaded: OpenMP owns the cores */
+void mt_cpu_blas_init(void); /* the BLAS single-threaded: OpenMP owns the cores */
 void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,

@@ -11,7 +11,8 @@ libmt_kernels_la_SOURCES = \
 	kernels/cpu/cpu_guard.c \
 	kernels/cpu/cpu_plan.c \
 	kernels/cpu/cpu_typed.c \
-	kernels/cpu/cpu_ops.h
+	kernels/cpu/cpu_ops.h \
+	kernels/cpu/cpu_blas.h
 # No code here reads the floating-point exception flags; without the assumption that a
 # comparison may trap, GCC turns the selects of clamps and max reductions into vector
 # blends, so `#pragma omp simd` loops with them vectorise. Values are unchanged.
