@@ -9,8 +9,10 @@ void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float 
     for (int n = 0; n < N; n++) {
         const float *l = logits + (size_t)n * V;
         float mx = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : mx)
         for (int v = 0; v < V; v++) mx = l[v] > mx ? l[v] : mx;
-        for (int v = 0; v < V; v++) sum += expf(l[v] - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int v = 0; v < V; v++) sum += mt_cpu_expf(l[v] - mx);
         lse[n] = mx + logf(sum);
         int t = targets[n] - v0;
         tlogit[n] = targets[n] >= 0 && t >= 0 && t < V ? l[t] : 0.0f;
@@ -23,13 +25,15 @@ void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, co
     (void)ctx;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *l = logits + (size_t)n * V;
+        const float *l = logits + (size_t)n * V; /* d may alias l */
         float *d = dlogits + (size_t)n * V;
         if (targets[n] < 0) {
             for (int v = 0; v < V; v++) d[v] = 0.0f;
             continue;
         }
-        for (int v = 0; v < V; v++) d[v] = scale * expf(l[v] - lse[n]);
+        const float ln = lse[n];
+#pragma omp simd
+        for (int v = 0; v < V; v++) d[v] = scale * mt_cpu_expf(l[v] - ln);
         int t = targets[n] - v0;
         if (t >= 0 && t < V) d[t] -= scale;
     }
@@ -43,7 +47,7 @@ void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
     const float step = lr / bc1, decay = 1.0f - lr * weight_decay;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = grad[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;
@@ -55,14 +59,14 @@ void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v
 void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
     (void)ctx;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = mt_cpu_bf16(x[i]);
 }
 
 void mt_cpu_scale(void *ctx, float *x, float s, size_t n)
 {
     (void)ctx;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 

@@ -4,6 +4,7 @@
 #define MT_KERNELS_CPU_OPS_H
 
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -15,10 +16,10 @@ static inline float mt_cpu_bf16(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        u = (u | 0x00400000u) & 0xffff0000u;
-    else
-        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    /* both candidates, then a select: a loop of these vectorises */
+    uint32_t nan = (u | 0x00400000u) & 0xffff0000u;
+    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    u = (u & 0x7fffffffu) > 0x7f800000u ? nan : rne;
     memcpy(&x, &u, sizeof x);
     return x;
 }
@@ -60,6 +61,14 @@ static inline float mt_cpu_expf(float x)
     memcpy(&s1, &u1, sizeof s1);
     memcpy(&s2, &u2, sizeof s2);
     return p * s1 * s2;
+}
+
+/* [*lo, *hi) = this OpenMP thread's share of [0, n), in equal contiguous blocks. */
+static inline void mt_cpu_split(int n, int *lo, int *hi)
+{
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    *lo = (int)((long long)n * id / nt);
+    *hi = (int)((long long)n * (id + 1) / nt);
 }
 
 static inline float mt_cpu_sigmoid(float x) { return 1.0f / (1.0f + mt_cpu_expf(-x)); }

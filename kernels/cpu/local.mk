@@ -13,9 +13,10 @@ libmt_kernels_la_SOURCES = \
 	kernels/cpu/cpu_typed.c \
 	kernels/cpu/cpu_ops.h \
 	kernels/cpu/cpu_blas.h
-# No code here reads the floating-point exception flags; without the assumption that a
-# comparison may trap, GCC turns the selects of clamps and max reductions into vector
-# blends, so `#pragma omp simd` loops with them vectorise. Values are unchanged.
-libmt_kernels_la_CFLAGS = $(AM_CFLAGS) -fno-trapping-math
+# No code here reads the floating-point exception flags or errno; without the
+# assumptions that a comparison may trap and that sqrtf sets errno, GCC turns the
+# selects of clamps and max reductions into vector blends and sqrtf into one
+# instruction, so `#pragma omp simd` loops with them vectorise. Values are unchanged.
+libmt_kernels_la_CFLAGS = $(AM_CFLAGS) -fno-trapping-math -fno-math-errno
 
 include tests/kernels/local.mk
