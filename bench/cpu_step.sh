@@ -130,8 +130,8 @@ bench() {
             "$(echo "$tok $ttok" | awk '{print $1 / $2}')"
     fi
     printf "%-10s per run (moetrain | pytorch tokens/s): %s | %s\n" "$name" \
-        "$(awk '{printf "%s%.0f", NR > 1 ? " " : "", $1}' "$tmp/$name.mt")" \
-        "$(awk '{printf "%s%.0f", NR > 1 ? " " : "", $1}' "$tmp/$name.pt")"
+        "$(awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}' "$tmp/$name.mt")" \
+        "$(awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}' "$tmp/$name.pt")"
 }
 
 echo "threads: $threads; rounds: $rounds (moetrain and PyTorch alternate)"

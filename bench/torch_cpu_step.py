@@ -10,10 +10,11 @@ loss (output_router_logits, router_aux_loss_coef), gradient accumulation over th
 micro-batches of the global batch, clipping at clip_grad, torch.optim.AdamW(fused=True).
 Tokens are uniform random, as moetrain's mock data.
 
-Timing: --warmup steps, then --iters steps, each timed; the figure is the median step.
+Timing: --warmup steps, then --iters steps, each timed; the figure is the median step
+(cpu_ms: the median of the process's CPU time per step, all threads).
 FLOPs are counted with moetrain's formula (mt_model_flops_per_token in src/model/model.c)
 so that the GFLOP/s figures compare. Prints one line for scripts:
-  torch_cpu_step: result tokens_per_s=... gflops=... step_ms=...
+  torch_cpu_step: result tokens_per_s=... gflops=... step_ms=... cpu_ms=...
 Exits 0 with a message when torch or transformers cannot be imported.
 """
 
@@ -118,17 +119,19 @@ def main():
     except (RuntimeError, NotImplementedError) as e:
         say(f"a step failed ({str(e).splitlines()[0]}); nothing to measure")
         return 0
-    times = []
+    times, cpu = [], []
     for _ in range(a.iters):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     sec = statistics.median(times)
     tokens = a.global_batch * a.seq
     gflops = flops_per_token(a) * tokens / sec / 1e9
     say(f"median of {a.iters} steps after {a.warmup} warm-up: {1e3 * sec:.1f} ms, "
         f"{tokens / sec:.0f} tokens/s, {gflops:.2f} GFLOP/s, loss {loss:.4f}")
-    say(f"result tokens_per_s={tokens / sec:.1f} gflops={gflops:.3f} step_ms={1e3 * sec:.3f}")
+    say(f"result tokens_per_s={tokens / sec:.1f} gflops={gflops:.3f} step_ms={1e3 * sec:.3f} "
+        f"cpu_ms={1e3 * statistics.median(cpu):.3f}")
     return 0
 
 
