@@ -46,9 +46,13 @@
 // doc/cuda-emulator.md, "Attention backward: the dK/dV split", has the reasoning.
 //
 // Precision: Q, K, V, dO, P and dS enter the tensor cores as bf16 (RNE), sums are fp32.
-// In the model Q, K, V are bf16 already; P, dO and dS are rounded, relative error at
-// most 2^-8 per element, independent from element to element: normalised MSE ~1e-6 on
-// the output and ~7e-6 on the gradients. The parity test's bounds follow.
+// Q, K and V are typed tensors, the kernels templates on their element type (TE): fp32
+// ones are rounded on their way to shared memory, bf16 ones copied there as they are
+// (att_load); the fp32 instantiations use the registers they did before, the bf16 ones
+// as many or fewer but for dK/dV at head_dim 128 on sm_90 (218, 2 more). In the model
+// Q, K, V are bf16; P, dO and dS are rounded, relative error at most 2^-8 per element,
+// independent from element to element: normalised MSE ~1e-6 on the output and ~7e-6 on
+// the gradients. The parity test's bounds follow.
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <math.h>
@@ -74,10 +78,11 @@ struct att_shape {
 };
 
 // rows (row0 .. row0+nrows-1) of one head into a bf16 tile [row][DMAX]; row t of the
-// head is X + t*row_stride; zeros past rows_valid and past D.
+// head is X + t*row_stride; zeros past rows_valid and past D. fp32 elements are rounded
+// to bf16 (RNE); bf16 ones are stored as they are.
 template <int DMAX>
 __device__ __forceinline__ void att_load(__nv_bfloat16 *s, const float *X, int row0, int nrows, int rows_valid,
-                                         size_t row_stride, int D, bool vec)
+                                           size_t row_stride, int D, bool vec)
 {
     constexpr int CH = DMAX / 4;
     for (int c = threadIdx.x; c < nrows * CH; c += ATT_THREADS) {
@@ -97,6 +102,29 @@ __device__ __forceinline__ void att_load(__nv_bfloat16 *s, const float *X, int r
         mt_st_bf16x4(s + r * att_shape<DMAX>::stride + d, v);
     }
 }
+template <int DMAX>
+__device__ __forceinline__ void att_load(__nv_bfloat16 *s, const mt_bf16 *X, int row0, int nrows, int rows_valid,
+                                           size_t row_stride, int D, bool vec)
+{
+    constexpr int CH = DMAX / 4;
+    for (int c = threadIdx.x; c < nrows * CH; c += ATT_THREADS) {
+        const int r = c / CH, d = (c % CH) * 4, t = row0 + r;
+        uint2 v = make_uint2(0u, 0u);
+        if (t < rows_valid && d < D) {
+            const uint16_t *src = &X[(size_t)t * row_stride + d].bits;
+            if (vec) {
+                v = __ldg(reinterpret_cast<const uint2 *>(src));
+            } else {
+                v.x = __ldg(src);
+                if (d + 1 < D) v.x |= (uint32_t)__ldg(src + 1) << 16;
+                if (d + 2 < D) v.y = __ldg(src + 2);
+                if (d + 3 < D) v.y |= (uint32_t)__ldg(src + 3) << 16;
+            }
+        }
+        *reinterpret_cast<uint2 *>(s + r * att_shape<DMAX>::stride + d) = v;
+    }
+}
+
 
 // A-operand fragment (16 rows x 16 k) from a 16 x 16 block of C fragments c0 (columns
 // k0..k0+7) and c1 (k0+8..k0+15), rounded to bf16: the C layout of mma is the A layout.
@@ -177,11 +205,12 @@ __device__ __forceinline__ void att_store_rows(float *Y, size_t row_stride, cons
 }
 
 struct att_args {
-    const float *q, *k, *v, *dout, *o, *lse, *delta;
+    const void *q, *k, *v; // of the kernels' element type TE: float or mt_bf16
+    const float *dout, *o, *lse, *delta;
     float *out, *lse_out, *dq, *dk, *dv, *delta_out;
     int T, Hq, Hkv, D;
     float scale, scale_log2; // 1/sqrt(D), log2(e)/sqrt(D)
-    bool vec;                // D % 4 == 0 and 16-byte aligned rows: float4 loads
+    bool vec; // D % 4 == 0 and rows aligned for 4 elements: float4 (fp32) or 8-byte (bf16) loads
 };
 
 // The dK/dV chunks (see the top of this file). An item is (key tile kt, batch b, KV
@@ -215,7 +244,7 @@ __host__ __device__ __forceinline__ int att_chunks_of(const att_split &sp, int k
 
 // ---------------------------------------------------------------- forward
 
-template <int DMAX>
+template <int DMAX, typename TE>
 __global__ void __launch_bounds__(ATT_THREADS) att_fwd_kernel(att_args a)
 {
     constexpr int ST = att_shape<DMAX>::stride;
@@ -227,9 +256,9 @@ __global__ void __launch_bounds__(ATT_THREADS) att_fwd_kernel(att_args a)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, qd = lane & 3;
     const int q0 = qt * ATT_BR, T = a.T;
     const size_t qs = (size_t)a.Hq * a.D, ks = (size_t)a.Hkv * a.D;
-    const float *qb = a.q + (size_t)b * T * qs + (size_t)h * a.D;
-    const float *kb = a.k + (size_t)b * T * ks + (size_t)g * a.D;
-    const float *vb = a.v + (size_t)b * T * ks + (size_t)g * a.D;
+    const TE *qb = static_cast<const TE *>(a.q) + (size_t)b * T * qs + (size_t)h * a.D;
+    const TE *kb = static_cast<const TE *>(a.k) + (size_t)b * T * ks + (size_t)g * a.D;
+    const TE *vb = static_cast<const TE *>(a.v) + (size_t)b * T * ks + (size_t)g * a.D;
 
     att_load<DMAX>(sQ, qb, q0, ATT_BR, T, qs, a.D, a.vec);
     float o[DMAX / 8][4];
@@ -323,7 +352,7 @@ __global__ void att_delta_kernel(att_args a, int B)
     if (lane == 0) a.delta_out[((size_t)b * a.Hq + h) * a.T + t] = acc;
 }
 
-template <int DMAX>
+template <int DMAX, typename TE>
 __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a, att_split sp)
 {
     constexpr int ST = att_shape<DMAX>::stride;
@@ -353,8 +382,8 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a, att_s
     const size_t qs = (size_t)a.Hq * a.D, ks = (size_t)a.Hkv * a.D;
     const size_t kvoff = (size_t)b * T * ks + (size_t)g * a.D;
 
-    att_load<DMAX>(sK, a.k + kvoff, k0, ATT_BC, T, ks, a.D, a.vec);
-    att_load<DMAX>(sV, a.v + kvoff, k0, ATT_BC, T, ks, a.D, a.vec);
+    att_load<DMAX>(sK, static_cast<const TE *>(a.k) + kvoff, k0, ATT_BC, T, ks, a.D, a.vec);
+    att_load<DMAX>(sV, static_cast<const TE *>(a.v) + kvoff, k0, ATT_BC, T, ks, a.D, a.vec);
     float dk[DMAX / 8][4], dv[DMAX / 8][4];
     att_zero<DMAX / 8>(dk);
     att_zero<DMAX / 8>(dv);
@@ -367,7 +396,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dkdv_kernel(att_args a, att_s
             const size_t qoff = (size_t)b * T * qs + (size_t)h * a.D;
             const float *lse = a.lse + ((size_t)b * a.Hq + h) * T, *delta = a.delta + ((size_t)b * a.Hq + h) * T;
             __syncthreads(); // the previous step's Q and dO are no longer read
-            att_load<DMAX>(sQ, a.q + qoff, t0, ATT_BQ, T, qs, a.D, a.vec);
+            att_load<DMAX>(sQ, static_cast<const TE *>(a.q) + qoff, t0, ATT_BQ, T, qs, a.D, a.vec);
             att_load<DMAX>(sO, a.dout + qoff, t0, ATT_BQ, T, qs, a.D, a.vec);
             for (int r = threadIdx.x; r < ATT_BQ; r += ATT_THREADS) {
                 const bool in = t0 + r < T;
@@ -442,7 +471,7 @@ __global__ void att_dkdv_reduce_kernel(att_args a, att_split sp)
     a.dv[o] = sv;
 }
 
-template <int DMAX>
+template <int DMAX, typename TE>
 __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
 {
     constexpr int ST = att_shape<DMAX>::stride;
@@ -457,7 +486,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
     const size_t qs = (size_t)a.Hq * a.D, ks = (size_t)a.Hkv * a.D;
     const size_t qoff = (size_t)b * T * qs + (size_t)h * a.D;
     const size_t kvoff = (size_t)b * T * ks + (size_t)g * a.D;
-    att_load<DMAX>(sQ, a.q + qoff, q0, ATT_BR, T, qs, a.D, a.vec);
+    att_load<DMAX>(sQ, static_cast<const TE *>(a.q) + qoff, q0, ATT_BR, T, qs, a.D, a.vec);
     att_load<DMAX>(sO, a.dout + qoff, q0, ATT_BR, T, qs, a.D, a.vec);
     const int row_a = q0 + warp * 16 + gr, row_b = row_a + 8;
     const float *lse = a.lse + ((size_t)b * a.Hq + h) * T, *delta = a.delta + ((size_t)b * a.Hq + h) * T;
@@ -468,8 +497,8 @@ __global__ void __launch_bounds__(ATT_THREADS) att_dq_kernel(att_args a)
 
     for (int j = 0; j <= qt; j++) {
         __syncthreads();
-        att_load<DMAX>(sK, a.k + kvoff, j * ATT_BC, ATT_BC, T, ks, a.D, a.vec);
-        att_load<DMAX>(sV, a.v + kvoff, j * ATT_BC, ATT_BC, T, ks, a.D, a.vec);
+        att_load<DMAX>(sK, static_cast<const TE *>(a.k) + kvoff, j * ATT_BC, ATT_BC, T, ks, a.D, a.vec);
+        att_load<DMAX>(sV, static_cast<const TE *>(a.v) + kvoff, j * ATT_BC, ATT_BC, T, ks, a.D, a.vec);
         __syncthreads();
         float s[8][4], dp[8][4]; // S = Q K^T, dP = dO V^T: 16 rows x 64 keys per warp
         att_zero<8>(s);
@@ -513,13 +542,13 @@ static void allow_smem(const void *kernel, size_t bytes, bool *done)
     *done = true;
 }
 
-template <int DMAX>
+template <int DMAX, typename T>
 static void launch_fwd(mt_cuda_ctx *c, const att_args &a, int B)
 {
     static bool done = false;
-    allow_smem((const void *)att_fwd_kernel<DMAX>, fwd_smem<DMAX>(), &done);
+    allow_smem((const void *)att_fwd_kernel<DMAX, T>, fwd_smem<DMAX>(), &done);
     dim3 grid(mt_cdiv(a.T, ATT_BR), a.Hq, B);
-    MT_LAUNCH(grid, ATT_THREADS, fwd_smem<DMAX>(), c->stream, att_fwd_kernel<DMAX>)(a);
+    MT_LAUNCH(grid, ATT_THREADS, fwd_smem<DMAX>(), c->stream, att_fwd_kernel<DMAX, T>)(a);
     MT_CUDA_LAUNCHED();
 }
 
@@ -547,19 +576,19 @@ static att_split dkdv_plan(int B, int T, int Hkv, long long *ctas)
     return sp;
 }
 
-template <int DMAX>
+template <int DMAX, typename T>
 static void launch_bwd(mt_cuda_ctx *c, const att_args &a, int B)
 {
     static bool done_kv = false, done_q = false;
-    allow_smem((const void *)att_dkdv_kernel<DMAX>, dkdv_smem<DMAX>(), &done_kv);
-    allow_smem((const void *)att_dq_kernel<DMAX>, dq_smem<DMAX>(), &done_q);
+    allow_smem((const void *)att_dkdv_kernel<DMAX, T>, dkdv_smem<DMAX>(), &done_kv);
+    allow_smem((const void *)att_dq_kernel<DMAX, T>, dq_smem<DMAX>(), &done_q);
     long long ctas;
     att_split sp = dkdv_plan(B, a.T, a.Hkv, &ctas);
     // the partials: nslots x 2 x 64 x D floats (54.6 MiB at the shipped layout), from the
     // caching allocator, so a training step reuses the same block
     const size_t ws_bytes = (size_t)sp.nslots * 2 * ATT_BC * a.D * sizeof(float);
     sp.ws = ws_bytes ? (float *)mt_cuda_scratch(c, ws_bytes) : NULL;
-    MT_LAUNCH((unsigned)ctas, ATT_THREADS, dkdv_smem<DMAX>(), c->stream, att_dkdv_kernel<DMAX>)(a, sp);
+    MT_LAUNCH((unsigned)ctas, ATT_THREADS, dkdv_smem<DMAX>(), c->stream, att_dkdv_kernel<DMAX, T>)(a, sp);
     MT_CUDA_LAUNCHED();
     if (sp.nslots) {
         // at most ATT_DKDV_CHUNKS split items: each has a chunk of wq tiles, and there
@@ -570,7 +599,7 @@ static void launch_bwd(mt_cuda_ctx *c, const att_args &a, int B)
         mt_cuda_scratch_free(c, sp.ws);
     }
     dim3 grid_q(mt_cdiv(a.T, ATT_BR), a.Hq, B);
-    MT_LAUNCH(grid_q, ATT_THREADS, dq_smem<DMAX>(), c->stream, att_dq_kernel<DMAX>)(a);
+    MT_LAUNCH(grid_q, ATT_THREADS, dq_smem<DMAX>(), c->stream, att_dq_kernel<DMAX, T>)(a);
     MT_CUDA_LAUNCHED();
 }
 
@@ -584,44 +613,96 @@ static int dmax_of(int D)
     mt_cuda_fatal(__FILE__, __LINE__, "attention", msg);
 }
 
-static att_args make_args(const float *q, const float *k, const float *v, int T, int Hq, int Hkv, int D)
+// The typed inputs of both passes. q, k and v of one dtype go to the kernels as they
+// are (att_load rounds fp32 on its way to shared memory, copies bf16). Of mixed dtypes,
+// which the model never passes, the fp32 ones are rounded to bf16 in scratch first:
+// the values att_load would have stored, so the result is the same.
+struct att_inputs {
+    att_args a;
+    bool bf16;
+    void *tmp[3];
+};
+
+static att_inputs make_args(mt_cuda_ctx *c, const char *op, const mt_tensor &q, const mt_tensor &k,
+                            const mt_tensor &v, int T, int Hq, int Hkv, int D)
 {
-    att_args a = {};
-    a.q = q;
-    a.k = k;
-    a.v = v;
+    mt_cuda_tensor_check(op, "q", q, true), mt_cuda_tensor_check(op, "k", k, true);
+    mt_cuda_tensor_check(op, "v", v, true);
+    att_inputs in = {};
+    in.bf16 = q.dtype == MT_BF16 || k.dtype == MT_BF16 || v.dtype == MT_BF16;
+    const mt_tensor *t[3] = {&q, &k, &v};
+    const void *p[3];
+    for (int i = 0; i < 3; i++) {
+        p[i] = t[i]->data;
+        if (in.bf16 && t[i]->dtype == MT_F32) {
+            mt_tensor d = mt_tview(NULL, MT_BF16, t[i]->rows, t[i]->cols);
+            in.tmp[i] = d.data = mt_cuda_scratch(c, mt_tensor_bytes(d));
+            mt_cuda_convert(c, d, *t[i]);
+            p[i] = d.data;
+        }
+    }
+    att_args &a = in.a;
+    a.q = p[0];
+    a.k = p[1];
+    a.v = p[2];
     a.T = T;
     a.Hq = Hq;
     a.Hkv = Hkv;
     a.D = D;
     a.scale = 1.0f / sqrtf((float)D);
     a.scale_log2 = a.scale * ATT_LOG2E;
-    a.vec = D % 4 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
-    return a;
+    const enum mt_dtype dt = in.bf16 ? MT_BF16 : MT_F32;
+    a.vec = D % 4 == 0 && mt_aligned4(a.q, dt) && mt_aligned4(a.k, dt) && mt_aligned4(a.v, dt);
+    return in;
 }
 
-extern "C" void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
-                                      const float *v, int B, int T, int Hq, int Hkv, int D)
+static void free_inputs(mt_cuda_ctx *c, const att_inputs &in)
 {
-    mt_cuda_ctx *c = mt_cuda(ctx);
-    if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
-    att_args a = make_args(q, k, v, T, Hq, Hkv, D);
-    a.out = out;
-    a.lse_out = lse;
-    switch (dmax_of(D)) {
-    case 32: launch_fwd<32>(c, a, B); break;
-    case 64: launch_fwd<64>(c, a, B); break;
-    default: launch_fwd<128>(c, a, B); break;
+    for (void *p : in.tmp)
+        if (p) mt_cuda_scratch_free(c, p);
+}
+
+template <typename T>
+static void attention_fwd(mt_cuda_ctx *c, const att_args &a, int B)
+{
+    switch (dmax_of(a.D)) {
+    case 32: launch_fwd<32, T>(c, a, B); break;
+    case 64: launch_fwd<64, T>(c, a, B); break;
+    default: launch_fwd<128, T>(c, a, B); break;
     }
 }
 
+template <typename T>
+static void attention_bwd(mt_cuda_ctx *c, const att_args &a, int B)
+{
+    switch (dmax_of(a.D)) {
+    case 32: launch_bwd<32, T>(c, a, B); break;
+    case 64: launch_bwd<64, T>(c, a, B); break;
+    default: launch_bwd<128, T>(c, a, B); break;
+    }
+}
+
+extern "C" void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q, struct mt_tensor k,
+                                      struct mt_tensor v, int B, int T, int Hq, int Hkv, int D)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
+    att_inputs in = make_args(c, "attention_fwd", q, k, v, T, Hq, Hkv, D);
+    in.a.out = out;
+    in.a.lse_out = lse;
+    if (in.bf16) attention_fwd<mt_bf16>(c, in.a, B);
+    else attention_fwd<float>(c, in.a, B);
+    free_inputs(c, in);
+}
+
 extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                                      const float *q, const float *k, const float *v, const float *out,
+                                      struct mt_tensor q, struct mt_tensor k, struct mt_tensor v, const float *out,
                                       const float *lse, int B, int T, int Hq, int Hkv, int D)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
-    att_args a = make_args(q, k, v, T, Hq, Hkv, D);
+    att_inputs in = make_args(c, "attention_bwd", q, k, v, T, Hq, Hkv, D);
+    att_args &a = in.a;
     const size_t rows = (size_t)B * T * Hq;
     a.lse = lse;
     a.o = out;
@@ -635,10 +716,8 @@ extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv
     a.dk = dk;
     a.dv = dv;
     a.vec = a.vec && ((uintptr_t)dout & 15) == 0;
-    switch (dmax_of(D)) {
-    case 32: launch_bwd<32>(c, a, B); break;
-    case 64: launch_bwd<64>(c, a, B); break;
-    default: launch_bwd<128>(c, a, B); break;
-    }
+    if (in.bf16) attention_bwd<mt_bf16>(c, a, B);
+    else attention_bwd<float>(c, a, B);
     mt_cuda_scratch_free(c, delta);
+    free_inputs(c, in);
 }

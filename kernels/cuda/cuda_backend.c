@@ -50,6 +50,7 @@ static struct mt_kernels cuda_kernels = {
         .cross_entropy_bwd = mt_cuda_cross_entropy_bwd,
         .adamw = mt_cuda_adamw,
         .bf16_round = mt_cuda_bf16_round,
+        .convert = mt_cuda_convert,
         .scale = mt_cuda_scale,
         .sumsq = mt_cuda_sumsq,
     },

@@ -11,26 +11,28 @@
 
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_launch.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
-// A GEMM shape and layout: the key of the cuBLASLt plan cache.
+// A GEMM shape, layout and element types: the key of the cuBLASLt plan cache.
 struct mt_gemm_key {
     int ta, tb, M, N, K, lda, ldb, ldc, align; // align: min pointer alignment, bytes (<= 16)
+    int ab_type, c_type;                       // cudaDataType_t of A and B (equal), of C and D
     bool operator==(const mt_gemm_key &o) const
     {
         return ta == o.ta && tb == o.tb && M == o.M && N == o.N && K == o.K && lda == o.lda &&
-               ldb == o.ldb && ldc == o.ldc && align == o.align;
+               ldb == o.ldb && ldc == o.ldc && align == o.align && ab_type == o.ab_type && c_type == o.c_type;
     }
 };
 struct mt_gemm_key_hash {
     size_t operator()(const mt_gemm_key &k) const
     {
         size_t h = 1469598103934665603ull;
-        const int v[] = {k.ta, k.tb, k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.align};
+        const int v[] = {k.ta, k.tb, k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.align, k.ab_type, k.c_type};
         for (int x : v) h = (h ^ (size_t)(unsigned)x) * 1099511628211ull;
         return h;
     }
@@ -112,6 +114,36 @@ const void *mt_cuda_to_host(mt_cuda_ctx *c, const void *dev, size_t n);
 
 static inline unsigned mt_cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
+// ---------------------------------------------------------------- typed tensors
+
+// A bf16 element of a typed tensor (kernels.h): the high half of an fp32. Its own type,
+// so that a kernel template tells it from float.
+struct mt_bf16 {
+    uint16_t bits;
+};
+static_assert(sizeof(mt_bf16) == 2 && alignof(mt_bf16) == 2, "mt_bf16 is two bytes");
+
+// Aborts, naming the op and the argument, unless t is fp32 or bf16 (the fp8 dtypes
+// are the FP8 recipes', not taken by this backend yet) and, for an op that takes dense
+// tensors (every typed op but gemm and convert), unless its rows are contiguous.
+void mt_cuda_tensor_check(const char *op, const char *arg, struct mt_tensor t, bool dense);
+
+// Calls f with a null pointer of t's element type, float or mt_bf16: the dispatch from
+// a typed tensor to a kernel template (MT_ELEM gives the type back). t was checked.
+template <typename F>
+static inline void mt_with_elem(enum mt_dtype t, F &&f)
+{
+    if (t == MT_BF16) f((mt_bf16 *)nullptr);
+    else f((float *)nullptr);
+}
+#define MT_ELEM(tag) typename std::remove_pointer<decltype(tag)>::type
+
+// Whether p is aligned for 4-element accesses of its dtype (16 bytes fp32, 8 bf16).
+static inline bool mt_aligned4(const void *p, enum mt_dtype t)
+{
+    return ((uintptr_t)p % (4 * mt_dtype_size(t))) == 0;
+}
+
 // ---------------------------------------------------------------- device helpers
 
 // x[i] = i for i < n: the values of a sort by key that must remember where items came from.
@@ -163,6 +195,43 @@ __device__ __forceinline__ float mt_block_max(float v, float *scratch)
 }
 
 __device__ __forceinline__ float mt_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Element access of typed tensors, as the CPU reference defines it (kernels/cpu/
+// cpu_typed.c): a bf16 element widens to fp32 exactly; an fp32 result stored as bf16 is
+// rounded to nearest even, a NaN kept a NaN (quietened, sign kept), bit for bit the
+// CPU's mt_cpu_bf16. Integer arithmetic, so nvcc and the emulator agree by construction.
+__device__ __forceinline__ uint16_t mt_bf16_bits(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float mt_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float mt_ld(const mt_bf16 *p, size_t i)
+{
+    return __uint_as_float((uint32_t)p[i].bits << 16);
+}
+__device__ __forceinline__ void mt_st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void mt_st(mt_bf16 *p, size_t i, float v) { p[i].bits = mt_bf16_bits(v); }
+
+// Four consecutive elements from element 4 i on (the pointer mt_aligned4). Plain loads:
+// an op's output may alias its input.
+__device__ __forceinline__ float4 mt_ld4(const float *p, size_t i)
+{
+    return reinterpret_cast<const float4 *>(p)[i];
+}
+__device__ __forceinline__ float4 mt_ld4(const mt_bf16 *p, size_t i)
+{
+    const uint2 u = reinterpret_cast<const uint2 *>(p)[i];
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ void mt_st4(float *p, size_t i, float4 v) { reinterpret_cast<float4 *>(p)[i] = v; }
+__device__ __forceinline__ void mt_st4(mt_bf16 *p, size_t i, float4 v)
+{
+    reinterpret_cast<uint2 *>(p)[i] = make_uint2((uint32_t)mt_bf16_bits(v.x) | (uint32_t)mt_bf16_bits(v.y) << 16,
+                                                 (uint32_t)mt_bf16_bits(v.z) | (uint32_t)mt_bf16_bits(v.w) << 16);
+}
 
 // Two floats rounded to bf16 (RNE) in one 32-bit register, lo in the low half: the
 // operand layout of mma (the lower k index in the lower half).

@@ -26,6 +26,23 @@
     abort();
 }
 
+void mt_cuda_tensor_check(const char *op, const char *arg, struct mt_tensor t, bool dense)
+{
+    char msg[200];
+    if (t.dtype == MT_E4M3 || t.dtype == MT_E5M2)
+        snprintf(msg, sizeof msg, "%s is an fp8 tensor (%s): the CUDA backend takes fp32 and bf16 tensors; fp8 "
+                 "belongs to the FP8 recipes, which this backend does not run yet", arg,
+                 t.dtype == MT_E4M3 ? "E4M3" : "E5M2");
+    else if (t.dtype != MT_F32 && t.dtype != MT_BF16)
+        snprintf(msg, sizeof msg, "%s has dtype %d, which is not an enum mt_dtype", arg, (int)t.dtype);
+    else if (dense && t.rows > 1 && t.ld != t.cols)
+        snprintf(msg, sizeof msg, "%s is a strided view (%lld x %lld, ld %lld): this op takes dense tensors", arg,
+                 (long long)t.rows, (long long)t.cols, (long long)t.ld);
+    else
+        return;
+    mt_cuda_fatal(__FILE__, __LINE__, op, msg);
+}
+
 static size_t size_class(size_t bytes)
 {
     if (bytes <= (1u << 20)) {

@@ -664,29 +664,38 @@ extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *p
 
 // ---------------------------------------------------------------- permute, unpermute
 
-// xp (rows,C) = x[row_slot / k], zero rows for padding; one block per row.
-__global__ static void permute_fwd_kernel(float *xp, const float *x, const int32_t *row_slot, int topk, int C, bool vec)
+// xp (rows,C) = x[row_slot / k], zero rows for padding; one block per row. Typed
+// tensors: read and written in their dtypes (mt_ld/mt_st, cuda_common.cuh).
+template <typename TO, typename TX>
+__global__ static void permute_fwd_kernel(TO *xp, const TX *x, const int32_t *row_slot, int topk, int C, bool vec)
 {
     const size_t r = blockIdx.x;
     const int s = row_slot[r];
-    float *dst = xp + r * C;
-    const float *src = s >= 0 ? x + (size_t)(s / topk) * C : NULL;
+    TO *dst = xp + r * C;
+    const TX *src = s >= 0 ? x + (size_t)(s / topk) * C : NULL;
     if (vec) {
         for (int c = threadIdx.x; c < C / 4; c += blockDim.x)
-            reinterpret_cast<float4 *>(dst)[c] =
-                src ? __ldg(reinterpret_cast<const float4 *>(src) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            mt_st4(dst, c, src ? mt_ld4(src, c) : make_float4(0.f, 0.f, 0.f, 0.f));
     } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src ? src[c] : 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) mt_st(dst, c, src ? mt_ld(src, c) : 0.0f);
     }
 }
 
-extern "C" void mt_cuda_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot, int rows, int topk,
-                                    int C)
+extern "C" void mt_cuda_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x, const int32_t *row_slot,
+                                    int rows, int topk, int C)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("permute_fwd", "xp", xp, true), mt_cuda_tensor_check("permute_fwd", "x", x, true);
     if (rows <= 0 || C <= 0) return;
-    const bool vec = C % 4 == 0 && ((uintptr_t)xp & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    MT_LAUNCH(rows, 128, 0, c->stream, permute_fwd_kernel)(xp, x, row_slot, topk, C, vec);
+    const bool vec = C % 4 == 0 && mt_aligned4(xp.data, xp.dtype) && mt_aligned4(x.data, x.dtype);
+    mt_with_elem(xp.dtype, [&](auto o) {
+        mt_with_elem(x.dtype, [&](auto i) {
+            using TO = MT_ELEM(o);
+            using TX = MT_ELEM(i);
+            MT_LAUNCH(rows, 128, 0, c->stream, permute_fwd_kernel<TO, TX>)((TO *)xp.data, (const TX *)x.data,
+                                                                        row_slot, topk, C, vec);
+        });
+    });
     MT_CUDA_LAUNCHED();
 }
 
@@ -714,8 +723,9 @@ extern "C" void mt_cuda_permute_bwd(void *ctx, float *dx, const float *dxp, cons
 }
 
 // out (N,C) = sum_j prob yp[slot_row], products and sums rounded separately as on the CPU.
-__global__ static void unpermute_fwd_kernel(float *out, const float *yp, const int32_t *slot_row, const float *prob,
-                                            int N, int topk, int C)
+template <typename TO, typename TY>
+__global__ static void unpermute_fwd_kernel(TO *out, const TY *yp, const int32_t *slot_row, const float *prob, int N,
+                                            int topk, int C)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
@@ -724,22 +734,31 @@ __global__ static void unpermute_fwd_kernel(float *out, const float *yp, const i
     for (int j = 0; j < topk; j++) {
         const size_t s = n * topk + j;
         const int r = slot_row[s];
-        if (r >= 0) acc = __fadd_rn(acc, __fmul_rn(prob[s], yp[(size_t)r * C + c]));
+        if (r >= 0) acc = __fadd_rn(acc, __fmul_rn(prob[s], mt_ld(yp, (size_t)r * C + c)));
     }
-    out[i] = acc;
+    mt_st(out, i, acc);
 }
 
-extern "C" void mt_cuda_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
+extern "C" void mt_cuda_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp, const int32_t *slot_row,
                                       const float *prob, int N, int topk, int C)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("unpermute_fwd", "out", out, true), mt_cuda_tensor_check("unpermute_fwd", "yp", yp, true);
     if (N <= 0 || C <= 0) return;
-    MT_LAUNCH(mt_cdiv((size_t)N * C, 256), 256, 0, c->stream, unpermute_fwd_kernel)(out, yp, slot_row, prob, N, topk, C);
+    mt_with_elem(out.dtype, [&](auto o) {
+        mt_with_elem(yp.dtype, [&](auto y) {
+            using TO = MT_ELEM(o);
+            using TY = MT_ELEM(y);
+            MT_LAUNCH(mt_cdiv((size_t)N * C, 256), 256, 0, c->stream, unpermute_fwd_kernel<TO, TY>)(
+                (TO *)out.data, (const TY *)yp.data, slot_row, prob, N, topk, C);
+        });
+    });
     MT_CUDA_LAUNCHED();
 }
 
 // One warp per slot: dyp[row] = prob dout[n], dprob = <dout[n], yp[row]> (0 if dropped).
-__global__ static void unpermute_bwd_kernel(float *dyp, float *dprob, const float *dout, const float *yp,
+template <typename TY>
+__global__ static void unpermute_bwd_kernel(float *dyp, float *dprob, const float *dout, const TY *yp,
                                             const int32_t *slot_row, const float *prob, int N, int topk, int C)
 {
     const size_t s = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -750,25 +769,31 @@ __global__ static void unpermute_bwd_kernel(float *dyp, float *dprob, const floa
         if (lane == 0) dprob[s] = 0.0f;
         return;
     }
-    const float *d = dout + (s / topk) * C, *y = yp + (size_t)r * C;
+    const float *d = dout + (s / topk) * C;
+    const TY *y = yp + (size_t)r * C;
     float *dy = dyp + (size_t)r * C;
     const float p = prob[s];
     float dot = 0.0f;
     for (int c = lane; c < C; c += 32) {
         dy[c] = p * d[c];
-        dot += d[c] * y[c];
+        dot += d[c] * mt_ld(y, c);
     }
     dot = mt_warp_sum(dot);
     if (lane == 0) dprob[s] = dot;
 }
 
-extern "C" void mt_cuda_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout, const float *yp,
+extern "C" void mt_cuda_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout, struct mt_tensor yp,
                                       const int32_t *slot_row, const float *prob, int N, int topk, int C, int rows)
 {
     mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("unpermute_bwd", "yp", yp, true);
     if (rows > 0 && C > 0) MT_CUDA_CHECK(cudaMemsetAsync(dyp, 0, sizeof(float) * (size_t)rows * C, c->stream));
     if (N <= 0 || topk <= 0) return;
     const size_t slots = (size_t)N * topk;
-    MT_LAUNCH(mt_cdiv(slots, 8), 256, 0, c->stream, unpermute_bwd_kernel)(dyp, dprob, dout, yp, slot_row, prob, N, topk, C);
+    mt_with_elem(yp.dtype, [&](auto y) {
+        using TY = MT_ELEM(y);
+        MT_LAUNCH(mt_cdiv(slots, 8), 256, 0, c->stream, unpermute_bwd_kernel<TY>)(dyp, dprob, dout, (const TY *)yp.data,
+                                                                                slot_row, prob, N, topk, C);
+    });
     MT_CUDA_LAUNCHED();
 }

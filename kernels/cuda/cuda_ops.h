@@ -1,6 +1,7 @@
 /* CUDA backend: the functions that fill struct mt_kernel_ops, callable from C.
  * Private to kernels/cuda; everything else goes through mt_kernels_cuda().
- * Every tensor pointer is device memory; ctx is a struct mt_cuda_ctx. */
+ * Every tensor pointer is device memory; ctx is a struct mt_cuda_ctx. Typed tensors
+ * (struct mt_tensor) are fp32 or bf16; an op given an fp8 one aborts naming it. */
 #ifndef MT_KERNELS_CUDA_OPS_H
 #define MT_KERNELS_CUDA_OPS_H
 
@@ -33,35 +34,39 @@ void mt_cuda_sync(void *ctx);
 
 /* cuda_gemm.cu (cuBLASLt), cuda_grouped_gemm.cu (own tensor-core kernel) */
 void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+                  struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);
 void mt_cuda_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
                           const int32_t *offsets, int M, int N, int K, float alpha,
-                          const float *A, const float *B, float beta, float *C);
+                          struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);
 
 /* cuda_layers.cu */
-void mt_cuda_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
-                           int N, int C);
+void mt_cuda_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                           struct mt_tensor wte, int N, int C);
 void mt_cuda_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
                            int N, int C);
-void mt_cuda_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                         int N, int C, float eps);
-void mt_cuda_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
-                         const float *w, const float *rstd, int N, int C);
-void mt_cuda_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
-                      float theta);
+void mt_cuda_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                         struct mt_tensor w, int N, int C, float eps);
+void mt_cuda_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                         struct mt_tensor w, const float *rstd, int N, int C);
+void mt_cuda_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                      int D, float theta);
 void mt_cuda_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                       float theta);
-void mt_cuda_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F);
+void mt_cuda_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
+                        struct mt_tensor up, int N, int F);
 void mt_cuda_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
-                        const float *gate, const float *up, int N, int F);
-void mt_cuda_add(void *ctx, float *out, const float *a, const float *b, size_t n);
+                        struct mt_tensor gate, struct mt_tensor up, int N, int F);
+void mt_cuda_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b,
+                 size_t n);
 
 /* cuda_attention.cu */
-void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
-                           const float *v, int B, int T, int Hq, int Hkv, int D);
+void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
+                           struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
+                           int D);
 void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                           const float *q, const float *k, const float *v, const float *out,
-                           const float *lse, int B, int T, int Hq, int Hkv, int D);
+                           struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
+                           const float *out, const float *lse, int B, int T, int Hq, int Hkv,
+                           int D);
 
 /* cuda_moe.cu */
 void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
@@ -80,14 +85,14 @@ void mt_cuda_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse
 long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
                                 const int32_t *topk_idx, const float *topk_prob, int N, int E,
                                 int topk, int capacity, enum mt_drop_policy policy, bool pad);
-void mt_cuda_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
-                         int rows, int topk, int C);
+void mt_cuda_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                         const int32_t *row_slot, int rows, int topk, int C);
 void mt_cuda_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
                          int N, int topk, int C);
-void mt_cuda_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
-                           const float *prob, int N, int topk, int C);
+void mt_cuda_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                           const int32_t *slot_row, const float *prob, int N, int topk, int C);
 void mt_cuda_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                           const float *yp, const int32_t *slot_row, const float *prob,
+                           struct mt_tensor yp, const int32_t *slot_row, const float *prob,
                            int N, int topk, int C, int rows);
 
 /* cuda_loss.cu */
@@ -97,11 +102,12 @@ void mt_cuda_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits,
                                const float *lse, const int32_t *targets, int N, int V, int v0,
                                float scale);
 
-/* cuda_optim.cu */
+/* cuda_optim.cu (and the dtype conversion) */
 void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                    float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, long long t);
 void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t n);
+void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
 void mt_cuda_scale(void *ctx, float *x, float s, size_t n);
 void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n);
 

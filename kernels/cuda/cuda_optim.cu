@@ -1,4 +1,4 @@
-// CUDA backend: AdamW and bf16 rounding, elementwise.
+// CUDA backend: AdamW, bf16 rounding and dtype conversion, elementwise.
 //
 // Both are bit-identical to the CPU reference: AdamW performs the same fp32 operations
 // in the same order with every product and sum rounded on its own (the _rn intrinsics
@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <math.h>
+#include <stdio.h>
 
 struct adamw_consts {
     float beta1, beta2, one_m_b1, one_m_b2, eps, step, decay, bc2_sqrt, grad_scale;
@@ -132,4 +133,40 @@ extern "C" void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n)
     MT_LAUNCH(1, MT_SUMSQ_THREADS, 0, c->stream, sumsq_final_kernel)(acc, part, (int)blocks);
     MT_CUDA_LAUNCHED();
     mt_cuda_scratch_free(c, part);
+}
+
+// ---------------------------------------------------------------- dtype conversion
+
+// dst = src element by element over rows x cols with row strides: fp32 -> bf16 rounds
+// (mt_st), bf16 -> fp32 is exact, the same dtype copies the bits (as the CPU's memmove).
+template <typename TD, typename TS>
+__global__ static void convert_kernel(TD *dst, const TS *src, int64_t rows, int64_t cols, int64_t ldd, int64_t lds)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * cols) return;
+    const size_t r = i / cols, col = i % cols;
+    if constexpr (std::is_same<TD, TS>::value) dst[r * ldd + col] = src[r * lds + col];
+    else mt_st(dst, r * ldd + col, mt_ld(src, r * lds + col));
+}
+
+extern "C" void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
+{
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("convert", "dst", dst, false);
+    mt_cuda_tensor_check("convert", "src", src, false);
+    if (dst.rows != src.rows || dst.cols != src.cols) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "dst is %lld x %lld, src %lld x %lld: the shapes must agree", (long long)dst.rows,
+                 (long long)dst.cols, (long long)src.rows, (long long)src.cols);
+        mt_cuda_fatal(__FILE__, __LINE__, "convert", msg);
+    }
+    if (dst.rows <= 0 || dst.cols <= 0) return;
+    const size_t n = (size_t)dst.rows * dst.cols;
+    mt_with_elem(dst.dtype, [&](auto d) {
+        mt_with_elem(src.dtype, [&](auto s) {
+            MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, convert_kernel<MT_ELEM(d), MT_ELEM(s)>)(
+                (MT_ELEM(d) *)dst.data, (const MT_ELEM(s) *)src.data, dst.rows, dst.cols, dst.ld, src.ld);
+        });
+    });
+    MT_CUDA_LAUNCHED();
 }

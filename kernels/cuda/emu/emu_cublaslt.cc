@@ -1,13 +1,22 @@
 // The CUDA execution emulator: the part of cuBLASLt that kernels/cuda uses, written
 // from the cuBLASLt documentation.
 //
-// D = alpha op(A) op(B) + beta C, column-major, fp32 matrices (CUDA_R_32F) with any
-// leading dimension >= rows, op = N or T. Compute types: CUBLAS_COMPUTE_32F (fp32
-// operands), CUBLAS_COMPUTE_32F_FAST_16BF (A and B rounded to bf16, nearest-even),
-// CUBLAS_COMPUTE_32F_FAST_TF32 (rounded to tf32, 10 mantissa bits, nearest with ties
-// away from zero as cvt.rna.tf32.f32). Products are summed in fp64 and rounded once
-// (cuBLAS does not specify its order); with beta == 0, C is not read (it may hold
-// NaN). The heuristic returns one algorithm that records the preference's minimum
+// D = alpha op(A) op(B) + beta C, column-major, with any leading dimension >= rows,
+// op = N or T. Types, the rows of cuBLASLt's table of supported combinations that
+// kernels/cuda uses (scale type CUDA_R_32F throughout):
+//   compute                         A, B          C, D
+//   CUBLAS_COMPUTE_32F              CUDA_R_32F    CUDA_R_32F
+//   CUBLAS_COMPUTE_32F              CUDA_R_16BF   CUDA_R_16BF or CUDA_R_32F
+//   CUBLAS_COMPUTE_32F_FAST_16BF    CUDA_R_32F    CUDA_R_32F
+//   CUBLAS_COMPUTE_32F_FAST_TF32    CUDA_R_32F    CUDA_R_32F
+// A and B of different types, C and D of different types, or bf16 with a FAST compute
+// type are refused (CUBLAS_STATUS_NOT_SUPPORTED) as the library refuses them.
+// 32F_FAST_16BF rounds fp32 A and B to bf16 (nearest-even), 32F_FAST_TF32 to tf32 (10
+// mantissa bits, nearest with ties away from zero as cvt.rna.tf32.f32); bf16 operands
+// are read exactly. Products are summed in fp64 and rounded once to fp32 (cuBLAS does
+// not specify its order), then D = alpha sum + beta C in fp32; a bf16 D is that value
+// rounded to nearest even (a NaN stays a NaN). With beta == 0, C is not read (it may
+// hold NaN). The heuristic returns one algorithm that records the preference's minimum
 // pointer alignment (256 bytes when unset, as documented); cublasLtMatmul refuses
 // pointers less aligned than that.
 //
@@ -81,6 +90,26 @@ float round_bf16(float x)
     memcpy(&x, &u, 4);
     return x;
 }
+
+// The bits of x rounded to bf16, nearest-even; a NaN quietened (sign kept), never
+// truncated into an infinity.
+uint16_t bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+size_t type_size(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 float round_tf32(float x)
 {
@@ -229,9 +258,11 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     }
 }
 
-// D = alpha op(A) op(B) + beta C, when the work runs on its stream (below)
-static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_p, const void *B_p, const void *C_p,
-                   void *D_p, const int64_t ld[4], uint64_t M, uint64_t N, uint64_t K);
+// D = alpha op(A) op(B) + beta C, when the work runs on its stream (below); A and B of
+// type ab, C and D of type cd
+static void matmul(const matmul_desc &m, cudaDataType_t ab, cudaDataType_t cd, float alpha, float beta,
+                   const void *A_p, const void *B_p, const void *C_p, void *D_p, const int64_t ld[4], uint64_t M,
+                   uint64_t N, uint64_t K);
 
 static bool supported(const matmul_desc &m, const layout *ls[4])
 {
@@ -240,7 +271,16 @@ static bool supported(const matmul_desc &m, const layout *ls[4])
         return report("compute type %d is not emulated (32F, 32F_FAST_16BF, 32F_FAST_TF32 are)", (int)m.compute);
     if (m.scale != CUDA_R_32F) return report("scale type %d is not emulated (CUDA_R_32F is)", (int)m.scale);
     for (int i = 0; i < 4; i++)
-        if (ls[i]->type != CUDA_R_32F) return report("matrix type %d is not emulated (CUDA_R_32F is)", (int)ls[i]->type);
+        if (ls[i]->type != CUDA_R_32F && ls[i]->type != CUDA_R_16BF)
+            return report("matrix type %d is not emulated (CUDA_R_32F and CUDA_R_16BF are)", (int)ls[i]->type);
+    const cudaDataType_t ab = ls[0]->type, cd = ls[2]->type;
+    if (ls[1]->type != ab || ls[3]->type != cd)
+        return report("A and B (types %d, %d) or C and D (%d, %d) differ in type: cuBLASLt has no such combination",
+                      (int)ab, (int)ls[1]->type, (int)cd, (int)ls[3]->type);
+    if (ab == CUDA_R_16BF && m.compute != CUBLAS_COMPUTE_32F)
+        return report("bf16 A and B take CUBLAS_COMPUTE_32F (compute type %d is for fp32 operands)", (int)m.compute);
+    if (ab == CUDA_R_32F && cd != CUDA_R_32F)
+        return report("fp32 A and B take an fp32 C and D (type %d given)", (int)cd);
     return true;
 }
 
@@ -282,7 +322,7 @@ static bool tensor_core_knob_allows(const matmul_desc &m, const layout *ls[4], c
     const uint32_t x = tensor_core_align_knob();
     if (!x || m.compute == CUBLAS_COMPUTE_32F) return true;
     for (int i = 0; i < 4; i++) {
-        const uint64_t elem = 4; // CUDA_R_32F, the only type supported()
+        const uint64_t elem = type_size(ls[i]->type);
         if ((ls[i]->rows * elem) % x || ((uint64_t)ls[i]->ld * elem) % x || pref.align[i] % x) return false;
     }
     return true;
@@ -340,8 +380,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                                    {D_p, 0, true}};
     const matmul_desc md = m;
     const int64_t ld[4] = {ls[0]->ld, ls[1]->ld, ls[2]->ld, ls[3]->ld};
+    const cudaDataType_t ab = ls[0]->type, cd = ls[2]->type;
     mt_emu::stream_work(stream, "cublasLtMatmul", nullptr, 0, acc, 4, [=] {
-        matmul(md, alpha, beta, A_p, B_p, C_p, D_p, ld, M, N, K);
+        matmul(md, ab, cd, alpha, beta, A_p, B_p, C_p, D_p, ld, M, N, K);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -353,12 +394,16 @@ mt_emu::cublaslt_objects mt_emu::cublaslt_live_objects(void)
     return cublaslt_objects{live_handles.load(), live_descs.load(), live_layouts.load(), live_prefs.load()};
 }
 
-static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_p, const void *B_p, const void *C_p,
-                   void *D_p, const int64_t ld[4], uint64_t M, uint64_t N, uint64_t K)
+// Element i of a matrix of type t (CUDA_R_32F or CUDA_R_16BF), as fp32: exact.
+static float element(const void *p, cudaDataType_t t, int64_t i)
 {
-    const float *Am = static_cast<const float *>(A_p), *Bm = static_cast<const float *>(B_p);
-    const float *Cm = static_cast<const float *>(C_p);
-    float *Dm = static_cast<float *>(D_p);
+    return t == CUDA_R_16BF ? from_bf16(static_cast<const uint16_t *>(p)[i]) : static_cast<const float *>(p)[i];
+}
+
+static void matmul(const matmul_desc &m, cudaDataType_t ab, cudaDataType_t cd, float alpha, float beta,
+                   const void *A_p, const void *B_p, const void *C_p, void *D_p, const int64_t ld[4], uint64_t M,
+                   uint64_t N, uint64_t K)
+{
     const int64_t lda = ld[0], ldb = ld[1], ldc = ld[2], ldd = ld[3];
     float (*rnd)(float) = m.compute == CUBLAS_COMPUTE_32F_FAST_16BF  ? round_bf16
                           : m.compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? round_tf32
@@ -367,12 +412,12 @@ static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_
     std::vector<double> ar(M * K), bc(N * K);
     for (uint64_t i = 0; i < M; i++)
         for (uint64_t k = 0; k < K; k++) {
-            const float a = m.ta == CUBLAS_OP_N ? Am[i + k * lda] : Am[k + i * lda];
+            const float a = element(A_p, ab, m.ta == CUBLAS_OP_N ? i + k * lda : k + i * lda);
             ar[i * K + k] = rnd ? rnd(a) : a;
         }
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t k = 0; k < K; k++) {
-            const float b = m.tb == CUBLAS_OP_N ? Bm[k + j * ldb] : Bm[j + k * ldb];
+            const float b = element(B_p, ab, m.tb == CUBLAS_OP_N ? k + j * ldb : j + k * ldb);
             bc[j * K + k] = rnd ? rnd(b) : b;
         }
     for (uint64_t j = 0; j < N; j++)
@@ -381,7 +426,8 @@ static void matmul(const matmul_desc &m, float alpha, float beta, const void *A_
             double s = 0.0;
             for (uint64_t k = 0; k < K; k++) s += a[k] * b[k];
             float d = alpha * (float)s;
-            if (beta != 0.0f) d += beta * Cm[i + j * ldc];
-            Dm[i + j * ldd] = d;
+            if (beta != 0.0f) d += beta * element(C_p, cd, i + j * ldc);
+            if (cd == CUDA_R_16BF) static_cast<uint16_t *>(D_p)[i + j * ldd] = bf16_bits(d);
+            else static_cast<float *>(D_p)[i + j * ldd] = d;
         }
 }
