@@ -90,13 +90,14 @@ static void bench_gemm(const struct gemm_bench *g)
 {
     const size_t na = (size_t)g->M * g->Kd, nb = (size_t)g->Kd * g->N, nc = (size_t)g->M * g->N;
     float *A = drandn(na, 1.0f), *B = drandn(nb, 0.02f), *C = dzeros(nc);
-    const int lda = g->ta ? g->M : g->Kd, ldb = g->tb ? g->Kd : g->N;
+    const struct mt_tensor tA = g->ta ? mt_f32(A, g->Kd, g->M) : mt_f32(A, g->M, g->Kd);
+    const struct mt_tensor tB = g->tb ? mt_f32(B, g->N, g->Kd) : mt_f32(B, g->Kd, g->N);
     for (int i = 0; i < 3; i++)
-        K->op.gemm(K->ctx, g->ta, g->tb, g->M, g->N, g->Kd, 1.0f, A, lda, B, ldb, 0.0f, C, g->N);
+        K->op.gemm(K->ctx, g->ta, g->tb, g->M, g->N, g->Kd, 1.0f, tA, tB, 0.0f, mt_f32(C, g->M, g->N));
     K->op.sync(K->ctx);
     double t0 = now();
     for (int i = 0; i < reps; i++)
-        K->op.gemm(K->ctx, g->ta, g->tb, g->M, g->N, g->Kd, 1.0f, A, lda, B, ldb, 0.0f, C, g->N);
+        K->op.gemm(K->ctx, g->ta, g->tb, g->M, g->N, g->Kd, 1.0f, tA, tB, 0.0f, mt_f32(C, g->M, g->N));
     K->op.sync(K->ctx);
     double t = (now() - t0) / reps;
     char shape[96];
@@ -127,6 +128,8 @@ static void bench_grouped(int E, int rows, int out, int in, bool skew)
     float *x = drandn((size_t)rows * in, 1.0f), *w = drandn((size_t)E * out * in, 0.02f);
     float *y = drandn((size_t)rows * out, 1.0f), *dw = dzeros((size_t)E * out * in);
     float *dx = dzeros((size_t)rows * in);
+    const struct mt_tensor tx = mt_f32(x, rows, in), ty = mt_f32(y, rows, out), tdx = mt_f32(dx, rows, in);
+    const struct mt_tensor tw = mt_f32(w, (int64_t)E * out, in), tdw = mt_f32(dw, (int64_t)E * out, in);
     const double flops = 2.0 * rows * out * in;
     static const char *names[] = {"grouped fwd", "grouped dgrad", "grouped wgrad"};
     char shape[96];
@@ -138,9 +141,11 @@ static void bench_grouped(int E, int rows, int out, int in, bool skew)
                 K->op.sync(K->ctx);
                 t0 = now();
             }
-            if (mode == 0) K->op.grouped_gemm(K->ctx, false, true, E, d_offs, 0, out, in, 1.0f, x, w, 0.0f, y);
-            else if (mode == 1) K->op.grouped_gemm(K->ctx, false, false, E, d_offs, 0, in, out, 1.0f, y, w, 0.0f, dx);
-            else K->op.grouped_gemm(K->ctx, true, false, E, d_offs, out, in, 0, 1.0f, y, x, 1.0f, dw);
+            if (mode == 0)
+                K->op.grouped_gemm(K->ctx, false, true, E, d_offs, 0, out, in, 1.0f, tx, tw, 0.0f, ty);
+            else if (mode == 1)
+                K->op.grouped_gemm(K->ctx, false, false, E, d_offs, 0, in, out, 1.0f, ty, tw, 0.0f, tdx);
+            else K->op.grouped_gemm(K->ctx, true, false, E, d_offs, out, in, 0, 1.0f, ty, tx, 1.0f, tdw);
         }
         K->op.sync(K->ctx);
         report(names[mode], shape, flops, (now() - t0) / reps);
@@ -162,20 +167,24 @@ static void bench_attention(int B, int T, int Hq, int Hkv, int D)
     float *q = drandn(nq, 1.0f), *k = drandn(nkv, 1.0f), *v = drandn(nkv, 1.0f), *dout = drandn(nq, 1.0f);
     float *out = dzeros(nq), *lse = dzeros((size_t)B * Hq * T);
     float *dq = dzeros(nq), *dk = dzeros(nkv), *dv = dzeros(nkv);
+    const struct mt_tensor tq = mt_f32(q, (int64_t)B * T, (int64_t)Hq * D);
+    const struct mt_tensor tk = mt_f32(k, (int64_t)B * T, (int64_t)Hkv * D);
+    const struct mt_tensor tv = mt_f32(v, (int64_t)B * T, (int64_t)Hkv * D);
     const double fwd_flops = 2.0 * B * Hq * (double)T * T * D;
     char shape[96];
     snprintf(shape, sizeof shape, "B=%d T=%d Hq=%d Hkv=%d D=%d causal", B, T, Hq, Hkv, D);
-    for (int i = 0; i < 2; i++) K->op.attention_fwd(K->ctx, out, lse, q, k, v, B, T, Hq, Hkv, D);
+    for (int i = 0; i < 2; i++) K->op.attention_fwd(K->ctx, out, lse, tq, tk, tv, B, T, Hq, Hkv, D);
     K->op.sync(K->ctx);
     double t0 = now();
-    for (int i = 0; i < reps; i++) K->op.attention_fwd(K->ctx, out, lse, q, k, v, B, T, Hq, Hkv, D);
+    for (int i = 0; i < reps; i++) K->op.attention_fwd(K->ctx, out, lse, tq, tk, tv, B, T, Hq, Hkv, D);
     K->op.sync(K->ctx);
     report("attention fwd", shape, fwd_flops, (now() - t0) / reps);
-    for (int i = 0; i < 2; i++) K->op.attention_bwd(K->ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
+    for (int i = 0; i < 2; i++)
+        K->op.attention_bwd(K->ctx, dq, dk, dv, dout, tq, tk, tv, out, lse, B, T, Hq, Hkv, D);
     K->op.sync(K->ctx);
     t0 = now();
     for (int i = 0; i < reps; i++)
-        K->op.attention_bwd(K->ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D);
+        K->op.attention_bwd(K->ctx, dq, dk, dv, dout, tq, tk, tv, out, lse, B, T, Hq, Hkv, D);
     K->op.sync(K->ctx);
     report("attention bwd", shape, 2.5 * fwd_flops, (now() - t0) / reps);
     float *bufs[] = {q, k, v, dout, out, lse, dq, dk, dv};

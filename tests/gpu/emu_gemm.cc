@@ -72,7 +72,10 @@ static bool run(const struct mt_kernels *k, const shape &s, int calls, bool exac
     k->op.copy(k->ctx, dA + s.a_offset, A.data(), sizeof(float) * na);
     k->op.copy(k->ctx, dB, B.data(), sizeof(float) * nb);
     for (int c = 0; c < calls; c++)
-        k->op.gemm(k->ctx, s.ta, s.tb, s.M, s.N, s.K, 1.0f, dA + s.a_offset, s.lda, dB, s.ldb, 0.0f, dC, s.ldc);
+        k->op.gemm(k->ctx, s.ta, s.tb, s.M, s.N, s.K, 1.0f,
+                   mt_tview_ld(dA + s.a_offset, MT_F32, s.ta ? s.K : s.M, s.ta ? s.M : s.K, s.lda),
+                   mt_tview_ld(dB, MT_F32, s.tb ? s.N : s.K, s.tb ? s.K : s.N, s.ldb), 0.0f,
+                   mt_tview_ld(dC, MT_F32, s.M, s.N, s.ldc));
     k->op.copy(k->ctx, C.data(), dC, sizeof(float) * nc);
     k->op.free(k->ctx, dA);
     k->op.free(k->ctx, dB);

@@ -1,7 +1,9 @@
 // The CUDA emulator's cuBLASLt and cub, written from their documentation, against
 // hand-computed cases: every operand layout (N/T), leading dimensions above the row
 // count, alpha and beta, the compute types' operand rounding (32F, 32F_FAST_16BF:
-// nearest-even to bf16, 32F_FAST_TF32: nearest with ties away to tf32), beta = 0
+// nearest-even to bf16, 32F_FAST_TF32: nearest with ties away to tf32), bf16 matrices
+// (exact operands, a bf16 D rounded to nearest even, the combinations cuBLASLt lacks
+// refused), beta = 0
 // leaving C unread, the preference's alignment enforced; cub::DeviceRadixSort::SortPairs
 // as a stable sort over a bit range with the temporary-storage protocol.
 #include <cublasLt.h>
@@ -160,6 +162,111 @@ static void gemm_rounding(void)
     }
 }
 
+// ---------------------------------------------------------------- cuBLASLt, bf16 matrices
+
+static uint16_t bf16_of(float x) // x bf16-exact
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+static float f32_of(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// The heuristic's answer and, when it has an algorithm, D = alpha A B + beta C for
+// column-major m x k A and k x n B (ld = rows), C and D m x n (D in C's place when C
+// and D share a type), each of its own type; bytes in and out as the types store them.
+static cublasStatus_t matmul_typed(cublasComputeType_t ct, cudaDataType_t ta, cudaDataType_t tb, cudaDataType_t tc,
+                                   cudaDataType_t td, int m, int n, int k, float alpha, const void *A, const void *B,
+                                   float beta, const void *C, void *out)
+{
+    auto size = [](cudaDataType_t t) -> size_t { return t == CUDA_R_16BF ? 2 : 4; };
+    cublasLtMatmulDesc_t desc;
+    CHECK_LT(cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    CHECK_LT(cublasLtMatrixLayoutCreate(&la, ta, m, k, m));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&lb, tb, k, n, k));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&lc, tc, m, n, m));
+    CHECK_LT(cublasLtMatrixLayoutCreate(&ld, td, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, ld, pref, 1, &res, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found) {
+        const size_t na = size(ta) * m * k, nb = size(tb) * k * n, nc = size(tc) * m * n, nd = size(td) * m * n;
+        unsigned char *dA = dev<unsigned char>((const unsigned char *)A, na);
+        unsigned char *dB = dev<unsigned char>((const unsigned char *)B, nb);
+        unsigned char *dC = dev<unsigned char>((const unsigned char *)C, nc), *dD = dev<unsigned char>(nullptr, nd);
+        st = cublasLtMatmul(lt, desc, &alpha, dA, la, dB, lb, &beta, dC, lc, dD, ld, &res.algo, nullptr, 0, nullptr);
+        CHECK_CUDA(cudaMemcpy(out, dD, nd, cudaMemcpyDeviceToHost));
+        for (unsigned char *p : {dA, dB, dC, dD}) CHECK_CUDA(cudaFree(p));
+    } else if (st == CUBLAS_STATUS_SUCCESS) {
+        st = CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (cublasLtMatrixLayout_t l : {la, lb, lc, ld}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(desc);
+    return st;
+}
+
+// bf16 A and B under 32F: read exactly, into an fp32 D (2 A B - 1 with the matrices of
+// gemm_layouts) and into a bf16 D rounded to nearest even (1 + 2^-8 ties to 1, 1 + 3
+// 2^-9 rounds to 1 + 2^-7; beta 0 over a NaN C); and the type combinations cuBLASLt
+// does not have, refused.
+static void gemm_bf16(void)
+{
+    const float Am[2][3] = {{1, 2, 3}, {4, 5, 6}}, Bm[3][2] = {{1, 0}, {0, 1}, {2, -1}};
+    uint16_t A[6], B[6];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) A[i + 2 * j] = bf16_of(Am[i][j]), B[j + 3 * i] = bf16_of(Bm[j][i]);
+    const float C[4] = {1, 1, 1, 1};
+    float D[4];
+    cublasStatus_t st = matmul_typed(CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F, 2, 2, 3,
+                                     2.0f, A, B, -1.0f, C, D);
+    check(st == CUBLAS_STATUS_SUCCESS && D[0] == 13 && D[1] == 31 && D[2] == -3 && D[3] == -3,
+          "cublasLtMatmul bf16 A, B, fp32 C, D under 32F: 2 A B - 1");
+
+    // 1 x 1 x 2 products a . b with a = (1, 1): b = (1, 2^-8) and (1, 3 2^-9), bf16 D
+    const uint16_t a2[2] = {bf16_of(1.0f), bf16_of(1.0f)};
+    const struct {
+        float b1, want;
+        const char *what;
+    } cases[] = {{0x1p-8f, 1.0f, "cublasLtMatmul bf16 D: 1 + 2^-8 ties to even, 1"},
+                 {0x3p-9f, 1.0f + 0x1p-7f, "cublasLtMatmul bf16 D: 1 + 3 2^-9 rounds to 1 + 2^-7"}};
+    for (const auto &c : cases) {
+        const uint16_t b2[2] = {bf16_of(1.0f), bf16_of(c.b1)}, nan_c = 0x7fc0;
+        uint16_t d = 0;
+        st = matmul_typed(CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_16BF, 1, 1, 2, 1.0f, a2,
+                          b2, 0.0f, &nan_c, &d);
+        check(st == CUBLAS_STATUS_SUCCESS && f32_of(d) == c.want, c.what);
+    }
+
+    const struct {
+        cublasComputeType_t ct;
+        cudaDataType_t a, b, c, d;
+        const char *what;
+    } refused[] = {
+        {CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, "bf16 A with fp32 B refused"},
+        {CUBLAS_COMPUTE_32F_FAST_16BF, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_32F,
+         "bf16 A, B under 32F_FAST_16BF refused"},
+        {CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, "fp32 A, B with bf16 C, D refused"},
+        {CUBLAS_COMPUTE_32F, CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F, CUDA_R_16BF, "fp32 C with bf16 D refused"},
+    };
+    for (const auto &r : refused) {
+        float out[4];
+        st = matmul_typed(r.ct, r.a, r.b, r.c, r.d, 2, 2, 3, 1.0f, A, B, 0.0f, C, out);
+        char what[128];
+        snprintf(what, sizeof what, "cublasLtMatmul %s (CUBLAS_STATUS_NOT_SUPPORTED)", r.what);
+        check(st == CUBLAS_STATUS_NOT_SUPPORTED, what);
+    }
+}
+
 // The preference asks for 16-byte pointers: A 4 bytes off is refused, not computed.
 static void gemm_alignment(void)
 {
@@ -215,6 +322,7 @@ int main(void)
     gemm_layouts();
     gemm_beta_zero();
     gemm_rounding();
+    gemm_bf16();
     gemm_alignment();
     radix_sort();
     cublasLtDestroy(lt);

@@ -27,17 +27,24 @@
  *   unpermute forward, add, AdamW, bf16 rounding, the dispatch plan's integers) must be
  *   bit-identical, and are compared bytewise.
  *
+ * The ops with typed tensors run again with bf16 arguments (the section "typed tensors:
+ * bf16" has its bounds), and with an fp8 one, which must abort.
+ *
  * MT_PARITY_BACKEND=cpu runs the harness with the CPU backend in the device's place
  * (every comparison must then be exact): a check of this program without a GPU.
  * MT_PARITY_QUICK=1 runs one shape per op family (the first listed, or the one named
  * at its list), without the long attention run: every kernel at least once, for the
  * CUDA emulator under ThreadSanitizer (doc/cuda-emulator.md), which is slow. */
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_THREAD__) && defined(_OPENMP)
 #include <omp.h>
@@ -115,6 +122,12 @@ static void *dev_to_host(const void *d, size_t bytes)
 }
 
 static void dfree(void *d) { G->op.free(G->ctx, d); }
+
+/* An fp32 view with row stride ld. */
+static struct mt_tensor F32LD(const float *p, int rows, int cols, int ld)
+{
+    return mt_tview_ld(p, MT_F32, rows, cols, ld);
+}
 
 static double nmse(const float *ref, const float *got, size_t n)
 {
@@ -233,10 +246,13 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, int pad, bool exact
     if (nan_c)
         for (size_t i = 0; i < nc; i++) C0[i] = NAN;
     float *ref = hdup(C0, sizeof(float) * nc);
-    C->op.gemm(C->ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, ref, ldc);
+    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    C->op.gemm(C->ctx, ta, tb, M, N, K, alpha, F32LD(A, ar, ac, lda), F32LD(B, br, bc, ldb), beta,
+               F32LD(ref, M, N, ldc));
     float *dA = dup_to_dev(A, sizeof(float) * na), *dB = dup_to_dev(B, sizeof(float) * nb);
     float *dC = dup_to_dev(C0, sizeof(float) * nc);
-    G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+    G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, F32LD(dA, ar, ac, lda), F32LD(dB, br, bc, ldb), beta,
+               F32LD(dC, M, N, ldc));
     float *got = dev_to_host(dC, sizeof(float) * nc);
     bool pad_kept = true; /* columns N..ldc-1 of C are outside the product: untouched */
     for (int i = 0; i < M && pad; i++)
@@ -253,7 +269,8 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, int pad, bool exact
     if ((double)M * N * K >= (1 << 24)) { /* determinism on the large shape */
         float *first = dev_to_host(dC, sizeof(float) * nc);
         G->op.copy(G->ctx, dC, C0, sizeof(float) * nc);
-        G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, dA, lda, dB, ldb, beta, dC, ldc);
+        G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, F32LD(dA, ar, ac, lda), F32LD(dB, br, bc, ldb), beta,
+                   F32LD(dC, M, N, ldc));
         snprintf(what, sizeof what, "gemm %c%c M=%d N=%d K=%d: two runs", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K);
         expect_bytes_dev(what, first, dC, sizeof(float) * nc);
         free(first);
@@ -284,6 +301,18 @@ static void test_gemm(void)
 
 /* ------------------------------------------------------------------ grouped gemm */
 
+/* The typed view of grouped_gemm's operand X ('A', 'B' or 'C') at p in mode 0 forward
+ * (x W^T), 1 dgrad (x W), 2 wgrad (A^T B): dense, (token rows or slabs x slab rows,
+ * width). */
+static struct mt_tensor grouped_view(int mode, char X, const void *p, enum mt_dtype t, int G_, int rows, int M, int N,
+                                     int K)
+{
+    if (X == 'A') return mt_tview(p, t, rows, mode == 2 ? M : K);
+    if (X == 'B') return mode == 2 ? mt_tview(p, t, rows, N) : mode == 0 ? mt_tview(p, t, (int64_t)G_ * N, K)
+                                                                         : mt_tview(p, t, (int64_t)G_ * K, N);
+    return mode == 2 ? mt_tview(p, t, (int64_t)G_ * M, N) : mt_tview(p, t, rows, N);
+}
+
 /* mode 0 forward (x W^T), 1 dgrad (x W), 2 wgrad (A^T B). */
 static void grouped_case(int mode, int G_, const int32_t *counts, int M, int N, int K, bool exact_bf16)
 {
@@ -311,11 +340,15 @@ static void grouped_case(int mode, int G_, const int32_t *counts, int M, int N, 
         for (size_t i = 0; i < nc; i++) C0[i] = NAN; /* beta = 0 must ignore C */
     float *ref = hdup(C0, sizeof(float) * nc);
     const bool ta = mode == 2, tb = mode == 0;
-    C->op.grouped_gemm(C->ctx, ta, tb, G_, offs, M, N, K, 1.0f, A, B, beta, ref);
+    C->op.grouped_gemm(C->ctx, ta, tb, G_, offs, M, N, K, 1.0f, grouped_view(mode, 'A', A, MT_F32, G_, rows, M, N, K),
+                       grouped_view(mode, 'B', B, MT_F32, G_, rows, M, N, K), beta,
+                       grouped_view(mode, 'C', ref, MT_F32, G_, rows, M, N, K));
     int32_t *doffs = dup_to_dev(offs, sizeof(int32_t) * (G_ + 1));
     float *dA = dup_to_dev(A, sizeof(float) * na), *dB = dup_to_dev(B, sizeof(float) * nb);
     float *dC = dup_to_dev(C0, sizeof(float) * nc);
-    G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, dA, dB, beta, dC);
+    G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, grouped_view(mode, 'A', dA, MT_F32, G_, rows, M, N, K),
+                       grouped_view(mode, 'B', dB, MT_F32, G_, rows, M, N, K), beta,
+                       grouped_view(mode, 'C', dC, MT_F32, G_, rows, M, N, K));
     static const char *names[] = {"fwd xW^T", "dgrad xW", "wgrad A^TB"};
     char what[128];
     snprintf(what, sizeof what, "grouped_gemm %s G=%d rows=%d M=%d N=%d K=%d%s", names[mode], G_, rows, M, N, K,
@@ -324,7 +357,10 @@ static void grouped_case(int mode, int G_, const int32_t *counts, int M, int N, 
     if (nc >= (1u << 20)) { /* determinism on the large shapes */
         float *first = dev_to_host(dC, sizeof(float) * nc);
         G->op.copy(G->ctx, dC, C0, sizeof(float) * nc);
-        G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, dA, dB, beta, dC);
+        G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f,
+                           grouped_view(mode, 'A', dA, MT_F32, G_, rows, M, N, K),
+                           grouped_view(mode, 'B', dB, MT_F32, G_, rows, M, N, K), beta,
+                           grouped_view(mode, 'C', dC, MT_F32, G_, rows, M, N, K));
         snprintf(what, sizeof what, "grouped_gemm %s G=%d: two runs", names[mode], G_);
         expect_bytes_dev(what, first, dC, sizeof(float) * nc);
         free(first);
@@ -369,12 +405,12 @@ static void test_embedding(void)
         float *wte = hrandn((size_t)V * Cc, 1.0f), *dout = hrandn((size_t)N * Cc, 1.0f);
         float *dw0 = hrandn((size_t)V * Cc, 1.0f);
         float *out = xmalloc(sizeof(float) * N * Cc), *dw = hdup(dw0, sizeof(float) * V * Cc);
-        C->op.embedding_fwd(C->ctx, out, tok, wte, N, Cc);
+        C->op.embedding_fwd(C->ctx, mt_f32(out, N, Cc), tok, mt_f32(wte, V, Cc), N, Cc);
         C->op.embedding_bwd(C->ctx, dw, dout, tok, N, Cc);
         int32_t *dtok = dup_to_dev(tok, sizeof(int32_t) * N);
         float *dwte = dup_to_dev(wte, sizeof(float) * V * Cc), *ddout = dup_to_dev(dout, sizeof(float) * N * Cc);
         float *dout_ = dalloc(sizeof(float) * N * Cc), *ddw = dup_to_dev(dw0, sizeof(float) * V * Cc);
-        G->op.embedding_fwd(G->ctx, dout_, dtok, dwte, N, Cc);
+        G->op.embedding_fwd(G->ctx, mt_f32(dout_, N, Cc), dtok, mt_f32(dwte, V, Cc), N, Cc);
         G->op.embedding_bwd(G->ctx, ddw, ddout, dtok, N, Cc);
         char what[96];
         snprintf(what, sizeof what, "embedding_fwd N=%d V=%d C=%d (-1: zero rows)", N, V, Cc);
@@ -406,16 +442,16 @@ static void test_rmsnorm(void)
         float *dx0 = hrandn(nx, 1.0f), *dw0 = hrandn(Cc, 1.0f);
         float *out = xmalloc(sizeof(float) * nx), *rstd = xmalloc(sizeof(float) * N);
         float *dx = hdup(dx0, sizeof(float) * nx), *dw = hdup(dw0, sizeof(float) * Cc);
-        C->op.rmsnorm_fwd(C->ctx, out, rstd, x, w, N, Cc, 1e-6f);
-        C->op.rmsnorm_bwd(C->ctx, dx, dw, dout, x, w, rstd, N, Cc);
+        C->op.rmsnorm_fwd(C->ctx, mt_f32(out, N, Cc), rstd, mt_f32(x, N, Cc), mt_f32(w, 1, Cc), N, Cc, 1e-6f);
+        C->op.rmsnorm_bwd(C->ctx, dx, dw, dout, mt_f32(x, N, Cc), mt_f32(w, 1, Cc), rstd, N, Cc);
         float *d_x = dup_to_dev(x, sizeof(float) * nx), *d_w = dup_to_dev(w, sizeof(float) * Cc);
         float *d_out = dalloc(sizeof(float) * nx), *d_rstd = dalloc(sizeof(float) * N);
         float *d_dout = dup_to_dev(dout, sizeof(float) * nx);
         float *d_dx = dup_to_dev(dx0, sizeof(float) * nx), *d_dw = dup_to_dev(dw0, sizeof(float) * Cc);
-        G->op.rmsnorm_fwd(G->ctx, d_out, d_rstd, d_x, d_w, N, Cc, 1e-6f);
+        G->op.rmsnorm_fwd(G->ctx, mt_f32(d_out, N, Cc), d_rstd, mt_f32(d_x, N, Cc), mt_f32(d_w, 1, Cc), N, Cc, 1e-6f);
         /* the backward takes the reference's rstd, so it is checked on its own */
         G->op.copy(G->ctx, d_rstd, rstd, sizeof(float) * N);
-        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, Cc);
+        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, mt_f32(d_x, N, Cc), mt_f32(d_w, 1, Cc), d_rstd, N, Cc);
         char what[96];
         snprintf(what, sizeof what, "rmsnorm_fwd out N=%d C=%d", N, Cc);
         float *got_out = dev_to_host(d_out, sizeof(float) * nx);
@@ -427,7 +463,7 @@ static void test_rmsnorm(void)
         expect_close(what, dw, got_dw, Cc, NMSE_FP32_SUM);
         G->op.copy(G->ctx, d_dw, dw0, sizeof(float) * Cc);
         G->op.copy(G->ctx, d_dx, dx0, sizeof(float) * nx);
-        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, Cc);
+        G->op.rmsnorm_bwd(G->ctx, d_dx, d_dw, d_dout, mt_f32(d_x, N, Cc), mt_f32(d_w, 1, Cc), d_rstd, N, Cc);
         snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d: two runs", N, Cc);
         expect_bytes_dev(what, got_dw, d_dw, sizeof(float) * Cc);
         free(x);
@@ -459,11 +495,11 @@ static void test_rope(void)
         const int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], D = shapes[s][3];
         const size_t n = (size_t)B * T * H * D;
         float *x = hrandn(n, 1.0f), *fwd = xmalloc(sizeof(float) * n), *bwd = xmalloc(sizeof(float) * n);
-        C->op.rope_fwd(C->ctx, fwd, x, B, T, H, D, thetas[s]);
+        C->op.rope_fwd(C->ctx, mt_f32(fwd, B * T, H * D), mt_f32(x, B * T, H * D), B, T, H, D, thetas[s]);
         C->op.rope_bwd(C->ctx, bwd, x, B, T, H, D, thetas[s]);
         float *dx = dup_to_dev(x, sizeof(float) * n), *dy = dalloc(sizeof(float) * n);
         char what[96];
-        G->op.rope_fwd(G->ctx, dy, dx, B, T, H, D, thetas[s]);
+        G->op.rope_fwd(G->ctx, mt_f32(dy, B * T, H * D), mt_f32(dx, B * T, H * D), B, T, H, D, thetas[s]);
         snprintf(what, sizeof what, "rope_fwd B=%d T=%d H=%d D=%d", B, T, H, D);
         expect_bytes_dev(what, fwd, dy, sizeof(float) * n);
         G->op.rope_bwd(G->ctx, dx, dx, B, T, H, D, thetas[s]); /* in place */
@@ -481,6 +517,11 @@ struct att_shape {
     int B, T, Hq, Hkv, D;
 };
 
+/* fp32 views of attention's q (B*T, Hq*D) and k, v (B*T, Hkv*D) in a function with a
+ * struct att_shape a */
+#define QV(p) mt_f32(p, (int64_t)a.B * a.T, (int64_t)a.Hq * a.D)
+#define KV(p) mt_f32(p, (int64_t)a.B * a.T, (int64_t)a.Hkv * a.D)
+
 static void attention_case(struct att_shape a)
 {
     const size_t nq = (size_t)a.B * a.T * a.Hq * a.D, nkv = (size_t)a.B * a.T * a.Hkv * a.D;
@@ -491,15 +532,15 @@ static void attention_case(struct att_shape a)
     round_bf16(v, nkv);
     float *out = xmalloc(sizeof(float) * nq), *lse = xmalloc(sizeof(float) * nlse);
     float *dq = xmalloc(sizeof(float) * nq), *dk = xmalloc(sizeof(float) * nkv), *dv = xmalloc(sizeof(float) * nkv);
-    C->op.attention_fwd(C->ctx, out, lse, q, k, v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    C->op.attention_bwd(C->ctx, dq, dk, dv, dout, q, k, v, out, lse, a.B, a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_fwd(C->ctx, out, lse, QV(q), KV(k), KV(v), a.B, a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_bwd(C->ctx, dq, dk, dv, dout, QV(q), KV(k), KV(v), out, lse, a.B, a.T, a.Hq, a.Hkv, a.D);
     float *d_q = dup_to_dev(q, sizeof(float) * nq), *d_k = dup_to_dev(k, sizeof(float) * nkv);
     float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
     float *d_out = dalloc(sizeof(float) * nq), *d_lse = dalloc(sizeof(float) * nlse);
     float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
-    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, a.B, a.T, a.Hq, a.Hkv,
-                        a.D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, QV(d_q), KV(d_k), KV(d_v), a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, QV(d_q), KV(d_k), KV(d_v), d_out, d_lse, a.B, a.T, a.Hq,
+                        a.Hkv, a.D);
     char sh[80], what[128];
     snprintf(sh, sizeof sh, "B=%d T=%d Hq=%d Hkv=%d D=%d", a.B, a.T, a.Hq, a.Hkv, a.D);
     float *o1 = dev_to_host(d_out, sizeof(float) * nq), *q1 = dev_to_host(d_dq, sizeof(float) * nq);
@@ -515,9 +556,9 @@ static void attention_case(struct att_shape a)
     snprintf(what, sizeof what, "attention_bwd dv %s", sh);
     expect_close(what, dv, v1, nkv, NMSE_ATT_BWD);
     /* determinism: a second forward and backward, bit for bit */
-    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, a.B, a.T, a.Hq, a.Hkv, a.D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, a.B, a.T, a.Hq, a.Hkv,
-                        a.D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, QV(d_q), KV(d_k), KV(d_v), a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, QV(d_q), KV(d_k), KV(d_v), d_out, d_lse, a.B, a.T, a.Hq,
+                        a.Hkv, a.D);
     snprintf(what, sizeof what, "attention fwd+bwd %s: two runs", sh);
     float *o2 = dev_to_host(d_out, sizeof(float) * nq), *q2 = dev_to_host(d_dq, sizeof(float) * nq);
     float *k2 = dev_to_host(d_dk, sizeof(float) * nkv), *v2 = dev_to_host(d_dv, sizeof(float) * nkv);
@@ -569,6 +610,7 @@ static void attention_long(void)
     const char *lt = getenv("MT_PARITY_LONG_T");
     const int T = lt && atoi(lt) >= 256 ? atoi(lt) : 32768, P = T >= 32768 ? 1024 : T / 4;
     const int B = 1, Hq = 4, Hkv = 1, D = 128;
+    const struct att_shape a = {B, T, Hq, Hkv, D};
     const size_t nq = (size_t)B * T * Hq * D, nkv = (size_t)B * T * Hkv * D;
     const size_t nlse = (size_t)B * Hq * T;
     float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
@@ -579,8 +621,8 @@ static void attention_long(void)
     float *d_v = dup_to_dev(v, sizeof(float) * nkv), *d_do = dup_to_dev(dout, sizeof(float) * nq);
     float *d_out = dalloc(sizeof(float) * nq), *d_lse = dalloc(sizeof(float) * nlse);
     float *d_dq = dalloc(sizeof(float) * nq), *d_dk = dalloc(sizeof(float) * nkv), *d_dv = dalloc(sizeof(float) * nkv);
-    G->op.attention_fwd(G->ctx, d_out, d_lse, d_q, d_k, d_v, B, T, Hq, Hkv, D);
-    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, d_q, d_k, d_v, d_out, d_lse, B, T, Hq, Hkv, D);
+    G->op.attention_fwd(G->ctx, d_out, d_lse, QV(d_q), KV(d_k), KV(d_v), B, T, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, d_dq, d_dk, d_dv, d_do, QV(d_q), KV(d_k), KV(d_v), d_out, d_lse, B, T, Hq, Hkv, D);
     float *out = dev_to_host(d_out, sizeof(float) * nq), *dq = dev_to_host(d_dq, sizeof(float) * nq);
     float *dk = dev_to_host(d_dk, sizeof(float) * nkv), *dv = dev_to_host(d_dv, sizeof(float) * nkv);
     bool finite = all_finite(out, nq) && all_finite(dq, nq) && all_finite(dk, nkv) && all_finite(dv, nkv);
@@ -592,8 +634,10 @@ static void attention_long(void)
     float *p_out = dalloc(sizeof(float) * pq), *p_lse = dalloc(sizeof(float) * (size_t)Hq * P);
     float *p_dq = dalloc(sizeof(float) * pq);
     float *p_dk = dalloc(sizeof(float) * (size_t)P * Hkv * D), *p_dv = dalloc(sizeof(float) * (size_t)P * Hkv * D);
-    G->op.attention_fwd(G->ctx, p_out, p_lse, d_q, d_k, d_v, B, P, Hq, Hkv, D);
-    G->op.attention_bwd(G->ctx, p_dq, p_dk, p_dv, d_do, d_q, d_k, d_v, p_out, p_lse, B, P, Hq, Hkv, D);
+    /* the views of the first P tokens */
+    const struct mt_tensor pq_ = mt_f32(d_q, P, Hq * D), pk_ = mt_f32(d_k, P, Hkv * D), pv_ = mt_f32(d_v, P, Hkv * D);
+    G->op.attention_fwd(G->ctx, p_out, p_lse, pq_, pk_, pv_, B, P, Hq, Hkv, D);
+    G->op.attention_bwd(G->ctx, p_dq, p_dk, p_dv, d_do, pq_, pk_, pv_, p_out, p_lse, B, P, Hq, Hkv, D);
     snprintf(what, sizeof what, "attention T=%d: out[:%d] equals a %d-token run", T, P, P);
     expect_bytes_dev(what, out, p_out, sizeof(float) * pq);
     snprintf(what, sizeof what, "attention T=%d: dq[:%d] equals a %d-token run", T, P, P);
@@ -649,14 +693,14 @@ static void test_swiglu_add(void)
         float *g = hrandn(n, 2.0f), *u = hrandn(n, 1.0f), *d = hrandn(n, 1.0f);
         float *out = xmalloc(sizeof(float) * n), *dg = xmalloc(sizeof(float) * n), *du = xmalloc(sizeof(float) * n);
         float *sum = xmalloc(sizeof(float) * n);
-        C->op.swiglu_fwd(C->ctx, out, g, u, N, F);
-        C->op.swiglu_bwd(C->ctx, dg, du, d, g, u, N, F);
-        C->op.add(C->ctx, sum, g, u, n);
+        C->op.swiglu_fwd(C->ctx, mt_f32(out, N, F), mt_f32(g, N, F), mt_f32(u, N, F), N, F);
+        C->op.swiglu_bwd(C->ctx, dg, du, d, mt_f32(g, N, F), mt_f32(u, N, F), N, F);
+        C->op.add(C->ctx, mt_f32(sum, 1, n), mt_f32(g, 1, n), mt_f32(u, 1, n), n);
         float *d_g = dup_to_dev(g, sizeof(float) * n), *d_u = dup_to_dev(u, sizeof(float) * n);
         float *d_d = dup_to_dev(d, sizeof(float) * n), *d_out = dalloc(sizeof(float) * n);
         float *d_dg = dalloc(sizeof(float) * n), *d_du = dalloc(sizeof(float) * n);
-        G->op.swiglu_fwd(G->ctx, d_out, d_g, d_u, N, F);
-        G->op.swiglu_bwd(G->ctx, d_dg, d_du, d_d, d_g, d_u, N, F);
+        G->op.swiglu_fwd(G->ctx, mt_f32(d_out, N, F), mt_f32(d_g, N, F), mt_f32(d_u, N, F), N, F);
+        G->op.swiglu_bwd(G->ctx, d_dg, d_du, d_d, mt_f32(d_g, N, F), mt_f32(d_u, N, F), N, F);
         char what[96];
         snprintf(what, sizeof what, "swiglu_fwd N=%d F=%d", N, F);
         expect_close_dev(what, out, d_out, n, NMSE_FP32);
@@ -664,7 +708,7 @@ static void test_swiglu_add(void)
         expect_close_dev(what, dg, d_dg, n, NMSE_FP32);
         snprintf(what, sizeof what, "swiglu_bwd dup N=%d F=%d", N, F);
         expect_close_dev(what, du, d_du, n, NMSE_FP32);
-        G->op.add(G->ctx, d_g, d_g, d_u, n); /* out aliases a */
+        G->op.add(G->ctx, mt_f32(d_g, 1, n), mt_f32(d_g, 1, n), mt_f32(d_u, 1, n), n); /* out aliases a */
         snprintf(what, sizeof what, "add n=%zu (in place)", n);
         expect_bytes_dev(what, sum, d_g, sizeof(float) * n);
         free(g);
@@ -681,6 +725,597 @@ static void test_swiglu_add(void)
         dfree(d_dg);
         dfree(d_du);
     }
+}
+
+/* ------------------------------------------------------------------ typed tensors: bf16 */
+
+/* The ops with typed tensors (kernels.h) given bf16 arguments, CUDA against the CPU with
+ * the same bf16 arguments. Both read a bf16 input exactly, compute in fp32 as for fp32
+ * inputs and round a bf16 output to nearest even, so the bounds are those of the fp32
+ * cases above:
+ * - ops bit-identical in fp32 stay bit-identical (the same fp32 result, rounded the same
+ *   way), compared bytewise;
+ * - elementwise and row ops whose fp32 results differ in the last bits (rmsnorm,
+ *   swiglu) may round those to neighbouring bf16 values when they straddle a rounding
+ *   boundary: their bf16 outputs must be at most 1 bf16 ulp apart (expect_tt_ulp);
+ * - products (gemm, grouped_gemm) whose fp32 results differ by the accumulation order
+ *   keep their nmse bounds, on the widened bf16 outputs: a flipped rounding adds up to
+ *   2^-8 relative error on the elements whose fp32 results straddle a rounding boundary
+ *   (nmse 2e-10 to 3.4e-9 at K = 1024 on the emulator, against the bound 1e-8), and a
+ *   near-cancelling sum, small against its terms, may differ by more than 1 ulp of
+ *   itself, so ulps are no measure there.
+ * fp32 outputs of bf16 inputs keep the fp32 cases' bounds. The tensor-core kernels
+ * (grouped_gemm, attention) see the same bf16 operands whether an input arrives as bf16
+ * or as bf16-exact fp32, so there the device results must also equal the fp32 run's
+ * bit for bit. */
+
+/* A tensor of n elements in dtype t, on the host (the CPU reference's side, h) and on
+ * the device (d). */
+struct tt {
+    enum mt_dtype t;
+    size_t n;
+    void *h, *d;
+};
+
+static size_t tt_bytes(const struct tt *x) { return x->n * mt_dtype_size(x->t); }
+
+/* The values x (fp32) in dtype t on both sides: bf16 rounds them (the CPU's convert). */
+static struct tt tt_in(const float *x, size_t n, enum mt_dtype t)
+{
+    struct tt r = {t, n, xmalloc(n * mt_dtype_size(t)), NULL};
+    C->op.convert(C->ctx, mt_tview(r.h, t, 1, (int64_t)n), mt_f32(x, 1, (int64_t)n));
+    r.d = dup_to_dev(r.h, tt_bytes(&r));
+    return r;
+}
+
+/* An output of n elements in dtype t: NaN on both sides (bf16 NaN 0x7fc0), so that an
+ * element an op should write and does not shows. */
+static struct tt tt_out(size_t n, enum mt_dtype t)
+{
+    float *nan = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    struct tt r = tt_in(nan, n, t);
+    free(nan);
+    return r;
+}
+
+/* x's host (tt_h) and device (tt_d) data as a rows x cols view */
+static struct mt_tensor tt_h(const struct tt *x, int64_t rows, int64_t cols)
+{
+    return mt_tview(x->h, x->t, rows, cols);
+}
+static struct mt_tensor tt_d(const struct tt *x, int64_t rows, int64_t cols)
+{
+    return mt_tview(x->d, x->t, rows, cols);
+}
+
+static void tt_free(struct tt *x)
+{
+    free(x->h);
+    dfree(x->d);
+}
+
+/* n elements of dtype t at host p, widened to fp32 (exactly). */
+static float *widen(const void *p, enum mt_dtype t, size_t n)
+{
+    float *w = xmalloc(sizeof(float) * n);
+    C->op.convert(C->ctx, mt_f32(w, 1, (int64_t)n), mt_tview(p, t, 1, (int64_t)n));
+    return w;
+}
+
+static const char *dt_name(enum mt_dtype t) { return t == MT_BF16 ? "bf16" : "fp32"; }
+
+/* The device's x against the CPU's, bytewise. */
+static void expect_tt_bytes(const char *what, const struct tt *x) { expect_bytes_dev(what, x->h, x->d, tt_bytes(x)); }
+
+/* The device's x against the CPU's by nmse of the fp32 (or widened bf16) values. */
+static void expect_tt_close(const char *what, const struct tt *x, double bound)
+{
+    void *got = dev_to_host(x->d, tt_bytes(x));
+    float *r = widen(x->h, x->t, x->n), *g = widen(got, x->t, x->n);
+    expect_close(what, r, g, x->n, bound);
+    free(got);
+    free(r);
+    free(g);
+}
+
+/* bf16 bits as an integer that orders like the values (+0 and -0 both 0). */
+static int32_t bf16_order(uint16_t b) { return (b & 0x8000) ? -(int32_t)(b & 0x7fff) : (int32_t)b; }
+
+/* fp32: nmse within bound, as the fp32 case; bf16: every element at most 1 bf16 ulp from
+ * the CPU's (NaN where the CPU has NaN). */
+static void expect_tt_ulp(const char *what, const struct tt *x, double bound)
+{
+    if (x->t == MT_F32) {
+        expect_close_dev(what, x->h, x->d, x->n, bound);
+        return;
+    }
+    uint16_t *got = dev_to_host(x->d, tt_bytes(x));
+    const uint16_t *ref = x->h;
+    size_t off = 0, worst_i = 0;
+    int32_t worst = 0;
+    for (size_t i = 0; i < x->n; i++) {
+        const bool rn = (ref[i] & 0x7fff) > 0x7f80, gn = (got[i] & 0x7fff) > 0x7f80;
+        int32_t dist = rn || gn ? (rn && gn ? 0 : 1 << 20) : abs(bf16_order(ref[i]) - bf16_order(got[i]));
+        if (dist > 0) off++;
+        if (dist > worst) worst = dist, worst_i = i;
+    }
+    char d[128];
+    snprintf(d, sizeof d, "%zu of %zu one ulp apart, at most %d ulp (element %zu; bound 1)", off, x->n, (int)worst,
+             worst_i);
+    result(worst <= 1, what, d);
+    free(got);
+}
+
+/* ---- convert */
+
+static void test_convert(void)
+{
+    /* fp32 -> bf16 over the special values and random bits of test_bf16_round, then back */
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7fffffu, 0x7f800000u,
+                                       0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x00008000u};
+    const size_t ns = sizeof special / sizeof special[0], n = ns + 50000;
+    uint32_t *bits = xmalloc(sizeof(uint32_t) * n);
+    memcpy(bits, special, sizeof special);
+    for (size_t i = ns; i < n; i++) {
+        uint32_t w[4];
+        mt_rng_philox(0xc0c0, 0, i, w);
+        bits[i] = w[0];
+    }
+    struct tt x = tt_in((const float *)bits, n, MT_F32), y = tt_out(n, MT_BF16), z = tt_out(n, MT_F32);
+    C->op.convert(C->ctx, tt_h(&y, 1, n), tt_h(&x, 1, n));
+    G->op.convert(G->ctx, tt_d(&y, 1, n), tt_d(&x, 1, n));
+    expect_tt_bytes("convert fp32 -> bf16: ties, overflow, NaN, random bits", &y);
+    G->op.copy(G->ctx, y.d, y.h, tt_bytes(&y)); /* the same input on both sides */
+    C->op.convert(C->ctx, tt_h(&z, 1, n), tt_h(&y, 1, n));
+    G->op.convert(G->ctx, tt_d(&z, 1, n), tt_d(&y, 1, n));
+    expect_tt_bytes("convert bf16 -> fp32 (exact)", &z);
+    /* strided views on both sides: 37 x 50 of rows 64 (bf16) and 53 (fp32) elements; the
+     * padding between rows is left as it was */
+    const int R = 37, Cc = 50, lds = 64, ldd = 53;
+    float *src = hrandn((size_t)R * lds, 1.0f);
+    struct tt s32 = tt_in(src, (size_t)R * lds, MT_F32), s16 = tt_in(src, (size_t)R * lds, MT_BF16);
+    struct tt d16 = tt_out((size_t)R * ldd, MT_BF16), d32 = tt_out((size_t)R * ldd, MT_F32);
+    struct tt c16 = tt_out((size_t)R * ldd, MT_BF16), c32 = tt_out((size_t)R * ldd, MT_F32);
+    const struct {
+        struct tt *dst, *src;
+        const char *what;
+    } cases[] = {{&d16, &s32, "convert fp32 -> bf16 37x50, ld 64 -> 53"},
+                 {&d32, &s16, "convert bf16 -> fp32 37x50, ld 64 -> 53"},
+                 {&c16, &s16, "convert bf16 -> bf16 (copy) 37x50, ld 64 -> 53"},
+                 {&c32, &s32, "convert fp32 -> fp32 (copy) 37x50, ld 64 -> 53"}};
+    for (int i = 0; i < 4; i++) {
+        const struct tt *dt = cases[i].dst, *st = cases[i].src;
+        C->op.convert(C->ctx, mt_tview_ld(dt->h, dt->t, R, Cc, ldd), mt_tview_ld(st->h, st->t, R, Cc, lds));
+        G->op.convert(G->ctx, mt_tview_ld(dt->d, dt->t, R, Cc, ldd), mt_tview_ld(st->d, st->t, R, Cc, lds));
+        expect_tt_bytes(cases[i].what, dt);
+    }
+    free(bits);
+    free(src);
+    struct tt *all[] = {&x, &y, &z, &s32, &s16, &d16, &d32, &c16, &c32};
+    for (int i = 0; i < 9; i++) tt_free(all[i]);
+}
+
+/* ---- gemm */
+
+/* C (dtype tc) = alpha op(A) op(B) (+ beta C when C is fp32), A of dtype t_a, B of t_b.
+ * Operands are bf16-exact unless fp32_random: then the fp32 ones are not, and the GPU
+ * rounds them (NMSE_BF16), as in the fp32 cases. */
+static void gemm_typed_case(bool ta, bool tb, int M, int N, int K, enum mt_dtype t_a, enum mt_dtype t_b,
+                            enum mt_dtype tc, bool fp32_random)
+{
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = hrandn(na, 1.0f), *B = hrandn(nb, 1.0f), *C0 = hrandn(nc, 1.0f);
+    if (!fp32_random || t_a == MT_BF16) round_bf16(A, na);
+    if (!fp32_random || t_b == MT_BF16) round_bf16(B, nb);
+    const float alpha = 0.75f, beta = tc == MT_BF16 ? 0.0f : 0.5f;
+    struct tt a = tt_in(A, na, t_a), b = tt_in(B, nb, t_b), c = tt_in(C0, nc, tc);
+    const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    C->op.gemm(C->ctx, ta, tb, M, N, K, alpha, tt_h(&a, ar, ac), tt_h(&b, br, bc), beta, tt_h(&c, M, N));
+    G->op.gemm(G->ctx, ta, tb, M, N, K, alpha, tt_d(&a, ar, ac), tt_d(&b, br, bc), beta, tt_d(&c, M, N));
+    char what[128];
+    snprintf(what, sizeof what, "gemm %c%c M=%d N=%d K=%d A %s%s B %s C %s%s", ta ? 'T' : 'N', tb ? 'T' : 'N', M,
+             N, K, dt_name(t_a), fp32_random && t_a == MT_F32 ? " (not bf16-exact)" : "", dt_name(t_b), dt_name(tc),
+             beta != 0.0f ? " beta=0.5" : "");
+    const bool rounded = fp32_random && (t_a == MT_F32 || t_b == MT_F32);
+    expect_tt_close(what, &c, rounded ? NMSE_BF16 : NMSE_BF16_EXACT);
+    free(A);
+    free(B);
+    free(C0);
+    tt_free(&a);
+    tt_free(&b);
+    tt_free(&c);
+}
+
+static void test_gemm_bf16(void)
+{
+    static const int shapes[][3] = {{64, 48, 32}, {37, 53, 29}, {256, 512, 1024}};
+    for (int s = 0; s < (quick ? 1 : 3); s++)
+        for (int mode = 0; mode < 4; mode++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            /* the model's products: forward bf16 x bf16 -> bf16; dgrad and wgrad fp32
+             * gradient x bf16 -> fp32 (beta = 0.5: the accumulation) */
+            gemm_typed_case(mode & 1, mode & 2, M, N, K, MT_BF16, MT_BF16, MT_BF16, false);
+            gemm_typed_case(mode & 1, mode & 2, M, N, K, MT_BF16, MT_BF16, MT_F32, false);
+            gemm_typed_case(mode & 1, mode & 2, M, N, K, MT_F32, MT_BF16, MT_F32, true);
+            gemm_typed_case(mode & 1, mode & 2, M, N, K, MT_BF16, MT_F32, MT_F32, true);
+            gemm_typed_case(mode & 1, mode & 2, M, N, K, MT_F32, MT_F32, MT_BF16, false);
+        }
+}
+
+/* ---- grouped gemm */
+
+/* The grouped products with A of dtype t_a, B of t_b, C of tc (bf16 C: beta = 0);
+ * bf16-exact operands unless an fp32 one is random (fp32_random). With fp32 C and
+ * bf16-exact operands the device must also give, bit for bit, the result of the same
+ * values passed as fp32. */
+static void grouped_typed_case(int mode, int G_, const int32_t *counts, int M, int N, int K, enum mt_dtype t_a,
+                               enum mt_dtype t_b, enum mt_dtype tc, bool fp32_random)
+{
+    int32_t *offs = xmalloc(sizeof(int32_t) * (G_ + 1));
+    offs[0] = 0;
+    for (int g = 0; g < G_; g++) offs[g + 1] = offs[g] + counts[g];
+    const int rows = offs[G_];
+    const size_t na = (size_t)rows * (mode == 2 ? M : K), nb = mode == 2 ? (size_t)rows * N : (size_t)G_ * N * K;
+    const size_t nc = mode == 2 ? (size_t)G_ * M * N : (size_t)rows * N;
+    float *A = hrandn(na, 1.0f), *B = hrandn(nb, 1.0f), *C0 = hrandn(nc, 1.0f);
+    if (!fp32_random || t_a == MT_BF16) round_bf16(A, na);
+    if (!fp32_random || t_b == MT_BF16) round_bf16(B, nb);
+    const float beta = tc == MT_BF16 || mode == 0 ? 0.0f : 1.0f;
+    const bool ta = mode == 2, tb = mode == 0;
+    struct tt a = tt_in(A, na, t_a), b = tt_in(B, nb, t_b), c = tt_in(C0, nc, tc);
+    int32_t *doffs = dup_to_dev(offs, sizeof(int32_t) * (G_ + 1));
+    C->op.grouped_gemm(C->ctx, ta, tb, G_, offs, M, N, K, 1.0f, grouped_view(mode, 'A', a.h, t_a, G_, rows, M, N, K),
+                       grouped_view(mode, 'B', b.h, t_b, G_, rows, M, N, K), beta,
+                       grouped_view(mode, 'C', c.h, tc, G_, rows, M, N, K));
+    G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f, grouped_view(mode, 'A', a.d, t_a, G_, rows, M, N, K),
+                       grouped_view(mode, 'B', b.d, t_b, G_, rows, M, N, K), beta,
+                       grouped_view(mode, 'C', c.d, tc, G_, rows, M, N, K));
+    static const char *names[] = {"fwd xW^T", "dgrad xW", "wgrad A^TB"};
+    char what[160];
+    snprintf(what, sizeof what, "grouped_gemm %s G=%d rows=%d M=%d N=%d K=%d A %s%s B %s C %s", names[mode], G_, rows,
+             M, N, K, dt_name(t_a), fp32_random && t_a == MT_F32 ? " (not bf16-exact)" : "", dt_name(t_b),
+             dt_name(tc));
+    const bool rounded = fp32_random && (t_a == MT_F32 || t_b == MT_F32);
+    expect_tt_close(what, &c, rounded ? NMSE_BF16 : NMSE_BF16_EXACT);
+    if (!rounded && tc == MT_F32 && !selftest) { /* the same values as fp32: the same bits */
+        struct tt a32 = tt_in(A, na, MT_F32), b32 = tt_in(B, nb, MT_F32), c32 = tt_in(C0, nc, MT_F32);
+        G->op.grouped_gemm(G->ctx, ta, tb, G_, doffs, M, N, K, 1.0f,
+                           grouped_view(mode, 'A', a32.d, MT_F32, G_, rows, M, N, K),
+                           grouped_view(mode, 'B', b32.d, MT_F32, G_, rows, M, N, K), beta,
+                           grouped_view(mode, 'C', c32.d, MT_F32, G_, rows, M, N, K));
+        void *want = dev_to_host(c32.d, sizeof(float) * nc);
+        snprintf(what, sizeof what, "grouped_gemm %s G=%d: %s/%s operands = fp32 operands", names[mode], G_,
+                 dt_name(t_a), dt_name(t_b));
+        expect_bytes_dev(what, want, c.d, sizeof(float) * nc);
+        free(want);
+        tt_free(&a32);
+        tt_free(&b32);
+        tt_free(&c32);
+    }
+    free(offs);
+    free(A);
+    free(B);
+    free(C0);
+    dfree(doffs);
+    tt_free(&a);
+    tt_free(&b);
+    tt_free(&c);
+}
+
+static void test_grouped_gemm_bf16(void)
+{
+    static const int32_t small[8] = {5, 0, 130, 64, 1, 0, 257, 33};
+    for (int mode = 0; mode < 3; mode++) {
+        /* the model's: forward bf16 x bf16 -> bf16; dgrad and wgrad fp32 x bf16 -> fp32 */
+        if (mode == 0) grouped_typed_case(0, 8, small, 96, 128, 64, MT_BF16, MT_BF16, MT_BF16, false);
+        else grouped_typed_case(mode, 8, small, 96, 128, 64, MT_F32, MT_BF16, MT_F32, true);
+        grouped_typed_case(mode, 8, small, 96, 128, 64, MT_BF16, MT_BF16, MT_F32, false);
+        if (quick) continue;
+        grouped_typed_case(mode, 8, small, 96, 128, 64, MT_BF16, MT_F32, MT_F32, false);
+        grouped_typed_case(mode, 8, small, 96, 128, 64, MT_F32, MT_F32, MT_BF16, false);
+        /* sizes off multiples of 4: the element-wise loaders and stores */
+        grouped_typed_case(mode, 8, small, 30, 50, 30, MT_BF16, MT_BF16, MT_F32, false);
+        grouped_typed_case(mode, 8, small, 30, 50, 30, MT_BF16, MT_F32, MT_BF16, false);
+        grouped_typed_case(mode, 8, small, 30, 50, 30, MT_F32, MT_BF16, MT_F32, true);
+    }
+}
+
+/* ---- layers */
+
+static void test_layers_bf16(void)
+{
+    const enum mt_dtype B16 = MT_BF16, F32 = MT_F32;
+    /* embedding: bf16 table into bf16 and fp32 rows, fp32 table into bf16 rows */
+    for (int s = 0; s < 2; s++) {
+        const int N = s ? 257 : 300, V = s ? 13 : 50, Cc = s ? 30 : 64;
+        int32_t *tok = xmalloc(sizeof(int32_t) * N);
+        for (int n = 0; n < N; n++) tok[n] = n % 9 == 4 ? -1 : (int32_t)mt_rng_below(3, 7, (uint64_t)n, (uint64_t)V);
+        int32_t *dtok = dup_to_dev(tok, sizeof(int32_t) * N);
+        float *wte = hrandn((size_t)V * Cc, 1.0f);
+        static const enum mt_dtype combos[][2] = {{MT_BF16, MT_BF16}, {MT_BF16, MT_F32}, {MT_F32, MT_BF16}};
+        for (int i = 0; i < 3; i++) {
+            struct tt w = tt_in(wte, (size_t)V * Cc, combos[i][1]), o = tt_out((size_t)N * Cc, combos[i][0]);
+            C->op.embedding_fwd(C->ctx, tt_h(&o, N, Cc), tok, tt_h(&w, V, Cc), N, Cc);
+            G->op.embedding_fwd(G->ctx, tt_d(&o, N, Cc), dtok, tt_d(&w, V, Cc), N, Cc);
+            char what[96];
+            snprintf(what, sizeof what, "embedding_fwd N=%d C=%d out %s wte %s", N, Cc, dt_name(o.t), dt_name(w.t));
+            expect_tt_bytes(what, &o);
+            tt_free(&w);
+            tt_free(&o);
+        }
+        free(tok);
+        free(wte);
+        dfree(dtok);
+    }
+    /* rmsnorm: bf16 x and w (the model's), forward into bf16; w fp32 with x bf16 */
+    static const int rshapes[][2] = {{64, 256}, {33, 4097}, {300, 128}};
+    for (int s = 0; s < (quick ? 1 : 3); s++) {
+        const int N = rshapes[s][0], Cc = rshapes[s][1];
+        const size_t nx = (size_t)N * Cc;
+        float *x = hrandn(nx, 1.0f), *w = hrandn(Cc, 0.1f), *dout = hrandn(nx, 1.0f), *dx0 = hrandn(nx, 1.0f);
+        float *dw0 = hrandn(Cc, 1.0f);
+        for (int c = 0; c < Cc; c++) w[c] += 1.0f;
+        for (int wt = 0; wt < 2; wt++) {
+            struct tt tx = tt_in(x, nx, B16), tw = tt_in(w, Cc, wt ? F32 : B16), o = tt_out(nx, B16);
+            struct tt rstd = tt_out(N, F32), dx = tt_in(dx0, nx, F32), dw = tt_in(dw0, Cc, F32);
+            struct tt dd = tt_in(dout, nx, F32);
+            C->op.rmsnorm_fwd(C->ctx, tt_h(&o, N, Cc), rstd.h, tt_h(&tx, N, Cc), tt_h(&tw, 1, Cc), N, Cc, 1e-6f);
+            G->op.rmsnorm_fwd(G->ctx, tt_d(&o, N, Cc), rstd.d, tt_d(&tx, N, Cc), tt_d(&tw, 1, Cc), N, Cc, 1e-6f);
+            char what[96];
+            snprintf(what, sizeof what, "rmsnorm_fwd out bf16 N=%d C=%d x bf16 w %s", N, Cc, dt_name(tw.t));
+            expect_tt_ulp(what, &o, NMSE_FP32);
+            snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%d C=%d x bf16", N, Cc);
+            expect_tt_close(what, &rstd, NMSE_FP32);
+            G->op.copy(G->ctx, rstd.d, rstd.h, sizeof(float) * N); /* the backward on the reference's rstd */
+            C->op.rmsnorm_bwd(C->ctx, dx.h, dw.h, dd.h, tt_h(&tx, N, Cc), tt_h(&tw, 1, Cc), rstd.h, N, Cc);
+            G->op.rmsnorm_bwd(G->ctx, dx.d, dw.d, dd.d, tt_d(&tx, N, Cc), tt_d(&tw, 1, Cc), rstd.d, N, Cc);
+            snprintf(what, sizeof what, "rmsnorm_bwd dx N=%d C=%d x bf16 w %s (+=)", N, Cc, dt_name(tw.t));
+            expect_tt_close(what, &dx, NMSE_FP32);
+            snprintf(what, sizeof what, "rmsnorm_bwd dw N=%d C=%d x bf16 w %s (+=)", N, Cc, dt_name(tw.t));
+            expect_tt_close(what, &dw, NMSE_FP32_SUM);
+            struct tt *all[] = {&tx, &tw, &o, &rstd, &dx, &dw, &dd};
+            for (int i = 0; i < 7; i++) tt_free(all[i]);
+        }
+        free(x);
+        free(w);
+        free(dout);
+        free(dx0);
+        free(dw0);
+    }
+    /* rope forward: bf16 in, bf16 out, in place (q and k in the model) and not */
+    static const int pshapes[][4] = {{2, 37, 3, 64}, {3, 5, 2, 6}};
+    for (int s = 0; s < 2; s++) {
+        const int B = pshapes[s][0], T = pshapes[s][1], H = pshapes[s][2], D = pshapes[s][3];
+        const size_t n = (size_t)B * T * H * D;
+        float *x = hrandn(n, 1.0f);
+        struct tt tx = tt_in(x, n, B16), o = tt_out(n, B16), o32 = tt_out(n, F32);
+        C->op.rope_fwd(C->ctx, tt_h(&o, B * T, H * D), tt_h(&tx, B * T, H * D), B, T, H, D, 1e4f);
+        G->op.rope_fwd(G->ctx, tt_d(&o, B * T, H * D), tt_d(&tx, B * T, H * D), B, T, H, D, 1e4f);
+        char what[96];
+        snprintf(what, sizeof what, "rope_fwd bf16 B=%d T=%d H=%d D=%d", B, T, H, D);
+        expect_tt_bytes(what, &o);
+        C->op.rope_fwd(C->ctx, tt_h(&o32, B * T, H * D), tt_h(&tx, B * T, H * D), B, T, H, D, 1e4f);
+        G->op.rope_fwd(G->ctx, tt_d(&o32, B * T, H * D), tt_d(&tx, B * T, H * D), B, T, H, D, 1e4f);
+        snprintf(what, sizeof what, "rope_fwd bf16 -> fp32 B=%d T=%d H=%d D=%d", B, T, H, D);
+        expect_tt_bytes(what, &o32);
+        G->op.rope_fwd(G->ctx, tt_d(&tx, B * T, H * D), tt_d(&tx, B * T, H * D), B, T, H, D, 1e4f);
+        snprintf(what, sizeof what, "rope_fwd bf16 B=%d T=%d H=%d D=%d (in place)", B, T, H, D);
+        expect_bytes_dev(what, o.h, tx.d, tt_bytes(&tx));
+        free(x);
+        tt_free(&tx);
+        tt_free(&o);
+        tt_free(&o32);
+    }
+    /* swiglu and add: the vector path and the scalar one (odd sizes) */
+    static const int sshapes[][2] = {{1000, 64}, {33, 17}};
+    for (int s = 0; s < 2; s++) {
+        const int N = sshapes[s][0], F = sshapes[s][1];
+        const size_t n = (size_t)N * F;
+        float *g = hrandn(n, 2.0f), *u = hrandn(n, 1.0f), *d = hrandn(n, 1.0f);
+        struct tt tg = tt_in(g, n, B16), tu = tt_in(u, n, B16), o = tt_out(n, B16), tu32 = tt_in(u, n, F32);
+        struct tt dg = tt_out(n, F32), du = tt_out(n, F32), dd = tt_in(d, n, F32), sum = tt_out(n, B16);
+        char what[96];
+        C->op.swiglu_fwd(C->ctx, tt_h(&o, N, F), tt_h(&tg, N, F), tt_h(&tu, N, F), N, F);
+        G->op.swiglu_fwd(G->ctx, tt_d(&o, N, F), tt_d(&tg, N, F), tt_d(&tu, N, F), N, F);
+        snprintf(what, sizeof what, "swiglu_fwd bf16 N=%d F=%d", N, F);
+        expect_tt_ulp(what, &o, NMSE_FP32);
+        C->op.swiglu_bwd(C->ctx, dg.h, du.h, dd.h, tt_h(&tg, N, F), tt_h(&tu, N, F), N, F);
+        G->op.swiglu_bwd(G->ctx, dg.d, du.d, dd.d, tt_d(&tg, N, F), tt_d(&tu, N, F), N, F);
+        snprintf(what, sizeof what, "swiglu_bwd dgate N=%d F=%d gate, up bf16", N, F);
+        expect_tt_close(what, &dg, NMSE_FP32);
+        snprintf(what, sizeof what, "swiglu_bwd dup N=%d F=%d gate, up bf16", N, F);
+        expect_tt_close(what, &du, NMSE_FP32);
+        /* the residual: bf16 stream += fp32 branch output, in place; and bf16 + bf16 */
+        C->op.add(C->ctx, tt_h(&sum, 1, n), tt_h(&tg, 1, n), tt_h(&tu, 1, n), n);
+        G->op.add(G->ctx, tt_d(&sum, 1, n), tt_d(&tg, 1, n), tt_d(&tu, 1, n), n);
+        snprintf(what, sizeof what, "add bf16 = bf16 + bf16 n=%zu", n);
+        expect_tt_bytes(what, &sum);
+        C->op.add(C->ctx, tt_h(&tg, 1, n), tt_h(&tg, 1, n), tt_h(&tu32, 1, n), n);
+        G->op.add(G->ctx, tt_d(&tg, 1, n), tt_d(&tg, 1, n), tt_d(&tu32, 1, n), n);
+        snprintf(what, sizeof what, "add bf16 += fp32 n=%zu (in place)", n);
+        expect_tt_bytes(what, &tg);
+        free(g);
+        free(u);
+        free(d);
+        struct tt *all[] = {&tg, &tu, &o, &tu32, &dg, &du, &dd, &sum};
+        for (int i = 0; i < 8; i++) tt_free(all[i]);
+    }
+}
+
+/* ---- attention */
+
+/* q, k, v as bf16 (the model's): the CPU's results with the fp32 cases' bounds, and the
+ * device's equal, bit for bit, to its run on the same values as fp32. */
+static void attention_bf16_case(struct att_shape a)
+{
+    const size_t nq = (size_t)a.B * a.T * a.Hq * a.D, nkv = (size_t)a.B * a.T * a.Hkv * a.D;
+    const size_t nlse = (size_t)a.B * a.Hq * a.T;
+    const int64_t rows = (int64_t)a.B * a.T, qc = (int64_t)a.Hq * a.D, kc = (int64_t)a.Hkv * a.D;
+    float *q = hrandn(nq, 1.0f), *k = hrandn(nkv, 1.0f), *v = hrandn(nkv, 1.0f), *dout = hrandn(nq, 1.0f);
+    round_bf16(q, nq);
+    round_bf16(k, nkv);
+    round_bf16(v, nkv);
+    struct tt tq = tt_in(q, nq, MT_BF16), tk = tt_in(k, nkv, MT_BF16), tv = tt_in(v, nkv, MT_BF16);
+    struct tt q32 = tt_in(q, nq, MT_F32), k32 = tt_in(k, nkv, MT_F32), v32 = tt_in(v, nkv, MT_F32);
+    struct tt dd = tt_in(dout, nq, MT_F32), out = tt_out(nq, MT_F32), lse = tt_out(nlse, MT_F32);
+    struct tt dq = tt_out(nq, MT_F32), dk = tt_out(nkv, MT_F32), dv = tt_out(nkv, MT_F32);
+    C->op.attention_fwd(C->ctx, out.h, lse.h, tt_h(&tq, rows, qc), tt_h(&tk, rows, kc), tt_h(&tv, rows, kc), a.B,
+                        a.T, a.Hq, a.Hkv, a.D);
+    C->op.attention_bwd(C->ctx, dq.h, dk.h, dv.h, dd.h, tt_h(&tq, rows, qc), tt_h(&tk, rows, kc), tt_h(&tv, rows, kc),
+                        out.h, lse.h, a.B, a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_fwd(G->ctx, out.d, lse.d, tt_d(&tq, rows, qc), tt_d(&tk, rows, kc), tt_d(&tv, rows, kc), a.B,
+                        a.T, a.Hq, a.Hkv, a.D);
+    G->op.attention_bwd(G->ctx, dq.d, dk.d, dv.d, dd.d, tt_d(&tq, rows, qc), tt_d(&tk, rows, kc), tt_d(&tv, rows, kc),
+                        out.d, lse.d, a.B, a.T, a.Hq, a.Hkv, a.D);
+    char sh[80], what[128];
+    snprintf(sh, sizeof sh, "B=%d T=%d Hq=%d Hkv=%d D=%d q,k,v bf16", a.B, a.T, a.Hq, a.Hkv, a.D);
+    const struct {
+        struct tt *x;
+        const char *name;
+        double bound;
+    } outs[] = {{&out, "attention_fwd out", NMSE_ATT_FWD}, {&lse, "attention_fwd lse", NMSE_BF16_EXACT},
+                {&dq, "attention_bwd dq", NMSE_ATT_BWD},   {&dk, "attention_bwd dk", NMSE_ATT_BWD},
+                {&dv, "attention_bwd dv", NMSE_ATT_BWD}};
+    for (int i = 0; i < 5; i++) {
+        snprintf(what, sizeof what, "%s %s", outs[i].name, sh);
+        expect_tt_close(what, outs[i].x, outs[i].bound);
+    }
+    if (!selftest) { /* the same values as fp32 on the device */
+        float *want[5];
+        for (int i = 0; i < 5; i++) want[i] = dev_to_host(outs[i].x->d, tt_bytes(outs[i].x));
+        G->op.attention_fwd(G->ctx, out.d, lse.d, tt_d(&q32, rows, qc), tt_d(&k32, rows, kc), tt_d(&v32, rows, kc),
+                            a.B, a.T, a.Hq, a.Hkv, a.D);
+        G->op.attention_bwd(G->ctx, dq.d, dk.d, dv.d, dd.d, tt_d(&q32, rows, qc), tt_d(&k32, rows, kc),
+                            tt_d(&v32, rows, kc), out.d, lse.d, a.B, a.T, a.Hq, a.Hkv, a.D);
+        bool same = true;
+        for (int i = 0; i < 5; i++) {
+            float *got = dev_to_host(outs[i].x->d, tt_bytes(outs[i].x));
+            same = same && !memcmp(want[i], got, tt_bytes(outs[i].x));
+            free(got);
+            free(want[i]);
+        }
+        snprintf(what, sizeof what, "attention fwd+bwd %s = fp32 q,k,v", sh);
+        expect_true(what, same, same ? "bit-identical" : "differ");
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    struct tt *all[] = {&tq, &tk, &tv, &q32, &k32, &v32, &dd, &out, &lse, &dq, &dk, &dv};
+    for (int i = 0; i < 12; i++) tt_free(all[i]);
+}
+
+static void test_attention_bf16(void)
+{
+    static const struct att_shape shapes[] = {
+        {2, 100, 4, 2, 64},  /* GQA, partial tile: 8-byte loads */
+        {1, 256, 8, 2, 128}, /* head_dim 128 */
+        {1, 50, 2, 2, 18},   /* head_dim not a multiple of 4: element loads */
+    };
+    for (size_t i = 0; i < (quick ? 1 : sizeof shapes / sizeof shapes[0]); i++) attention_bf16_case(shapes[i]);
+}
+
+/* ---- permute, unpermute: on a reference dispatch plan (dispatch_case) */
+
+static void permute_bf16(const int32_t *row_slot, const int32_t *slot_row, const int32_t *d_rs, const int32_t *d_sr,
+                         const float *prob, const float *d_prob, int N, int k, int rows, int Cc, const char *sh)
+{
+    const size_t nx = (size_t)N * Cc, np = (size_t)rows * Cc;
+    float *x = hrandn(nx, 1.0f), *yp = hrandn(np, 1.0f), *dout = hrandn(nx, 1.0f);
+    struct tt tx = tt_in(x, nx, MT_BF16), xp = tt_out(np, MT_BF16), typ = tt_in(yp, np, MT_BF16);
+    struct tt out = tt_out(nx, MT_BF16), dd = tt_in(dout, nx, MT_F32), dyp = tt_out(np, MT_F32);
+    struct tt dprob = tt_out((size_t)N * k, MT_F32);
+    char what[160];
+    C->op.permute_fwd(C->ctx, tt_h(&xp, rows, Cc), tt_h(&tx, N, Cc), row_slot, rows, k, Cc);
+    G->op.permute_fwd(G->ctx, tt_d(&xp, rows, Cc), tt_d(&tx, N, Cc), d_rs, rows, k, Cc);
+    snprintf(what, sizeof what, "permute_fwd bf16 C=%d %s", Cc, sh);
+    expect_tt_bytes(what, &xp);
+    C->op.unpermute_fwd(C->ctx, tt_h(&out, N, Cc), tt_h(&typ, rows, Cc), slot_row, prob, N, k, Cc);
+    G->op.unpermute_fwd(G->ctx, tt_d(&out, N, Cc), tt_d(&typ, rows, Cc), d_sr, d_prob, N, k, Cc);
+    snprintf(what, sizeof what, "unpermute_fwd bf16 C=%d %s", Cc, sh);
+    expect_tt_bytes(what, &out);
+    C->op.unpermute_bwd(C->ctx, dyp.h, dprob.h, dd.h, tt_h(&typ, rows, Cc), slot_row, prob, N, k, Cc, rows);
+    G->op.unpermute_bwd(G->ctx, dyp.d, dprob.d, dd.d, tt_d(&typ, rows, Cc), d_sr, d_prob, N, k, Cc, rows);
+    snprintf(what, sizeof what, "unpermute_bwd dyp, yp bf16 C=%d %s", Cc, sh);
+    expect_tt_bytes(what, &dyp);
+    snprintf(what, sizeof what, "unpermute_bwd dprob, yp bf16 C=%d %s", Cc, sh);
+    expect_tt_close(what, &dprob, NMSE_FP32);
+    free(x);
+    free(yp);
+    free(dout);
+    struct tt *all[] = {&tx, &xp, &typ, &out, &dd, &dyp, &dprob};
+    for (int i = 0; i < 7; i++) tt_free(all[i]);
+}
+
+/* ---- fp8 arguments are refused */
+
+static void *fp8_buf; /* 64 bytes of device memory for the children below */
+
+static void fp8_convert(void)
+{
+    G->op.convert(G->ctx, mt_tview(fp8_buf, MT_E4M3, 1, 4), mt_tview(fp8_buf, MT_F32, 1, 4));
+}
+static void fp8_gemm(void)
+{
+    G->op.gemm(G->ctx, false, false, 2, 2, 2, 1.0f, mt_tview(fp8_buf, MT_E5M2, 2, 2), mt_tview(fp8_buf, MT_BF16, 2, 2),
+               0.0f, mt_tview(fp8_buf, MT_F32, 2, 2));
+}
+static void fp8_add(void)
+{
+    G->op.add(G->ctx, mt_tview(fp8_buf, MT_E4M3, 1, 4), mt_tview(fp8_buf, MT_F32, 1, 4),
+              mt_tview(fp8_buf, MT_F32, 1, 4), 4);
+}
+
+/* Runs f in a child with stderr captured; its wait status, its stderr in msg. */
+static int in_child(void (*f)(void), char *msg, size_t len)
+{
+    int fd[2];
+    if (pipe(fd) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        close(fd[0]);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        signal(SIGABRT, SIG_DFL);
+        f();
+        _exit(0);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < len && (n = read(fd[0], msg + got, len - 1 - got)) > 0) got += (size_t)n;
+    msg[got] = '\0';
+    close(fd[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return -1;
+    return status;
+}
+
+/* An op given an fp8 tensor aborts, naming the op and the dtype (the device backend; the
+ * CPU reference's message is its own). */
+static void test_fp8_refused(void)
+{
+    fp8_buf = dalloc(64);
+    const struct {
+        void (*f)(void);
+        const char *op;
+    } cases[] = {{fp8_convert, "convert"}, {fp8_gemm, "gemm"}, {fp8_add, "add"}};
+    for (int i = 0; i < 3; i++) {
+        char msg[1024], what[96], d[160];
+        const int st = in_child(cases[i].f, msg, sizeof msg);
+        const bool aborted = st != -1 && WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT;
+        const bool named = selftest || (strstr(msg, cases[i].op) && strstr(msg, "fp8"));
+        snprintf(what, sizeof what, "%s with an fp8 tensor aborts", cases[i].op);
+        snprintf(d, sizeof d, "%s; stderr: %.100s", aborted ? "SIGABRT" : "did not abort", msg);
+        for (char *p = d; *p; p++)
+            if (*p == '\n') *p = ' ';
+        expect_true(what, aborted && named, d);
+    }
+    dfree(fp8_buf);
 }
 
 /* ------------------------------------------------------------------ mixture of experts */
@@ -920,19 +1555,19 @@ static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol,
             float *dxp = hrandn(np + 1, 1.0f), *dx0 = hrandn(nx, 1.0f), *dx = hdup(dx0, sizeof(float) * nx);
             float *yp = hrandn(np + 1, 1.0f), *out = xmalloc(sizeof(float) * nx), *dout = hrandn(nx, 1.0f);
             float *dyp = xmalloc(sizeof(float) * (np + 1)), *dprob = xmalloc(sizeof(float) * N * k);
-            C->op.permute_fwd(C->ctx, xp, x, h.row_slot, rows, k, Cc);
+            C->op.permute_fwd(C->ctx, mt_f32(xp, rows, Cc), mt_f32(x, N, Cc), h.row_slot, rows, k, Cc);
             C->op.permute_bwd(C->ctx, dx, dxp, h.slot_row, N, k, Cc);
-            C->op.unpermute_fwd(C->ctx, out, yp, h.slot_row, prob, N, k, Cc);
-            C->op.unpermute_bwd(C->ctx, dyp, dprob, dout, yp, h.slot_row, prob, N, k, Cc, rows);
+            C->op.unpermute_fwd(C->ctx, mt_f32(out, N, Cc), mt_f32(yp, rows, Cc), h.slot_row, prob, N, k, Cc);
+            C->op.unpermute_bwd(C->ctx, dyp, dprob, dout, mt_f32(yp, rows, Cc), h.slot_row, prob, N, k, Cc, rows);
             float *d_x = dup_to_dev(x, sizeof(float) * nx), *d_xp = dalloc(sizeof(float) * (np + 1));
             float *d_dxp = dup_to_dev(dxp, sizeof(float) * (np + 1)), *d_dx = dup_to_dev(dx0, sizeof(float) * nx);
             float *d_yp = dup_to_dev(yp, sizeof(float) * (np + 1)), *d_out = dalloc(sizeof(float) * nx);
             float *d_dout = dup_to_dev(dout, sizeof(float) * nx), *d_dyp = dalloc(sizeof(float) * (np + 1));
             float *d_dprob = dalloc(sizeof(float) * N * k);
-            G->op.permute_fwd(G->ctx, d_xp, d_x, d_rs, rows, k, Cc);
+            G->op.permute_fwd(G->ctx, mt_f32(d_xp, rows, Cc), mt_f32(d_x, N, Cc), d_rs, rows, k, Cc);
             G->op.permute_bwd(G->ctx, d_dx, d_dxp, d_sr, N, k, Cc);
-            G->op.unpermute_fwd(G->ctx, d_out, d_yp, d_sr, d_prob, N, k, Cc);
-            G->op.unpermute_bwd(G->ctx, d_dyp, d_dprob, d_dout, d_yp, d_sr, d_prob, N, k, Cc, rows);
+            G->op.unpermute_fwd(G->ctx, mt_f32(d_out, N, Cc), mt_f32(d_yp, rows, Cc), d_sr, d_prob, N, k, Cc);
+            G->op.unpermute_bwd(G->ctx, d_dyp, d_dprob, d_dout, mt_f32(d_yp, rows, Cc), d_sr, d_prob, N, k, Cc, rows);
             snprintf(what, sizeof what, "permute_fwd C=%d %s", Cc, sh);
             expect_bytes_dev(what, xp, d_xp, sizeof(float) * np);
             snprintf(what, sizeof what, "permute_bwd C=%d %s (+=)", Cc, sh);
@@ -943,6 +1578,7 @@ static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol,
             expect_bytes_dev(what, dyp, d_dyp, sizeof(float) * np);
             snprintf(what, sizeof what, "unpermute_bwd dprob C=%d %s", Cc, sh);
             expect_close_dev(what, dprob, d_dprob, (size_t)N * k, NMSE_FP32);
+            permute_bf16(h.row_slot, h.slot_row, d_rs, d_sr, prob, d_prob, N, k, rows, Cc, sh);
             free(x);
             free(xp);
             free(dxp);
@@ -1199,6 +1835,12 @@ int main(void)
     test_rope();
     test_attention();
     test_swiglu_add();
+    test_convert();
+    test_gemm_bf16();
+    test_grouped_gemm_bf16();
+    test_layers_bf16();
+    test_attention_bf16();
+    test_fp8_refused();
     test_router();
     test_balancing_losses();
     test_dispatch();
