@@ -32,8 +32,8 @@
 //
 // One workspace (32 MiB) is allocated with the context; the matmul descriptor, the
 // layouts and the heuristic's algorithm are cached per shape (M, N, K, transposes,
-// leading dimensions, pointer alignment, element types), so a call in the training loop is one hash
-// lookup and one cublasLtMatmul. The plans live as long as the context:
+// leading dimensions, pointer alignment, element types), so a call in the training
+// loop is one hash lookup and one cublasLtMatmul. The plans live as long as the context:
 // mt_kernels_cuda_destroy (cuda_backend.h) destroys their descriptors and layouts with
 // the cuBLASLt handle, the workspace, the allocator's memory and the stream.
 //
