@@ -1314,7 +1314,9 @@ struct init_ctx {
 static void init_run(void *ctx, size_t whole, size_t shard, size_t n)
 {
     const struct init_ctx *c = ctx;
-#pragma omp parallel for schedule(static)
+    /* a run is a row of a sharded tensor (an expert's row: hundreds of values): a
+     * parallel region per short run costs more than it draws */
+#pragma omp parallel for schedule(static) if (n >= 16384)
     for (size_t j = 0; j < n; j++) c->p[shard + j] = c->std * mt_rng_normal(c->key, 0, whole + j);
 }
 
