@@ -152,9 +152,13 @@ static void att_free(struct att *a)
 
 static void att_run(struct att *a)
 {
-    K->op.attention_fwd(K->ctx, a->out, a->lse, a->q, a->k, a->v, a->B, a->T, a->Hq, a->Hkv, a->D);
-    K->op.attention_bwd(K->ctx, a->dq, a->dk, a->dv, a->dout, a->q, a->k, a->v, a->out, a->lse,
-                        a->B, a->T, a->Hq, a->Hkv, a->D);
+    const int64_t N = (int64_t)a->B * a->T;
+    const struct mt_tensor q = mt_f32(a->q, N, (int64_t)a->Hq * a->D);
+    const struct mt_tensor k = mt_f32(a->k, N, (int64_t)a->Hkv * a->D);
+    const struct mt_tensor v = mt_f32(a->v, N, (int64_t)a->Hkv * a->D);
+    K->op.attention_fwd(K->ctx, a->out, a->lse, q, k, v, a->B, a->T, a->Hq, a->Hkv, a->D);
+    K->op.attention_bwd(K->ctx, a->dq, a->dk, a->dv, a->dout, q, k, v, a->out, a->lse, a->B, a->T,
+                        a->Hq, a->Hkv, a->D);
 }
 
 /* ||got - ref|| / ||ref|| */
