@@ -138,6 +138,15 @@ static inline void mt_with_elem(enum mt_dtype t, F &&f)
 }
 #define MT_ELEM(tag) typename std::remove_pointer<decltype(tag)>::type
 
+// The same for the three tensors of an elementwise op (out, a, b): f(tag_out, tag_a, tag_b).
+template <typename F>
+static inline void mt_with_elem3(enum mt_dtype x, enum mt_dtype y, enum mt_dtype z, F &&f)
+{
+    mt_with_elem(x, [&](auto tx) {
+        mt_with_elem(y, [&](auto ty) { mt_with_elem(z, [&](auto tz) { f(tx, ty, tz); }); });
+    });
+}
+
 // Whether p is aligned for 4-element accesses of its dtype (16 bytes fp32, 8 bf16).
 static inline bool mt_aligned4(const void *p, enum mt_dtype t)
 {

@@ -384,19 +384,15 @@ extern "C" void mt_cuda_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_te
     const bool vec = n % 4 == 0 && mt_aligned4(out.data, out.dtype) && mt_aligned4(gate.data, gate.dtype) &&
                      mt_aligned4(up.data, up.dtype);
     const unsigned grid = elementwise_grid(n, vec);
-    mt_with_elem(out.dtype, [&](auto o) {
-        mt_with_elem(gate.dtype, [&](auto g) {
-            mt_with_elem(up.dtype, [&](auto u) {
-                using TO = MT_ELEM(o);
-                using TG = MT_ELEM(g);
-                using TU = MT_ELEM(u);
-                TO *po = (TO *)out.data;
-                const TG *pg = (const TG *)gate.data;
-                const TU *pu = (const TU *)up.data;
-                if (vec) MT_LAUNCH(grid, 256, 0, c->stream, swiglu_fwd_kernel<TO, TG, TU, true>)(po, pg, pu, n);
-                else MT_LAUNCH(grid, 256, 0, c->stream, swiglu_fwd_kernel<TO, TG, TU, false>)(po, pg, pu, n);
-            });
-        });
+    mt_with_elem3(out.dtype, gate.dtype, up.dtype, [&](auto o, auto g, auto u) {
+        using TO = MT_ELEM(o);
+        using TG = MT_ELEM(g);
+        using TU = MT_ELEM(u);
+        TO *po = (TO *)out.data;
+        const TG *pg = (const TG *)gate.data;
+        const TU *pu = (const TU *)up.data;
+        if (vec) MT_LAUNCH(grid, 256, 0, c->stream, swiglu_fwd_kernel<TO, TG, TU, true>)(po, pg, pu, n);
+        else MT_LAUNCH(grid, 256, 0, c->stream, swiglu_fwd_kernel<TO, TG, TU, false>)(po, pg, pu, n);
     });
     MT_CUDA_LAUNCHED();
 }
@@ -432,19 +428,15 @@ extern "C" void mt_cuda_add(void *ctx, struct mt_tensor out, struct mt_tensor a,
     const bool vec = n % 4 == 0 && mt_aligned4(out.data, out.dtype) && mt_aligned4(a.data, a.dtype) &&
                      mt_aligned4(b.data, b.dtype);
     const unsigned grid = elementwise_grid(n, vec);
-    mt_with_elem(out.dtype, [&](auto o) {
-        mt_with_elem(a.dtype, [&](auto at) {
-            mt_with_elem(b.dtype, [&](auto bt) {
-                using TO = MT_ELEM(o);
-                using TA = MT_ELEM(at);
-                using TB = MT_ELEM(bt);
-                TO *po = (TO *)out.data;
-                const TA *pa = (const TA *)a.data;
-                const TB *pb = (const TB *)b.data;
-                if (vec) MT_LAUNCH(grid, 256, 0, c->stream, add_kernel<TO, TA, TB, true>)(po, pa, pb, n);
-                else MT_LAUNCH(grid, 256, 0, c->stream, add_kernel<TO, TA, TB, false>)(po, pa, pb, n);
-            });
-        });
+    mt_with_elem3(out.dtype, a.dtype, b.dtype, [&](auto o, auto at, auto bt) {
+        using TO = MT_ELEM(o);
+        using TA = MT_ELEM(at);
+        using TB = MT_ELEM(bt);
+        TO *po = (TO *)out.data;
+        const TA *pa = (const TA *)a.data;
+        const TB *pb = (const TB *)b.data;
+        if (vec) MT_LAUNCH(grid, 256, 0, c->stream, add_kernel<TO, TA, TB, true>)(po, pa, pb, n);
+        else MT_LAUNCH(grid, 256, 0, c->stream, add_kernel<TO, TA, TB, false>)(po, pa, pb, n);
     });
     MT_CUDA_LAUNCHED();
 }
