@@ -10,8 +10,8 @@
  * --check prints. Every assumption of the model is in one table at the top of plan.c.
  *
  * fake.c: `moetrain --fake-world N --fake-rank R` builds rank R of an N-rank job in
- * this process (its shards, stage buffers, schedule and optimizer, placeholder
- * communicators) on a backend that allocates, counts what it allocated and compares
+ * this process (its shards, stage buffers, schedule and optimizer; mt_parallel_plan's
+ * communicators, which know their rank and size and refuse to talk) on a backend that allocates, counts what it allocated and compares
  * it, category by category, with the plan of that rank. */
 #ifndef MT_PLAN_PLAN_H
 #define MT_PLAN_PLAN_H

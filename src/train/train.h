@@ -57,7 +57,7 @@ int mt_train_plan_memory(const struct mt_config *cfg, const struct mt_layout *l,
                          struct mt_rank_memory *r, struct mt_err *err);
 /* mt_train_plan_memory on any backend k: builds logical rank `rank` of layout l for real
  * (its shards, stage buffers, schedule and optimizer; parameters initialised when init)
- * with placeholder communicators that refuse to communicate, reports its bytes, checks
+ * with mt_parallel_plan's communicators (rank and size, no traffic), reports its bytes, checks
  * that they equal live(k) (the bytes k holds) and releases everything. The plan backend
  * with init false is mt_train_plan_memory; moetrain --fake-world runs it on a backend
  * that allocates. */
