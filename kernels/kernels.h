@@ -96,6 +96,8 @@ enum mt_op {
     /* memory and streams */
     MT_OP_ALLOC,
     MT_OP_FREE,
+    MT_OP_ALLOC_HOST,
+    MT_OP_FREE_HOST,
     MT_OP_MEMSET,
     MT_OP_COPY,
     MT_OP_SYNC,
@@ -199,6 +201,12 @@ struct mt_kernel_ops {
     /* ---- memory and streams (CPU: host memory; CUDA: device memory, stream order) ---- */
     void *(*alloc)(void *ctx, size_t bytes);              /* 64-byte aligned; NULL on failure */
     void (*free)(void *ctx, void *p);
+    /* Host memory that copy moves to and from the backend at full speed and that the
+     * host reads and writes directly (CUDA: page-locked, cudaMallocHost; CPU: plain).
+     * Slow to get on a GPU machine (pinning): allocate once and keep it. Freed with
+     * free_host only. 64-byte aligned; NULL on failure. */
+    void *(*alloc_host)(void *ctx, size_t bytes);
+    void (*free_host)(void *ctx, void *p);
     void (*memset)(void *ctx, void *p, int byte, size_t bytes);
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* any direction */
     void (*sync)(void *ctx);                              /* wait for all queued work */

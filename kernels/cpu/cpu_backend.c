@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 const char *const mt_op_names[] = {
-    "alloc", "free", "memset", "copy", "sync",
+    "alloc", "free", "alloc_host", "free_host", "memset", "copy", "sync",
     "gemm", "grouped_gemm",
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
@@ -48,6 +48,8 @@ static const struct mt_kernels cpu_kernels = {
     .op = {
         .alloc = cpu_alloc,
         .free = cpu_free,
+        .alloc_host = cpu_alloc,
+        .free_host = cpu_free,
         .memset = cpu_memset,
         .copy = cpu_copy,
         .sync = cpu_sync,
@@ -99,6 +101,8 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     switch (op) {
     case MT_OP_ALLOC: return o->alloc != NULL;
     case MT_OP_FREE: return o->free != NULL;
+    case MT_OP_ALLOC_HOST: return o->alloc_host != NULL;
+    case MT_OP_FREE_HOST: return o->free_host != NULL;
     case MT_OP_MEMSET: return o->memset != NULL;
     case MT_OP_COPY: return o->copy != NULL;
     case MT_OP_SYNC: return o->sync != NULL;

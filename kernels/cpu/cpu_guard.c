@@ -39,6 +39,14 @@ static struct {
 
 static const struct mt_kernels *cpu;
 
+/* Host memory (alloc_host): plain host memory the host may touch, recorded so that
+ * free_host of anything else, or free of it, is reported (as cudaFreeHost and cudaFree
+ * report a mix-up). */
+static struct {
+    void **p;
+    int n, cap;
+} HOSTMEM;
+
 /* ---- regions ------------------------------------------------------------------ */
 
 static struct region *find(const void *p)
@@ -182,7 +190,36 @@ static void g_free(void *ctx, void *p)
             G.r[i] = G.r[--G.n];
             return;
         }
+    for (int i = 0; i < HOSTMEM.n; i++)
+        if (HOSTMEM.p[i] == p) misuse("free", "p", p, "is host memory from alloc_host; free it with free_host");
     misuse("free", "p", p, "was not returned by alloc");
+}
+
+static void *g_alloc_host(void *ctx, size_t bytes)
+{
+    if (HOSTMEM.n == HOSTMEM.cap) {
+        int cap = HOSTMEM.cap ? 2 * HOSTMEM.cap : 16;
+        void **p = realloc(HOSTMEM.p, sizeof *p * (size_t)cap);
+        if (!p) return NULL;
+        HOSTMEM.p = p;
+        HOSTMEM.cap = cap;
+    }
+    void *p = cpu->op.alloc_host(ctx, bytes);
+    if (p) HOSTMEM.p[HOSTMEM.n++] = p;
+    return p;
+}
+
+static void g_free_host(void *ctx, void *p)
+{
+    if (!p) return;
+    for (int i = 0; i < HOSTMEM.n; i++)
+        if (HOSTMEM.p[i] == p) {
+            cpu->op.free_host(ctx, p);
+            HOSTMEM.p[i] = HOSTMEM.p[--HOSTMEM.n];
+            return;
+        }
+    misuse("free_host", "p", p, find(p) ? "is backend memory from alloc; free it with free"
+                                         : "was not returned by alloc_host");
 }
 
 static void g_memset(void *ctx, void *p, int byte, size_t bytes)
@@ -501,6 +538,8 @@ static const struct mt_kernels guard_kernels = {
     .op = {
         .alloc = g_alloc,
         .free = g_free,
+        .alloc_host = g_alloc_host,
+        .free_host = g_free_host,
         .memset = g_memset,
         .copy = g_copy,
         .sync = g_sync,

@@ -115,6 +115,24 @@ extern "C" void mt_cuda_free(void *ctx, void *p)
     c->cached += sz;
 }
 
+// Page-locked host memory, not cached: the callers keep it (pinning is slow).
+extern "C" void *mt_cuda_alloc_host(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError(); // out of pinnable memory is not sticky
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void mt_cuda_free_host(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+}
+
 void *mt_cuda_scratch(mt_cuda_ctx *c, size_t bytes)
 {
     void *p = mt_cuda_alloc(c, bytes);

@@ -28,6 +28,8 @@ int mt_cuda_ctx_create(void **ctx, char *msg, size_t msg_len);
 int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len);
 void *mt_cuda_alloc(void *ctx, size_t bytes);
 void mt_cuda_free(void *ctx, void *p);
+void *mt_cuda_alloc_host(void *ctx, size_t bytes);
+void mt_cuda_free_host(void *ctx, void *p);
 void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes);
 void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes);
 void mt_cuda_sync(void *ctx);

@@ -342,7 +342,7 @@ struct mt_ckpt_save {
     struct mt_shard_piece *p;   /* what this rank writes */
     int n;
     size_t shard_bytes;
-    float *snapshot;            /* async: the host copy the pieces point into */
+    struct mt_ckpt_staging *staging; /* async: the host copy the pieces point into */
     /* the write's outcome (the writer thread's until done) */
     char *slices;
     size_t slices_len;
@@ -378,23 +378,41 @@ static void *writer(void *arg)
     return NULL;
 }
 
-/* Copies the pieces to one host allocation and points them there. */
+void mt_ckpt_staging_release(struct mt_ckpt_staging *st)
+{
+    if (!st || !st->p) return;
+    st->k->op.free_host(st->k->ctx, st->p);
+    mt_shard_mem_released(st->bytes);
+    st->p = NULL;
+    st->bytes = 0;
+}
+
+/* Copies the pieces into the staging memory (taken now, or grown, if it is smaller than
+ * the rank's part) and points them there. */
 static int take_snapshot(struct mt_ckpt_save *s)
 {
-    s->snapshot = mt_shard_malloc(s->shard_bytes);
-    if (!s->snapshot)
-        return mt_err_set(&s->err, MT_ENOMEM,
-                          "checkpoint: no host memory for the %zu-byte snapshot of an async "
-                          "save (checkpoint%%async_save needs the rank's own part in host "
-                          "memory; set it to .false.)",
-                          s->shard_bytes);
+    struct mt_ckpt_staging *st = s->staging;
     const struct mt_kernels *k = mt_model_kernels(s->m);
+    if (st->p && (st->bytes < s->shard_bytes || st->k != k)) mt_ckpt_staging_release(st);
+    if (!st->p) {
+        st->k = k;
+        st->p = k->op.alloc_host(k->ctx, s->shard_bytes);
+        if (!st->p)
+            return mt_err_set(&s->err, MT_ENOMEM,
+                              "checkpoint: no host memory for the %zu-byte snapshot of an "
+                              "async save (checkpoint%%async_save keeps the rank's own part "
+                              "in %shost memory; set it to .false.)",
+                              s->shard_bytes, strcmp(k->name, "cuda") == 0 ? "page-locked " : "");
+        st->bytes = s->shard_bytes;
+        mt_shard_mem_held(st->bytes);
+    }
+    float *snapshot = st->p;
     size_t at = 0;
     for (int i = 0; i < s->n; i++) {
         const size_t n = s->p[i].hi - s->p[i].lo;
-        if (s->p[i].backend) k->op.copy(k->ctx, s->snapshot + at, s->p[i].data, sizeof(float) * n);
-        else memcpy(s->snapshot + at, s->p[i].data, sizeof(float) * n);
-        s->p[i].data = s->snapshot + at;
+        if (s->p[i].backend) k->op.copy(k->ctx, snapshot + at, s->p[i].data, sizeof(float) * n);
+        else memcpy(snapshot + at, s->p[i].data, sizeof(float) * n);
+        s->p[i].data = snapshot + at;
         s->p[i].backend = false;
         at += n;
     }
@@ -403,7 +421,6 @@ static int take_snapshot(struct mt_ckpt_save *s)
 
 static void save_free(struct mt_ckpt_save *s)
 {
-    mt_shard_free(s->snapshot, s->shard_bytes);
     free(s->p);
     free(s->slices);
     free(s);
@@ -411,9 +428,11 @@ static void save_free(struct mt_ckpt_save *s)
 
 int mt_ckpt_save_start(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
                        const struct mt_parallel *par, const struct mt_config *cfg,
-                       const struct mt_train_state *st, const char *config_text, bool async,
-                       struct mt_ckpt_save **out, struct mt_err *err)
+                       const struct mt_train_state *st, const char *config_text,
+                       struct mt_ckpt_staging *staging, struct mt_ckpt_save **out,
+                       struct mt_err *err)
 {
+    const bool async = staging != NULL;
     *out = NULL;
     struct mt_ckpt_save *s = calloc(1, sizeof *s);
     int rc = s ? MT_OK : mt_err_set(err, MT_ENOMEM, "checkpoint: out of memory");
@@ -427,6 +446,7 @@ int mt_ckpt_save_start(const struct mt_ckpt_dir *dir, struct mt_model *m, struct
     s->st = *st;
     s->config_text = config_text;
     s->keep_last = cfg->checkpoint.keep_last;
+    s->staging = staging;
     layout_json(par, cfg->parallel.virtual_pipeline_model_parallel_size, mt_optim_zero(o),
                 s->layout, sizeof s->layout);
     info_of(par, &s->me);
@@ -475,7 +495,7 @@ int mt_ckpt_save_finish(struct mt_ckpt_save *s, struct mt_ckpt_stats *stats, str
     const double t_wait = now_s();
     if (s->threaded) pthread_join(s->thread, NULL);
     const double wait_s = now_s() - t_wait;
-    const bool async = s->snapshot != NULL;
+    const bool async = s->staging != NULL;
     int rc = s->rc;
     if (rc) *err = s->err;
     rc = agree_all(world, rc, "writing the checkpoint", err);
@@ -525,7 +545,7 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
                       struct mt_ckpt_stats *stats, struct mt_err *err)
 {
     struct mt_ckpt_save *s;
-    MT_CHECK(mt_ckpt_save_start(dir, m, o, par, cfg, st, config_text, false, &s, err));
+    MT_CHECK(mt_ckpt_save_start(dir, m, o, par, cfg, st, config_text, NULL, &s, err));
     return mt_ckpt_save_finish(s, stats, err);
 }
 

@@ -37,13 +37,18 @@ static size_t mem_now, mem_peak;
 void mt_shard_mem_reset(void) { mem_peak = mem_now; }
 size_t mt_shard_mem_peak(void) { return mem_peak; }
 
+void mt_shard_mem_held(size_t n)
+{
+    mem_now += n;
+    if (mem_now > mem_peak) mem_peak = mem_now;
+}
+
+void mt_shard_mem_released(size_t n) { mem_now -= n; }
+
 void *mt_shard_malloc(size_t n)
 {
     void *p = malloc(n ? n : 1);
-    if (p) {
-        mem_now += n;
-        if (mem_now > mem_peak) mem_peak = mem_now;
-    }
+    if (p) mt_shard_mem_held(n);
     return p;
 }
 
@@ -51,7 +56,7 @@ void mt_shard_free(void *p, size_t n)
 {
     if (!p) return;
     free(p);
-    mem_now -= n;
+    mt_shard_mem_released(n);
 }
 
 /* ---- writing --------------------------------------------------------------- */

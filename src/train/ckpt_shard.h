@@ -63,6 +63,10 @@ size_t mt_shard_block_bytes(void);
 void *mt_shard_malloc(size_t bytes);
 void mt_shard_free(void *p, size_t bytes);
 void mt_shard_mem_reset(void);
+/* Host memory allocated elsewhere for the checkpoint code (the async staging), counted
+ * while held. */
+void mt_shard_mem_held(size_t bytes);
+void mt_shard_mem_released(size_t bytes);
 size_t mt_shard_mem_peak(void);
 
 /* The one-process format (checkpoint.c): magic, version and checksum of state.bin. */

@@ -37,6 +37,7 @@ struct trainer {
     FILE *metrics;
     struct mt_ckpt_dir *save_dir; /* world rank 0's, with &checkpoint save set */
     struct mt_ckpt_save *pending; /* an async save written, not yet published */
+    struct mt_ckpt_staging staging; /* the host memory async saves copy into */
     char *config_text;            /* resolved namelist, stored in checkpoints */
     struct mt_train_state st;
     int nonfinite_streak;
@@ -238,7 +239,8 @@ static int save_checkpoint(struct trainer *t, struct mt_err *err)
     MT_CHECK(finish_save(t, err));
     const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
     MT_CHECK(mt_ckpt_save_start(t->save_dir, t->model, t->optim, t->par, t->cfg, &t->st,
-                                t->config_text, ck->async_save, &t->pending, err));
+                                t->config_text, ck->async_save ? &t->staging : NULL,
+                                &t->pending, err));
     return ck->async_save ? MT_OK : finish_save(t, err);
 }
 
@@ -1137,6 +1139,7 @@ static int setup(struct trainer *t, struct mt_err *err)
 static void teardown(struct trainer *t)
 {
     mt_ckpt_save_cancel(t->pending); /* an error ended the run: nothing is published */
+    mt_ckpt_staging_release(&t->staging);
     if (t->metrics) fclose(t->metrics);
     mt_ckpt_dir_close(t->save_dir);
     mt_optim_destroy(t->optim);

@@ -303,10 +303,9 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
                       struct mt_ckpt_stats *stats, struct mt_err *err);
 /* A save in two halves, for checkpoint%async_save. start (a collective, at a step
  * boundary) creates DIR/iter_N.tmp and has every rank write its file: at once from
- * the training state (async false), or from a host copy of its part taken now by a
- * writer thread while training goes on (async true; the copy is plain host memory:
- * the backends have no pinned-memory allocator; CUDA's copy stages through its pinned
- * buffer). The writer makes no MPI call. finish (a collective, on the main thread)
+ * the training state (staging NULL), or by a writer thread while training goes on,
+ * from a copy of the rank's part taken now into staging (async). The writer makes no
+ * MPI call. finish (a collective, on the main thread)
  * waits for the writer, agrees that every rank wrote, gathers the index, writes it and
  * publishes; a rank's write failure fails the save on every rank and nothing is
  * published. written says, without waiting, whether this rank's writer is done (the
@@ -314,10 +313,22 @@ int mt_ckpt_save_dist(const struct mt_ckpt_dir *dir, struct mt_model *m, struct 
  * on an error) waits for the writer and removes the unfinished directory.
  * mt_ckpt_save_dist is start and finish at once. */
 struct mt_ckpt_save;
+/* The host memory async saves copy the rank's part into: the backend's alloc_host
+ * (page-locked on a GPU, so the copy runs at full speed), taken at the first async save
+ * and kept for the next ones, since pinning gigabytes is slow; it is counted as the
+ * checkpoint code's host memory while held. Zero-initialise it; release gives it back
+ * (the end of the run). It must outlive every save started with it. */
+struct mt_ckpt_staging {
+    const struct mt_kernels *k;
+    void *p;
+    size_t bytes;
+};
+void mt_ckpt_staging_release(struct mt_ckpt_staging *st);
 int mt_ckpt_save_start(const struct mt_ckpt_dir *dir, struct mt_model *m, struct mt_optim *o,
                        const struct mt_parallel *par, const struct mt_config *cfg,
-                       const struct mt_train_state *s, const char *config_text, bool async,
-                       struct mt_ckpt_save **out, struct mt_err *err);
+                       const struct mt_train_state *s, const char *config_text,
+                       struct mt_ckpt_staging *staging, struct mt_ckpt_save **out,
+                       struct mt_err *err);
 bool mt_ckpt_save_written(const struct mt_ckpt_save *s);
 long long mt_ckpt_save_iteration(const struct mt_ckpt_save *s);
 int mt_ckpt_save_finish(struct mt_ckpt_save *s, struct mt_ckpt_stats *stats, struct mt_err *err);

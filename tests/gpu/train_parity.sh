@@ -6,7 +6,9 @@
 #       grad_norm at every iteration, and the final val_loss (as written to the
 #       metrics file, %.9g: every bit of a float); under the CUDA emulator the second
 #       run defers device work per stream (MT_EMU_STREAMS=deferred);
-#   (b) every iteration's loss under test is within a tolerance of the reference's.
+#   (b) every iteration's loss under test is within a tolerance of the reference's;
+#   (d) the second run's async saves equal the first run's synchronous ones, byte for
+#       byte (checkpoint%async_save through the backend's alloc_host staging).
 # Prints each iteration's pair and the largest difference (figures for a report).
 #
 # MT_TRAIN_PARITY_BACKENDS=REF,TEST picks the backends (moetrain --backend=...),
@@ -109,14 +111,29 @@ values() {
 }
 
 train ref "$ref" "checkpoint%save='$tmp/ckpt'" checkpoint%save_interval=$iters
-train a "$test"
+# Both runs under test save at iterations 10 and 20: a synchronously, b with
+# checkpoint%async_save (the state copied into the backend's alloc_host memory, which
+# the CUDA backend pins, and written by a thread while training goes on; the second
+# save reuses the first's staging memory). Bit-identical runs must leave byte-identical
+# checkpoints.
+half=$((iters / 2))
+train a "$test" "checkpoint%save='$tmp/ckpt_a'" checkpoint%save_interval=$half
 # the second run with the CUDA emulator deferring device work per stream until it is
 # waited for (ignored by a real GPU and by the CPU): bit-identical results show that
 # no result depends on an order of streams the code never asked for
 MT_EMU_STREAMS=deferred
 export MT_EMU_STREAMS
-train b "$test"
+train b "$test" "checkpoint%save='$tmp/ckpt_b'" checkpoint%save_interval=$half checkpoint%async_save=T
 unset MT_EMU_STREAMS
+[ "$(grep -c '^checkpoint save blocked training for [0-9.]* s (async: ' b/out.log)" = 2 ] ||
+    { cat b/out.log; fail "b: expected two async saves"; }
+. "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"
+for it in $half $iters; do
+    d=$(printf 'iter_%07d' "$it")
+    same_ckpt "ckpt_a/$d" "ckpt_b/$d" ||
+        fail "the async save of iteration $it (--backend=$test) differs from the synchronous one"
+done
+echo "checkpoints: the async saves of run b (iterations $half, $iters) are byte-identical to run a's synchronous ones"
 # the reference's final weights, evaluated by each backend (the run resumes at its
 # last iteration: no training step, the final evaluation only)
 expect_iters=0

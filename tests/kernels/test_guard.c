@@ -135,6 +135,41 @@ static void device_loss(void)
     G->op.z_loss_fwd(G->ctx, loss, lse, logits, 2, 4, 1.0f); /* loss must be a host value */
 }
 
+static void free_host_memory(void)
+{
+    G->op.free(G->ctx, G->op.alloc_host(G->ctx, 64)); /* host memory given to free */
+}
+
+static void free_host_of_device(void)
+{
+    G->op.free_host(G->ctx, G->op.alloc(G->ctx, 64)); /* backend memory given to free_host */
+}
+
+/* alloc_host memory is host memory: the host touches it, copy takes it on either side,
+ * an op refuses it as a tensor */
+static void test_host_memory(void **state)
+{
+    (void)state;
+    float *h = G->op.alloc_host(G->ctx, sizeof(float) * 4);
+    float *d = G->op.alloc(G->ctx, sizeof(float) * 4);
+    assert_non_null(h);
+    for (int i = 0; i < 4; i++) h[i] = (float)i + 0.5f;
+    G->op.copy(G->ctx, d, h, sizeof(float) * 4);
+    memset(h, 0, sizeof(float) * 4);
+    G->op.copy(G->ctx, h, d, sizeof(float) * 4);
+    for (int i = 0; i < 4; i++) assert_true(h[i] == (float)i + 0.5f);
+    G->op.free(G->ctx, d);
+    G->op.free_host(G->ctx, h);
+
+    char msg[1024];
+    int st = in_child(free_host_memory, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "is host memory from alloc_host; free it with free_host"));
+    st = in_child(free_host_of_device, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "is backend memory from alloc; free it with free"));
+}
+
 static void test_faults(void **state)
 {
     (void)state;
@@ -176,6 +211,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_results),
         cmocka_unit_test(test_faults),
+        cmocka_unit_test(test_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
