@@ -935,12 +935,19 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     } while (0)
     rc = MT_ENOMEM;
     m->moe_of_layer = calloc((size_t)m->L, sizeof(int));
+    m->stage_of_layer = calloc((size_t)m->L, sizeof(int));
     m->lt = calloc((size_t)m->L, sizeof *m->lt);
     m->la = calloc((size_t)m->L, sizeof *m->la);
     m->res = calloc((size_t)m->L + 1, sizeof(void *));
-    NEED(m->moe_of_layer && m->lt && m->la && m->res, "per-layer tables",
-         (size_t)m->L * (sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(void *)));
+    NEED(m->moe_of_layer && m->stage_of_layer && m->lt && m->la && m->res, "per-layer tables",
+         (size_t)m->L * (2 * sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(void *)));
     for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
+    for (int s = 0; s < m->pp; s++)
+        for (int c = 0; c < m->vpp; c++) {
+            int first = 0, n = 0;
+            mt_config_pp_layers(cfg, s, c, &first, &n);
+            for (int l = first; l < first + n && l < m->L; l++) m->stage_of_layer[l] = s;
+        }
     m->dispatch = MT_DISPATCH_LOCAL;
     if (m->nmoe > 0) {
         const struct mt_config_moe *mo = &cfg->moe;
@@ -1106,6 +1113,7 @@ void mt_model_destroy(struct mt_model *m)
     }
     free(m->host_scratch);
     free(m->moe_of_layer);
+    free(m->stage_of_layer);
     free(m->lt);
     free(m->la);
     free(m->res);
@@ -1128,12 +1136,7 @@ bool mt_model_tensor_on_stage(const struct mt_model *m, int i, int stage, bool *
     if (m->pp == 1) {
         on = true;
     } else if (t->layer >= 0) {
-        on = false;
-        for (int c = 0; c < m->vpp && !on; c++) {
-            int first = 0, n = 0;
-            mt_config_pp_layers(&m->cfg, stage, c, &first, &n);
-            on = t->layer >= first && t->layer < first + n;
-        }
+        on = m->stage_of_layer[t->layer] == stage;
     } else if (i == m->embed) {
         on = stage == 0 || (m->tied && stage == m->pp - 1);
         rep = stage != 0;

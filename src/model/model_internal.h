@@ -110,6 +110,7 @@ struct mt_model {
     /* MoE */
     int nmoe;
     int *moe_of_layer;          /* (L): index among MoE layers, -1 for dense */
+    int *stage_of_layer;        /* (L): the pipeline stage holding each layer */
     struct mt_router_args router;
     enum mt_balance balance;
     float aux_coeff, z_coeff;

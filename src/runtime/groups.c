@@ -86,16 +86,34 @@ static int make_generator(const char *order, int tp, int cp, int ep, int dp, int
     return MT_OK;
 }
 
+/* Every kind but MT_GROUP_EMBD: which generator (the expert one for the expert kinds)
+ * and the dimensions that vary inside a group. */
+static const struct { enum mt_group_kind kind; bool expert; const char *token; } spec[] = {
+    { MT_GROUP_TP, false, "tp" },        { MT_GROUP_CP, false, "cp" },
+    { MT_GROUP_DP, false, "dp" },        { MT_GROUP_DP_CP, false, "dp-cp" },
+    { MT_GROUP_PP, false, "pp" },        { MT_GROUP_TP_CP, false, "tp-cp" },
+    { MT_GROUP_MP, false, "tp-pp" },     { MT_GROUP_EP, true, "ep" },
+    { MT_GROUP_ETP, true, "tp" },        { MT_GROUP_ETP_EP, true, "tp-ep" },
+    { MT_GROUP_EDP, true, "dp" },
+};
+
+/* mask[d] = 1 for the generator's dimensions named in token ("tp", "dp-cp", ...). */
+static void token_mask(const struct generator *g, const char *token, int mask[5])
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%s", token);
+    for (int d = 0; d < 5; d++) mask[d] = 0;
+    for (char *save = NULL, *t = strtok_r(buf, "-", &save); t; t = strtok_r(NULL, "-", &save))
+        for (int d = 0; d < g->ndims; d++)
+            if (!strcmp(g->names[d], t)) mask[d] = 1;
+}
+
 /* Groups over the dimensions named in token ("tp", "dp-cp", "tp-ep-pp", ...). */
 static int generate(const struct generator *g, int world, const char *token,
                     struct mt_group_list *out, struct mt_err *err)
 {
-    int mask[5] = { 0 };
-    char buf[32];
-    snprintf(buf, sizeof buf, "%s", token);
-    for (char *save = NULL, *t = strtok_r(buf, "-", &save); t; t = strtok_r(NULL, "-", &save))
-        for (int d = 0; d < g->ndims; d++)
-            if (!strcmp(g->names[d], t)) mask[d] = 1;
+    int mask[5];
+    token_mask(g, token, mask);
     out->ranks = malloc(sizeof(int) * (size_t)world);
     if (!out->ranks) return mt_err_set(err, MT_ENOMEM, "out of memory for %d ranks", world);
     out->size = mt_groups_masked_orthogonal(world, g->ndims, g->sizes, mask, out->ranks);
@@ -141,14 +159,6 @@ int mt_groups_build(const struct mt_config_parallel *p, const struct mt_layout *
     int rc;
     MT_CHECK(make_generator(p->order, l->tp, l->cp, 1, l->dp, l->pp, &attn, err));
     MT_CHECK(make_generator(p->order, l->etp, 1, l->ep, l->edp, l->pp, &expert, err));
-    static const struct { enum mt_group_kind kind; bool expert; const char *token; } spec[] = {
-        { MT_GROUP_TP, false, "tp" },        { MT_GROUP_CP, false, "cp" },
-        { MT_GROUP_DP, false, "dp" },        { MT_GROUP_DP_CP, false, "dp-cp" },
-        { MT_GROUP_PP, false, "pp" },        { MT_GROUP_TP_CP, false, "tp-cp" },
-        { MT_GROUP_MP, false, "tp-pp" },     { MT_GROUP_EP, true, "ep" },
-        { MT_GROUP_ETP, true, "tp" },        { MT_GROUP_ETP_EP, true, "tp-ep" },
-        { MT_GROUP_EDP, true, "dp" },
-    };
     for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++)
         MT_CHECK_GOTO(generate(spec[i].expert ? &expert : &attn, rl->world, spec[i].token,
                                &rl->groups[spec[i].kind], err),
@@ -160,6 +170,55 @@ int mt_groups_build(const struct mt_config_parallel *p, const struct mt_layout *
 fail:
     mt_groups_free(rl);
     return rc;
+}
+
+/* Where r sits in generator g's groups over mask, as mt_groups_masked_orthogonal lists
+ * them: the group is r's coordinates in the other dimensions and the position its
+ * coordinates in the masked ones, each read as a mixed-radix number, first dimension
+ * fastest. */
+static void locate(const struct generator *g, const int mask[5], int r, int *group, int *pos,
+                   int *size)
+{
+    int gm = 1, gu = 1;
+    *group = *pos = 0;
+    for (int d = 0; d < g->ndims; d++) {
+        const int c = r % g->sizes[d];
+        r /= g->sizes[d];
+        if (mask[d]) {
+            *pos += c * gm;
+            gm *= g->sizes[d];
+        } else {
+            *group += c * gu;
+            gu *= g->sizes[d];
+        }
+    }
+    *size = gm;
+}
+
+int mt_groups_locate(const struct mt_config_parallel *p, const struct mt_layout *l, int r,
+                     struct mt_group_place out[MT_GROUP_COUNT], struct mt_err *err)
+{
+    struct generator attn, expert;
+    MT_CHECK(make_generator(p->order, l->tp, l->cp, 1, l->dp, l->pp, &attn, err));
+    MT_CHECK(make_generator(p->order, l->etp, 1, l->ep, l->edp, l->pp, &expert, err));
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        const struct generator *g = spec[i].expert ? &expert : &attn;
+        int mask[5];
+        token_mask(g, spec[i].token, mask);
+        struct mt_group_place *o = &out[spec[i].kind];
+        locate(g, mask, r, &o->group, &o->position, &o->size);
+    }
+    /* the embedding group: the pipeline group's first and last stage (each rank its own
+     * group without a pipeline) */
+    const struct mt_group_place *pp = &out[MT_GROUP_PP];
+    struct mt_group_place *e = &out[MT_GROUP_EMBD];
+    if (pp->size == 1)
+        *e = (struct mt_group_place){ pp->group, 0, 1 };
+    else if (pp->position == 0 || pp->position == pp->size - 1)
+        *e = (struct mt_group_place){ pp->group, pp->position ? 1 : 0, 2 };
+    else
+        *e = (struct mt_group_place){ -1, -1, 2 };
+    return MT_OK;
 }
 
 void mt_groups_free(struct mt_rank_layout *rl)

@@ -56,6 +56,16 @@ void mt_groups_free(struct mt_rank_layout *rl);
 void mt_groups_find(const struct mt_rank_layout *rl, enum mt_group_kind kind, int r,
                     int *group_index, int *position);
 
+/* Where rank r sits in each kind's groups, computed from its coordinates alone (no
+ * group lists: O(1) in the world size): what mt_groups_find says of the lists
+ * mt_groups_build makes, group and position -1 where r is in no group of a kind
+ * (MT_GROUP_EMBD, a middle pipeline stage), and the groups' size. */
+struct mt_group_place {
+    int group, position, size;
+};
+int mt_groups_locate(const struct mt_config_parallel *p, const struct mt_layout *l, int r,
+                     struct mt_group_place out[MT_GROUP_COUNT], struct mt_err *err);
+
 /* Megatron's generate_masked_orthogonal_rank_groups for sizes (fastest first)
  * and a mask of the dimensions that vary inside a group. out must hold world
  * ints; returns the group size. */

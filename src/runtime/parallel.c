@@ -26,23 +26,17 @@ static int check_permutation(const int *map, int n, struct mt_err *err)
 }
 
 int mt_parallel_alloc(const struct mt_config *cfg, const struct mt_layout *l, int rank,
-                      struct mt_parallel **out, struct mt_err *err)
+                      bool lists, struct mt_parallel **out, struct mt_err *err)
 {
     struct mt_parallel *p = calloc(1, sizeof *p);
     if (!p) return mt_err_set(err, MT_ENOMEM, "out of memory");
-    int rc = mt_groups_build(&cfg->parallel, l, &p->layout, err);
+    int rc = mt_groups_locate(&cfg->parallel, l, rank, p->place, err);
+    if (rc == MT_OK && lists) rc = mt_groups_build(&cfg->parallel, l, &p->layout, err);
     if (rc) {
         free(p);
         return rc;
     }
     p->rank = rank;
-    mt_parallel_coords(p, l);
-    *out = p;
-    return MT_OK;
-}
-
-void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l)
-{
     p->tp = l->tp;
     p->cp = l->cp;
     p->dp = l->dp;
@@ -55,11 +49,10 @@ void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l)
         [MT_GROUP_PP] = &p->pp_rank, [MT_GROUP_EP] = &p->ep_rank,   [MT_GROUP_ETP] = &p->etp_rank,
         [MT_GROUP_EDP] = &p->edp_rank,
     };
-    for (int k = 0; k < MT_GROUP_COUNT; k++) {
-        int group, pos;
-        mt_groups_find(&p->layout, (enum mt_group_kind)k, p->rank, &group, &pos);
-        if (coord[k]) *coord[k] = group >= 0 ? pos : 0;
-    }
+    for (int k = 0; k < MT_GROUP_COUNT; k++)
+        if (coord[k]) *coord[k] = p->place[k].group >= 0 ? p->place[k].position : 0;
+    *out = p;
+    return MT_OK;
 }
 
 int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const struct mt_layout *l,
@@ -73,7 +66,7 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
     if (logical_of_process) MT_CHECK(check_permutation(logical_of_process, w->size, err));
     struct mt_parallel *p;
     MT_CHECK(mt_parallel_alloc(cfg, l, logical_of_process ? logical_of_process[w->rank] : w->rank,
-                               &p, err));
+                               true, &p, err));
     int rc = MT_OK;
     p->world = w;
     p->world_comm = w->comm;

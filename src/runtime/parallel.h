@@ -13,7 +13,8 @@
 
 struct mt_parallel {
     struct mt_world *world;
-    struct mt_rank_layout layout;   /* every group, in logical ranks */
+    struct mt_rank_layout layout;   /* every group, in logical ranks (none in a plan) */
+    struct mt_group_place place[MT_GROUP_COUNT]; /* this rank's group of each kind */
     int rank;                       /* this process's logical rank */
     /* coordinates: position of this rank in its group of each kind */
     int tp_rank, cp_rank, dp_rank, pp_rank, ep_rank, etp_rank, edp_rank;
@@ -81,13 +82,13 @@ int mt_parallel_init(struct mt_world *w, const struct mt_config *cfg, const stru
                      struct mt_err *err);
 void mt_parallel_destroy(struct mt_parallel *p);
 
-/* A struct mt_parallel for logical rank `rank` of l: its groups, sizes and coordinates,
- * no communicators yet (mt_parallel_init and mt_parallel_plan add theirs). */
+/* A struct mt_parallel for logical rank `rank` of l: its place in each kind's groups,
+ * group sizes and coordinates (position in its group of each kind, 0 in none), and with
+ * lists every group's ranks in p->layout (a job's processes need them; a planned rank
+ * does not, and they cost O(world)); no communicators yet (mt_parallel_init and
+ * mt_parallel_plan add theirs). */
 int mt_parallel_alloc(const struct mt_config *cfg, const struct mt_layout *l, int rank,
-                      struct mt_parallel **out, struct mt_err *err);
-/* Sets p's group sizes from l and its coordinates (position in its group of each kind,
- * 0 in none) from p->layout and p->rank. */
-void mt_parallel_coords(struct mt_parallel *p, const struct mt_layout *l);
+                      bool lists, struct mt_parallel **out, struct mt_err *err);
 
 /* The place of logical rank `rank` in layout l without a job (src/runtime/
  * parallel_plan.c): coordinates and group sizes as mt_parallel_init gives them, and

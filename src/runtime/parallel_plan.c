@@ -87,15 +87,15 @@ int mt_parallel_plan(const struct mt_config *cfg, const struct mt_layout *l, int
     if (rank < 0 || rank >= l->world_size)
         return mt_err_set(err, MT_EINVAL, "rank %d is not in a world of %d", rank, l->world_size);
     struct mt_parallel *p;
-    MT_CHECK(mt_parallel_alloc(cfg, l, rank, &p, err));
+    MT_CHECK(mt_parallel_alloc(cfg, l, rank, false, &p, err));
     int rc = MT_OK;
     for (int k = 0; k < MT_GROUP_COUNT && rc == MT_OK; k++) {
-        int group, pos;
-        mt_groups_find(&p->layout, (enum mt_group_kind)k, rank, &group, &pos);
+        const struct mt_group_place *at = &p->place[k];
         char name[32];
         snprintf(name, sizeof name, "plan:%s", mt_group_names[k]);
-        rc = mt_comm_alloc(&plan_ops, group >= 0 ? pos : 0, group >= 0 ? p->layout.groups[k].size : 1,
-                           name, 0.0, rank, sizeof(struct mt_comm_common), &p->comm[k], err);
+        rc = mt_comm_alloc(&plan_ops, at->group >= 0 ? at->position : 0,
+                           at->group >= 0 ? at->size : 1, name, 0.0, rank,
+                           sizeof(struct mt_comm_common), &p->comm[k], err);
     }
     if (rc == MT_OK)
         rc = mt_comm_alloc(&plan_ops, rank, l->world_size, "plan:world", 0.0, rank,

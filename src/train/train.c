@@ -979,8 +979,6 @@ int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *
 {
     /* ranks that differ in what they hold: their stage and their TP, EP and ETP positions
      * (data-parallel replicas hold alike) */
-    struct mt_rank_layout rl;
-    MT_CHECK(mt_groups_build(&cfg->parallel, l, &rl, err));
     const int pp = l->pp;
     struct mt_rank_memory *rs = calloc((size_t)l->world_size, sizeof *rs);
     struct mt_rank_memory *best = calloc((size_t)pp, sizeof *best);
@@ -988,13 +986,13 @@ int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *
     int rc = rs && best && seen ? MT_OK : mt_err_set(err, MT_ENOMEM, "out of memory");
     int n = 0;
     for (int r = 0; rc == MT_OK && r < l->world_size; r++) {
-        int key = 0, g, pos;
+        struct mt_group_place at[MT_GROUP_COUNT];
+        rc = mt_groups_locate(&cfg->parallel, l, r, at, err);
+        if (rc) break;
+        int key = 0;
         const enum mt_group_kind kinds[] = {MT_GROUP_PP, MT_GROUP_TP, MT_GROUP_EP, MT_GROUP_ETP};
         const int sizes[] = {l->pp, l->tp, l->ep, l->etp};
-        for (int i = 0; i < 4; i++) {
-            mt_groups_find(&rl, kinds[i], r, &g, &pos);
-            key = key * sizes[i] + (pos < 0 ? 0 : pos);
-        }
+        for (int i = 0; i < 4; i++) key = key * sizes[i] + at[kinds[i]].position;
         if (seen[key]++) continue;
         rc = mt_train_plan_memory(cfg, l, r, &rs[n], err);
         if (rc == MT_OK) n++;
@@ -1009,7 +1007,6 @@ int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *
         }
         for (int s = 0; s < pp && rc == MT_OK; s++) rc = check_fits(cfg, &best[s], err);
     }
-    mt_groups_free(&rl);
     free(rs);
     free(best);
     free(seen);

@@ -10,8 +10,8 @@
 
 #include "runtime/groups.h"
 
-static void build(struct mt_rank_layout *rl, int world, int tp, int cp, int pp, int ep, int etp,
-                  const char *order)
+static void make(struct mt_config_parallel *pp_, struct mt_layout *lp, int world, int tp, int cp,
+                 int pp, int ep, int etp, const char *order)
 {
     struct mt_config_parallel p = { .tensor_model_parallel_size = tp,
                                     .pipeline_model_parallel_size = pp,
@@ -23,6 +23,16 @@ static void build(struct mt_rank_layout *rl, int world, int tp, int cp, int pp, 
     struct mt_layout l = { .world_size = world, .tp = tp, .cp = cp, .pp = pp, .vpp = 1,
                            .ep = ep, .etp = etp, .dp = world / (tp * cp * pp),
                            .edp = world / (etp * ep * pp) };
+    *pp_ = p;
+    *lp = l;
+}
+
+static void build(struct mt_rank_layout *rl, int world, int tp, int cp, int pp, int ep, int etp,
+                  const char *order)
+{
+    struct mt_config_parallel p;
+    struct mt_layout l;
+    make(&p, &l, world, tp, cp, pp, ep, etp, order);
     struct mt_err err;
     assert_int_equal(mt_groups_build(&p, &l, rl, &err), 0);
 }
@@ -136,12 +146,56 @@ static void test_partitions(void **state)
     }
 }
 
+/* mt_groups_locate (a rank's place from its coordinates) says what mt_groups_find
+ * finds in the lists, for every rank and kind, over layouts and orders. */
+static void test_locate(void **state)
+{
+    (void)state;
+    static const int layouts[][6] = { /* world tp cp pp ep etp */
+        { 1, 1, 1, 1, 1, 1 },  { 8, 2, 1, 1, 2, 2 },   { 16, 2, 2, 2, 4, 1 },
+        { 64, 4, 1, 4, 8, 1 }, { 256, 2, 1, 8, 8, 2 }, { 24, 2, 1, 3, 4, 1 },
+        { 48, 1, 1, 4, 3, 2 }, { 32, 2, 1, 2, 2, 4 } };
+    static const char *const orders[] = { "tp-cp-ep-dp-pp", "tp-pp-dp", "tp-dp-pp", "pp-dp-tp" };
+    int checked = 0;
+    for (size_t o = 0; o < sizeof orders / sizeof orders[0]; o++)
+        for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+            const int *L = layouts[i];
+            if (!strstr(orders[o], "cp") && L[2] != 1) continue;
+            if (!strstr(orders[o], "ep") && L[4] != 1) continue;
+            struct mt_config_parallel p;
+            struct mt_layout l;
+            make(&p, &l, L[0], L[1], L[2], L[3], L[4], L[5], orders[o]);
+            struct mt_rank_layout rl;
+            struct mt_err err;
+            assert_int_equal(mt_groups_build(&p, &l, &rl, &err), 0);
+            for (int r = 0; r < L[0]; r++) {
+                struct mt_group_place at[MT_GROUP_COUNT];
+                assert_int_equal(mt_groups_locate(&p, &l, r, at, &err), 0);
+                for (int k = 0; k < MT_GROUP_COUNT; k++) {
+                    int g, pos;
+                    mt_groups_find(&rl, (enum mt_group_kind)k, r, &g, &pos);
+                    if (g != at[k].group || pos != at[k].position ||
+                        rl.groups[k].size != at[k].size) {
+                        print_error("%s, world %d: rank %d in %s: lists say group %d position %d "
+                                    "of %d, locate says %d %d of %d\n",
+                                    orders[o], L[0], r, mt_group_names[k], g, pos,
+                                    rl.groups[k].size, at[k].group, at[k].position, at[k].size);
+                        fail();
+                    }
+                    checked++;
+                }
+            }
+            mt_groups_free(&rl);
+        }
+    assert_true(checked > 3000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_megatron_readme_example), cmocka_unit_test(test_folding_tp2_ep4),
         cmocka_unit_test(test_ep2_etp2_pp2),            cmocka_unit_test(test_order_tp_pp_dp),
-        cmocka_unit_test(test_partitions),
+        cmocka_unit_test(test_partitions),              cmocka_unit_test(test_locate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
