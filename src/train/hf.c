@@ -18,7 +18,10 @@
  * Export streams: each tensor is read from the checkpoint a block of rows at a time
  * (the checkpoint reader checks their checksums), converted, written. Loading builds
  * an index of the safetensors files (every tensor a whole slice, an expert a slice of
- * moetrain's stacked tensor) and each rank reads what overlaps its shards. */
+ * moetrain's stacked tensor) and each rank reads what overlaps its shards. Loading also
+ * takes the experts fused as transformers holds them in memory (both families):
+ * model.layers.L.mlp.experts.gate_up_proj [E, 2F, H] (each expert's gate rows, then its
+ * up rows) and mlp.experts.down_proj [E, H, F]. */
 #include "config.h"
 
 #include <errno.h>
@@ -543,6 +546,56 @@ static void seen_free(struct seen *s)
     free(s->count);
 }
 
+/* A fused expert tensor of layer l (at byte `at` of file): gate_up_proj [E, 2F, H],
+ * each expert's gate rows then its up rows, or down_proj [E, H, F]; per expert a slice
+ * of moetrain's stacked gate, up or down tensor. */
+static int index_fused(struct mt_shard_index *ix, const char *dir, const char *path,
+                       const char *file, const char *key, int l, bool gate_up, int nd,
+                       const long long *shape, uint64_t at, enum mt_shard_dtype sdt,
+                       size_t elem, struct seen *sn, struct mt_err *err)
+{
+    const int nk = gate_up ? 2 : 1;
+    const int kind[2] = {gate_up ? 0 : 2, 1};
+    int ti[2];
+    const struct mt_param_info *p[2];
+    for (int k = 0; k < nk; k++) {
+        char name[320];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", l, kinds[kind[k]]);
+        ti[k] = mt_ckpt_tensor_index(sn->m, name);
+        p[k] = ti[k] >= 0 ? mt_model_tensor(sn->m, ti[k]) : NULL;
+        if (!p[k] || p[k]->ndim != 3)
+            return mt_err_set(err, MT_EINVAL,
+                              "checkpoint%%load_hf: '%s' holds tensor '%s', which this model "
+                              "does not have (layer %d has no routed experts: moe%%layer_freq "
+                              "and moe%%num_experts decide its tensors)",
+                              path, key, l);
+    }
+    const long long E = p[0]->shape[0], rows = p[0]->shape[1], cols = p[0]->shape[2];
+    const long long want[3] = {E, nk * rows, cols};
+    if (nd != 3 || shape[0] != want[0] || shape[1] != want[1] || shape[2] != want[2]) {
+        char w[96], h[96];
+        mt_shard_dims_text(3, want, w, sizeof w);
+        mt_shard_dims_text(nd, shape, h, sizeof h);
+        return mt_err_set(err, MT_EINVAL,
+                          "checkpoint%%load_hf: tensor '%s' is %s in '%s' but %s in this model",
+                          key, h, path, w);
+    }
+    const uint64_t part = (uint64_t)rows * (uint64_t)cols * elem;
+    for (long long e = 0; e < E; e++)
+        for (int k = 0; k < nk; k++) {
+            if (sn->exp[ti[k]][e]++)
+                return mt_err_set(err, MT_ECORRUPT,
+                                  "checkpoint%%load_hf: '%s' holds expert %lld of '%s' twice "
+                                  "(fused in '%s' and one tensor per expert)",
+                                  dir, e, p[k]->name, key);
+            long long start[4] = {e, 0, 0, 0}, box[4] = {1, rows, cols, 0};
+            MT_CHECK(mt_shard_index_add(ix, p[k]->name, 3, p[k]->shape, start, box, file,
+                                        at + ((uint64_t)e * (uint64_t)nk + (uint64_t)k) * part,
+                                        sdt, err));
+        }
+    return MT_OK;
+}
+
 /* One safetensors file's tensors into ix. */
 static int index_file(struct mt_shard_index *ix, const char *dir, const char *file,
                       const struct mt_config *c, struct seen *sn, struct mt_err *err)
@@ -612,6 +665,16 @@ static int index_file(struct mt_shard_index *ix, const char *dir, const char *fi
                             "(a truncated file?)",
                             path, key, a, b);
             break;
+        }
+        /* transformers' fused experts (save_pretrained(save_original_format=False)):
+         * each expert's gate and up halves of gate_up_proj, and the stacked down_proj */
+        int fl, fn = 0;
+        char fkind[16];
+        if (sscanf(key, "model.layers.%d.mlp.experts.%15[a-z_]%n", &fl, fkind, &fn) == 2 &&
+            !key[fn] && (!strcmp(fkind, "gate_up_proj") || !strcmp(fkind, "down_proj"))) {
+            rc = index_fused(ix, dir, path, file, key, fl, !strcmp(fkind, "gate_up_proj"), nd,
+                             shape, data0 + (uint64_t)a, sdt, elem, sn, err);
+            continue;
         }
         char name[320];
         int e;

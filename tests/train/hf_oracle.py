@@ -5,7 +5,9 @@
       for each FAMILY (qwen3_moe, mixtral, qwen3) and DTYPE (float32, bfloat16) writes a
       small random model with save_pretrained into PREFIX_FAMILY_DTYPE, and prints
       "FAMILY DTYPE LOSS": its loss on TOKENS (one sequence: inputs TOKENS[:-1],
-      targets TOKENS[1:]) computed in fp32 from what it wrote.
+      targets TOKENS[1:]) computed in fp32 from what it wrote; for the MoE families
+      also the float32 model with its experts fused (save_original_format=False) in
+      PREFIX_FAMILY_fused, "FAMILY fused LOSS".
   hf_oracle.py check DIR=LOSS ... -- TOKENS...
       loads each DIR with AutoModelForCausalLM (fp32; every tensor used, none missing)
       and checks that its loss on TOKENS is moetrain's LOSS within TOL relative.
@@ -101,7 +103,14 @@ def main():
                         p.normal_(0, 0.2 if ".gate." in name else 0.05)
             d = "%s_%s_%s" % (prefix, family, dtype)
             model.to(getattr(torch, dtype)).save_pretrained(d)
-            print("%s %s %.9g" % (family, dtype, loss_of(load(d), tokens)))
+            loss = loss_of(load(d), tokens)
+            print("%s %s %.9g" % (family, dtype, loss))
+            if family != "qwen3" and dtype == "float32":
+                # the experts as transformers holds them in memory: fused
+                # gate_up_proj [E, 2F, H] and down_proj [E, H, F] per layer
+                f = "%s_%s_fused" % (prefix, family)
+                model.save_pretrained(f, save_original_format=False)
+                print("%s fused %.9g" % (family, loss_of(load(f), tokens)))
 
 
 main()

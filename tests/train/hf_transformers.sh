@@ -5,7 +5,9 @@
 #   iteration is 0 in warmup, so its checkpoint holds them) equals the loss transformers
 #   computes on the same tokens from `moetrain export-hf`'s directory (1e-5 relative);
 # - import: a random model transformers wrote with save_pretrained, in fp32 and in bf16,
-#   gives a run with checkpoint%load_hf the first loss transformers computes for it.
+#   and for the MoE families in fp32 with the experts fused as transformers holds them
+#   (gate_up_proj, down_proj: save_original_format=False), gives a run with
+#   checkpoint%load_hf the first loss transformers computes for it.
 # Skipped when torch and transformers cannot be imported.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 py=${PYTHON3:-python3}
@@ -47,8 +49,10 @@ for family in qwen3_moe mixtral qwen3; do
         > "out_$family.log" 2>&1 || { cat "out_$family.log"; fail "$family: training failed"; }
     "$MOETRAIN" export-hf "ck_$family" "hf_$family" || fail "$family: export-hf failed"
     checks="$checks hf_$family=$(first_loss "out_$family")"
-    # import, fp32 and bf16
-    for dtype in float32 bfloat16; do
+    # import, fp32 and bf16, and fp32 with fused experts
+    dtypes="float32 bfloat16"
+    [ "$family" = qwen3 ] || dtypes="$dtypes fused"
+    for dtype in $dtypes; do
         ref=$(awk -v f="$family" -v d="$dtype" '$1 == f && $2 == d { print $3 }' refs.txt)
         # shellcheck disable=SC2086 # a list of overrides
         "$MOETRAIN" base.nml $ov "checkpoint%load_hf='tf_${family}_$dtype'" \
