@@ -1,5 +1,5 @@
 # kernels/: the op table (kernels.h), the CPU reference and the CUDA backend.
-noinst_HEADERS += kernels/kernels.h
+noinst_HEADERS += kernels/kernels.h kernels/quant.h kernels/quant_recipe.h
 include kernels/cpu/local.mk
 
 # The CUDA backend: one .cu per op family, the op table in C (cuda_backend.c). Listed
