@@ -36,15 +36,16 @@
  *     FP8 and FP4 element 8 random bits (cvt.rs .e4m3x4/.e5m2x4/.e2m1x4); so do these.
  *     Saturation is implied (satfinite); NaN gives what RN gives.
  *
- * Random bits come from Philox-4x32-10 (Salmon et al., "Parallel random numbers: as
- * easy as 1, 2, 3", SC 2011; the generator of cuRAND's Philox), keyed by a 64-bit
- * seed and counting in the element index, so the CPU and any GPU thread draw the same
- * bits for the same element. */
+ * Random bits come from Philox-4x32-10 (util/philox.h), keyed by a 64-bit seed and
+ * counting in the element index, so the CPU and any GPU thread draw the same bits for
+ * the same element. */
 #ifndef MT_KERNELS_QUANT_H
 #define MT_KERNELS_QUANT_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "util/philox.h"
 
 #if defined(__CUDACC__)
 #define MT_QFN static inline __host__ __device__
@@ -108,30 +109,31 @@ MT_QFN uint32_t mt_q_round_mag(uint32_t mag, int mbits, int emin, enum mt_q_roun
     return code + up;
 }
 
-/* float -> E4M3. sat: saturate to +-448 (else overflow is NaN). */
-MT_QFN uint8_t mt_e4m3_from_float(float x, int sat, enum mt_q_round rnd, uint32_t rbits)
+/* float -> an FP8 format with mbits mantissa bits, minimum normal exponent emin and
+ * largest finite code maxcode; overflow (infinity included) is maxcode with sat, else
+ * over (E4M3: NaN, E5M2: infinity); NaN is 0x7f. */
+MT_QFN uint8_t mt_q_fp8_from_float(float x, int mbits, int emin, uint32_t maxcode,
+                                   uint32_t over, int sat, enum mt_q_round rnd, uint32_t rbits)
 {
     uint32_t u = mt_q_bits(x), mag = u & 0x7fffffffu;
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     if (rnd == MT_Q_SR) sat = 1;
     if (mag > 0x7f800000u) return 0x7f;
-    if (mag == 0x7f800000u) return (uint8_t)(sign | (sat ? 0x7e : 0x7f));
-    uint32_t code = mt_q_round_mag(mag, 3, -6, rnd, rbits);
-    if (code > 0x7eu) code = sat ? 0x7eu : 0x7fu;
+    uint32_t code = mag == 0x7f800000u ? over : mt_q_round_mag(mag, mbits, emin, rnd, rbits);
+    if (code > maxcode) code = sat ? maxcode : over;
     return (uint8_t)(sign | code);
+}
+
+/* float -> E4M3. sat: saturate to +-448 (else overflow is NaN). */
+MT_QFN uint8_t mt_e4m3_from_float(float x, int sat, enum mt_q_round rnd, uint32_t rbits)
+{
+    return mt_q_fp8_from_float(x, 3, -6, 0x7eu, 0x7fu, sat, rnd, rbits);
 }
 
 /* float -> E5M2. sat: saturate to +-57344 (else overflow is infinity). */
 MT_QFN uint8_t mt_e5m2_from_float(float x, int sat, enum mt_q_round rnd, uint32_t rbits)
 {
-    uint32_t u = mt_q_bits(x), mag = u & 0x7fffffffu;
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    if (rnd == MT_Q_SR) sat = 1;
-    if (mag > 0x7f800000u) return 0x7f;
-    if (mag == 0x7f800000u) return (uint8_t)(sign | (sat ? 0x7b : 0x7c));
-    uint32_t code = mt_q_round_mag(mag, 2, -14, rnd, rbits);
-    if (code > 0x7bu) code = sat ? 0x7bu : 0x7cu;
-    return (uint8_t)(sign | code);
+    return mt_q_fp8_from_float(x, 2, -14, 0x7bu, 0x7cu, sat, rnd, rbits);
 }
 
 /* float -> E2M1 (the low nibble); always saturating, NaN -> +6. */
@@ -220,27 +222,6 @@ MT_QFN float mt_e8m0_to_float(uint8_t c)
 }
 
 /* ---- counter-based random bits ---- */
-
-/* Philox-4x32-10: out = the 10-round bijection of ctr under key. */
-MT_QFN void mt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
-{
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c0 = n0;
-        c1 = (uint32_t)p1;
-        c2 = n2;
-        c3 = (uint32_t)p0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
 
 /* What a Philox draw is for (the counter's last word), so uses never share bits. */
 enum mt_q_purpose { MT_Q_RAND_ROUNDING = 0, MT_Q_RAND_HADAMARD_SIGNS = 1 };

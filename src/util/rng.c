@@ -1,34 +1,15 @@
 #include "util/rng.h"
 
+#include "util/philox.h"
+
 #include <math.h>
-
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
-static void mulhilo(uint32_t a, uint32_t b, uint32_t *hi, uint32_t *lo)
-{
-    uint64_t p = (uint64_t)a * b;
-    *hi = (uint32_t)(p >> 32);
-    *lo = (uint32_t)p;
-}
 
 void mt_rng_philox(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4])
 {
-    uint32_t c0 = (uint32_t)counter_lo, c1 = (uint32_t)(counter_lo >> 32);
-    uint32_t c2 = (uint32_t)counter_hi, c3 = (uint32_t)(counter_hi >> 32);
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint32_t hi0, lo0, hi1, lo1;
-        mulhilo(PHILOX_M0, c0, &hi0, &lo0);
-        mulhilo(PHILOX_M1, c2, &hi1, &lo1);
-        uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-        k0 += PHILOX_W0;
-        k1 += PHILOX_W1;
-    }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    uint32_t ctr[4] = {(uint32_t)counter_lo, (uint32_t)(counter_lo >> 32), (uint32_t)counter_hi,
+                       (uint32_t)(counter_hi >> 32)};
+    uint32_t k[2] = {(uint32_t)key, (uint32_t)(key >> 32)};
+    mt_philox4x32_10(ctr, k, out);
 }
 
 uint64_t mt_rng_key(uint64_t a, uint64_t b)

@@ -443,6 +443,27 @@ static void test_nvfp4(void **state)
         assert_int_equal(q2.scale8[r * 3 + 1], q2.scale8[(r / 16) * 16 * 3 + 1]);
     }
     assert_int_equal(q2.scale8[16 * 3 + 1], q.scale8[20 * 3 + 1]); /* 3.0 is that block's amax */
+    /* a 16 x 16-block tensor and its transpose quantise alike, element for element */
+    {
+        enum { T = 48 };
+        static float w[T * T], wt[T * T];
+        struct mt_qtensor qw, qwt;
+        for (int i = 0; i < T * T; i++) w[i] = rnd_unit() * (i % 5 ? 1.0f : 8.0f);
+        for (int r = 0; r < T; r++)
+            for (int c = 0; c < T; c++) wt[c * T + r] = w[r * T + c];
+        assert_int_equal(mt_qtensor_init(&qw, MT_Q_NVFP4_2D, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, T, T, &err), MT_OK);
+        assert_int_equal(mt_qtensor_init(&qwt, MT_Q_NVFP4_2D, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, T, T, &err), MT_OK);
+        assert_int_equal(mt_quant_nvfp4(&qw, w, T, MT_Q_RN, 0, 0, &err), MT_OK);
+        assert_int_equal(mt_quant_nvfp4(&qwt, wt, T, MT_Q_RN, 0, 0, &err), MT_OK);
+        for (int r = 0; r < T; r++)
+            for (int c = 0; c < T; c++) {
+                uint8_t a = qw.data[r * (T / 2) + c / 2], b = qwt.data[c * (T / 2) + r / 2];
+                assert_int_equal(c & 1 ? a >> 4 : a & 15, r & 1 ? b >> 4 : b & 15);
+                assert_int_equal(qw.scale8[r * 3 + c / 16], qwt.scale8[c * 3 + r / 16]);
+            }
+        mt_qtensor_free(&qw);
+        mt_qtensor_free(&qwt);
+    }
     /* stochastic rounding: element i draws byte i of (seed, stream); each result is one
      * of the two neighbours of the scaled value */
     assert_int_equal(mt_quant_nvfp4(&q2, x, C, MT_Q_SR, 42, 7, &err), MT_OK);
