@@ -32,7 +32,7 @@
  *     of the caller's random bits and the same number of most significant discarded
  *     bits carries out. The discarded bits are counted in units of the target's ulp at
  *     the magnitude's exponent (its subnormal ulp below the normal range), so the
- *     probability of rounding away is the discarded fraction, to 2^-k. PTX gives each
+ *     probability of rounding away is the discarded fraction, to 2^-8. PTX gives each
  *     FP8 and FP4 element 8 random bits (cvt.rs .e4m3x4/.e5m2x4/.e2m1x4); so do these.
  *     Saturation is implied (satfinite); NaN gives what RN gives.
  *
