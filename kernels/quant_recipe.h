@@ -33,6 +33,8 @@
  *   block scales) or after the GPU path reorders the UE8M0/UE4M3 ones into the
  *   interleaved tiles its block-scaled GEMM reads.
  *
+ * The quantisers read x, a (q->rows, q->cols) fp32 view with row stride ld.
+ *
  * Errors: MT_EINVAL with a message naming the argument (shapes, a recipe that does not
  * take the element format, blocks that do not lie along a GEMM's reduction). */
 #ifndef MT_KERNELS_QUANT_RECIPE_H

@@ -154,12 +154,18 @@ static float tensor_scale(const struct mt_qtensor *q)
     return q->scaling == MT_Q_TENSOR ? q->scale[0] : is_nvfp4(q->scaling) ? q->global : 1.0f;
 }
 
+/* Whether a quantiser of scalings a or b may fill q from a source with row stride ld. */
 static int check_kind(const struct mt_qtensor *q, enum mt_q_scaling a, enum mt_q_scaling b,
-                      const char *fn, struct mt_err *err)
+                      int64_t ld, const char *fn, struct mt_err *err)
 {
+    if (!q->data)
+        return mt_err_set(err, MT_EINVAL, "%s: the tensor has no storage (mt_qtensor_init)", fn);
     if (q->scaling != a && q->scaling != b)
         return mt_err_set(err, MT_EINVAL, "%s: the tensor was set up for %s scaling",
                           fn, scaling_name(q->scaling));
+    if (ld < q->cols)
+        return mt_err_set(err, MT_EINVAL, "%s: row stride %lld is less than the %lld columns",
+                          fn, (long long)ld, (long long)q->cols);
     return MT_OK;
 }
 
@@ -167,7 +173,7 @@ int mt_quant_tensorwise(struct mt_qtensor *q, const float *x, int64_t ld, float 
                         enum mt_q_round rnd, uint64_t seed, uint32_t stream,
                         struct mt_err *err)
 {
-    int rc = check_kind(q, MT_Q_TENSOR, MT_Q_TENSOR, "mt_quant_tensorwise", err);
+    int rc = check_kind(q, MT_Q_TENSOR, MT_Q_TENSOR, ld, "mt_quant_tensorwise", err);
     if (rc) return rc;
     if (!(scale > 0.0f) || !isfinite(scale))
         return mt_err_set(err, MT_EINVAL, "mt_quant_tensorwise: scale %g is not a positive "
@@ -224,7 +230,7 @@ float mt_amax_history_scale(const struct mt_amax_history *h) { return h->scale; 
 int mt_quant_blockwise(struct mt_qtensor *q, const float *x, int64_t ld, int pow2,
                        struct mt_err *err)
 {
-    int rc = check_kind(q, MT_Q_BLOCK_1X128, MT_Q_BLOCK_128X128, "mt_quant_blockwise", err);
+    int rc = check_kind(q, MT_Q_BLOCK_1X128, MT_Q_BLOCK_128X128, ld, "mt_quant_blockwise", err);
     if (rc) return rc;
     float fmax = q->elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
     int64_t bh = q->scaling == MT_Q_BLOCK_1X128 ? 1 : 128;
@@ -245,7 +251,7 @@ int mt_quant_blockwise(struct mt_qtensor *q, const float *x, int64_t ld, int pow
 
 int mt_quant_mxfp8(struct mt_qtensor *q, const float *x, int64_t ld, struct mt_err *err)
 {
-    int rc = check_kind(q, MT_Q_MX, MT_Q_MX, "mt_quant_mxfp8", err);
+    int rc = check_kind(q, MT_Q_MX, MT_Q_MX, ld, "mt_quant_mxfp8", err);
     if (rc) return rc;
     int col = q->along == MT_Q_ALONG_COL;
     for (int64_t sr = 0; sr < q->srows; sr++)
@@ -271,7 +277,7 @@ int mt_quant_mxfp8(struct mt_qtensor *q, const float *x, int64_t ld, struct mt_e
 int mt_quant_nvfp4(struct mt_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
                    uint64_t seed, uint32_t stream, struct mt_err *err)
 {
-    int rc = check_kind(q, MT_Q_NVFP4, MT_Q_NVFP4_2D, "mt_quant_nvfp4", err);
+    int rc = check_kind(q, MT_Q_NVFP4, MT_Q_NVFP4_2D, ld, "mt_quant_nvfp4", err);
     if (rc) return rc;
     float genc = mt_q_nvfp4_global_scale(mt_q_amax(x, q->rows, q->cols, ld));
     int64_t bh = q->scaling == MT_Q_NVFP4_2D ? 16 : 1;
@@ -300,12 +306,14 @@ int mt_quant_nvfp4(struct mt_qtensor *q, const float *x, int64_t ld, enum mt_q_r
 int mt_dequant(const struct mt_qtensor *q, float *out, int64_t ld, struct mt_err *err)
 {
     if (!q->data)
-        return mt_err_set(err, MT_EINVAL, "mt_dequant: the tensor has no data (mt_qtensor_init)");
+        return mt_err_set(err, MT_EINVAL, "mt_dequant: the tensor has no storage (mt_qtensor_init)");
+    if (ld < q->cols)
+        return mt_err_set(err, MT_EINVAL, "mt_dequant: row stride %lld is less than the %lld "
+                          "columns", (long long)ld, (long long)q->cols);
     float g = tensor_scale(q);
     for (int64_t r = 0; r < q->rows; r++)
         for (int64_t c = 0; c < q->cols; c++) {
-            float v = code_value(q, r, c) * block_scale(q, r, c);
-            out[r * ld + c] = g == 1.0f ? v : v * g;
+            out[r * ld + c] = code_value(q, r, c) * block_scale(q, r, c) * g;
         }
     return MT_OK;
 }

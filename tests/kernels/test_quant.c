@@ -294,6 +294,10 @@ static void test_tensorwise(void **state)
         }
     assert_int_equal(mt_quant_tensorwise(&q, x, LD, 0.0f, MT_Q_RN, 0, 0, &err), MT_EINVAL);
     assert_non_null(strstr(err.msg, "scale"));
+    assert_int_equal(mt_quant_tensorwise(&q, x, C - 1, s, MT_Q_RN, 0, 0, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "row stride 49"));
+    assert_int_equal(mt_quant_blockwise(&q, x, LD, 0, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "set up for tensorwise"));
     mt_qtensor_free(&q);
     assert_int_equal(mt_qtensor_init(&q, MT_Q_TENSOR, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, R, C, &err), MT_EINVAL);
     assert_non_null(strstr(err.msg, "E4M3 or E5M2"));
