@@ -29,9 +29,11 @@
  *   MT_Q_NVFP4_2D      the same layout, each 16 x 16 block (weights) having one scale,
  *                      repeated on its 16 rows, so that the tensor and its transpose
  *                      quantise alike.
- *   The GPU GEMMs take these scale matrices as they are (per-tensor scalars, fp32
- *   block scales) or after the GPU path reorders the UE8M0/UE4M3 ones into the
- *   interleaved tiles its block-scaled GEMM reads.
+ *   The GPU GEMMs take the per-tensor scales as they are and the data in this layout
+ *   (K-contiguous for an operand whose blocks lie along its rows); a block-scale
+ *   matrix goes to them in the order their scale mode reads it, which the GPU path
+ *   arranges from this one (the interleaved tiles of the block-scaled GEMMs for UE8M0
+ *   and UE4M3 scales) and checks against it.
  *
  * The quantisers read x, a (q->rows, q->cols) fp32 view with row stride ld.
  *
