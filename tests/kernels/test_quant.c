@@ -292,6 +292,17 @@ static void test_tensorwise(void **state)
             double tol = fmax(fabs(v) * 0x1p-4, 0x1p-10 / s) * (1 + 0x1p-20);
             assert_true(fabs((double)y[r * C + c] - v) <= tol);
         }
+    /* stochastic rounding: element r * C + c draws its byte of (seed, stream) */
+    assert_int_equal(mt_quant_tensorwise(&q, x, LD, s, MT_Q_SR, 77, 2, &err), MT_OK);
+    int moved = 0;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            uint8_t want = mt_e4m3_from_float(x[r * LD + c] * s, 1, MT_Q_SR,
+                                              mt_q_random_byte(77, 2, (uint64_t)(r * C + c)));
+            assert_int_equal(q.data[r * C + c], want);
+            moved += want != mt_e4m3_from_float(x[r * LD + c] * s, 1, MT_Q_RN, 0);
+        }
+    assert_true(moved > 0);
     assert_int_equal(mt_quant_tensorwise(&q, x, LD, 0.0f, MT_Q_RN, 0, 0, &err), MT_EINVAL);
     assert_non_null(strstr(err.msg, "scale"));
     assert_int_equal(mt_quant_tensorwise(&q, x, C - 1, s, MT_Q_RN, 0, 0, &err), MT_EINVAL);
