@@ -360,10 +360,23 @@ struct mt_kernel_ops {
     void (*sumsq)(void *ctx, double *acc, const float *x, size_t n);
 };
 
+/* What a device backend made the host do since it was created, per op (index
+ * MT_OP_COUNT: outside any op, e.g. setting the backend up): launches, the kernels and
+ * library calls it queued on the device; syncs, the times the host waited for the
+ * device (a stream, event or device synchronisation, a synchronous copy, a free that
+ * synchronises). doc/host-overhead.md says how to read them. */
+struct mt_op_counts {
+    long long launches[MT_OP_COUNT + 1];
+    long long syncs[MT_OP_COUNT + 1];
+};
+
 struct mt_kernels {
     const char *name;          /* "cpu", "cuda" */
     void *ctx;                 /* backend state, passed to every op */
     struct mt_kernel_ops op;
+    /* The backend's counts so far (see struct mt_op_counts); NULL where there is no
+     * device to wait for (the CPU backend). */
+    void (*counts)(void *ctx, struct mt_op_counts *out);
 };
 
 /* Every op has exactly one slot, in enum order, and one name. */

@@ -288,11 +288,48 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
 #endif
 }
 
+/* After a run on a device backend, rank 0 prints what the backend made the host do
+ * (struct mt_op_counts): launches and host synchronisations in all, the ops with the
+ * most synchronisations, and under the CUDA emulator what the emulated device saw. */
+static void report_counts(const struct mt_kernels *k, const struct mt_world *w)
+{
+    if (!k->counts || w->rank != 0) return;
+    struct mt_op_counts c;
+    k->counts(k->ctx, &c);
+    long long launches = 0, syncs = 0;
+    for (int i = 0; i <= MT_OP_COUNT; i++) launches += c.launches[i], syncs += c.syncs[i];
+    char top[256] = "";
+    size_t at = 0;
+    bool used[MT_OP_COUNT + 1] = { false };
+    for (int n = 0; n < 4; n++) {
+        int best = -1;
+        for (int i = 0; i <= MT_OP_COUNT; i++)
+            if (!used[i] && c.syncs[i] > 0 && (best < 0 || c.syncs[i] > c.syncs[best])) best = i;
+        if (best < 0) break;
+        used[best] = true;
+        at += (size_t)snprintf(top + at, sizeof top - at, "%s%s %lld", n ? ", " : "",
+                               best == MT_OP_COUNT ? "outside ops" : mt_op_names[best],
+                               c.syncs[best]);
+        if (at >= sizeof top) break;
+    }
+    printf("moetrain: host costs of the %s backend since it started: %lld kernel launches, %lld "
+           "host synchronisations%s%s%s\n",
+           k->name, launches, syncs, top[0] ? " (most in " : "", top, top[0] ? ")" : "");
+#ifdef HAVE_CUDA
+    long long el, es;
+    if (!strcmp(k->name, "cuda") && mt_cuda_emulated_counts(k, &el, &es))
+        printf("moetrain: the emulated device saw %lld kernel launches and %lld host "
+               "synchronisations%s\n",
+               el, es, el == launches && es == syncs ? " (the same)" : " (NOT the backend's counts)");
+#endif
+}
+
 /* After a training run: the CUDA backend's dense GEMMs that ran on cuBLASLt's fp32
  * fallback (each shape was named on stderr when first seen). Rank 0 prints the counts
  * at the end of the training log; another rank only when it used the fallback. */
 static void report_backend(const struct mt_kernels *k, const struct mt_world *w)
 {
+    report_counts(k, w);
 #ifdef HAVE_CUDA
     if (strcmp(k->name, "cuda") != 0) return;
     struct mt_cuda_gemm_stats s;

@@ -39,6 +39,11 @@ static struct {
 
 static const struct mt_kernels *cpu;
 
+/* What a device would have made the host do (struct mt_op_counts): every op a launch;
+ * a synchronisation for sync, a copy to or from host memory, and the ops that produce a
+ * host value (a loss, dispatch_plan's dropped count). */
+static struct mt_op_counts COUNTS;
+
 /* Host memory (alloc_host): plain host memory the host may touch, recorded so that
  * free_host of anything else, or free of it, is reported (as cudaFreeHost and cudaFree
  * report a mix-up). */
@@ -235,6 +240,7 @@ static void g_memset(void *ctx, void *p, int byte, size_t bytes)
 static void g_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     if (!bytes) return;
+    if (!find(dst) || !find(src)) COUNTS.syncs[MT_OP_COPY]++;
     range("copy", "dst", dst, bytes);
     range("copy", "src", src, bytes);
     mt_guard_open();
@@ -242,12 +248,24 @@ static void g_copy(void *ctx, void *dst, const void *src, size_t bytes)
     mt_guard_close();
 }
 
-static void g_sync(void *ctx) { cpu->op.sync(ctx); }
+static void g_sync(void *ctx)
+{
+    COUNTS.syncs[MT_OP_SYNC]++;
+    cpu->op.sync(ctx);
+}
+
+static void g_counts(void *ctx, struct mt_op_counts *out)
+{
+    (void)ctx;
+    *out = COUNTS;
+}
 
 /* ---- ops: check, open, run the reference, close --------------------------------- */
 
-#define RUN(call)                                                                          \
+/* A launch of op (one kernel, as the CPU reference runs it), counted. */
+#define RUN(op, call)                                                                      \
     do {                                                                                   \
+        COUNTS.launches[op]++;                                                             \
         mt_guard_open();                                                                   \
         call;                                                                              \
         mt_guard_close();                                                                  \
@@ -259,7 +277,7 @@ static void g_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha
     tensor("gemm", "A", A, ta ? K : M, ta ? M : K), tensor("gemm", "B", B, tb ? N : K, tb ? K : N);
     tensor("gemm", "C", C, M, N);
     if (C.dtype != MT_F32 && beta != 0.0f) misuse("gemm", "C", C.data, "is bf16 with beta != 0");
-    RUN(cpu->op.gemm(ctx, ta, tb, M, N, K, alpha, A, B, beta, C));
+    RUN(MT_OP_GEMM, cpu->op.gemm(ctx, ta, tb, M, N, K, alpha, A, B, beta, C));
 }
 
 static void g_grouped_gemm(void *ctx, bool ta, bool tb, int G_, const int32_t *offsets, int M,
@@ -271,7 +289,7 @@ static void g_grouped_gemm(void *ctx, bool ta, bool tb, int G_, const int32_t *o
     tensor("grouped_gemm", "C", C, ta ? (int64_t)G_ * M : -1, N);
     if (C.dtype != MT_F32 && beta != 0.0f)
         misuse("grouped_gemm", "C", C.data, "is bf16 with beta != 0");
-    RUN(cpu->op.grouped_gemm(ctx, ta, tb, G_, offsets, M, N, K, alpha, A, B, beta, C));
+    RUN(MT_OP_GROUPED_GEMM, cpu->op.grouped_gemm(ctx, ta, tb, G_, offsets, M, N, K, alpha, A, B, beta, C));
 }
 
 static void g_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
@@ -279,7 +297,7 @@ static void g_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *toke
 {
     tensor("embedding_fwd", "out", out, N, C), dev("embedding_fwd", "tokens", tokens);
     tensor("embedding_fwd", "wte", wte, -1, C);
-    RUN(cpu->op.embedding_fwd(ctx, out, tokens, wte, N, C));
+    RUN(MT_OP_EMBEDDING_FWD, cpu->op.embedding_fwd(ctx, out, tokens, wte, N, C));
 }
 
 static void g_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
@@ -287,7 +305,7 @@ static void g_embedding_bwd(void *ctx, float *dwte, const float *dout, const int
 {
     dev("embedding_bwd", "dwte", dwte), dev("embedding_bwd", "dout", dout);
     dev("embedding_bwd", "tokens", tokens);
-    RUN(cpu->op.embedding_bwd(ctx, dwte, dout, tokens, N, C));
+    RUN(MT_OP_EMBEDDING_BWD, cpu->op.embedding_bwd(ctx, dwte, dout, tokens, N, C));
 }
 
 static void g_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
@@ -295,7 +313,7 @@ static void g_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct m
 {
     tensor("rmsnorm_fwd", "out", out, N, C), dev("rmsnorm_fwd", "rstd", rstd);
     tensor("rmsnorm_fwd", "x", x, N, C), tensor("rmsnorm_fwd", "w", w, 1, C);
-    RUN(cpu->op.rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps));
+    RUN(MT_OP_RMSNORM_FWD, cpu->op.rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps));
 }
 
 static void g_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
@@ -304,7 +322,7 @@ static void g_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, st
     dev("rmsnorm_bwd", "dx", dx), dev("rmsnorm_bwd", "dw", dw);
     dev("rmsnorm_bwd", "dout", dout), tensor("rmsnorm_bwd", "x", x, N, C);
     tensor("rmsnorm_bwd", "w", w, 1, C), dev("rmsnorm_bwd", "rstd", rstd);
-    RUN(cpu->op.rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C));
+    RUN(MT_OP_RMSNORM_BWD, cpu->op.rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C));
 }
 
 static void g_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
@@ -312,14 +330,14 @@ static void g_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int 
 {
     tensor("rope_fwd", "out", out, (int64_t)B * T, (int64_t)H * D);
     tensor("rope_fwd", "x", x, (int64_t)B * T, (int64_t)H * D);
-    RUN(cpu->op.rope_fwd(ctx, out, x, B, T, H, D, theta));
+    RUN(MT_OP_ROPE_FWD, cpu->op.rope_fwd(ctx, out, x, B, T, H, D, theta));
 }
 
 static void g_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                        float theta)
 {
     dev("rope_bwd", "dx", dx), dev("rope_bwd", "dout", dout);
-    RUN(cpu->op.rope_bwd(ctx, dx, dout, B, T, H, D, theta));
+    RUN(MT_OP_ROPE_BWD, cpu->op.rope_bwd(ctx, dx, dout, B, T, H, D, theta));
 }
 
 static void g_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
@@ -331,7 +349,7 @@ static void g_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor 
     tensor("attention_fwd", "q", q, N, (int64_t)Hq * D);
     tensor("attention_fwd", "k", k, N, (int64_t)Hkv * D);
     tensor("attention_fwd", "v", v, N, (int64_t)Hkv * D);
-    RUN(cpu->op.attention_fwd(ctx, out, lse, q, k, v, B, T, Hq, Hkv, D));
+    RUN(MT_OP_ATTENTION_FWD, cpu->op.attention_fwd(ctx, out, lse, q, k, v, B, T, Hq, Hkv, D));
 }
 
 static void g_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
@@ -346,7 +364,7 @@ static void g_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const fl
     tensor("attention_bwd", "k", k, N, (int64_t)Hkv * D);
     tensor("attention_bwd", "v", v, N, (int64_t)Hkv * D);
     dev("attention_bwd", "out", out), dev("attention_bwd", "lse", lse);
-    RUN(cpu->op.attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D));
+    RUN(MT_OP_ATTENTION_BWD, cpu->op.attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, B, T, Hq, Hkv, D));
 }
 
 static void g_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
@@ -354,7 +372,7 @@ static void g_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
 {
     tensor("swiglu_fwd", "out", out, N, F), tensor("swiglu_fwd", "gate", gate, N, F);
     tensor("swiglu_fwd", "up", up, N, F);
-    RUN(cpu->op.swiglu_fwd(ctx, out, gate, up, N, F));
+    RUN(MT_OP_SWIGLU_FWD, cpu->op.swiglu_fwd(ctx, out, gate, up, N, F));
 }
 
 static void g_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
@@ -363,14 +381,14 @@ static void g_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
     dev("swiglu_bwd", "dgate", dgate), dev("swiglu_bwd", "dup", dup);
     dev("swiglu_bwd", "dout", dout), tensor("swiglu_bwd", "gate", gate, N, F);
     tensor("swiglu_bwd", "up", up, N, F);
-    RUN(cpu->op.swiglu_bwd(ctx, dgate, dup, dout, gate, up, N, F));
+    RUN(MT_OP_SWIGLU_BWD, cpu->op.swiglu_bwd(ctx, dgate, dup, dout, gate, up, N, F));
 }
 
 static void g_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b, size_t n)
 {
     tensor("add", "out", out, 1, (int64_t)n), tensor("add", "a", a, 1, (int64_t)n);
     tensor("add", "b", b, 1, (int64_t)n);
-    RUN(cpu->op.add(ctx, out, a, b, n));
+    RUN(MT_OP_ADD, cpu->op.add(ctx, out, a, b, n));
 }
 
 static void g_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
@@ -379,7 +397,7 @@ static void g_router_fwd(void *ctx, const struct mt_router_args *a, const float 
     host("router_fwd", "a", a);
     dev("router_fwd", "logits", logits), dev("router_fwd", "expert_bias", expert_bias);
     dev("router_fwd", "topk_idx", topk_idx), dev("router_fwd", "topk_prob", topk_prob);
-    RUN(cpu->op.router_fwd(ctx, a, logits, expert_bias, topk_idx, topk_prob));
+    RUN(MT_OP_ROUTER_FWD, cpu->op.router_fwd(ctx, a, logits, expert_bias, topk_idx, topk_prob));
 }
 
 static void g_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
@@ -388,7 +406,7 @@ static void g_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogi
     host("router_bwd", "a", a);
     dev("router_bwd", "dlogits", dlogits), dev("router_bwd", "dprob", dprob);
     dev("router_bwd", "logits", logits), dev("router_bwd", "topk_idx", topk_idx);
-    RUN(cpu->op.router_bwd(ctx, a, dlogits, dprob, logits, topk_idx));
+    RUN(MT_OP_ROUTER_BWD, cpu->op.router_bwd(ctx, a, dlogits, dprob, logits, topk_idx));
 }
 
 static void g_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts,
@@ -396,7 +414,7 @@ static void g_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts,
 {
     host("aux_counts", "a", a);
     dev("aux_counts", "counts", counts), dev("aux_counts", "logits", logits);
-    RUN(cpu->op.aux_counts(ctx, a, counts, logits));
+    RUN(MT_OP_AUX_COUNTS, cpu->op.aux_counts(ctx, a, counts, logits));
 }
 
 static void g_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss,
@@ -404,7 +422,8 @@ static void g_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss,
 {
     host("aux_loss_fwd", "a", a), host("aux_loss_fwd", "loss", loss);
     dev("aux_loss_fwd", "counts", counts), dev("aux_loss_fwd", "logits", logits);
-    RUN(cpu->op.aux_loss_fwd(ctx, a, loss, counts, logits));
+    COUNTS.syncs[MT_OP_AUX_LOSS_FWD]++; /* loss is a host value */
+    RUN(MT_OP_AUX_LOSS_FWD, cpu->op.aux_loss_fwd(ctx, a, loss, counts, logits));
 }
 
 static void g_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
@@ -413,7 +432,7 @@ static void g_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogit
     host("aux_loss_bwd", "a", a);
     dev("aux_loss_bwd", "dlogits", dlogits), dev("aux_loss_bwd", "counts", counts);
     dev("aux_loss_bwd", "logits", logits);
-    RUN(cpu->op.aux_loss_bwd(ctx, a, dlogits, dloss, counts, logits));
+    RUN(MT_OP_AUX_LOSS_BWD, cpu->op.aux_loss_bwd(ctx, a, dlogits, dloss, counts, logits));
 }
 
 static void g_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
@@ -421,7 +440,8 @@ static void g_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits
 {
     host("z_loss_fwd", "loss", loss);
     dev("z_loss_fwd", "lse", lse), dev("z_loss_fwd", "logits", logits);
-    RUN(cpu->op.z_loss_fwd(ctx, loss, lse, logits, N, E, coeff));
+    COUNTS.syncs[MT_OP_Z_LOSS_FWD]++; /* loss is a host value */
+    RUN(MT_OP_Z_LOSS_FWD, cpu->op.z_loss_fwd(ctx, loss, lse, logits, N, E, coeff));
 }
 
 static void g_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
@@ -429,7 +449,7 @@ static void g_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *ls
 {
     dev("z_loss_bwd", "dlogits", dlogits), dev("z_loss_bwd", "lse", lse);
     dev("z_loss_bwd", "logits", logits);
-    RUN(cpu->op.z_loss_bwd(ctx, dlogits, dloss, lse, logits, N, E, coeff));
+    RUN(MT_OP_Z_LOSS_BWD, cpu->op.z_loss_bwd(ctx, dlogits, dloss, lse, logits, N, E, coeff));
 }
 
 static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
@@ -443,8 +463,9 @@ static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
     dev("dispatch_plan", "plan->kept", plan->kept);
     dev("dispatch_plan", "topk_idx", topk_idx), dev("dispatch_plan", "topk_prob", topk_prob);
     long long dropped;
-    RUN(dropped = cpu->op.dispatch_plan(ctx, plan, topk_idx, topk_prob, N, E, topk, capacity,
-                                        policy, pad));
+    COUNTS.syncs[MT_OP_DISPATCH_PLAN]++; /* the dropped count is a host value */
+    RUN(MT_OP_DISPATCH_PLAN, dropped = cpu->op.dispatch_plan(ctx, plan, topk_idx, topk_prob, N,
+                                                             E, topk, capacity, policy, pad));
     return dropped;
 }
 
@@ -453,7 +474,7 @@ static void g_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
 {
     tensor("permute_fwd", "xp", xp, rows, C), tensor("permute_fwd", "x", x, -1, C);
     dev("permute_fwd", "row_slot", row_slot);
-    RUN(cpu->op.permute_fwd(ctx, xp, x, row_slot, rows, topk, C));
+    RUN(MT_OP_PERMUTE_FWD, cpu->op.permute_fwd(ctx, xp, x, row_slot, rows, topk, C));
 }
 
 static void g_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row, int N,
@@ -461,7 +482,7 @@ static void g_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t 
 {
     dev("permute_bwd", "dx", dx), dev("permute_bwd", "dxp", dxp);
     dev("permute_bwd", "slot_row", slot_row);
-    RUN(cpu->op.permute_bwd(ctx, dx, dxp, slot_row, N, topk, C));
+    RUN(MT_OP_PERMUTE_BWD, cpu->op.permute_bwd(ctx, dx, dxp, slot_row, N, topk, C));
 }
 
 static void g_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
@@ -469,7 +490,7 @@ static void g_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp
 {
     tensor("unpermute_fwd", "out", out, N, C), tensor("unpermute_fwd", "yp", yp, -1, C);
     dev("unpermute_fwd", "slot_row", slot_row), dev("unpermute_fwd", "prob", prob);
-    RUN(cpu->op.unpermute_fwd(ctx, out, yp, slot_row, prob, N, topk, C));
+    RUN(MT_OP_UNPERMUTE_FWD, cpu->op.unpermute_fwd(ctx, out, yp, slot_row, prob, N, topk, C));
 }
 
 static void g_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
@@ -479,7 +500,7 @@ static void g_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *do
     dev("unpermute_bwd", "dyp", dyp), dev("unpermute_bwd", "dprob", dprob);
     dev("unpermute_bwd", "dout", dout), tensor("unpermute_bwd", "yp", yp, rows, C);
     dev("unpermute_bwd", "slot_row", slot_row), dev("unpermute_bwd", "prob", prob);
-    RUN(cpu->op.unpermute_bwd(ctx, dyp, dprob, dout, yp, slot_row, prob, N, topk, C, rows));
+    RUN(MT_OP_UNPERMUTE_BWD, cpu->op.unpermute_bwd(ctx, dyp, dprob, dout, yp, slot_row, prob, N, topk, C, rows));
 }
 
 static void g_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
@@ -487,7 +508,7 @@ static void g_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const floa
 {
     dev("cross_entropy_fwd", "lse", lse), dev("cross_entropy_fwd", "tlogit", tlogit);
     dev("cross_entropy_fwd", "logits", logits), dev("cross_entropy_fwd", "targets", targets);
-    RUN(cpu->op.cross_entropy_fwd(ctx, lse, tlogit, logits, targets, N, V, v0));
+    RUN(MT_OP_CROSS_ENTROPY_FWD, cpu->op.cross_entropy_fwd(ctx, lse, tlogit, logits, targets, N, V, v0));
 }
 
 static void g_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
@@ -495,7 +516,7 @@ static void g_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, 
 {
     dev("cross_entropy_bwd", "dlogits", dlogits), dev("cross_entropy_bwd", "logits", logits);
     dev("cross_entropy_bwd", "lse", lse), dev("cross_entropy_bwd", "targets", targets);
-    RUN(cpu->op.cross_entropy_bwd(ctx, dlogits, logits, lse, targets, N, V, v0, scale));
+    RUN(MT_OP_CROSS_ENTROPY_BWD, cpu->op.cross_entropy_bwd(ctx, dlogits, logits, lse, targets, N, V, v0, scale));
 }
 
 static void g_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
@@ -504,32 +525,32 @@ static void g_adamw(void *ctx, float *param, const float *grad, float *m, float 
 {
     dev("adamw", "param", param), dev("adamw", "grad", grad);
     dev("adamw", "m", m), dev("adamw", "v", v);
-    RUN(cpu->op.adamw(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
+    RUN(MT_OP_ADAMW, cpu->op.adamw(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale,
                       t));
 }
 
 static void g_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
     dev("bf16_round", "out", out), dev("bf16_round", "x", x);
-    RUN(cpu->op.bf16_round(ctx, out, x, n));
+    RUN(MT_OP_BF16_ROUND, cpu->op.bf16_round(ctx, out, x, n));
 }
 
 static void g_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
 {
     tensor("convert", "dst", dst, -1, -1), tensor("convert", "src", src, dst.rows, dst.cols);
-    RUN(cpu->op.convert(ctx, dst, src));
+    RUN(MT_OP_CONVERT, cpu->op.convert(ctx, dst, src));
 }
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {
     dev("scale", "x", x);
-    RUN(cpu->op.scale(ctx, x, s, n));
+    RUN(MT_OP_SCALE, cpu->op.scale(ctx, x, s, n));
 }
 
 static void g_sumsq(void *ctx, double *acc, const float *x, size_t n)
 {
     dev("sumsq", "acc", acc), dev("sumsq", "x", x);
-    RUN(cpu->op.sumsq(ctx, acc, x, n));
+    RUN(MT_OP_SUMSQ, cpu->op.sumsq(ctx, acc, x, n));
 }
 
 static const struct mt_kernels guard_kernels = {
@@ -576,6 +597,7 @@ static const struct mt_kernels guard_kernels = {
         .scale = g_scale,
         .sumsq = g_sumsq,
     },
+    .counts = g_counts,
 };
 
 const struct mt_kernels *mt_kernels_guard(void)

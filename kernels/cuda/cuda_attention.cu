@@ -685,6 +685,7 @@ static void attention_bwd(mt_cuda_ctx *c, const att_args &a, int B)
 extern "C" void mt_cuda_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q, struct mt_tensor k,
                                       struct mt_tensor v, int B, int T, int Hq, int Hkv, int D)
 {
+    MT_CUDA_OP(ctx, MT_OP_ATTENTION_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
     att_inputs in = make_args(c, "attention_fwd", q, k, v, T, Hq, Hkv, D);
@@ -699,6 +700,7 @@ extern "C" void mt_cuda_attention_bwd(void *ctx, float *dq, float *dk, float *dv
                                       struct mt_tensor q, struct mt_tensor k, struct mt_tensor v, const float *out,
                                       const float *lse, int B, int T, int Hq, int Hkv, int D)
 {
+    MT_CUDA_OP(ctx, MT_OP_ATTENTION_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
     att_inputs in = make_args(c, "attention_bwd", q, k, v, T, Hq, Hkv, D);

@@ -56,6 +56,7 @@ static struct mt_kernels cuda_kernels = {
         .scale = mt_cuda_scale,
         .sumsq = mt_cuda_sumsq,
     },
+    .counts = mt_cuda_counts,
 };
 
 const struct mt_kernel_ops *mt_kernels_cuda_ops(void) { return &cuda_kernels.op; }

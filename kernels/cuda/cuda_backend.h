@@ -90,6 +90,11 @@ struct mt_cuda_gemm_stats {
 /* All zero (names NULL) when the backend is not built. */
 void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_gemm_stats *s);
 
+/* What the emulated device saw since the backend was built (kernels/cuda/emu: kernel
+ * launches and cuBLASLt matmuls, the host's waits), to check the backend's own counts
+ * (struct mt_op_counts) against; false (nothing set) in a build for a real GPU. */
+bool mt_cuda_emulated_counts(const struct mt_kernels *k, long long *launches, long long *syncs);
+
 /* Device facts for benchmarks: name, multiprocessors, peak SM clock, and the dense
  * bf16 tensor-core peak derived from them (0 when the architecture is not known). */
 struct mt_cuda_device_info {

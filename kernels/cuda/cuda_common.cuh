@@ -74,9 +74,39 @@ struct mt_cuda_ctx {
     float *rope_tab;
     int rope_T, rope_D;
     float rope_theta;
+
+    // what the backend made the host do (struct mt_op_counts), charged to the op
+    // running (op; MT_OP_COUNT outside one): one thread calls the ops
+    mt_op_counts counts;
+    int op;
+    long long emu_launches0, emu_syncs0; // the emulator's counts when the context was made
 };
 
 static inline mt_cuda_ctx *mt_cuda(void *ctx) { return (mt_cuda_ctx *)ctx; }
+
+// Charges what the op does to it: MT_CUDA_OP(ctx, MT_OP_GEMM) at the top of the op's
+// entry point (an op that calls another keeps its own charge).
+struct mt_cuda_op_scope {
+    mt_cuda_ctx *c;
+    int prev;
+    mt_cuda_op_scope(void *ctx, enum mt_op op) : c(mt_cuda(ctx)), prev(c->op)
+    {
+        if (prev == MT_OP_COUNT) c->op = op;
+        mt_cuda_launch_slot = &c->counts.launches[c->op];
+    }
+    ~mt_cuda_op_scope()
+    {
+        c->op = prev;
+        mt_cuda_launch_slot = &c->counts.launches[c->op];
+    }
+};
+#define MT_CUDA_OP(ctx, op) mt_cuda_op_scope mt_cuda_op_scope_(ctx, op)
+
+// The host is about to wait for the device (a synchronisation, a synchronous copy or
+// free): counted, then the call is made.
+static inline void mt_cuda_note_sync(mt_cuda_ctx *c) { c->counts.syncs[c->op]++; }
+// A cuBLASLt call queued on the stream.
+static inline void mt_cuda_note_library_launch(mt_cuda_ctx *c) { c->counts.launches[c->op]++; }
 
 // Destroys every cached GEMM plan's descriptor and layouts (cuda_gemm.cu); the context's
 // teardown calls it once the stream has drained.

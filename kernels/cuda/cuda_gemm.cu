@@ -233,6 +233,7 @@ static mt_tensor converted(mt_cuda_ctx *c, const mt_tensor &t, enum mt_dtype to,
 extern "C" void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                              struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C)
 {
+    MT_CUDA_OP(ctx, MT_OP_GEMM);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("gemm", "A", A, false), mt_cuda_tensor_check("gemm", "B", B, false);
     mt_cuda_tensor_check("gemm", "C", C, false);
@@ -267,6 +268,7 @@ extern "C" void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N
                              ab == MT_BF16 ? CUDA_R_16BF : CUDA_R_32F, d.dtype == MT_BF16 ? CUDA_R_16BF : CUDA_R_32F};
     mt_gemm_plan &p = gemm_plan(c, key);
     p.calls++;
+    mt_cuda_note_library_launch(c);
     MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, p.desc, &alpha, b.data, p.a, a.data, p.b, &beta, d.data, p.c, d.data, p.c,
                                    &p.algo, c->lt_ws, c->lt_ws_bytes, c->stream));
     if (tmp_d) mt_cuda_convert(c, C, d);

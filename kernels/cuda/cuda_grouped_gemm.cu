@@ -433,6 +433,7 @@ extern "C" void mt_cuda_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int 
                                      const int32_t *offsets, int M, int N, int K, float alpha,
                                      struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C)
 {
+    MT_CUDA_OP(ctx, MT_OP_GROUPED_GEMM);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("grouped_gemm", "A", A, true), mt_cuda_tensor_check("grouped_gemm", "B", B, true);
     mt_cuda_tensor_check("grouped_gemm", "C", C, true);

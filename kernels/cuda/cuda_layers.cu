@@ -43,6 +43,7 @@ __global__ static void embedding_fwd_kernel(TO *out, const int32_t *tokens, cons
 extern "C" void mt_cuda_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
                                       struct mt_tensor wte, int N, int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_EMBEDDING_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("embedding_fwd", "out", out), check("embedding_fwd", "wte", wte);
     if (N <= 0 || C <= 0) return;
@@ -83,6 +84,7 @@ __global__ static void embedding_bwd_kernel(float *dwte, const float *dout, cons
 extern "C" void mt_cuda_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
                                       int N, int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_EMBEDDING_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
     int32_t *buf = (int32_t *)mt_cuda_scratch(c, sizeof(int32_t) * 3 * (size_t)N);
@@ -126,6 +128,7 @@ __global__ static void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, con
 extern "C" void mt_cuda_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
                                     struct mt_tensor w, int N, int C, float eps)
 {
+    MT_CUDA_OP(ctx, MT_OP_RMSNORM_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("rmsnorm_fwd", "out", out), check("rmsnorm_fwd", "x", x), check("rmsnorm_fwd", "w", w);
     if (N <= 0 || C <= 0) return;
@@ -207,6 +210,7 @@ static void rmsnorm_bwd_smem(const mt_cuda_ctx *c, size_t smem)
 extern "C" void mt_cuda_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
                                     struct mt_tensor w, const float *rstd, int N, int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_RMSNORM_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("rmsnorm_bwd", "x", x), check("rmsnorm_bwd", "w", w);
     if (N <= 0 || C <= 0) return;
@@ -255,6 +259,7 @@ static const float *rope_table(mt_cuda_ctx *c, int T, int D, float theta)
     if (c->rope_tab) mt_cuda_free(c, c->rope_tab);
     c->rope_tab = (float *)mt_cuda_scratch(c, sizeof(float) * n);
     MT_CUDA_CHECK(cudaMemcpyAsync(c->rope_tab, host, sizeof(float) * n, cudaMemcpyHostToDevice, c->stream));
+    mt_cuda_note_sync(c);
     MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     free(host);
     c->rope_T = T;
@@ -295,6 +300,7 @@ static void rope(mt_cuda_ctx *c, TO *out, const TX *x, int B, int T, int H, int 
 extern "C" void mt_cuda_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
                                  int D, float theta)
 {
+    MT_CUDA_OP(ctx, MT_OP_ROPE_FWD);
     check("rope_fwd", "out", out), check("rope_fwd", "x", x);
     mt_with_elem(out.dtype, [&](auto o) {
         mt_with_elem(x.dtype, [&](auto xt) {
@@ -308,6 +314,7 @@ extern "C" void mt_cuda_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tens
 extern "C" void mt_cuda_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                                  float theta)
 {
+    MT_CUDA_OP(ctx, MT_OP_ROPE_BWD);
     rope(mt_cuda(ctx), dx, dout, B, T, H, D, theta, -1.0f);
 }
 
@@ -377,6 +384,7 @@ static unsigned elementwise_grid(size_t n, bool vec) { return mt_cdiv(vec ? n / 
 extern "C" void mt_cuda_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate, struct mt_tensor up,
                                    int N, int F)
 {
+    MT_CUDA_OP(ctx, MT_OP_SWIGLU_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("swiglu_fwd", "out", out), check("swiglu_fwd", "gate", gate), check("swiglu_fwd", "up", up);
     const size_t n = (size_t)N * F;
@@ -400,6 +408,7 @@ extern "C" void mt_cuda_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_te
 extern "C" void mt_cuda_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout, struct mt_tensor gate,
                                    struct mt_tensor up, int N, int F)
 {
+    MT_CUDA_OP(ctx, MT_OP_SWIGLU_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("swiglu_bwd", "gate", gate), check("swiglu_bwd", "up", up);
     const size_t n = (size_t)N * F;
@@ -422,6 +431,7 @@ extern "C" void mt_cuda_swiglu_bwd(void *ctx, float *dgate, float *dup, const fl
 
 extern "C" void mt_cuda_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b, size_t n)
 {
+    MT_CUDA_OP(ctx, MT_OP_ADD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     check("add", "out", out), check("add", "a", a), check("add", "b", b);
     if (n == 0) return;

@@ -79,6 +79,7 @@ __global__ static void ce_fwd_kernel(float *lse, float *tlogit, const float *log
 extern "C" void mt_cuda_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
                                           const int32_t *targets, int N, int V, int v0)
 {
+    MT_CUDA_OP(ctx, MT_OP_CROSS_ENTROPY_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || V <= 0) return;
     if (V % 4 == 0 && ((uintptr_t)logits & 15) == 0)
@@ -122,6 +123,7 @@ __global__ static void ce_bwd_kernel(float *dlogits, const float *logits, const 
 extern "C" void mt_cuda_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
                                           const int32_t *targets, int N, int V, int v0, float scale)
 {
+    MT_CUDA_OP(ctx, MT_OP_CROSS_ENTROPY_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || V <= 0) return;
     const size_t total = (size_t)N * V;

@@ -58,6 +58,7 @@ static size_t size_class(size_t bytes)
 static void release_cached(mt_cuda_ctx *c)
 {
     for (auto &kv : c->free_blocks) {
+        mt_cuda_note_sync(c);
         cudaFree(kv.second);
         c->reserved -= kv.first;
     }
@@ -67,6 +68,7 @@ static void release_cached(mt_cuda_ctx *c)
 
 extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
 {
+    MT_CUDA_OP(ctx, MT_OP_ALLOC);
     mt_cuda_ctx *c = mt_cuda(ctx);
     const size_t sz = size_class(bytes);
     std::lock_guard<std::mutex> lock(c->mu);
@@ -99,6 +101,7 @@ extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
 
 extern "C" void mt_cuda_free(void *ctx, void *p)
 {
+    MT_CUDA_OP(ctx, MT_OP_FREE);
     if (!p) return;
     mt_cuda_ctx *c = mt_cuda(ctx);
     std::lock_guard<std::mutex> lock(c->mu);
@@ -118,7 +121,7 @@ extern "C" void mt_cuda_free(void *ctx, void *p)
 // Page-locked host memory, not cached: the callers keep it (pinning is slow).
 extern "C" void *mt_cuda_alloc_host(void *ctx, size_t bytes)
 {
-    (void)ctx;
+    MT_CUDA_OP(ctx, MT_OP_ALLOC_HOST);
     void *p = NULL;
     if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
         (void)cudaGetLastError(); // out of pinnable memory is not sticky
@@ -129,8 +132,10 @@ extern "C" void *mt_cuda_alloc_host(void *ctx, size_t bytes)
 
 extern "C" void mt_cuda_free_host(void *ctx, void *p)
 {
-    (void)ctx;
-    if (p) MT_CUDA_CHECK(cudaFreeHost(p));
+    MT_CUDA_OP(ctx, MT_OP_FREE_HOST);
+    if (!p) return;
+    mt_cuda_note_sync(mt_cuda(ctx));
+    MT_CUDA_CHECK(cudaFreeHost(p));
 }
 
 void *mt_cuda_scratch(mt_cuda_ctx *c, size_t bytes)
@@ -147,12 +152,14 @@ void *mt_cuda_scratch(mt_cuda_ctx *c, size_t bytes)
 const void *mt_cuda_to_host(mt_cuda_ctx *c, const void *dev, size_t n)
 {
     MT_CUDA_CHECK(cudaMemcpyAsync(c->host_stage, dev, n, cudaMemcpyDeviceToHost, c->stream));
+    mt_cuda_note_sync(c);
     MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
     return c->host_stage;
 }
 
 extern "C" void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes)
 {
+    MT_CUDA_OP(ctx, MT_OP_MEMSET);
     if (bytes == 0) return;
     MT_CUDA_CHECK(cudaMemsetAsync(p, byte, bytes, mt_cuda(ctx)->stream));
 }
@@ -171,10 +178,14 @@ static bool is_host_memory(const void *p)
 
 extern "C" void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
+    MT_CUDA_OP(ctx, MT_OP_COPY);
     if (bytes == 0 || dst == src) return;
     mt_cuda_ctx *c = mt_cuda(ctx);
     MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->stream));
-    if (is_host_memory(dst) || is_host_memory(src)) MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (is_host_memory(dst) || is_host_memory(src)) {
+        mt_cuda_note_sync(c);
+        MT_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    }
 }
 
 extern "C" int mt_cuda_select_device(int device, char *msg, size_t msg_len)
@@ -208,7 +219,28 @@ extern "C" bool mt_cuda_is_device_memory(const void *p) { return p && !is_host_m
 
 extern "C" void *mt_cuda_stream(const struct mt_kernels *k) { return mt_cuda(k->ctx)->stream; }
 
-extern "C" void mt_cuda_sync(void *ctx) { MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda(ctx)->stream)); }
+extern "C" void mt_cuda_counts(void *ctx, struct mt_op_counts *out) { *out = mt_cuda(ctx)->counts; }
+
+extern "C" bool mt_cuda_emulated_counts(const struct mt_kernels *k, long long *launches, long long *syncs)
+{
+#ifdef MT_CUDA_EMU
+    const mt_cuda_ctx *c = mt_cuda(k->ctx);
+    mt_emu_counts(launches, syncs);
+    *launches -= c->emu_launches0;
+    *syncs -= c->emu_syncs0;
+    return true;
+#else
+    (void)k, (void)launches, (void)syncs;
+    return false;
+#endif
+}
+
+extern "C" void mt_cuda_sync(void *ctx)
+{
+    MT_CUDA_OP(ctx, MT_OP_SYNC);
+    mt_cuda_note_sync(mt_cuda(ctx));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt_cuda(ctx)->stream));
+}
 
 // GEMM compute type, read once from MT_CUDA_GEMM_COMPUTE (bf16, the default; tf32;
 // fp32): bf16 and tf32 run on tensor cores from fp32 operands, fp32 is the exact
@@ -245,6 +277,12 @@ extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
     c->rope_theta = 0.0f;
     c->stream = NULL;
     c->lt = NULL;
+    c->counts = mt_op_counts{};
+    c->op = MT_OP_COUNT;
+    mt_cuda_launch_slot = &c->counts.launches[MT_OP_COUNT];
+#ifdef MT_CUDA_EMU
+    mt_emu_counts(&c->emu_launches0, &c->emu_syncs0);
+#endif
     if (gemm_compute_from_env(&c->gemm_compute, msg, msg_len)) {
         delete c;
         return -1;

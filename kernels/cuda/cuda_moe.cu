@@ -146,6 +146,7 @@ __global__ static void router_fwd_kernel(mt_router_args a, const float *logits, 
 extern "C" void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,
                                    const float *expert_bias, int32_t *topk_idx, float *topk_prob)
 {
+    MT_CUDA_OP(ctx, MT_OP_ROUTER_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (a->num_tokens <= 0) return;
     check_router_shape(a->num_experts, a->topk);
@@ -200,6 +201,7 @@ __global__ static void router_bwd_kernel(mt_router_args a, float *dlogits, const
 extern "C" void mt_cuda_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
                                    const float *dprob, const float *logits, const int32_t *topk_idx)
 {
+    MT_CUDA_OP(ctx, MT_OP_ROUTER_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (a->num_tokens <= 0) return;
     check_router_shape(a->num_experts, a->topk);
@@ -351,6 +353,7 @@ static void aux_sums(mt_cuda_ctx *c, const mt_aux_args *a, const float *logits, 
 
 extern "C" void mt_cuda_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits)
 {
+    MT_CUDA_OP(ctx, MT_OP_AUX_COUNTS);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (a->num_seqs <= 0 || a->num_experts <= 0) return;
     check_router_shape(a->num_experts, a->topk);
@@ -360,6 +363,7 @@ extern "C" void mt_cuda_aux_counts(void *ctx, const struct mt_aux_args *a, float
 extern "C" void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
                                      const float *logits)
 {
+    MT_CUDA_OP(ctx, MT_OP_AUX_LOSS_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (a->num_seqs <= 0 || a->num_experts <= 0) {
         *loss = 0.0f;
@@ -401,6 +405,7 @@ __global__ static void aux_bwd_kernel(mt_aux_args a, float *dlogits, const float
 extern "C" void mt_cuda_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
                                      const float *counts, const float *logits)
 {
+    MT_CUDA_OP(ctx, MT_OP_AUX_LOSS_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (a->num_tokens <= 0) return;
     const double S = a->seq_len;
@@ -447,6 +452,7 @@ __global__ static void z_loss_kernel(float *loss, const float *lse, int N, float
 extern "C" void mt_cuda_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
                                    float coeff)
 {
+    MT_CUDA_OP(ctx, MT_OP_Z_LOSS_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0) {
         *loss = 0.0f;
@@ -472,6 +478,7 @@ __global__ static void z_bwd_kernel(float *dlogits, const float *lse, const floa
 extern "C" void mt_cuda_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse, const float *logits,
                                    int N, int E, float coeff)
 {
+    MT_CUDA_OP(ctx, MT_OP_Z_LOSS_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0) return;
     const float cf = dloss * coeff * 2.0f / (float)N;
@@ -610,6 +617,7 @@ extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *p
                                            const float *topk_prob, int N, int E, int topk, int capacity,
                                            enum mt_drop_policy policy, bool pad)
 {
+    MT_CUDA_OP(ctx, MT_OP_DISPATCH_PLAN);
     mt_cuda_ctx *c = mt_cuda(ctx);
     const int S = N * topk;
     const bool by_prob = capacity > 0 && policy == MT_DROP_PROBS;
@@ -684,6 +692,7 @@ __global__ static void permute_fwd_kernel(TO *xp, const TX *x, const int32_t *ro
 extern "C" void mt_cuda_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x, const int32_t *row_slot,
                                     int rows, int topk, int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_PERMUTE_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("permute_fwd", "xp", xp, true), mt_cuda_tensor_check("permute_fwd", "x", x, true);
     if (rows <= 0 || C <= 0) return;
@@ -716,6 +725,7 @@ __global__ static void permute_bwd_kernel(float *dx, const float *dxp, const int
 extern "C" void mt_cuda_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row, int N, int topk,
                                     int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_PERMUTE_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (N <= 0 || C <= 0) return;
     MT_LAUNCH(mt_cdiv((size_t)N * C, 256), 256, 0, c->stream, permute_bwd_kernel)(dx, dxp, slot_row, N, topk, C);
@@ -742,6 +752,7 @@ __global__ static void unpermute_fwd_kernel(TO *out, const TY *yp, const int32_t
 extern "C" void mt_cuda_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp, const int32_t *slot_row,
                                       const float *prob, int N, int topk, int C)
 {
+    MT_CUDA_OP(ctx, MT_OP_UNPERMUTE_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("unpermute_fwd", "out", out, true), mt_cuda_tensor_check("unpermute_fwd", "yp", yp, true);
     if (N <= 0 || C <= 0) return;
@@ -785,6 +796,7 @@ __global__ static void unpermute_bwd_kernel(float *dyp, float *dprob, const floa
 extern "C" void mt_cuda_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout, struct mt_tensor yp,
                                       const int32_t *slot_row, const float *prob, int N, int topk, int C, int rows)
 {
+    MT_CUDA_OP(ctx, MT_OP_UNPERMUTE_BWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("unpermute_bwd", "yp", yp, true);
     if (rows > 0 && C > 0) MT_CUDA_CHECK(cudaMemsetAsync(dyp, 0, sizeof(float) * (size_t)rows * C, c->stream));

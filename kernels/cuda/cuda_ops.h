@@ -33,6 +33,7 @@ void mt_cuda_free_host(void *ctx, void *p);
 void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes);
 void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes);
 void mt_cuda_sync(void *ctx);
+void mt_cuda_counts(void *ctx, struct mt_op_counts *out);
 
 /* cuda_gemm.cu (cuBLASLt), cuda_grouped_gemm.cu (own tensor-core kernel) */
 void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,

@@ -31,6 +31,7 @@ __global__ static void adamw_kernel(float *param, const float *grad, float *m, f
 extern "C" void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                               float beta1, float beta2, float eps, float weight_decay, float grad_scale, long long t)
 {
+    MT_CUDA_OP(ctx, MT_OP_ADAMW);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
     adamw_consts k;
@@ -63,6 +64,7 @@ __global__ static void bf16_round_kernel(float *out, const float *x, size_t n)
 
 extern "C" void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
+    MT_CUDA_OP(ctx, MT_OP_BF16_ROUND);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
     MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, bf16_round_kernel)(out, x, n);
@@ -77,6 +79,7 @@ __global__ static void scale_kernel(float *x, float s, size_t n)
 
 extern "C" void mt_cuda_scale(void *ctx, float *x, float s, size_t n)
 {
+    MT_CUDA_OP(ctx, MT_OP_SCALE);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0 || s == 1.0f) return;
     MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, scale_kernel)(x, s, n);
@@ -123,6 +126,7 @@ __global__ static void sumsq_final_kernel(double *acc, const double *part, int n
 
 extern "C" void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n)
 {
+    MT_CUDA_OP(ctx, MT_OP_SUMSQ);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
     size_t blocks = (n + 8 * MT_SUMSQ_THREADS - 1) / (8 * MT_SUMSQ_THREADS);
@@ -151,6 +155,7 @@ __global__ static void convert_kernel(TD *dst, const TS *src, int64_t rows, int6
 
 extern "C" void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
 {
+    MT_CUDA_OP(ctx, MT_OP_CONVERT);
     mt_cuda_ctx *c = mt_cuda(ctx);
     mt_cuda_tensor_check("convert", "dst", dst, false);
     mt_cuda_tensor_check("convert", "src", src, false);

@@ -102,9 +102,11 @@ endif
 EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh \
 	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh
 if CUDA_EMULATION
-# The emulated NCCL waits for a call's stream through the program's cudaStreamSynchronize
-# (the emulator may defer device work): the programs that load it export that one.
-MT_EMU_NCCL_EXPORT = -Wl,--export-dynamic-symbol=cudaStreamSynchronize
+# The emulated NCCL waits for a call's stream through the program's mt_emu_stream_wait
+# (the emulator's uncounted cudaStreamSynchronize; or cudaStreamSynchronize itself), as
+# the emulator may defer device work: the programs that load it export both.
+MT_EMU_NCCL_EXPORT = -Wl,--export-dynamic-symbol=cudaStreamSynchronize \
+	-Wl,--export-dynamic-symbol=mt_emu_stream_wait
 tests_gpu_moetrain_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
 if HAVE_NCCL
 check_SCRIPTS += tests/runtime/emu-nccl/libnccl.so.2

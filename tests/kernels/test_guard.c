@@ -170,6 +170,31 @@ static void test_host_memory(void **state)
     assert_non_null(strstr(msg, "is backend memory from alloc; free it with free"));
 }
 
+/* What a device would make the host do: every op a launch, a synchronisation for sync
+ * and for a copy touching host memory, none for a copy between backend buffers. */
+static void test_counts(void **state)
+{
+    (void)state;
+    struct mt_op_counts a, b;
+    assert_non_null(G->counts);
+    G->counts(G->ctx, &a);
+    float h[4] = {1, 2, 3, 4};
+    float *d = G->op.alloc(G->ctx, sizeof h), *e = G->op.alloc(G->ctx, sizeof h);
+    G->op.copy(G->ctx, d, h, sizeof h);                     /* to the device: waits */
+    G->op.copy(G->ctx, e, d, sizeof h);                     /* device to device: queued */
+    G->op.add(G->ctx, mt_f32(e, 1, 4), mt_f32(d, 1, 4), mt_f32(e, 1, 4), 4);
+    G->op.sync(G->ctx);
+    G->op.copy(G->ctx, h, e, sizeof h);                     /* back: waits */
+    G->counts(G->ctx, &b);
+    assert_int_equal(b.syncs[MT_OP_COPY] - a.syncs[MT_OP_COPY], 2);
+    assert_int_equal(b.syncs[MT_OP_SYNC] - a.syncs[MT_OP_SYNC], 1);
+    assert_int_equal(b.launches[MT_OP_ADD] - a.launches[MT_OP_ADD], 1);
+    assert_int_equal(b.syncs[MT_OP_ADD] - a.syncs[MT_OP_ADD], 0);
+    assert_true(h[0] == 2 && h[3] == 8);
+    G->op.free(G->ctx, d);
+    G->op.free(G->ctx, e);
+}
+
 static void test_faults(void **state)
 {
     (void)state;
@@ -212,6 +237,7 @@ int main(void)
         cmocka_unit_test(test_same_results),
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -556,12 +556,14 @@ struct call {
 };
 
 // A call runs on the host at once, but in NCCL it is stream work: what the stream holds
-// must be done first. The program's cudaStreamSynchronize (the emulator's, which may
-// defer device work) does that, when the program exports it for libraries it loads.
+// must be done first. The emulator's mt_emu_stream_wait (cudaStreamSynchronize, not
+// counted as the host's wait: struct mt_op_counts), or the program's
+// cudaStreamSynchronize, does that, when the program exports it for libraries it loads.
 void wait_stream(cudaStream_t s)
 {
     using sync_fn = cudaError_t (*)(cudaStream_t);
-    static const sync_fn sync = (sync_fn)dlsym(RTLD_DEFAULT, "cudaStreamSynchronize");
+    static const sync_fn quiet = (sync_fn)dlsym(RTLD_DEFAULT, "mt_emu_stream_wait");
+    static const sync_fn sync = quiet ? quiet : (sync_fn)dlsym(RTLD_DEFAULT, "cudaStreamSynchronize");
     if (sync) sync(s);
 }
 

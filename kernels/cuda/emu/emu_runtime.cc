@@ -461,6 +461,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    note_host_sync();
     host_waits_device();
     forget_allocation(p);
     return ret(unmap_region(p, false, "cudaFree"));
@@ -475,6 +476,7 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 cudaError_t cudaFreeHost(void *p)
 {
     if (!p) return cudaSuccess;
+    note_host_sync();
     host_waits_device();
     forget_allocation(p);
     return ret(unmap_region(p, true, "cudaFreeHost"));
@@ -520,6 +522,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     const cudaError_t r = copy(dst, src, n, kind, nullptr, "cudaMemcpy");
+    note_host_sync();
     host_waits_stream(nullptr);
     return r;
 }

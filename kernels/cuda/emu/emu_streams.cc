@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -290,6 +291,10 @@ void host_waits_device()
     for (size_t i = streams.size(); i-- > 0;) host_waits(streams[i]); // destroyed ones' work too
 }
 
+static std::atomic<long long> launches_seen{0}, host_syncs_seen{0};
+void note_launch() { launches_seen++; }
+void note_host_sync() { host_syncs_seen++; }
+
 void forget_allocation(const void *p)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
@@ -307,6 +312,21 @@ cudaError_t bad_handle()
 using namespace mt_emu;
 
 extern "C" {
+
+void mt_emu_counts(long long *launches, long long *host_syncs)
+{
+    *launches = launches_seen.load();
+    *host_syncs = host_syncs_seen.load();
+}
+
+cudaError_t mt_emu_stream_wait(cudaStream_t h)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    stream_rec *s = stream_of(h, "cudaStreamSynchronize");
+    if (!s) return bad_handle();
+    host_waits(s);
+    return cudaSuccess;
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *h, unsigned flags)
 {
@@ -335,12 +355,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
+    note_host_sync();
     host_waits(s);
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    note_host_sync();
     host_waits_device();
     return cudaSuccess;
 }
@@ -402,6 +424,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     event_rec *e = event_of(h, "cudaEventSynchronize");
     if (!e) return bad_handle();
+    note_host_sync();
     if (e->recorded) {
         run_until(streams[e->stream], e->seq);
         host.join(e->vc);

@@ -47,6 +47,21 @@ void scan_pointers(const void *block, size_t bytes, bool write, std::vector<mem_
 // The host waits for `stream` (cudaStreamSynchronize semantics; null: the legacy stream).
 void host_waits_stream(cudaStream_t stream);
 
+// What the program made the host do, as the emulated device saw it: kernel launches and
+// cuBLASLt matmuls; the host's waits for the device through the runtime (stream, event
+// and device synchronisations, cudaMemcpy, cudaFree, cudaFreeHost), not counting the
+// emulated NCCL's own waits for a call's stream (NCCL enqueues; a GPU's host does not
+// wait there). The CUDA backend counts the same by itself (struct mt_op_counts).
+void note_launch();
+void note_host_sync();
+
 } // namespace mt_emu
+
+extern "C" {
+// The counts of note_launch and note_host_sync since the process started.
+void mt_emu_counts(long long *launches, long long *host_syncs);
+// cudaStreamSynchronize for the emulated NCCL: the same wait, not counted.
+cudaError_t mt_emu_stream_wait(cudaStream_t stream);
+}
 
 #endif
