@@ -456,6 +456,90 @@ static int check_data(const struct mt_config *c, struct mt_err *err)
     return mt_config_data_split(d->split, split, err);
 }
 
+/* &recompute: Megatron's rules (TransformerConfig), and modules this model has. */
+static int check_recompute(struct mt_config *c, struct mt_err *err)
+{
+    struct mt_config_recompute *r = &c->recompute;
+    const bool full = strcmp(r->granularity, "full") == 0;
+    const bool selective = strcmp(r->granularity, "selective") == 0;
+    const bool method = strcmp(r->method, "none") != 0;
+    if (full && !method)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute granularity = 'full' needs method = 'uniform' (groups of "
+                          "num_layers layers keep only their input) or 'block' (the first "
+                          "num_layers layers of each model chunk are recomputed)");
+    if (!full && method)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute method = '%s' applies only with granularity = 'full' "
+                          "(granularity is '%s'); remove method",
+                          r->method, r->granularity);
+    if (full && r->num_layers < 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute granularity = 'full' needs num_layers >= 1 (layers per "
+                          "group with method = 'uniform', layers recomputed per model chunk "
+                          "with 'block'); for example num_layers = 1");
+    if (!full && r->num_layers)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute num_layers = %d applies only with granularity = 'full' "
+                          "(granularity is '%s'); remove num_layers",
+                          r->num_layers, r->granularity);
+    if (r->num_layers > c->model.num_layers)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute num_layers = %d exceeds &model num_layers = %d; at most "
+                          "%d",
+                          r->num_layers, c->model.num_layers, c->model.num_layers);
+    if (!selective && r->modules_len)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute modules applies only with granularity = 'selective' "
+                          "(granularity is '%s'); remove modules%s",
+                          r->granularity,
+                          full ? " (full recompute rebuilds whole layers)" : "");
+    if (!selective) return MT_OK;
+    if (r->modules_len == 0) { /* Megatron's default */
+        snprintf(r->modules[0], MT_STR_MAX, "core_attn");
+        r->modules_len = 1;
+    }
+    bool moe = false, dense = false;
+    for (int i = 0; i < c->model.num_layers; i++) {
+        moe = moe || (c->moe.num_experts > 0 && c->moe.layer_freq[i]);
+        dense = dense || !(c->moe.num_experts > 0 && c->moe.layer_freq[i]);
+    }
+    for (int i = 0; i < r->modules_len; i++) {
+        const char *mod = r->modules[i];
+        static const char *const names[] = {"core_attn", "moe_act", "layernorm",
+                                            "mlp",       "moe",     "shared_experts"};
+        bool known = false;
+        for (size_t j = 0; j < sizeof names / sizeof *names; j++)
+            known = known || strcmp(mod, names[j]) == 0;
+        if (!known)
+            return mt_err_set(err, MT_EINVAL,
+                              "&recompute modules(%d) = '%s' is not a module of this model; "
+                              "choose from core_attn, moe_act, layernorm, mlp, moe, "
+                              "shared_experts",
+                              i + 1, mod);
+        for (int j = 0; j < i; j++)
+            if (strcmp(mod, r->modules[j]) == 0)
+                return mt_err_set(err, MT_EINVAL,
+                                  "&recompute modules(%d) = '%s' repeats modules(%d); name "
+                                  "each module once",
+                                  i + 1, mod, j + 1);
+        const char *missing = NULL;
+        if ((strcmp(mod, "moe") == 0 || strcmp(mod, "moe_act") == 0) && !moe)
+            missing = "has no MoE layer (&moe num_experts, layer_freq)";
+        else if (strcmp(mod, "mlp") == 0 && !dense)
+            missing = "has no dense MLP layer (every layer is MoE: &moe layer_freq); the MoE "
+                      "block is 'moe'";
+        else if (strcmp(mod, "shared_experts") == 0 &&
+                 (!moe || c->moe.shared_expert_intermediate_size == 0))
+            missing = "has no shared expert (&moe shared_expert_intermediate_size = 0)";
+        if (missing)
+            return mt_err_set(err, MT_EINVAL,
+                              "&recompute modules(%d) = '%s': this model %s; remove it", i + 1,
+                              mod, missing);
+    }
+    return MT_OK;
+}
+
 int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
 {
     struct mt_config_model *m = &c->model;
@@ -578,6 +662,8 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&moe pad_expert_input_to_capacity = .true. needs "
                           "expert_capacity_factor > 0 (it is %g)",
                           e->expert_capacity_factor);
+
+    MT_CHECK(check_recompute(c, err));
 
     /* layout */
     l->world_size = world;

@@ -107,6 +107,18 @@ struct mt_config_precision {
     double gpu_memory_gb;            /* GiB per GPU for the memory check; 0: none */
 };
 
+/* Activation recompute (Megatron's --recompute-*): what a layer's forward keeps for its
+ * backward and what the backward rebuilds (doc/memory.md, Recompute). */
+#define MT_RECOMPUTE_MODULES 6  /* core_attn, moe_act, layernorm, mlp, moe, shared_experts */
+struct mt_config_recompute {
+    char granularity[16];            /* none | selective | full */
+    char method[8];                  /* full: uniform | block; none otherwise */
+    int num_layers;                  /* full: layers per group (uniform) or recomputed per
+                                        chunk (block); 0 otherwise */
+    char modules[MT_RECOMPUTE_MODULES][MT_STR_MAX]; /* selective; resolved: core_attn if empty */
+    int modules_len;
+};
+
 struct mt_config_data {
     char data_path[MT_MAX_DATA_PATHS][MT_STR_MAX]; /* [weight] prefix [weight prefix ...] */
     int data_path_len;
@@ -150,6 +162,7 @@ struct mt_config {
     struct mt_config_training training;
     struct mt_config_optimizer optimizer;
     struct mt_config_precision precision;
+    struct mt_config_recompute recompute;
     struct mt_config_data data;
     struct mt_config_checkpoint checkpoint;
     struct mt_config_logging logging;

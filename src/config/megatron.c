@@ -86,7 +86,8 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NI("--moe-router-num-groups", "group-limited routing (DeepSeek-V3)"),
     NI("--moe-router-group-topk", "group-limited routing (DeepSeek-V3)"),
     NI("--moe-input-jitter-eps", "router input jitter"),
-    NI("--moe-layer-recompute", "activation recomputation"),
+    RF("--moe-layer-recompute",
+       "deprecated in Megatron; give --recompute-granularity selective --recompute-modules moe"),
     NI("--moe-shared-expert-overlap", "overlapping the shared expert with dispatch"),
     NI("--moe-per-layer-logging", "per-layer MoE logging; the log has totals"),
     /* parallelism */
@@ -109,10 +110,13 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NA("--overlap-param-gather", "communication scheduling is moetrain's"),
     NA("--accumulate-allreduce-grads-in-fp32", "gradients are always reduced in fp32"),
     NI("--tp-comm-overlap", "TP communication overlap"),
-    NI("--recompute-granularity", "activation recomputation"),
-    NI("--recompute-method", "activation recomputation"),
-    NI("--recompute-num-layers", "activation recomputation"),
-    NI("--recompute-activations", "activation recomputation"),
+    /* activation recompute */
+    V("--recompute-granularity", "recompute%granularity"),
+    V("--recompute-method", "recompute%method"),
+    V("--recompute-num-layers", "recompute%num_layers"),
+    VC("--recompute-modules", "recompute%modules", MT_MEG_WORDS, "each module one element"),
+    S("--recompute-activations", "recompute%granularity='selective'"),
+    NI("--distribute-saved-activations", "splitting recomputed layers' inputs over TP"),
     /* training */
     V("--micro-batch-size", "training%micro_batch_size"),
     V("--global-batch-size", "training%global_batch_size"),

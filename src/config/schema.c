@@ -160,6 +160,26 @@ const struct mt_key mt_schema[] = {
           "loaded rank's planned bytes (moetrain --check prints them) exceed it, naming "
           "the categories to reduce; 0 = no limit"),
 
+    /* &recompute */
+    KENUM(recompute, granularity, "none", "none|selective|full",
+          "activation recompute: 'selective' rebuilds the parts of each layer named in "
+          "modules during backward, 'full' whole layers (see method, num_layers); 'none' "
+          "keeps everything forward computes (doc/memory.md, Recompute)"),
+    KENUM(recompute, method, "none", "none|uniform|block",
+          "granularity = 'full' only: 'uniform' splits each model chunk's layers into groups "
+          "of num_layers that keep only their input; 'block' recomputes the first num_layers "
+          "layers of each model chunk (pipeline stage or virtual chunk) and keeps the rest; "
+          "'none' with the other granularities"),
+    KINT(recompute, num_layers, 0, 0, MT_MAX_LAYERS,
+         "granularity = 'full' only (then >= 1): layers per recompute group ('uniform') or "
+         "layers recomputed per model chunk ('block'); 0 with the other granularities"),
+    KSARR(recompute, modules,
+          "granularity = 'selective' only: what each layer rebuilds in backward, from "
+          "core_attn (attention core: keeps q, k, v), moe_act (the routed experts' SwiGLU "
+          "output), layernorm (both RMSNorm outputs, with their TP gather), mlp (a dense "
+          "MLP block), moe (a whole MoE block), shared_experts (the shared expert); empty = "
+          "core_attn, as in Megatron"),
+
     /* &data */
     KSARR(data, data_path,
           "dataset prefixes, optionally weighted: 'prefix', 'p1','p2' (an unweighted blend: "
@@ -228,7 +248,7 @@ const struct mt_key mt_schema[] = {
 
 const char *const mt_schema_groups[] = {
     "model", "moe", "parallel", "training", "optimizer", "precision",
-    "data", "checkpoint", "logging", "topology", "host", NULL,
+    "recompute", "data", "checkpoint", "logging", "topology", "host", NULL,
 };
 
 const struct mt_key *mt_schema_find(const char *group, const char *name)

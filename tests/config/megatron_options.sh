@@ -21,7 +21,7 @@ expect "unknown option '--moe-router-topk'; did you mean moe%router_topk=VALUE? 
 expect "did you mean moe%router_topk=VALUE?" --moe-router-topk=2 "$nml"
 expect "did you mean parallel%sequence_parallel=.true.?" --check --sequence-parallel "$nml"
 expect "did you mean precision%params_dtype='bf16'?" --bf16 "$nml"
-expect "Megatron's --recompute-granularity is not implemented in moetrain (activation recomputation)" \
+expect "did you mean recompute%granularity=VALUE? (Megatron's --recompute-granularity" \
     --recompute-granularity full "$nml"
 expect "Megatron's --fp16 is refused in moetrain" --fp16 "$nml"
 expect "Megatron's --train-samples becomes training%train_iters here, converted (samples / --global-batch-size" \

@@ -350,6 +350,58 @@ static void test_print_round_trip(void **state)
     free(b);
 }
 
+/* &recompute: Megatron's combinations, and modules this model has */
+static void test_recompute(void **state)
+{
+    (void)state;
+    const char *moe = "&moe num_experts = 4, layer_freq = 0, 1 /\n";
+    char text[512];
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    assert_int_equal(load_text(c, "&recompute granularity = 'selective' /\n", 0, NULL, 1, &err), 0);
+    assert_int_equal(c->recompute.modules_len, 1); /* Megatron's default */
+    assert_string_equal(c->recompute.modules[0], "core_attn");
+    snprintf(text, sizeof text, "%s&recompute granularity = 'selective', modules = 'moe_act', "
+             "'layernorm', 'mlp', 'moe' /\n", moe);
+    assert_int_equal(load_text(c, text, 0, NULL, 1, &err), 0);
+    assert_int_equal(c->recompute.modules_len, 4);
+    assert_int_equal(load_text(c, "&recompute granularity = 'full', method = 'block', "
+                               "num_layers = 2 /\n", 0, NULL, 1, &err), 0);
+    free(c);
+    expect_error("&recompute granularity = 'full' /\n", "needs method = 'uniform'");
+    expect_error("&recompute granularity = 'full', method = 'uniform' /\n",
+                 "granularity = 'full' needs num_layers >= 1");
+    expect_error("&recompute granularity = 'selective', method = 'uniform' /\n",
+                 "method = 'uniform' applies only with granularity = 'full'");
+    expect_error("&recompute method = 'block', num_layers = 1 /\n",
+                 "method = 'block' applies only with granularity = 'full' (granularity is 'none')");
+    expect_error("&recompute granularity = 'selective', num_layers = 1 /\n",
+                 "num_layers = 1 applies only with granularity = 'full'");
+    expect_error("&recompute granularity = 'full', method = 'uniform', num_layers = 3 /\n",
+                 "num_layers = 3 exceeds &model num_layers = 2");
+    expect_error("&recompute granularity = 'full', method = 'uniform', num_layers = 1, "
+                 "modules = 'mlp' /\n",
+                 "modules applies only with granularity = 'selective'");
+    expect_error("&recompute modules = 'core_attn' /\n",
+                 "modules applies only with granularity = 'selective' (granularity is 'none')");
+    expect_error("&recompute granularity = 'selective', modules = 'mla_up_proj' /\n",
+                 "modules(1) = 'mla_up_proj' is not a module of this model; choose from");
+    expect_error("&recompute granularity = 'selective', modules = 'mlp', 'mlp' /\n",
+                 "modules(2) = 'mlp' repeats modules(1)");
+    expect_error("&recompute granularity = 'selective', modules = 'core_attn', 'moe' /\n",
+                 "modules(2) = 'moe': this model has no MoE layer");
+    expect_error("&recompute granularity = 'selective', modules = 'moe_act' /\n",
+                 "modules(1) = 'moe_act': this model has no MoE layer");
+    snprintf(text, sizeof text, "%s&recompute granularity = 'selective', "
+             "modules = 'shared_experts' /\n", moe);
+    expect_error(text, "modules(1) = 'shared_experts': this model has no shared expert");
+    expect_error("&moe num_experts = 4 /\n&recompute granularity = 'selective', "
+                 "modules = 'mlp' /\n",
+                 "modules(1) = 'mlp': this model has no dense MLP layer");
+    expect_error("&recompute granularity = 'partial' /\n",
+                 "granularity = 'partial' is not allowed (allowed: none|selective|full)");
+}
+
 /* Megatron's spellings of moetrain keys: the flag's words joined by '_' */
 static void test_megatron_spellings(void **state)
 {
@@ -360,8 +412,10 @@ static void test_megatron_spellings(void **state)
     expect_error("&moe moe_router_topk = 2 /\n",
                  "did you mean 'moe%router_topk'? (Megatron's --moe-router-topk)");
     expect_error("&model sequence_parallel = .true. /\n", "'sequence_parallel' belongs in &parallel");
-    expect_error("&model recompute_granularity = 1 /\n",
-                 "Megatron's --recompute-granularity: not implemented in moetrain");
+    expect_error("&model recompute_granularity = 'full' /\n",
+                 "did you mean 'recompute%granularity'? (Megatron's --recompute-granularity)");
+    expect_error("&model distribute_saved_activations = .true. /\n",
+                 "Megatron's --distribute-saved-activations: not implemented in moetrain");
     /* a value Megatron counts otherwise: not the key's value as it is */
     expect_error("&training train_samples = 1024 /\n",
                  "that is Megatron's --train-samples, which becomes 'training%train_iters' "
@@ -543,7 +597,7 @@ int main(void)
         cmocka_unit_test(test_bad_override),       cmocka_unit_test(test_pipeline_layout),
         cmocka_unit_test(test_derived_sizes_overflow), cmocka_unit_test(test_data_rules),
         cmocka_unit_test(test_order_pp_last),      cmocka_unit_test(test_megatron_spellings),
-        cmocka_unit_test(test_megatron_table),
+        cmocka_unit_test(test_megatron_table),     cmocka_unit_test(test_recompute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
