@@ -169,9 +169,24 @@ static int check_parallel(const struct mt_config *cfg, struct mt_err *err)
     return MT_OK;
 }
 
+/* Full recompute needs its groups (the config module's rules; a config filled by hand
+ * may leave them out). */
+static int check_recompute(const struct mt_config *cfg, struct mt_err *err)
+{
+    const struct mt_config_recompute *r = &cfg->recompute;
+    if (strcmp(r->granularity, "full") != 0) return MT_OK;
+    if (r->num_layers >= 1 && (streq(r->method, "uniform") || streq(r->method, "block")))
+        return MT_OK;
+    return mt_err_set(err, MT_EINVAL,
+                      "recompute%%granularity = 'full' needs method = 'uniform' or 'block' and "
+                      "num_layers >= 1 (method = '%s', num_layers = %d)",
+                      r->method, r->num_layers);
+}
+
 int mt_model_check_config(const struct mt_config *cfg, struct mt_err *err)
 {
     MT_CHECK(check_model(cfg, err));
+    MT_CHECK(check_recompute(cfg, err));
     return check_parallel(cfg, err);
 }
 
@@ -419,7 +434,7 @@ static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
 /* The expert-side views of a layer's activations for Rx rows (layout_moe_acts' part
  * that depends on Rx). */
-static void layout_expert_views(const struct mt_model *m, struct arena *a,
+static void layout_expert_views(const struct mt_model *m, struct arena *a, struct arena *act,
                                 struct mt_expert_views *v, size_t Rx)
 {
     *v = (struct mt_expert_views){0};
@@ -431,7 +446,7 @@ static void layout_expert_views(const struct mt_model *m, struct arena *a,
     if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = take(a, Rx * m->H, mt_dtype_size(m->eys_dt));
     v->eg = TAKE_A(a, Rx * m->Fe_l);
     v->eu = TAKE_A(a, Rx * m->Fe_l);
-    v->ea = TAKE_A(a, Rx * m->Fe_l);
+    v->ea = TAKE_A(act, Rx * m->Fe_l); /* moe_act recompute: in the recompute buffer */
 }
 
 static void get_views(const struct mt_layer_acts *x, struct mt_expert_views *v)
@@ -491,10 +506,25 @@ static void swap_scratch(struct mt_model *m, struct mt_expert_scratch *s)
     *s = cur;
 }
 
-static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer_acts *x)
+/* Where a layer's tensors go: what its forward keeps for backward into the slot's
+ * arena (keep), what its backward rebuilds into the rank's recompute buffer (rc, whose
+ * offset restarts with each recompute group: the groups share it; rc_max sizes it). */
+struct act_arenas {
+    struct arena keep, rc;
+    size_t rc_max;
+};
+
+static struct arena *arena_for(struct act_arenas *A, unsigned drop, unsigned flags)
+{
+    return drop & (flags | MT_RC_LAYER) ? &A->rc : &A->keep;
+}
+
+static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned drop,
+                            struct mt_layer_acts *x)
 {
     const size_t Nl = tokens_local(m), R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max;
     const size_t G = tokens_gathered(m), k = (size_t)m->topk;
+    struct arena *a = arena_for(A, drop, MT_RC_MOE);
     x->logits = TAKE_F(a, Nl * m->E);
     if (m->balance != MT_BALANCE_NONE && m->aux_coeff > 0.0f)
         x->aux_counts = TAKE_F(a, (size_t)(m->balance == MT_BALANCE_SEQ_AUX ? m->Bmax : 1) * m->E);
@@ -515,7 +545,7 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
         x->g_prob = TAKE_F(a, G * k);
     }
     struct mt_expert_views v;
-    layout_expert_views(m, a, &v, Rx);
+    layout_expert_views(m, a, arena_for(A, drop, MT_RC_MOE | MT_RC_MOE_ACT), &v, Rx);
     set_views(x, &v);
     if (m->dispatch == MT_DISPATCH_LOCAL) {
         x->x_offsets = x->plan.offsets;
@@ -523,26 +553,67 @@ static void layout_moe_acts(struct mt_model *m, struct arena *a, struct mt_layer
     }
     if (m->Fs > 0) {
         const size_t N = tokens_all(m);
-        x->sg = TAKE_A(a, N * m->Fs_l);
-        x->su = TAKE_A(a, N * m->Fs_l);
-        x->sa = TAKE_A(a, N * m->Fs_l);
+        struct arena *s = arena_for(A, drop, MT_RC_MOE | MT_RC_SHARED);
+        x->sg = TAKE_A(s, N * m->Fs_l);
+        x->su = TAKE_A(s, N * m->Fs_l);
+        x->sa = TAKE_A(s, N * m->Fs_l);
     }
 }
 
-static void layout_acts(struct mt_model *m, struct arena *a)
+/* The recompute setting for the layers [l0, l1) of the current chunk: m->drop and,
+ * under full recompute, m->rc_first. Full 'uniform': groups of num_layers layers from
+ * the chunk's first; 'block': each of the chunk's first num_layers layers its own
+ * group (Megatron's transformer block checkpointing, per model chunk). */
+static void plan_recompute(struct mt_model *m)
+{
+    const struct mt_config_recompute *r = &m->cfg.recompute;
+    const bool full = strcmp(r->granularity, "full") == 0;
+    const bool selective = strcmp(r->granularity, "selective") == 0;
+    unsigned sel = 0;
+    for (int i = 0; selective && i < r->modules_len; i++) {
+        const char *mod = r->modules[i];
+        sel |= strcmp(mod, "core_attn") == 0        ? MT_RC_CORE_ATTN
+               : strcmp(mod, "layernorm") == 0      ? MT_RC_LN1 | MT_RC_LN2
+               : strcmp(mod, "mlp") == 0            ? MT_RC_MLP
+               : strcmp(mod, "moe_act") == 0        ? MT_RC_MOE_ACT
+               : strcmp(mod, "shared_experts") == 0 ? MT_RC_SHARED
+               : strcmp(mod, "moe") == 0            ? MT_RC_MOE
+                                                    : 0;
+    }
+    for (int l = m->l0; l < m->l1; l++) {
+        const int i = l - m->l0, n = r->num_layers;
+        m->rc_first[l] = -1;
+        if (full && strcmp(r->method, "uniform") == 0) m->rc_first[l] = m->l0 + i / n * n;
+        if (full && strcmp(r->method, "block") == 0 && i < n) m->rc_first[l] = l;
+        const bool moe = m->moe_of_layer[l] >= 0;
+        unsigned d = sel & (moe ? ~MT_RC_MLP : ~(MT_RC_MOE | MT_RC_MOE_ACT | MT_RC_SHARED));
+        if (moe && m->Fs == 0) d &= ~MT_RC_SHARED;
+        m->drop[l] = m->rc_first[l] >= 0 ? MT_RC_LAYER : d;
+    }
+}
+
+static void layout_acts(struct mt_model *m, struct act_arenas *A)
 {
     const size_t N = tokens_all(m), Nl = tokens_local(m);
     const bool tp = m->sc.tp > 1;
-    for (int l = m->l0; l <= m->l1; l++) m->res[l] = TAKE_A(a, Nl * m->H);
+    plan_recompute(m);
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer_acts *x = &m->la[l];
+        const unsigned drop = m->drop[l];
+        /* a recompute group starts again at the top of the shared buffer */
+        if (drop == MT_RC_LAYER ? m->rc_first[l] == l : drop != 0) A->rc.off = 0;
+        /* the residual stream: a full-recompute group keeps only its first input */
+        const bool inner = drop == MT_RC_LAYER && m->rc_first[l] != l;
+        m->res[l] = TAKE_A(inner ? &A->rc : &A->keep, Nl * m->H);
+        struct arena *a = arena_for(A, drop, 0);
         long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
         memset(x, 0, sizeof *x);
         x->h_offsets = h_offsets;
         x->recv_counts = recv_counts;
-        x->ln1 = TAKE_A(a, Nl * m->H);
+        struct arena *ln1 = arena_for(A, drop, MT_RC_LN1);
+        x->ln1 = TAKE_A(ln1, Nl * m->H);
         x->ln1_rstd = TAKE_F(a, Nl);
-        x->ln1_full = tp ? TAKE_A(a, N * m->H) : x->ln1;
+        x->ln1_full = tp ? TAKE_A(ln1, N * m->H) : x->ln1;
         x->q = TAKE_A(a, N * m->Q_l);
         x->k = TAKE_A(a, N * m->KV_l);
         x->v = TAKE_A(a, N * m->KV_l);
@@ -552,22 +623,31 @@ static void layout_acts(struct mt_model *m, struct arena *a)
         }
         x->qr = TAKE_A(a, N * m->Q_l);
         x->kr = TAKE_A(a, N * m->KV_l);
-        x->att_lse = TAKE_F(a, N * m->nh_l);
-        x->att_out = TAKE_F(a, N * m->Q_l);
-        x->y = m->bf16 ? TAKE_A(a, N * m->Q_l) : x->att_out;
+        struct arena *core = arena_for(A, drop, MT_RC_CORE_ATTN);
+        x->att_lse = TAKE_F(core, N * m->nh_l);
+        x->att_out = TAKE_F(core, N * m->Q_l);
+        x->y = m->bf16 ? TAKE_A(core, N * m->Q_l) : x->att_out;
         x->res_mid = TAKE_A(a, Nl * m->H);
-        x->ln2 = TAKE_A(a, Nl * m->H);
+        x->ln2 = TAKE_A(arena_for(A, drop, MT_RC_LN2), Nl * m->H);
         x->ln2_rstd = TAKE_F(a, Nl);
         bool moe = m->moe_of_layer[l] >= 0;
-        x->ln2_full = tp && (!moe || m->Fs > 0) ? TAKE_A(a, N * m->H) : x->ln2;
+        if (tp && (!moe || m->Fs > 0))
+            x->ln2_full = TAKE_A(arena_for(A, drop, MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED | MT_RC_MOE),
+                                 N * m->H);
+        else
+            x->ln2_full = x->ln2;
         if (!moe) {
-            x->gate = TAKE_A(a, N * m->F_l);
-            x->up = TAKE_A(a, N * m->F_l);
-            x->act = TAKE_A(a, N * m->F_l);
-            continue;
+            struct arena *f = arena_for(A, drop, MT_RC_MLP);
+            x->gate = TAKE_A(f, N * m->F_l);
+            x->up = TAKE_A(f, N * m->F_l);
+            x->act = TAKE_A(f, N * m->F_l);
+        } else {
+            layout_moe_acts(m, A, drop, x);
         }
-        layout_moe_acts(m, a, x);
+        if (A->rc.off > A->rc_max) A->rc_max = A->rc.off;
     }
+    m->res[m->l1] = TAKE_A(&A->keep, Nl * m->H);
+    struct arena *a = &A->keep;
     if (m->last) {
         m->lnf = TAKE_A(a, Nl * m->H);
         m->lnf_rstd = TAKE_F(a, Nl);
@@ -722,7 +802,7 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
     if (fwd) {
         struct arena v = {NULL, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &views, R);
+        layout_expert_views(m, &v, &v, &views, R);
         acts = v.off;
     }
     struct arena s = {NULL, 0};
@@ -758,9 +838,9 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
         get_views(a, &a->home);
         struct arena v = {a->over, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &views, R);
+        layout_expert_views(m, &v, &v, &views, R);
         set_views(a, &views);
-        if (p->st) {
+        if (p->st && !p->recompute) {
             p->st->expert_overflows++;
             if (rows > p->st->expert_rows_max) p->st->expert_rows_max = rows;
         }
@@ -939,8 +1019,13 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->lt = calloc((size_t)m->L, sizeof *m->lt);
     m->la = calloc((size_t)m->L, sizeof *m->la);
     m->res = calloc((size_t)m->L + 1, sizeof(void *));
-    NEED(m->moe_of_layer && m->stage_of_layer && m->lt && m->la && m->res, "per-layer tables",
-         (size_t)m->L * (2 * sizeof(int) + sizeof *m->lt + sizeof *m->la + sizeof(void *)));
+    m->drop = calloc((size_t)m->L, sizeof(unsigned));
+    m->rc_first = calloc((size_t)m->L, sizeof(int));
+    NEED(m->moe_of_layer && m->stage_of_layer && m->lt && m->la && m->res && m->drop &&
+             m->rc_first,
+         "per-layer tables",
+         (size_t)m->L * (3 * sizeof(int) + sizeof(unsigned) + sizeof *m->lt + sizeof *m->la +
+                         sizeof(void *)));
     for (int l = 0; l < m->L; l++) m->moe_of_layer[l] = layer_is_moe(cfg, l) ? m->nmoe++ : -1;
     for (int s = 0; s < m->pp; s++)
         for (int c = 0; c < m->vpp; c++) {
@@ -1027,21 +1112,27 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     o->memset(k->ctx, m->params, 0, param_bytes);
     o->memset(k->ctx, m->grads, 0, param_bytes);
 
-    struct arena a = {NULL, 0};
+    struct act_arenas a = {{NULL, 0}, {NULL, 0}, 0};
     layout_acts(m, &a);
-    m->acts_bytes = a.off;
+    m->acts_bytes = a.keep.off;
+    m->rc_bytes = a.rc_max;
     struct arena s = {NULL, 0};
     layout_scratch(m, &s);
     m->scratch_bytes = s.off;
-    /* a pipeline stage gets its activations from mt_model_set_stage (its slots) */
-    if (m->pp > 1) m->acts_bytes = 0;
+    /* a pipeline stage gets its activations and recompute buffer from
+     * mt_model_set_stage (its slots) */
+    if (m->pp > 1) m->acts_bytes = m->rc_bytes = 0;
     m->acts = m->pp > 1 ? NULL : dev_alloc(k, m->acts_bytes);
     NEED(m->acts || m->pp > 1, "activations", m->acts_bytes);
+    if (m->rc_bytes) {
+        m->rc_mem = dev_alloc(k, m->rc_bytes);
+        NEED(m->rc_mem, "recompute buffer", m->rc_bytes);
+    }
     m->scratch = dev_alloc(k, m->scratch_bytes);
     NEED(m->scratch, "scratch buffers", m->scratch_bytes);
 #undef NEED
     if (m->acts) {
-        a = (struct arena){m->acts, 0};
+        a = (struct act_arenas){{m->acts, 0}, {m->rc_mem, 0}, 0};
         layout_acts(m, &a);
     }
     s = (struct arena){m->scratch, 0};
@@ -1088,6 +1179,7 @@ void mt_model_destroy(struct mt_model *m)
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
     if (m->acts) o->free(m->k->ctx, m->acts);
+    if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
     if (m->slots) {
         m->la = m->slots[0].la;
@@ -1114,6 +1206,8 @@ void mt_model_destroy(struct mt_model *m)
     free(m->host_scratch);
     free(m->moe_of_layer);
     free(m->stage_of_layer);
+    free(m->drop);
+    free(m->rc_first);
     free(m->lt);
     free(m->la);
     free(m->res);
@@ -1211,12 +1305,27 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
     void **res0 = m->res;
     struct mt_layer_acts *la0 = m->la;
     m->acts_bytes = 0;
+    /* the recompute buffer serves every chunk and slot: sized for the largest group */
+    if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
+    m->rc_mem = NULL;
+    m->rc_bytes = 0;
+    for (int c = 0; c < nchunks; c++) {
+        use_chunk(m, c);
+        struct act_arenas a = {{NULL, 0}, {NULL, 0}, 0};
+        layout_acts(m, &a);
+        m->slot_bytes[c] = a.keep.off;
+        if (a.rc_max > m->rc_bytes) m->rc_bytes = a.rc_max;
+    }
+    if (m->rc_bytes && !(m->rc_mem = dev_alloc(m->k, m->rc_bytes)))
+        return mt_err_set(err, MT_ENOMEM,
+                          "model: out of memory allocating the recompute buffer (%zu bytes)"
+                          "\nhint: lower training%%micro_batch_size or seq_length, or "
+                          "recompute%%num_layers",
+                          m->rc_bytes);
     size_t want = 0; /* the slot being allocated, for the message */
     for (int c = 0; c < nchunks; c++) {
         use_chunk(m, c);
-        struct arena a = {NULL, 0};
-        layout_acts(m, &a);
-        m->slot_bytes[c] = a.off;
+        struct act_arenas a;
         for (int s = 0; s < nslots; s++) {
             struct mt_act_slot *x = &m->slots[c * nslots + s];
             if (s == 0) { /* the model's own arrays serve slot 0 of every chunk */
@@ -1238,7 +1347,7 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
             if (!x->mem) goto oom;
             m->res = x->res;
             m->la = x->la;
-            a = (struct arena){x->mem, 0};
+            a = (struct act_arenas){{x->mem, 0}, {m->rc_mem, 0}, 0};
             layout_acts(m, &a);
             x->lnf = m->lnf;
             x->lnf_rstd = m->lnf_rstd;
@@ -1413,6 +1522,7 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->grads = sizeof(float) * m->nparams;
     r->working_copy = m->bf16 ? mt_dtype_size(m->wdt) * m->nparams : 0;
     r->activations = m->acts_bytes;
+    r->recompute = m->rc_bytes;
     r->scratch = m->scratch_bytes;
     r->device_buffers = m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0;
     r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E + r->device_buffers;

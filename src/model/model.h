@@ -230,6 +230,8 @@ struct mt_memory_report {
     size_t grads;         /* fp32 gradients */
     size_t working_copy;  /* bf16 working weights (0 in fp32; on CPU stored widened to fp32) */
     size_t activations;   /* what forward saves for backward, for max_micro_batch */
+    size_t recompute;     /* the one buffer backward rebuilds what forward did not keep in
+                             (&recompute), shared by every layer, slot and chunk */
     size_t scratch;       /* backward temporaries */
     size_t buffers;       /* expert biases and routed-token counters */
     size_t device_buffers; /* the part of buffers in backend memory (expert biases) */

@@ -12,6 +12,30 @@ enum mt_balance { MT_BALANCE_NONE, MT_BALANCE_AUX, MT_BALANCE_SEQ_AUX };
  * LOCAL when this rank holds every expert whole (EP = ETP = 1). */
 enum mt_dispatch { MT_DISPATCH_LOCAL, MT_DISPATCH_ALLTOALL, MT_DISPATCH_ALLGATHER };
 
+/* Activation recompute (&recompute): what a layer's forward does not keep for its
+ * backward (m->drop[l]); the backward rebuilds it, with the same kernels in the same
+ * order, in the rank's one recompute buffer (m->rc_mem), just before it is used.
+ *   LN1, LN2    layernorm: the RMSNorm outputs and their TP gathers (input and
+ *               statistics kept)
+ *   CORE_ATTN   core_attn: the attention output and its logsumexp (q, k, v kept)
+ *   MLP         mlp: a dense MLP's gathered input, gate, up and SwiGLU output
+ *   MOE_ACT     moe_act: the routed experts' SwiGLU output (gate and up kept)
+ *   SHARED      shared_experts: the shared expert's gathered input, gate, up, output
+ *   MOE         moe: the whole MoE block (routing, dispatch, experts, shared expert;
+ *               its input ln2 kept)
+ *   LAYER       full: the whole layer; its recompute group (m->rc_first) keeps only
+ *               the input of its first layer */
+enum {
+    MT_RC_LN1 = 1 << 0,
+    MT_RC_CORE_ATTN = 1 << 1,
+    MT_RC_LN2 = 1 << 2,
+    MT_RC_MLP = 1 << 3,
+    MT_RC_MOE_ACT = 1 << 4,
+    MT_RC_SHARED = 1 << 5,
+    MT_RC_MOE = 1 << 6,
+    MT_RC_LAYER = 1 << 7,
+};
+
 /* Tensor ids (index into m->tensors) of one layer's weights; MT_NO_TENSOR if absent. */
 struct mt_layer_tensors {
     int ln1, wq, wk, wv, wo, q_norm, k_norm, ln2;
@@ -140,6 +164,14 @@ struct mt_model {
     struct mt_act_slot *slots;
     size_t *slot_bytes;         /* per chunk */
     struct mt_layer_tensors *lt;
+    /* activation recompute, per layer of the current layout's chunks: MT_RC_* flags,
+     * and under full recompute the first layer of the layer's group (-1: kept whole) */
+    unsigned *drop;
+    int *rc_first;
+    void *rc_mem;               /* the recompute buffer: one per rank, shared by every
+                                   layer, slot and chunk (backward rebuilds one group at
+                                   a time) */
+    size_t rc_bytes;
     size_t nparams, nparams_global;
     float *params, *grads;
     void *work;                 /* working copy in wdt; == params in fp32 */
@@ -230,6 +262,8 @@ struct mt_pass {
     int B, N, Nl;            /* sequences; tokens of the micro-batch; this rank's tokens */
     long long tok0;          /* index of this rank's first token in the micro-batch */
     bool train;
+    bool recompute;          /* rebuilding for backward: no side effects (expert counts,
+                                loss and drop sums, the routing dump) */
     float scale;             /* loss_scale */
     struct mt_model_stats *st;
     struct mt_err *err;
@@ -258,6 +292,9 @@ void mt_pass_linear_fwd(const struct mt_pass *p, struct mt_tensor out, struct mt
 void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *dw,
                         const float *dout, struct mt_tensor in, struct mt_tensor w, int N,
                         int d_out, int d_in);
+/* The SwiGLU part of mt_pass_mlp_fwd: gate, up and act (N,F) from x (N,H). */
+void mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, struct mt_tensor wg,
+                         struct mt_tensor wu, void *gate, void *up, void *act, int N, int F);
 void mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x,
                      struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, void *gate,
                      void *up, void *act, int N, int F);
@@ -277,5 +314,7 @@ int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float
  * gradient to m->d_ln. */
 int mt_moe_fwd(const struct mt_pass *p, int l);
 int mt_moe_bwd(const struct mt_pass *p, int l);
+/* Rebuilds the routed experts' SwiGLU output of layer l (moe_act recompute). */
+void mt_moe_act_rebuild(const struct mt_pass *p, int l);
 
 #endif

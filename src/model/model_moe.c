@@ -279,10 +279,13 @@ static int route(const pass_t *p, int l)
     mt_pass_linear_fwd(p, F32(a->logits, Nl, E), ACT(p, a->ln2, Nl, H), W(p, t->router), Nl, E,
                        H); /* fp32 router logits */
     if (m->force_balance) force_logits(p, a->logits);
+    /* a rebuild for backward (recompute) adds nothing to the losses, drop counts and
+     * expert loads that its forward already counted */
+    const bool count = !p->recompute;
     if (m->z_coeff > 0.0f) {
         float z;
         p->o->z_loss_fwd(p->ctx, &z, a->z_lse, a->logits, Nl, E, z_coeff(p));
-        p->st->z_loss += z;
+        if (count) p->st->z_loss += z;
     }
     if (a->aux_counts) {
         float aux;
@@ -292,7 +295,7 @@ static int route(const pass_t *p, int l)
             MT_CHECK(mt_all_reduce(m->tp_comm, a->aux_counts, (size_t)aa.num_seqs * E, MT_DT_F32,
                                    MT_OP_SUM, p->err));
         p->o->aux_loss_fwd(p->ctx, &aa, &aux, a->aux_counts, a->logits);
-        p->st->aux_loss += aux;
+        if (count) p->st->aux_loss += aux;
     }
     p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias_dev + (size_t)moe * E : NULL,
                      a->topk_idx, a->topk_prob);
@@ -305,15 +308,15 @@ static int route(const pass_t *p, int l)
     }
     dropped += p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap,
                                    m->drop_policy, m->pad_to_capacity);
-    p->st->dropped_tokens += dropped;
+    if (count) p->st->dropped_tokens += dropped;
     FILE *dump = NULL;
-    MT_CHECK(routing_dump_file(&dump, p->err));
+    if (count) MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
     int32_t *offs = m->h_offs;
     p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
     for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
     a->rows = offs[E];
-    if (p->train) {
+    if (p->train && count) {
         p->o->copy(p->ctx, m->host_kept, a->plan.kept, sizeof(int64_t) * (size_t)E);
         for (int e = 0; e < E; e++) m->expert_counts[(size_t)moe * E + e] += m->host_kept[e];
     }
@@ -594,7 +597,8 @@ int mt_moe_fwd(const pass_t *p, int l)
         break;
     }
     }
-    mt_model_expert_release(m, a, true); /* the activations stay for backward */
+    /* the activations stay for backward, unless backward rebuilds them (recompute) */
+    mt_model_expert_release(m, a, p->recompute || !(m->drop[l] & (MT_RC_MOE | MT_RC_LAYER)));
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         mt_pass_round(p, a->ey, (size_t)a->rows * H);
         p->o->unpermute_fwd(p->ctx, ACT(p, out, Nl, H), ACT(p, a->ey, a->rows, H), a->plan.slot_row,
@@ -611,6 +615,16 @@ int mt_moe_fwd(const pass_t *p, int l)
         mt_pass_round(p, out, (size_t)Nl * H);
     }
     return MT_OK;
+}
+
+void mt_moe_act_rebuild(const pass_t *p, int l)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    const int rows = a->x_rows, Fe = m->Fe_l;
+    p->o->swiglu_fwd(p->ctx, ACT(p, a->ea, rows, Fe), ACT(p, a->eg, rows, Fe),
+                     ACT(p, a->eu, rows, Fe), rows, Fe);
+    mt_pass_round(p, a->ea, (size_t)rows * Fe);
 }
 
 int mt_moe_bwd(const pass_t *p, int l)

@@ -54,9 +54,8 @@ void mt_pass_linear_bwd(const pass_t *p, float *din, float beta, float *dw, cons
 
 /* SwiGLU MLP on N rows: act = silu(x Wg^T) * (x Wu^T); out = act Wd^T (not rounded:
  * with TP it is a partial sum, rounded by the caller once reduced). */
-void mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, struct mt_tensor wg,
-                     struct mt_tensor wu, struct mt_tensor wd, void *gate, void *up, void *act,
-                     int N, int F)
+void mt_pass_mlp_act_fwd(const pass_t *p, const void *x, struct mt_tensor wg, struct mt_tensor wu,
+                         void *gate, void *up, void *act, int N, int F)
 {
     const int H = p->m->H;
     mt_pass_linear_fwd(p, ACT(p, gate, N, F), ACT(p, x, N, H), wg, N, F, H);
@@ -65,7 +64,14 @@ void mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, struc
     mt_pass_round(p, up, (size_t)N * F);
     p->o->swiglu_fwd(p->ctx, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
     mt_pass_round(p, act, (size_t)N * F);
-    mt_pass_linear_fwd(p, out, ACT(p, act, N, F), wd, N, H, F);
+}
+
+void mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, struct mt_tensor wg,
+                     struct mt_tensor wu, struct mt_tensor wd, void *gate, void *up, void *act,
+                     int N, int F)
+{
+    mt_pass_mlp_act_fwd(p, x, wg, wu, gate, up, act, N, F);
+    mt_pass_linear_fwd(p, out, ACT(p, act, N, F), wd, N, p->m->H, F);
 }
 
 // dx (N,H) = beta dx + d(x); weight grads +=; dout (N,H)
@@ -122,7 +128,41 @@ int mt_pass_rowpar_finish(const pass_t *p, float *full, float *tmp, void *out)
     return MT_OK;
 }
 
+/* The pass that rebuilds, in backward, what forward did not keep (&recompute): the
+ * same forward code, without its side effects. */
+static pass_t rebuild_pass(const pass_t *p)
+{
+    pass_t r = *p;
+    r.recompute = true;
+    return r;
+}
+
 /* ------------------------------------------------------------ attention */
+
+/* ln1 (Nl,H) and its statistics = RMSNorm of res[l]; ln1_full its TP gather. */
+static int ln1_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const int Nl = p->Nl, H = m->H;
+    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln1, Nl, H), a->ln1_rstd, ACT(p, m->res[l], Nl, H),
+                      W(p, m->lt[l].ln1), Nl, H, m->eps);
+    mt_pass_round(p, a->ln1, (size_t)Nl * H);
+    return mt_pass_sp_gather(p, a->ln1_full, a->ln1, H, mt_pass_act_dt(p));
+}
+
+/* The attention core: att_out (fp32) and att_lse from the rotated q, k and v, and y,
+ * att_out in the activation dtype for o_proj. */
+static void core_attn_fwd(const pass_t *p, const struct mt_layer_acts *a)
+{
+    struct mt_model *m = p->m;
+    const int N = p->N, Q = m->Q_l, KV = m->KV_l;
+    p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
+                        ACT(p, a->v, N, KV), p->B, m->T, m->nh_l, m->ng_l, m->hd);
+    /* stored in y, not in place: attention_bwd needs the fp32 output it wrote */
+    if (m->round_in_place) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
+    else if (m->bf16) p->o->convert(p->ctx, ACT(p, a->y, N, Q), F32(a->att_out, N, Q));
+}
 
 static int attention_fwd(const pass_t *p, int l)
 {
@@ -130,10 +170,7 @@ static int attention_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
-    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln1, Nl, H), a->ln1_rstd, ACT(p, m->res[l], Nl, H),
-                      W(p, t->ln1), Nl, H, m->eps);
-    mt_pass_round(p, a->ln1, (size_t)Nl * H);
-    MT_CHECK(mt_pass_sp_gather(p, a->ln1_full, a->ln1, H, mt_pass_act_dt(p)));
+    MT_CHECK(ln1_fwd(p, l));
     mt_pass_linear_fwd(p, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), W(p, t->wq), N, Q, H);
     mt_pass_round(p, a->q, (size_t)N * Q);
     mt_pass_linear_fwd(p, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), W(p, t->wk), N, KV, H);
@@ -158,11 +195,7 @@ static int attention_fwd(const pass_t *p, int l)
     p->o->rope_fwd(p->ctx, ACT(p, a->kr, N, KV), ACT(p, a->kr, N, KV), p->B, m->T, m->ng_l, m->hd,
                    m->theta);
     mt_pass_round(p, a->kr, (size_t)N * KV);
-    p->o->attention_fwd(p->ctx, a->att_out, a->att_lse, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
-                        ACT(p, a->v, N, KV), p->B, m->T, m->nh_l, m->ng_l, m->hd);
-    /* stored in y, not in place: attention_bwd needs the fp32 output it wrote */
-    if (m->round_in_place) p->o->bf16_round(p->ctx, a->y, a->att_out, (size_t)N * Q);
-    else if (m->bf16) p->o->convert(p->ctx, ACT(p, a->y, N, Q), F32(a->att_out, N, Q));
+    core_attn_fwd(p, a);
     mt_pass_linear_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), ACT(p, a->y, N, Q), W(p, t->wo),
                        N, H, Q); /* row-parallel */
     MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
@@ -180,6 +213,10 @@ static int attention_bwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
+    /* selective recompute: what forward did not keep, rebuilt before its first use */
+    const pass_t rp = rebuild_pass(p);
+    if (m->drop[l] & MT_RC_LN1) MT_CHECK(ln1_fwd(&rp, l));
+    if (m->drop[l] & MT_RC_CORE_ATTN) core_attn_fwd(&rp, a);
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
     mt_pass_linear_bwd(p, m->dy, 0.0f, G(p, t->wo), d_out, ACT(p, a->y, N, Q), W(p, t->wo), N, H, Q);
@@ -213,15 +250,24 @@ static int attention_bwd(const pass_t *p, int l)
 
 /* ------------------------------------------------------------ layers */
 
+/* ln2 (Nl,H) and its statistics = RMSNorm of res_mid. */
+static void ln2_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const int Nl = p->Nl, H = m->H;
+    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln2, Nl, H), a->ln2_rstd, ACT(p, a->res_mid, Nl, H),
+                      W(p, m->lt[l].ln2), Nl, H, m->eps);
+    mt_pass_round(p, a->ln2, (size_t)Nl * H);
+}
+
 static int mlp_block_fwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H;
-    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln2, Nl, H), a->ln2_rstd, ACT(p, a->res_mid, Nl, H),
-                      W(p, t->ln2), Nl, H, m->eps);
-    mt_pass_round(p, a->ln2, (size_t)Nl * H);
+    ln2_fwd(p, l);
     if (m->moe_of_layer[l] >= 0) {
         MT_CHECK(mt_moe_fwd(p, l)); /* into tmpb */
     } else {
@@ -237,6 +283,30 @@ static int mlp_block_fwd(const pass_t *p, int l)
     return MT_OK;
 }
 
+/* Selective recompute of the MLP half of layer l: the norm's output, then the dense
+ * MLP's, the whole MoE block's, the shared expert's or the experts' SwiGLU, as
+ * m->drop[l] says; the gather of ln2 over TP once for all that read it. */
+static int mlp_block_rebuild(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const unsigned drop = m->drop[l];
+    const bool moe = m->moe_of_layer[l] >= 0;
+    if (drop & MT_RC_LN2) ln2_fwd(p, l);
+    if (drop & MT_RC_MOE) return mt_moe_fwd(p, l); /* gathers ln2 for the shared expert */
+    if (a->ln2_full != a->ln2 && (drop & (MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED)))
+        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, m->H, mt_pass_act_dt(p)));
+    if (!moe && (drop & MT_RC_MLP))
+        mt_pass_mlp_act_fwd(p, a->ln2_full, W(p, t->gate), W(p, t->up), a->gate, a->up, a->act,
+                            p->N, m->F_l);
+    if (moe && (drop & MT_RC_SHARED))
+        mt_pass_mlp_act_fwd(p, a->ln2_full, W(p, t->sh_gate), W(p, t->sh_up), a->sg, a->su, a->sa,
+                            p->N, m->Fs_l);
+    if (moe && (drop & MT_RC_MOE_ACT)) mt_moe_act_rebuild(p, l);
+    return MT_OK;
+}
+
 /* d_res (Nl,H): in, the gradient of res[l+1]; out, the gradient of res_mid. */
 static int mlp_block_bwd(const pass_t *p, int l)
 {
@@ -244,6 +314,10 @@ static int mlp_block_bwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H;
+    if (m->drop[l] & ~MT_RC_LAYER) {
+        const pass_t rp = rebuild_pass(p);
+        MT_CHECK(mlp_block_rebuild(&rp, l));
+    }
     if (m->moe_of_layer[l] >= 0) {
         MT_CHECK(mt_moe_bwd(p, l));
     } else {
@@ -375,6 +449,27 @@ static int head_fwd(const pass_t *p, long long valid)
     return MT_OK;
 }
 
+/* Full recompute: backward of the layers [l0, l1) (descending), each group of
+ * layers rebuilt by running its forward again from the group's kept input just before
+ * the group's backward. */
+static int layers_bwd(const pass_t *p, int l0, int l1)
+{
+    struct mt_model *m = p->m;
+    for (int l = l1 - 1; l >= l0; l--) {
+        const int g = m->rc_first[l];
+        if (g >= 0 && (l + 1 == l1 || m->rc_first[l + 1] != g)) {
+            const pass_t rp = rebuild_pass(p);
+            for (int j = g; j <= l; j++) {
+                MT_CHECK(attention_fwd(&rp, j));
+                MT_CHECK(mlp_block_fwd(&rp, j));
+            }
+        }
+        MT_CHECK(mlp_block_bwd(p, l));
+        MT_CHECK(attention_bwd(p, l));
+    }
+    return MT_OK;
+}
+
 /* ------------------------------------------------------------ the whole model */
 
 int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward, float loss_scale,
@@ -398,7 +493,7 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     MT_CHECK(stage_tokens(m, tokens, B, &valid, err));
     const int N = B * m->T, Nl = N / m->sc.tp;
     pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, backward,
-                loss_scale, st, err};
+                false, loss_scale, st, err};
     const int H = m->H, V = m->V_l;
 
     /* forward */
@@ -421,10 +516,7 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
     p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, ACT(&p, m->res[m->L], Nl, H),
                      W(&p, m->final_norm), m->lnf_rstd, Nl, H);
-    for (int l = m->L - 1; l >= 0; l--) {
-        MT_CHECK(mlp_block_bwd(&p, l));
-        MT_CHECK(attention_bwd(&p, l));
-    }
+    MT_CHECK(layers_bwd(&p, 0, m->L));
     float *d_emb = full_or(&p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H, MT_DT_F32));
     p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
@@ -469,7 +561,7 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
     MT_CHECK(stage_tokens(m, tokens, B, &valid, err));
     const int N = B * m->T, Nl = N / m->sc.tp;
     pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, train,
-                loss_scale, st, err};
+                false, loss_scale, st, err};
     const int H = m->H;
     sl->B = B;
     sl->valid = valid;
@@ -501,7 +593,7 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
     const struct mt_act_slot *sl = &m->slots[chunk * m->nslots + slot];
     const int B = sl->B, N = B * m->T, Nl = N / m->sc.tp;
     pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, true,
-                sl->loss_scale, st, err};
+                false, sl->loss_scale, st, err};
     const int H = m->H, V = m->V_l;
     if (m->last) {
         float ce_scale = sl->valid > 0 ? sl->loss_scale / (float)sl->valid : 0.0f;
@@ -518,10 +610,7 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
     } else {
         p.o->copy(p.ctx, m->d_res, dy, sizeof(float) * (size_t)Nl * H);
     }
-    for (int l = m->l1 - 1; l >= m->l0; l--) {
-        MT_CHECK(mlp_block_bwd(&p, l));
-        MT_CHECK(attention_bwd(&p, l));
-    }
+    MT_CHECK(layers_bwd(&p, m->l0, m->l1));
     if (!m->first) {
         p.o->copy(p.ctx, dx, m->d_res, sizeof(float) * (size_t)Nl * H);
         return MT_OK;

@@ -61,6 +61,7 @@ static const char *differs(const struct mt_rank_memory *a, const struct mt_rank_
     if (a->act_per_mb != b->act_per_mb || a->inflight != b->inflight ||
         a->activations != b->activations)
         return "activations";
+    if (a->recompute != b->recompute) return "recompute";
     if (a->pipeline != b->pipeline) return "pipeline";
     if (a->comm != b->comm) return "communication";
     if (a->workspace != b->workspace) return "workspace";

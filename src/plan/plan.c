@@ -681,11 +681,11 @@ static void print_layout(const struct planner *pl, int *shown, const struct layo
     const struct mt_rank_memory *r = &x->worst;
     fprintf(out, "    memory, the most loaded rank (%lld, stage %lld), GiB: parameters %.2f | "
                  "master weights %.2f | gradients %.2f | optimizer state %.2f | activations "
-                 "%.2f (%lld in flight) | pipeline %.2f | communication %.2f | workspace %.2f | "
-                 "other %.2f | total %.2f (%zu bytes) of %.1f\n",
+                 "%.2f (%lld in flight) | recompute %.2f | pipeline %.2f | communication %.2f | "
+                 "workspace %.2f | other %.2f | total %.2f (%zu bytes) of %.1f\n",
             r->rank, r->stage, gib(r->params), gib(r->master), gib(r->grads), gib(r->optimizer),
-            gib(r->activations), r->inflight, gib(r->pipeline), gib(r->comm), gib(r->workspace),
-            gib(r->other), gib(r->total), r->total, pl->usable_gib);
+            gib(r->activations), r->inflight, gib(r->recompute), gib(r->pipeline), gib(r->comm),
+            gib(r->workspace), gib(r->other), gib(r->total), r->total, pl->usable_gib);
     check_command(pl, x, out);
 }
 

@@ -851,14 +851,15 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
     r->inflight = t->pp_comm ? t->nslots : 1;
     r->activations = m.activations;
     r->act_per_mb = m.activations / (size_t)r->inflight;
+    r->recompute = m.recompute;
     r->pipeline = t->p_x ? 2 * pp_bytes(t, TAG_PP_FWD) +
                                pp_bytes(t, TAG_PP_BWD) * (2 + (size_t)t->msgs_plan)
                          : 0;
     r->comm = o.staging;
     r->workspace = m.scratch + o.norm;
     r->other = m.device_buffers;
-    r->total = r->params + r->master + r->grads + r->optimizer + r->activations + r->pipeline +
-               r->comm + r->workspace + r->other;
+    r->total = r->params + r->master + r->grads + r->optimizer + r->activations + r->recompute +
+               r->pipeline + r->comm + r->workspace + r->other;
 }
 
 static int check_vpp(const struct mt_layout *l, struct mt_err *err)
@@ -930,11 +931,11 @@ void mt_train_memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
     snprintf(buf, n,
              "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
              "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight) | "
-             "pipeline %zu | communication %zu | workspace %zu | other %zu | total %zu "
-             "(%.2f GiB)",
+             "recompute %zu | pipeline %zu | communication %zu | workspace %zu | other %zu | "
+             "total %zu (%.2f GiB)",
              r->stage, r->rank, r->params, r->master, r->grads, r->optimizer, r->activations,
-             r->act_per_mb, r->inflight, r->pipeline, r->comm, r->workspace, r->other, r->total,
-             gib(r->total));
+             r->act_per_mb, r->inflight, r->recompute, r->pipeline, r->comm, r->workspace,
+             r->other, r->total, gib(r->total));
 }
 
 static const char memory_head[] =

@@ -41,6 +41,8 @@ struct mt_rank_memory {
                                model chunk of the stage) */
     long long inflight;     /* micro-batches held at once under the schedule */
     size_t activations;     /* act_per_mb x inflight */
+    size_t recompute;       /* the buffer backward rebuilds unkept activations in
+                               (&recompute; one per rank) */
     size_t pipeline;        /* stage-boundary buffers, and the interleaved schedule's
                                messages at their peak */
     size_t comm;            /* staging of the gradient reductions */
