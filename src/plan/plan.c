@@ -294,6 +294,56 @@ static void stage_layers(const struct mt_config *c, int s, int *dense, int *moe)
     }
 }
 
+/* What &recompute makes the backward of stage s run again, per micro-batch token: the
+ * forward FLOPs of what it rebuilds (a third of their training FLOPs), dense and
+ * expert, and the forward's TP collectives and EP passes (dispatch and combine). The
+ * shared expert's collectives are not counted, as in model_step. */
+struct rebuild {
+    double f_dense, f_moe, colls, ep_passes;
+};
+
+static void rebuild_cost(const struct mt_config *c, const struct model *m, int s,
+                         struct rebuild *r)
+{
+    const struct mt_config_recompute *rc = &c->recompute;
+    memset(r, 0, sizeof *r);
+    if (strcmp(rc->granularity, "full") == 0) {
+        const bool block = strcmp(rc->method, "block") == 0;
+        for (int ch = 0; ch < c->parallel.virtual_pipeline_model_parallel_size; ch++) {
+            int first = 0, n = 0;
+            mt_config_pp_layers(c, s, ch, &first, &n);
+            for (int i = first; i < first + n && (!block || i - first < rc->num_layers); i++) {
+                const bool moe = c->moe.layer_freq[i] != 0;
+                r->f_dense += (m->f_attn + m->f_core + (moe ? 0.0 : m->f_mlp)) / 3.0;
+                r->f_moe += moe ? m->f_moe / 3.0 : 0.0;
+                r->colls += moe ? 2.0 : 4.0;
+                r->ep_passes += moe ? 2.0 : 0.0;
+            }
+        }
+        return;
+    }
+    if (strcmp(rc->granularity, "selective") != 0) return;
+    int nd, nm;
+    stage_layers(c, s, &nd, &nm);
+    const int n = nd + nm;
+    for (int i = 0; i < rc->modules_len; i++) {
+        const char *mod = rc->modules[i];
+        if (strcmp(mod, "core_attn") == 0) {
+            r->f_dense += n * m->f_core / 3.0;
+        } else if (strcmp(mod, "layernorm") == 0) { /* the norms' gathers */
+            r->colls += n + nd;
+        } else if (strcmp(mod, "mlp") == 0) { /* gate and up, and the gather */
+            r->f_dense += nd * m->f_mlp * 2.0 / 9.0;
+            r->colls += nd;
+        } else if (strcmp(mod, "shared_experts") == 0) {
+            r->f_dense += nm * 6.0 * m->H * m->Fs * 3.0 * 2.0 / 9.0;
+        } else if (strcmp(mod, "moe") == 0) {
+            r->f_moe += nm * m->f_moe / 3.0;
+            r->ep_passes += 2.0 * nm;
+        } /* moe_act: a SwiGLU, elementwise */
+    }
+}
+
 /* A ring all-gather or reduce-scatter over n ranks of `bytes` in all (each rank holds
  * bytes / n), at gbps GB/s: (n - 1) / n of it crosses each rank's link. */
 static double ring(double bytes, int n, double gbps)
@@ -324,21 +374,23 @@ static void model_step(const struct planner *pl, struct layout *x)
         const int n = nd + nm;
         const bool last = s == x->pp - 1;
         double dense_f = n * m->f_attn + nd * m->f_mlp + (last ? m->f_head : 0.0);
+        struct rebuild rb;
+        rebuild_cost(c, m, s, &rb);
         double t_c = b / x->tp *
-                     ((dense_f + n * m->f_core) / (peak * g->eff_dense) +
-                      nm * m->f_moe / (peak * g->eff_expert));
+                     ((dense_f + n * m->f_core + rb.f_dense) / (peak * g->eff_dense) +
+                      (nm * m->f_moe + rb.f_moe) / (peak * g->eff_expert));
         /* sequence parallel: all-gather and reduce-scatter of the activations around
          * attention and each dense MLP, forward and backward, and around the LM head */
-        double colls = 4.0 * (n + nd) + (last ? 2.0 : 0.0);
+        double colls = 4.0 * (n + nd) + (last ? 2.0 : 0.0) + rb.colls;
         double t_tp = x->tp > 1 ? colls * ring(b * m->H * WIRE_BYTES, x->tp, nvl) : 0.0;
         /* dispatch and combine, forward and backward; ETP gathers the rows it receives */
         double rows = b / x->tp * m->topk;
         double t_ep = 0.0;
         if (nm > 0 && x->ep > 1)
-            t_ep += 4.0 * nm * (double)(x->ep - 1) / x->ep * rows * m->H * WIRE_BYTES /
-                    (nvl * 1e9);
+            t_ep += (4.0 * nm + rb.ep_passes) * (double)(x->ep - 1) / x->ep * rows * m->H *
+                    WIRE_BYTES / (nvl * 1e9);
         if (nm > 0 && x->etp > 1)
-            t_ep += 4.0 * nm * ring(x->etp * rows * m->H * WIRE_BYTES, x->etp, nvl);
+            t_ep += (4.0 * nm + rb.ep_passes) * ring(x->etp * rows * m->H * WIRE_BYTES, x->etp, nvl);
         /* a transfer forward and one backward per model chunk */
         double t_pp = x->pp > 1 ? 2.0 * x->vpp * b / x->tp * m->H * WIRE_BYTES / (pp_bw * 1e9)
                                 : 0.0;
@@ -837,9 +889,10 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
             pl->world, pl->gpu->name, pl->domain, pl->gpu->gpus_per_node, pl->gbs, m->T,
             flops_per_token(m) / 1e9);
     fprintf(out, "axes: TP, PP, VPP (even split, and the uneven end stages that balance best), "
-                 "EP, ETP, micro-batch 1/2/4/8; CP 1, the distributed optimizer, BF16 "
-                 "(recompute and FP8 recipes are not namelist keys yet); the namelists' layout "
-                 "keys are replaced\n");
+                 "EP, ETP, micro-batch 1/2/4/8; CP 1, the distributed optimizer, BF16, the "
+                 "namelists' &recompute (its memory and rebuilt forward; not searched; FP8 "
+                 "recipes are not namelist keys yet); the namelists' layout keys are "
+                 "replaced\n");
     fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules "
                  "(%.2f s)\n",
             pl->tried, pl->n, t_enum);

@@ -45,6 +45,23 @@ plan --gpus 16 --gpu h100 --global-batch 64 --top 3 "$nml" parallel%tensor_model
 [ "$(grep -c '^ *[0-9]*\. TP 1 x .* EP 2 x' fixed.log)" -eq 3 ] || { cat fixed.log; fail "fixed TP and EP"; }
 grep '^ *[0-9]*\. TP' fixed.log | grep -v 'TP 1 x .*EP 2 x' && fail "a layout outside the fixed axes"
 
+# the namelists' &recompute: with one layout fixed, full recompute plans less memory and
+# models fewer tokens/s (the forward it runs again), and its check command carries it
+one="parallel%tensor_model_parallel_size=1 parallel%pipeline_model_parallel_size=1
+parallel%expert_model_parallel_size=2 parallel%expert_tensor_parallel_size=1 training%micro_batch_size=2"
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one > keep.log 2>&1 || { cat keep.log; fail "plan without recompute"; }
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one "recompute%granularity='full'" \
+    "recompute%method='uniform'" recompute%num_layers=1 > rc.log 2>&1 || { cat rc.log; fail "plan with recompute"; }
+grep -q "check: .*recompute%granularity='full'" rc.log || { cat rc.log; fail "the check command lacks &recompute"; }
+rate() { sed -n 's/.*modelled: \([0-9]*\) tokens.*/\1/p' "$1" | head -1; }
+bytes() { sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p' "$1" | head -1; }
+awk -v a="$(rate keep.log)" -v b="$(rate rc.log)" -v m="$(bytes keep.log)" -v n="$(bytes rc.log)" \
+    'BEGIN { exit !(b < a && n < m && b > 0 && n > 0) }' ||
+    { cat keep.log rc.log; fail "full recompute: expected fewer tokens/s and fewer bytes"; }
+echo "ok: full recompute: $(rate keep.log) -> $(rate rc.log) tokens/s/GPU, $(bytes keep.log) -> $(bytes rc.log) bytes"
+
 # nothing fits: one message naming the smallest layout and what to change
 expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
     precision%gpu_memory_gb=0.000001
