@@ -6,10 +6,11 @@
 # recompute: the same losses, balancing and z losses, gradient norms, expert loads,
 # dropped tokens and expert-buffer overflows, step by step, and the same checkpoint,
 # byte for byte, in one process, TP 2 with sequence parallelism, EP 2 with the
-# all-to-all dispatcher (and with buffers too small, which borrow), EP 2 x ETP 2 with
-# the all-gather dispatcher, ZeRO-1 over DP 2, and PP 2 x VPP 2 (the shared buffer
+# all-to-all dispatcher (and with buffers too small, which borrow), TP 2 x EP 2 x ETP 2
+# with the all-gather dispatcher, ZeRO-1 over DP 2, and PP 2 x VPP 2 (the shared buffer
 # serves every chunk and in-flight micro-batch), each with selective and full
-# recompute. Both runs of a pair use the same BLAS on the same machine, so the
+# recompute, and on the guard backend (every tensor a rebuild touches is backend
+# memory). Both runs of a pair use the same BLAS on the same machine, so the
 # comparison is exact on any CPU. The memory report of --check is the run's
 # (logging%log_memory) and shows the saving.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
@@ -92,6 +93,7 @@ layout() {
     SETTINGS="SEL UNIFORM" layout zero1 2 $ZERO
     SETTINGS="SEL UNIFORM BLOCK" layout pp2_vpp2 2 $PP2 $VPP2 model%num_layers=8 \
         moe%layer_freq=1,0,1,1,1,0,1,1 training%global_batch_size=8
+    SETTINGS="SEL SEL2 UNIFORM" layout guard 1 --backend=guard
 }
 grep -q "expert buffer overflows: [1-9]" ep2_alltoall.SEL.log ||
     { cat ep2_alltoall.SEL.log; fail "ep2_alltoall: buffers of a quarter of the load did not borrow"; }
