@@ -965,8 +965,8 @@ static int check_fits(const struct mt_config *cfg, const struct mt_rank_memory *
                       "rank %lld (pipeline stage %lld) needs %.2f GiB of GPU memory, more than "
                       "precision%%gpu_memory_gb = %g: activations %.2f GiB (%lld micro-batches in "
                       "flight; lower training%%micro_batch_size or seq_length, use more "
-                      "pipeline stages or tensor parallelism, or lower "
-                      "moe%%expert_buffer_factor), parameters, master weights and gradients "
+                      "pipeline stages or tensor parallelism, recompute them (&recompute "
+                      "granularity), or lower moe%%expert_buffer_factor), parameters, master weights and gradients "
                       "%.2f GiB (more tensor, pipeline or expert parallelism), optimizer state "
                       "%.2f GiB (parallel%%use_distributed_optimizer, more data parallelism), "
                       "workspace %.2f GiB",

@@ -157,6 +157,24 @@ from_megatron freqx --num-layers 12 --moe-layer-freq "([1]*3+[0]*1)*3" --num-exp
 has freqx 'layer_freq = 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0'
 from_megatron freqy --num-layers 3 --moe-layer-freq "[0, 1,1]" --num-experts 4 --swiglu --disable-bias-linear --mock-data
 has freqy 'layer_freq = 0, 1, 1'
+# activation recompute: Megatron's flags, its rules (checked as --check checks them)
+from_megatron rcsel --num-layers 2 --num-experts 4 --swiglu --disable-bias-linear --mock-data \
+    --recompute-granularity selective --recompute-modules moe_act layernorm
+has rcsel "granularity = 'selective'"
+grep -A1 -xF "  modules = 'moe_act'," rcsel.nml | grep -qxF "    'layernorm'" ||
+    { cat rcsel.nml; fail "rcsel.nml: modules are not moe_act, layernorm"; }
+from_megatron rcfull --num-layers 4 --swiglu --disable-bias-linear --mock-data \
+    --recompute-granularity full --recompute-method block --recompute-num-layers 2
+has rcfull "method = 'block'"
+has rcfull "num_layers = 2"
+from_megatron rcact --num-layers 2 --swiglu --disable-bias-linear --mock-data --recompute-activations
+has rcact "granularity = 'selective'"
+expect_error "granularity = 'full' needs method = 'uniform'" -- --num-layers 2 --mock-data \
+    --recompute-granularity full
+expect_error "modules(1) = 'moe': this model has no MoE layer" -- --num-layers 2 --mock-data \
+    --recompute-granularity selective --recompute-modules moe
+from_megatron rcmoe --num-layers 2 --swiglu --disable-bias-linear --mock-data --moe-layer-recompute
+noted rcmoe "--moe-layer-recompute: refused: deprecated in Megatron; give --recompute-granularity selective --recompute-modules moe"
 expect_error "gives 47 layers, --num-layers is 48" -- --num-layers 48 --moe-layer-freq "([1]*47)"
 expect_error "list elements must be 0 or 1" -- --num-layers 2 --moe-layer-freq "[1,2]"
 expect_error "--num-layers 32 / PP 4 is not a multiple" -- --num-layers 32 \
