@@ -7,7 +7,8 @@
 # dropped tokens and expert-buffer overflows, step by step, and the same checkpoint,
 # byte for byte, in one process, TP 2 with sequence parallelism, EP 2 with the
 # all-to-all dispatcher (and with buffers too small, which borrow), TP 2 x EP 2 x ETP 2
-# with the all-gather dispatcher, ZeRO-1 over DP 2, and PP 2 x VPP 2 (the shared buffer
+# with the all-gather dispatcher, TP 2 x EP 2 with a capacity (drops decided over the
+# TP group), ZeRO-1 over DP 2, and PP 2 x VPP 2 (the shared buffer
 # serves every chunk and in-flight micro-batch), each with selective and full
 # recompute, and on the guard backend (every tensor a rebuild touches is backend
 # memory). Both runs of a pair use the same BLAS on the same machine, so the
@@ -90,11 +91,14 @@ layout() {
     SETTINGS="SEL UNIFORM" layout tp2 2 $TP2
     SETTINGS="SEL SEL2 UNIFORM" layout ep2_alltoall 2 $EP2 $ETP1 moe%expert_buffer_factor=0.25
     SETTINGS="SEL BLOCK" layout tp2_ep2_etp2_allgather 4 $TP2 $EP2 $AG
+    SETTINGS="SEL UNIFORM" layout tp2_ep2_capacity 4 $TP2 $EP2 $ETP1 moe%expert_capacity_factor=1.0
     SETTINGS="SEL UNIFORM" layout zero1 2 $ZERO
     SETTINGS="SEL UNIFORM BLOCK" layout pp2_vpp2 2 $PP2 $VPP2 model%num_layers=8 \
         moe%layer_freq=1,0,1,1,1,0,1,1 training%global_batch_size=8
     SETTINGS="SEL SEL2 UNIFORM" layout guard 1 --backend=guard
 }
+field tp2_ep2_capacity.jsonl dropped_tokens | grep -q '^[1-9]' ||
+    fail "tp2_ep2_capacity: no token dropped, the capacity is not exercised"
 grep -q "expert buffer overflows: [1-9]" ep2_alltoall.SEL.log ||
     { cat ep2_alltoall.SEL.log; fail "ep2_alltoall: buffers of a quarter of the load did not borrow"; }
 echo "recompute trains exactly as keeping every activation, in every layout"
