@@ -100,7 +100,8 @@ endif
 # as for tests/gpu/moetrain-emu), over 1, 2 and 4 processes. A plain rule: the build's
 # libtool makes static libraries only (LT_INIT disable-shared).
 EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh \
-	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh
+	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh \
+	tests/runtime/recompute_nccl_emu.sh
 if CUDA_EMULATION
 # The emulated NCCL waits for a call's stream through the program's mt_emu_stream_wait
 # (the emulator's uncounted cudaStreamSynchronize; or cudaStreamSynchronize itself), as
@@ -125,6 +126,8 @@ tests_runtime_nccl_check_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
 # the NCCL communicators of the parallel groups (mt_parallel_use_device) on the emulator
 check_PROGRAMS += tests/runtime/parallel_check-emu
 TESTS += tests/runtime/parallel_nccl_emu.sh
+# activation recompute's rebuilt MoE dispatch over the emulated NCCL
+TESTS += tests/runtime/recompute_nccl_emu.sh
 tests_runtime_parallel_check_emu_SOURCES = tests/runtime/parallel_check.c tests/runtime/check.h
 tests_runtime_parallel_check_emu_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
 tests_runtime_parallel_check_emu_LDADD = libmt_cuda_emu.la $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) -lstdc++
