@@ -9,13 +9,18 @@
  * training is bit-identical to them (tests/model/bf16_storage.sh). fp32 tensors pass
  * through untouched.
  *
- * Scratch comes from a small pool of buffers kept between calls (grown, never shrunk;
- * freed at exit), so a step allocates nothing once the pool has seen its sizes. */
+ * Scratch comes from a small pool of buffers kept between calls (grown, freed at exit),
+ * so a step allocates nothing once the pool has seen its sizes; a grown buffer is
+ * touched once (prefaulted) so that later steps take no page faults in it. Manual GC
+ * (util/hostmem.h) shrinks it: its mark records each buffer's capacity, its release
+ * gives back what a buffer grew beyond (evaluation's sizes, a one-off). */
 #include "kernels/cpu/cpu_ops.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "util/hostmem.h"
 
 /* ---- scratch -------------------------------------------------------------------- */
 
@@ -24,6 +29,7 @@
 static struct {
     float *p;
     size_t cap;
+    size_t mark;  /* the capacity manual GC keeps (the last mark) */
     bool busy;
 } pool[POOL];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -43,14 +49,53 @@ static void free_pool(void)
     }
 }
 
-static void register_free(void) { atexit(free_pool); }
+static float *grow(size_t n)
+{
+    float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (p) mt_hostmem_prefault(p, n * sizeof(float));
+    return p;
+}
+
+static void mark_pool(void)
+{
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < POOL; i++) pool[i].mark = pool[i].cap;
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Buffers grown beyond their mark go back to it (freed, or reallocated at the marked
+ * capacity); a busy one (an op running on another thread) is left alone. */
+static size_t release_pool(void)
+{
+    size_t freed = 0;
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < POOL; i++) {
+        if (pool[i].busy || pool[i].cap <= pool[i].mark) continue;
+        freed += (pool[i].cap - pool[i].mark) * sizeof(float);
+        free(pool[i].p);
+        pool[i].p = pool[i].mark ? grow(pool[i].mark) : NULL;
+        pool[i].cap = pool[i].p ? pool[i].mark : 0;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return freed;
+}
+
+static const struct mt_host_cache pool_cache = {
+    .name = "cpu scratch", .mark = mark_pool, .release = release_pool,
+};
+
+static void register_pool(void)
+{
+    atexit(free_pool);
+    mt_hostmem_add_cache(&pool_cache);
+}
 
 /* n floats of scratch: the smallest free buffer that holds them, else the largest
  * free one grown. */
 static float *take(const char *op, size_t n)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, register_free);
+    pthread_once(&once, register_pool);
     if (!n) n = 1;
     float *got = NULL;
     pthread_mutex_lock(&pool_lock);
@@ -63,7 +108,7 @@ static float *take(const char *op, size_t n)
     int i = fit >= 0 ? fit : big;
     if (i >= 0 && pool[i].cap < n) {
         free(pool[i].p);
-        pool[i].p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        pool[i].p = grow(n);
         pool[i].cap = pool[i].p ? n : 0;
     }
     if (i >= 0 && pool[i].p) {

@@ -153,6 +153,9 @@ struct mt_config_topology {
 struct mt_config_host {
     char cpu_affinity[8];            /* gpu | numa | none */
     bool numa_membind;
+    bool manual_gc;                  /* host memory released only at chosen steps */
+    int manual_gc_interval;          /* steps between releases; 0 = none between steps */
+    bool manual_gc_eval;             /* a release before and after each evaluation */
 };
 
 struct mt_config {

@@ -242,6 +242,20 @@ const struct mt_key mt_schema[] = {
     KENUM(host, cpu_affinity, "gpu", "gpu|numa|none",
           "bind each rank to the cores local to its GPU, to its NUMA node, or not at all"),
     KBOOL(host, numa_membind, 1, "bind memory to the NUMA node local to the rank's cores"),
+    KBOOL(host, manual_gc, 0,
+          "manual GC (Megatron's --manual-gc): host memory that training freed (the C "
+          "library's free lists, the CPU backend's scratch grown past its high-water mark) "
+          "is given back to the system only at chosen steps, the same step on every rank "
+          "(a rule on the step number: no communication), so no rank stalls alone; once at "
+          "the start, then as manual_gc_interval and manual_gc_eval say. The log says when "
+          "it ran and what it released (doc/host-overhead.md). .false.: memory is given "
+          "back whenever the C library decides"),
+    KINT(host, manual_gc_interval, 0, 0, IMAX,
+         "with manual_gc: release after every iteration whose number is a multiple of this; "
+         "0 = never between training steps (Megatron's default)"),
+    KBOOL(host, manual_gc_eval, 1,
+          "with manual_gc: release before and after each evaluation and around each "
+          "checkpoint save (Megatron's --no-manual-gc-eval sets .false.)"),
 
     { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
 };

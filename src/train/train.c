@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "data/data.h"
+#include "util/hostmem.h"
 
 
 struct trainer {
@@ -46,6 +47,11 @@ struct trainer {
     long long acc_iters, acc_dropped;
     long long acc_overflows;      /* MoE layer forwards beyond the planned expert rows */
     long long *acc_counts;        /* [nmoe * num_experts] tokens per expert */
+    /* host counters (util/hostmem.h): the current step's window opened at win, the
+     * interval's sums over host_steps steps */
+    struct mt_host_sample win;
+    double acc_cpu_s;
+    long long acc_minflt, acc_allocs, acc_allocs_mpi, host_steps;
     size_t ncounts;
     double flops_per_token;
     /* pipeline parallelism (pp > 1): this rank's stage and its 1F1B schedule */
@@ -732,6 +738,74 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
                        t->st.iteration, which, jnum(b1, loss), which, jnum(b2, ppl));
 }
 
+/* ---- host counters and manual GC ---------------------------------------- */
+
+/* Opens a window of the step's host counters. */
+static void host_open(struct trainer *t) { mt_host_sample(&t->win); }
+
+/* Closes the window: what the process spent since host_open goes to the interval. */
+static void host_close(struct trainer *t)
+{
+    struct mt_host_sample now;
+    mt_host_sample(&now);
+    t->acc_cpu_s += now.cpu_s - t->win.cpu_s;
+    t->acc_minflt += now.minflt - t->win.minflt;
+    t->acc_allocs += now.allocs - t->win.allocs;
+    t->acc_allocs_mpi += now.allocs_mpi - t->win.allocs_mpi;
+}
+
+/* What the log says once about the host counters. */
+static void say_host_counters(struct trainer *t)
+{
+    say(t, "host counters per step (the largest over the ranks): CPU time (user + system, "
+           "every thread) and minor page faults from getrusage; %s\n",
+        mt_host_allocs_counted()
+            ? "heap allocations counted by the preloaded counting library, those of the MPI "
+              "library apart"
+            : "heap allocations not counted (they are when the counting library "
+              "tests/util/.libs/libmt_alloccount.so is preloaded: doc/host-overhead.md)");
+}
+
+/* Manual GC (host%manual_gc): a collection at a point every rank reaches at the same
+ * iteration (a rule on the iteration number: no communication), logged with what it
+ * released (rank 0's figures). release_growth: the caches give back what they grew
+ * since the collection before (the one before an evaluation or a save). */
+static void manual_gc(struct trainer *t, const char *when, bool release_growth)
+{
+    if (!t->cfg->host.manual_gc) return;
+    struct mt_gc_report r;
+    mt_hostmem_collect(release_growth, &r);
+    say(t, "manual GC %s at iteration %lld: heap held from the system %zu -> %zu bytes "
+           "(released %zu), free in it %zu -> %zu bytes, scratch caches released %zu bytes; "
+           "%.2f ms (rank 0)\n",
+        when, t->st.iteration, r.heap_before, r.heap_after,
+        r.heap_before > r.heap_after ? r.heap_before - r.heap_after : 0, r.free_before,
+        r.free_after, r.caches_released, r.ms);
+}
+
+/* An evaluation, with host%manual_gc_eval collections before and after it. */
+static int evaluate(struct trainer *t, enum mt_split split, const char *label,
+                    struct mt_err *err);
+static int evaluate_gc(struct trainer *t, enum mt_split split, const char *label,
+                       struct mt_err *err)
+{
+    const bool gc = t->cfg->host.manual_gc_eval;
+    if (gc) manual_gc(t, "before evaluation", false);
+    int rc = evaluate(t, split, label, err);
+    if (gc && rc == MT_OK) manual_gc(t, "after evaluation", true);
+    return rc;
+}
+
+/* A checkpoint save, with host%manual_gc_eval collections before and after it. */
+static int save_checkpoint_gc(struct trainer *t, struct mt_err *err)
+{
+    const bool gc = t->cfg->host.manual_gc_eval;
+    if (gc) manual_gc(t, "before the checkpoint save", false);
+    int rc = save_checkpoint(t, err);
+    if (gc && rc == MT_OK) manual_gc(t, "after the checkpoint save", true);
+    return rc;
+}
+
 /* ---- logging ----------------------------------------------------------- */
 
 static void accumulate_counts(struct trainer *t)
@@ -744,6 +818,15 @@ static void accumulate_counts(struct trainer *t)
 static int log_interval(struct trainer *t, double lr, struct mt_err *err)
 {
     const struct mt_config_training *tr = &t->cfg->training;
+    host_open(t); /* the log line's own cost goes to the next interval */
+    /* host counters per step, the largest over the ranks */
+    const double hs = t->host_steps > 0 ? (double)t->host_steps : 1.0;
+    int64_t host[4] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt, t->acc_allocs,
+                       t->acc_allocs_mpi};
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 4, MT_DT_I64, MT_OP_MAX, err));
+    const double cpu_ms = (double)host[0] / 1e3 / hs, faults = (double)host[1] / hs;
+    const double allocs = (double)host[2] / hs, allocs_mpi = (double)host[3] / hs;
+    const bool counted = mt_host_allocs_counted();
     double n = (double)t->acc_iters;
     double ms = t->acc_ms / n;
     double tokens = (double)tr->global_batch_size * tr->seq_length;
@@ -771,21 +854,36 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     if (t->acc_dropped) say(t, " | dropped: %lld", t->acc_dropped);
     if (t->acc_overflows)
         say(t, " | expert buffer overflows: %lld (moe%%expert_buffer_factor)", t->acc_overflows);
-    say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |\n", t->acc_gnorm / n,
+    say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |", t->acc_gnorm / n,
         t->st.skipped_iters);
+    say(t, " host per step: cpu %.1f ms, minor faults %.1f, ", cpu_ms, faults);
+    if (counted)
+        say(t, "allocations %.1f (MPI library %.1f) |\n", allocs, allocs_mpi);
+    else
+        say(t, "allocations not counted |\n");
     if (t->log) fflush(t->log);
+    char ha[32] = "null", hm[32] = "null";
+    if (counted) {
+        snprintf(ha, sizeof ha, "%.3f", allocs);
+        snprintf(hm, sizeof hm, "%.3f", allocs_mpi);
+    }
     int rc = metrics_put(
         t, err,
         "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "
         "\"tokens_per_s\": %.1f, \"tflops\": %.6f, \"lr\": %.9g, \"loss\": %.9g, "
         "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"grad_norm\": %.9g, \"skipped\": %lld, "
-        "\"dropped_tokens\": %lld, \"expert_load_min\": %.3f, \"expert_load_max\": %.3f}\n",
+        "\"dropped_tokens\": %lld, \"expert_load_min\": %.3f, \"expert_load_max\": %.3f, "
+        "\"host_cpu_ms\": %.3f, \"minor_faults\": %.3f, \"allocations\": %s, "
+        "\"allocations_mpi\": %s}\n",
         t->st.iteration, t->st.consumed_samples, ms, tok_s, tflops, lr, t->acc_loss / n,
         t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n, t->st.skipped_iters, t->acc_dropped,
-        load_lo, load_hi);
+        load_lo, load_hi, cpu_ms, faults, ha, hm);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
+    t->acc_cpu_s = 0;
+    t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->host_steps = 0;
+    host_close(t);
     return rc;
 }
 
@@ -1300,15 +1398,22 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     t.rank0 = !par || par->world->rank == 0;
     t.log = t.rank0 ? log : NULL;
     *stopped_by = 0;
+    if (cfg->host.manual_gc) mt_hostmem_hold();
     int rc = setup(&t, err);
+    if (rc == MT_OK) {
+        say_host_counters(&t);
+        manual_gc(&t, "at the start of training", false);
+    }
     const struct mt_config_training *tr = &cfg->training;
     const struct mt_config_checkpoint *ck = &cfg->checkpoint;
     const long long first_iter = t.st.iteration;
     long long last_saved = -1;
     bool do_eval_end = true;
     double t_start = now_ms();
+    const int gc_interval = cfg->host.manual_gc_interval;
     while (rc == MT_OK) {
         bool written = false;
+        host_open(&t); /* the step's window: the boundary, the step; not a save's publication */
         rc = agree_at_boundary(&t, stopped_by, &written, err);
         if (rc || *stopped_by || t.st.iteration >= tr->train_iters) break;
         if (written) rc = finish_save(&t, err);
@@ -1316,20 +1421,24 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         double lr = 0;
         rc = train_step(&t, &lr, err);
         if (rc) break;
+        host_close(&t);
+        t.host_steps++;
         long long it = t.st.iteration;
         if (t.acc_iters && (it % cfg->logging.log_interval == 0 || it == tr->train_iters))
             rc = log_interval(&t, lr, err);
         do_eval_end = true;
         if (rc == MT_OK && it % tr->eval_interval == 0) {
-            rc = evaluate(&t, MT_SPLIT_VALID, "validation", err);
+            rc = evaluate_gc(&t, MT_SPLIT_VALID, "validation", err);
             do_eval_end = false;
         }
         if (rc == MT_OK && ck->save[0] && ck->save_interval > 0 && it % ck->save_interval == 0) {
-            rc = save_checkpoint(&t, err);
+            rc = save_checkpoint_gc(&t, err);
             last_saved = it;
         }
+        if (rc == MT_OK && gc_interval > 0 && it % gc_interval == 0)
+            manual_gc(&t, "after the step", false);
         if (rc == MT_OK && tr->exit_interval > 0 && it % tr->exit_interval == 0) {
-            if (ck->save[0] && last_saved != it) rc = save_checkpoint(&t, err);
+            if (ck->save[0] && last_saved != it) rc = save_checkpoint_gc(&t, err);
             if (rc == MT_OK) rc = finish_save(&t, err);
             say(&t, "exiting at iteration %lld (exit_interval = %d)\n", it, tr->exit_interval);
             teardown(&t);
@@ -1340,7 +1449,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         /* told to stop (a time limit's warning signal, scancel, Ctrl-C): save what was
          * trained since the last save, skip the final evaluations, leave */
         if (ck->save[0] && last_saved != t.st.iteration && t.st.iteration > first_iter)
-            rc = save_checkpoint(&t, err);
+            rc = save_checkpoint_gc(&t, err);
         if (rc == MT_OK && t.pending)
             say(&t, "stopping: waiting for the background save of iteration %lld\n",
                 mt_ckpt_save_iteration(t.pending));
@@ -1357,9 +1466,9 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     /* saved before the final evaluation, so that a resumed run reads the
      * validation split from where an uninterrupted run would */
     if (rc == MT_OK && ck->save[0] && last_saved != t.st.iteration)
-        rc = save_checkpoint(&t, err);
-    if (rc == MT_OK && do_eval_end) rc = evaluate(&t, MT_SPLIT_VALID, "validation", err);
-    if (rc == MT_OK) rc = evaluate(&t, MT_SPLIT_TEST, "test", err);
+        rc = save_checkpoint_gc(&t, err);
+    if (rc == MT_OK && do_eval_end) rc = evaluate_gc(&t, MT_SPLIT_VALID, "validation", err);
+    if (rc == MT_OK) rc = evaluate_gc(&t, MT_SPLIT_TEST, "test", err);
     if (rc == MT_OK) rc = finish_save(&t, err); /* an async save written during evaluation */
     teardown(&t);
     return rc;

@@ -1,0 +1,67 @@
+/* moetrain: host memory between steps — the per-step host counters and manual GC.
+ *
+ * Counters. A step's host cost is read from the kernel and the C library at its
+ * boundaries: CPU time (getrusage user + system, every thread of the process), minor
+ * page faults (ru_minflt) and, when the allocation-counting library is preloaded
+ * (tests/util/alloc_count.c, LD_PRELOAD), heap allocations, of which those the MPI
+ * library made. Without that library allocations are not counted, and the log says so.
+ *
+ * Manual GC. C has no garbage collector, but freed host memory goes back to the system
+ * whenever the C library decides (glibc trims the heap top past M_TRIM_THRESHOLD and
+ * unmaps large blocks on free), and caches kept by the process (the CPU backend's
+ * scratch pool) only grow. With manual GC the automatic release is switched off
+ * (mt_hostmem_hold) and memory is released only by mt_hostmem_collect, which the
+ * trainer calls at steps chosen by a rule on the step number, the same on every rank.
+ * Caches register a mark and a release function: mark records what the cache holds
+ * now as its high-water mark, release frees what it grew beyond its mark. */
+#ifndef MT_UTIL_HOSTMEM_H
+#define MT_UTIL_HOSTMEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The process's host counters at one moment. */
+struct mt_host_sample {
+    double cpu_s;          /* user + system CPU time, every thread */
+    long long minflt;      /* minor page faults */
+    long long allocs;      /* heap allocations (0 when not counted) */
+    long long allocs_mpi;  /* of those, made by the MPI library */
+};
+
+/* Reads the counters now. */
+void mt_host_sample(struct mt_host_sample *s);
+/* Whether allocations are counted (the counting library is preloaded). */
+bool mt_host_allocs_counted(void);
+
+/* A cache of host memory that manual GC can shrink. */
+struct mt_host_cache {
+    const char *name;
+    void (*mark)(void);      /* what it holds now is its high-water mark */
+    size_t (*release)(void); /* frees what it holds beyond its mark; returns the bytes */
+};
+/* Registers c (kept by pointer: static storage) once; later calls with the same c do
+ * nothing. At most a few caches (8). */
+void mt_hostmem_add_cache(const struct mt_host_cache *c);
+
+/* Switches the C library's automatic release off for the rest of the process: freed
+ * memory stays in the heap until mt_hostmem_collect. */
+void mt_hostmem_hold(void);
+
+/* What one collection found and released. */
+struct mt_gc_report {
+    size_t heap_before, heap_after;  /* bytes the heap holds from the system (mallinfo2
+                                        arena + hblkhd) */
+    size_t free_before, free_after;  /* of those, free (mallinfo2 fordblks) */
+    size_t caches_released;          /* bytes the caches' release functions freed */
+    double ms;                       /* time the collection took */
+};
+/* A collection: with release_growth, every cache frees what it grew beyond its mark;
+ * then every cache marks what it holds; then malloc_trim(0) gives the heap's free
+ * pages back to the system. */
+void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r);
+
+/* Touches every page of [p, p + n) (writes a zero), so that using it later takes no
+ * page fault. */
+void mt_hostmem_prefault(void *p, size_t n);
+
+#endif
