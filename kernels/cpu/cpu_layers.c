@@ -63,6 +63,7 @@ void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, cons
                         const float *w, const float *rstd, int N, int C)
 {
     (void)ctx;
+    float *acc_all = mt_cpu_scratch("rmsnorm_bwd", sizeof(float) * (size_t)(C > 0 ? C : 1));
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
      * dx = r (w dy) - x r^3 (sum_c w dy x) / C
      * One parallel region: rows for dx, then (no barrier between: they share no output)
@@ -83,8 +84,8 @@ void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, cons
         int c0, c1;
         mt_cpu_split(C, &c0, &c1);
         if (c1 > c0) {
-            float *acc = calloc((size_t)(c1 - c0), sizeof(float));
-            if (!acc) abort(); /* C floats; the op table has no error channel */
+            float *acc = acc_all + c0; /* this thread's columns */
+            memset(acc, 0, sizeof(float) * (size_t)(c1 - c0));
             for (int n = 0; n < N; n++) {
                 const float *restrict xn = x + (size_t)n * C, *restrict dn = dout + (size_t)n * C;
                 const float r = rstd[n];
@@ -93,9 +94,9 @@ void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, cons
             }
 #pragma omp simd
             for (int c = c0; c < c1; c++) dw[c] += acc[c - c0];
-            free(acc);
         }
     }
+    mt_cpu_scratch_give(acc_all);
 }
 
 /* cos/sin of t * theta^(-2i/D) for t < T, i < D/2, as HF computes them in fp32:
@@ -103,8 +104,7 @@ void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, cons
 static float *rope_table(int T, int D, float theta)
 {
     int half = D / 2;
-    float *tab = malloc(sizeof(float) * 2 * (size_t)T * (size_t)half);
-    if (!tab) abort(); /* a few KB; the backend has no error channel for this */
+    float *tab = mt_cpu_scratch("rope", sizeof(float) * 2 * (size_t)T * (size_t)half);
     for (int i = 0; i < half; i++) {
         float inv = (float)(1.0 / pow((double)theta, (double)(2 * i) / (double)D));
         for (int t = 0; t < T; t++) {
@@ -136,7 +136,7 @@ static void rope_apply(float *out, const float *x, int B, int T, int H, int D, f
                     out[base + i + half] = x2 * c + x1 * s;
                 }
             }
-    free(tab);
+    mt_cpu_scratch_give(tab);
 }
 
 void mt_cpu_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
@@ -216,12 +216,8 @@ static void att_mask(float *S, int i0, int nq, int j0, int nk)
         for (int c = i0 + r - j0 + 1; c < nk; c++) S[(size_t)r * ATT_BLOCK + c] = -INFINITY;
 }
 
-static float *att_tile(int n)
-{
-    float *p = aligned_alloc(64, sizeof(float) * (size_t)n * ATT_BLOCK * ATT_BLOCK);
-    if (!p) abort(); /* a few tens of KB; the op table has no error channel */
-    return p;
-}
+/* Bytes of n score tiles. */
+static size_t att_tile_bytes(int n) { return sizeof(float) * (size_t)n * ATT_BLOCK * ATT_BLOCK; }
 
 void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
                           const float *v, int B, int T, int Hq, int Hkv, int D)
@@ -230,9 +226,10 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
     const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+    void *tiles = mt_cpu_scratch_threads("attention_fwd", att_tile_bytes(1));
 #pragma omp parallel
     {
-        float *S = att_tile(1);
+        float *S = mt_cpu_slice(tiles, att_tile_bytes(1));
         float m[ATT_BLOCK], l[ATT_BLOCK];
         /* the largest query blocks first, so that the small ones fill in at the end */
 #pragma omp for collapse(3) schedule(dynamic, 1)
@@ -276,8 +273,8 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
                         lse[((size_t)b * Hq + h) * T + i0 + r] = m[r] + logf(l[r]);
                     }
                 }
-        free(S);
     }
+    mt_cpu_scratch_give(tiles);
 }
 
 /* For the tile (query block at i0 of head h, key block at j0): P = exp(S - lse) (0 past
@@ -312,11 +309,11 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
     const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
     /* delta (B,Hq,T) = rowsum(dout * out) = sum_s P dP, the softmax's backward term */
-    float *delta = malloc(sizeof(float) * (size_t)B * Hq * T);
-    if (!delta) abort();
+    float *delta = mt_cpu_scratch("attention_bwd", sizeof(float) * (size_t)B * Hq * T);
+    void *tiles = mt_cpu_scratch_threads("attention_bwd", att_tile_bytes(2));
 #pragma omp parallel
     {
-        float *P = att_tile(2), *dS = P + ATT_BLOCK * ATT_BLOCK;
+        float *P = mt_cpu_slice(tiles, att_tile_bytes(2)), *dS = P + ATT_BLOCK * ATT_BLOCK;
 #pragma omp for collapse(3) schedule(static)
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++)
@@ -367,9 +364,9 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
                                     kb == 0 ? 0.0f : 1.0f, dq + att_qrow(&a, b, i0, h), (int)a.ldq);
                     }
                 }
-        free(P);
     }
-    free(delta);
+    mt_cpu_scratch_give(tiles);
+    mt_cpu_scratch_give(delta);
 }
 
 void mt_cpu_swiglu_fwd(void *ctx, float *restrict out, const float *restrict gate,

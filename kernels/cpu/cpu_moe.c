@@ -4,13 +4,6 @@
 
 #include <stdlib.h>
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) abort(); /* small per-call scratch; the op table has no error channel */
-    return p;
-}
-
 /* p (E) = softmax(l) */
 static void softmax_row(float *p, const float *l, int E)
 {
@@ -45,10 +38,11 @@ void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *l
     (void)ctx;
     const int E = a->num_experts, k = a->topk;
     const float sf = a->scaling_factor != 0.0f ? a->scaling_factor : 1.0f;
+    const size_t per = sizeof(float) * 2 * (size_t)E; /* score, key */
+    void *scratch = mt_cpu_scratch_threads("router_fwd", per);
 #pragma omp parallel
     {
-        float *score = xmalloc(sizeof(float) * (size_t)E);
-        float *key = xmalloc(sizeof(float) * (size_t)E);
+        float *score = mt_cpu_slice(scratch, per), *key = score + E;
 #pragma omp for schedule(static)
         for (int n = 0; n < a->num_tokens; n++) {
             const float *l = logits + (size_t)n * E;
@@ -73,9 +67,8 @@ void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *l
             }
             for (int j = 0; j < k; j++) prob[j] *= sf;
         }
-        free(score);
-        free(key);
     }
+    mt_cpu_scratch_give(scratch);
 }
 
 void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
@@ -84,10 +77,11 @@ void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits
     (void)ctx;
     const int E = a->num_experts, k = a->topk;
     const float sf = a->scaling_factor != 0.0f ? a->scaling_factor : 1.0f;
+    const size_t per = sizeof(float) * 2 * (size_t)E; /* p, g */
+    void *scratch = mt_cpu_scratch_threads("router_bwd", per);
 #pragma omp parallel
     {
-        float *p = xmalloc(sizeof(float) * (size_t)E);
-        float *g = xmalloc(sizeof(float) * (size_t)E);
+        float *p = mt_cpu_slice(scratch, per), *g = p + E;
 #pragma omp for schedule(static)
         for (int n = 0; n < a->num_tokens; n++) {
             const float *l = logits + (size_t)n * E;
@@ -124,9 +118,8 @@ void mt_cpu_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits
                 }
             }
         }
-        free(p);
-        free(g);
     }
+    mt_cpu_scratch_give(scratch);
 }
 
 /* p (E) = the scores the balancing loss sees: softmax, or sigmoid normalised to sum 1;
@@ -157,8 +150,8 @@ void mt_cpu_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, co
 {
     (void)ctx;
     const int E = a->num_experts, k = a->topk;
-    float *p = xmalloc(sizeof(float) * (size_t)E);
-    int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)k);
+    float *p = mt_cpu_scratch("aux_counts", sizeof(float) * (size_t)E);
+    int32_t *idx = mt_cpu_scratch("aux_counts", sizeof(int32_t) * (size_t)k);
     memset(counts, 0, sizeof(float) * (size_t)a->num_seqs * E);
     for (int n = 0; n < a->num_tokens; n++) {
         float *cnt = counts + (size_t)aux_seq(a, n) * E;
@@ -166,8 +159,8 @@ void mt_cpu_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, co
         topk_row(idx, p, E, k);
         for (int j = 0; j < k; j++) cnt[idx[j]] += 1.0f;
     }
-    free(p);
-    free(idx);
+    mt_cpu_scratch_give(p);
+    mt_cpu_scratch_give(idx);
 }
 
 void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
@@ -176,8 +169,8 @@ void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, co
     (void)ctx;
     const int E = a->num_experts;
     const double S = a->seq_len;
-    float *p = xmalloc(sizeof(float) * (size_t)E);
-    double *psum = xmalloc(sizeof(double) * (size_t)a->num_seqs * E);
+    float *p = mt_cpu_scratch("aux_loss_fwd", sizeof(float) * (size_t)E);
+    double *psum = mt_cpu_scratch("aux_loss_fwd", sizeof(double) * (size_t)a->num_seqs * E);
     for (size_t i = 0; i < (size_t)a->num_seqs * E; i++) psum[i] = 0.0;
     for (int n = 0; n < a->num_tokens; n++) {
         double *ps = psum + (size_t)aux_seq(a, n) * E;
@@ -192,8 +185,8 @@ void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, co
         total += seq * E / (S * S * a->topk);
     }
     *loss = (float)(a->coeff * total / a->num_seqs);
-    free(p);
-    free(psum);
+    mt_cpu_scratch_give(p);
+    mt_cpu_scratch_give(psum);
 }
 
 void mt_cpu_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
@@ -204,9 +197,10 @@ void mt_cpu_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits,
     const double S = a->seq_len;
     /* d loss / d p[n,e] = c * count[s(n),e] with c = coeff E / (S^2 k num_seqs) */
     const float c = (float)((double)dloss * a->coeff * E / (S * S * a->topk * a->num_seqs));
+    void *scratch = mt_cpu_scratch_threads("aux_loss_bwd", sizeof(float) * (size_t)E);
 #pragma omp parallel
     {
-        float *p = xmalloc(sizeof(float) * (size_t)E);
+        float *p = mt_cpu_slice(scratch, sizeof(float) * (size_t)E);
 #pragma omp for schedule(static)
         for (int n = 0; n < a->num_tokens; n++) {
             const float *cnt = counts + (size_t)aux_seq(a, n) * E;
@@ -225,8 +219,8 @@ void mt_cpu_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits,
                 }
             }
         }
-        free(p);
     }
+    mt_cpu_scratch_give(scratch);
 }
 
 static float logsumexp_row(const float *l, int E)
@@ -267,11 +261,27 @@ struct cand {
     float prob;
 };
 
-static int cand_by_prob(const void *pa, const void *pb)
+/* Whether a goes before b: the higher probability, then the earlier slot (a total
+ * order: slots differ). */
+static bool cand_before(struct cand a, struct cand b)
 {
-    const struct cand *a = pa, *b = pb;
-    if (a->prob != b->prob) return a->prob > b->prob ? -1 : 1;
-    return (a->slot > b->slot) - (a->slot < b->slot);
+    return a.prob != b.prob ? a.prob > b.prob : a.slot < b.slot;
+}
+
+/* Sorts c (n) by cand_before with tmp (n) as room: a bottom-up merge sort, so that
+ * nothing is allocated (glibc's qsort mallocs for large arrays). */
+static void sort_cands(struct cand *c, struct cand *tmp, int n)
+{
+    for (int w = 1; w < n; w *= 2) {
+        for (int lo = 0; lo < n; lo += 2 * w) {
+            int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) tmp[o++] = cand_before(c[j], c[i]) ? c[j++] : c[i++];
+            while (i < mid) tmp[o++] = c[i++];
+            while (j < hi) tmp[o++] = c[j++];
+        }
+        memcpy(c, tmp, sizeof *c * (size_t)n);
+    }
 }
 
 long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
@@ -280,8 +290,9 @@ long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
 {
     (void)ctx;
     const int S = N * topk;
-    int32_t *fill = xmalloc(sizeof(int32_t) * (size_t)E);
-    struct cand *cands = xmalloc(sizeof(struct cand) * (size_t)(N > 0 ? N : 1));
+    int32_t *fill = mt_cpu_scratch("dispatch_plan", sizeof(int32_t) * (size_t)E);
+    /* an expert's candidates, and the room to sort them */
+    struct cand *cands = mt_cpu_scratch("dispatch_plan", 2 * sizeof(struct cand) * (size_t)(N > 0 ? N : 1));
     long long dropped = 0;
     for (int s = 0; s < S; s++) plan->slot_row[s] = topk_idx[s] < 0 ? -1 : 0; /* 0 = kept, for now */
     for (int e = 0; e < E; e++) plan->kept[e] = 0;
@@ -293,7 +304,7 @@ long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
             int nc = 0; /* slots ascend with the token, so candidates are in token order */
             for (int s = 0; s < S; s++)
                 if (topk_idx[s] == e) cands[nc++] = (struct cand){s, topk_prob[s]};
-            if (policy == MT_DROP_PROBS) qsort(cands, (size_t)nc, sizeof *cands, cand_by_prob);
+            if (policy == MT_DROP_PROBS) sort_cands(cands, cands + N, nc);
             for (int i = capacity; i < nc; i++) plan->slot_row[cands[i].slot] = -1;
             dropped += nc - capacity;
             plan->kept[e] = capacity;
@@ -312,8 +323,8 @@ long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
     }
     for (int e = 0; e < E; e++)
         for (int r = fill[e]; r < plan->offsets[e + 1]; r++) plan->row_slot[r] = -1;
-    free(fill);
-    free(cands);
+    mt_cpu_scratch_give(fill);
+    mt_cpu_scratch_give(cands);
     return dropped;
 }
 

@@ -63,6 +63,28 @@ static inline float mt_cpu_expf(float x)
     return p * s1 * s2;
 }
 
+/* Scratch that ops use between their start and end: from the pool of cpu_typed.c,
+ * kept between calls, so that a training step allocates nothing once the pool has seen
+ * its sizes (doc/host-overhead.md). Aborts when out of memory (the op table has no
+ * error channel). Taken outside OpenMP regions: a region takes one buffer for all its
+ * threads (mt_cpu_scratch_threads) and each thread uses its slice. */
+void *mt_cpu_scratch(const char *op, size_t bytes);
+void mt_cpu_scratch_give(void *p);
+
+/* Bytes of one thread's slice for slices of `bytes` (64-byte multiples). */
+static inline size_t mt_cpu_slice_bytes(size_t bytes) { return (bytes + 63) / 64 * 64; }
+/* Scratch of omp_get_max_threads() slices of `bytes`; given back with
+ * mt_cpu_scratch_give. */
+static inline void *mt_cpu_scratch_threads(const char *op, size_t bytes)
+{
+    return mt_cpu_scratch(op, mt_cpu_slice_bytes(bytes) * (size_t)omp_get_max_threads());
+}
+/* The calling thread's slice of base, inside the region. */
+static inline void *mt_cpu_slice(void *base, size_t bytes)
+{
+    return (char *)base + mt_cpu_slice_bytes(bytes) * (size_t)omp_get_thread_num();
+}
+
 /* [*lo, *hi) = this OpenMP thread's share of [0, n), in equal contiguous blocks. */
 static inline void mt_cpu_split(int n, int *lo, int *hi)
 {

@@ -24,7 +24,7 @@
 
 /* ---- scratch -------------------------------------------------------------------- */
 
-#define POOL 12
+#define POOL 16
 
 static struct {
     float *p;
@@ -128,6 +128,13 @@ static void give(float *p)
         if (pool[i].p == p) pool[i].busy = false;
     pthread_mutex_unlock(&pool_lock);
 }
+
+void *mt_cpu_scratch(const char *op, size_t bytes)
+{
+    return take(op, (bytes + sizeof(float) - 1) / sizeof(float));
+}
+
+void mt_cpu_scratch_give(void *p) { give(p); }
 
 /* ---- conversions ---------------------------------------------------------------- */
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/hostmem.h"
 #include "util/rng.h"
 
 #define NAME_MAX_LEN 96
@@ -905,10 +906,13 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
         m->h_recv = (long long *)take(&a, S, sizeof(long long));
         m->h_start = (long long *)take(&a, (size_t)m->sc.etp * S, sizeof(long long));
         m->h_cnt = (size_t *)take(&a, 8 * P, sizeof(size_t));
+        m->h_loss = TAKE_F(&a, N * (size_t)(m->sc.tp + 1 > 2 ? m->sc.tp + 1 : 2));
+        m->h_force = m->force_balance ? TAKE_F(&a, N * E) : NULL;
         if (pass == 0) {
             *bytes = a.off;
             m->host_scratch = a.off < SIZE_MAX ? malloc(a.off) : NULL;
             if (!m->host_scratch) return MT_ENOMEM;
+            mt_hostmem_prefault(m->host_scratch, a.off); /* no page faults in the steps */
             a = (struct arena){m->host_scratch, 0};
         }
     }

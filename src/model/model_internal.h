@@ -217,6 +217,8 @@ struct mt_model {
     int32_t *h_offs;            /* (E+1) */
     long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
     size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
+    float *h_loss;              /* (max(2, tp+1) * Bmax*T) the loss's per-token values */
+    float *h_force;             /* (Bmax*T,E) forced router logits (force_balance), or NULL */
     /* expert-side scratch of a layer whose rows overflow the plan (its forward or
      * backward only), and the views it replaced */
     void *scratch_over;

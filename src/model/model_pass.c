@@ -374,8 +374,7 @@ static int combine_vocab_shards(const pass_t *p)
     const int N = p->N, tp = m->sc.tp;
     MT_CHECK(mt_all_gather(m->tp_comm, m->ce_lse, m->lse_all, (size_t)N, MT_DT_F32, p->err));
     MT_CHECK(mt_all_reduce(m->tp_comm, m->ce_tl, (size_t)N, MT_DT_F32, MT_OP_SUM, p->err));
-    float *h = malloc(sizeof(float) * (size_t)N * (tp + 1));
-    if (!h) return mt_err_set(p->err, MT_ENOMEM, "model: out of memory");
+    float *h = m->h_loss;
     p->o->copy(p->ctx, h, m->lse_all, sizeof(float) * (size_t)N * tp);
     float *lse = h + (size_t)N * tp;
     for (int n = 0; n < N; n++) {
@@ -386,7 +385,6 @@ static int combine_vocab_shards(const pass_t *p)
         lse[n] = hi + (float)log(sum);
     }
     p->o->copy(p->ctx, m->ce_lse, lse, sizeof(float) * (size_t)N);
-    free(h);
     return MT_OK;
 }
 
@@ -395,15 +393,13 @@ static int loss_sum(const pass_t *p, double *sum)
 {
     struct mt_model *m = p->m;
     const int N = p->N;
-    float *h = malloc(sizeof(float) * (size_t)N * 2);
-    if (!h) return mt_err_set(p->err, MT_ENOMEM, "model: out of memory");
+    float *h = m->h_loss;
     p->o->copy(p->ctx, h, m->ce_lse, sizeof(float) * (size_t)N);
     p->o->copy(p->ctx, h + N, m->ce_tl, sizeof(float) * (size_t)N);
     const int32_t *tg = m->host_tokens + N;
     double s = 0.0;
     for (int n = 0; n < N; n++)
         if (tg[n] >= 0) s += h[n] - h[N + n];
-    free(h);
     *sum = s;
     return MT_OK;
 }

@@ -867,17 +867,24 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         snprintf(ha, sizeof ha, "%.3f", allocs);
         snprintf(hm, sizeof hm, "%.3f", allocs_mpi);
     }
-    int rc = metrics_put(
-        t, err,
-        "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "
-        "\"tokens_per_s\": %.1f, \"tflops\": %.6f, \"lr\": %.9g, \"loss\": %.9g, "
-        "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"grad_norm\": %.9g, \"skipped\": %lld, "
-        "\"dropped_tokens\": %lld, \"expert_load_min\": %.3f, \"expert_load_max\": %.3f, "
-        "\"host_cpu_ms\": %.3f, \"minor_faults\": %.3f, \"allocations\": %s, "
-        "\"allocations_mpi\": %s}\n",
-        t->st.iteration, t->st.consumed_samples, ms, tok_s, tflops, lr, t->acc_loss / n,
-        t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n, t->st.skipped_iters, t->acc_dropped,
-        load_lo, load_hi, cpu_ms, faults, ha, hm);
+    /* in pieces of a few conversions: with a printf handler registered (a library of
+     * the runtime registers one) glibc formats through its positional path, which
+     * allocates for formats of many conversions */
+    char line[1024];
+    int len = snprintf(line, sizeof line,
+                       "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "
+                       "\"tokens_per_s\": %.1f, \"tflops\": %.6f, \"lr\": %.9g, ",
+                       t->st.iteration, t->st.consumed_samples, ms, tok_s, tflops, lr);
+    len += snprintf(line + len, sizeof line - (size_t)len,
+                    "\"loss\": %.9g, \"aux_loss\": %.9g, \"z_loss\": %.9g, \"grad_norm\": %.9g, "
+                    "\"skipped\": %lld, \"dropped_tokens\": %lld, ",
+                    t->acc_loss / n, t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n,
+                    t->st.skipped_iters, t->acc_dropped);
+    snprintf(line + len, sizeof line - (size_t)len,
+             "\"expert_load_min\": %.3f, \"expert_load_max\": %.3f, \"host_cpu_ms\": %.3f, "
+             "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s}\n",
+             load_lo, load_hi, cpu_ms, faults, ha, hm);
+    int rc = metrics_put(t, err, "%s", line);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
