@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "util/hostmem.h"
+
 const char *const mt_op_names[] = {
     "alloc", "free", "alloc_host", "free_host", "memset", "copy", "sync",
     "gemm", "grouped_gemm",
@@ -15,11 +17,15 @@ const char *const mt_op_names[] = {
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
                "mt_op_names must name every enum mt_op");
 
+/* Touched once here, so that a training step takes no page fault in memory it uses for
+ * the first time (a buffer only some steps reach). */
 static void *cpu_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
     size_t rounded = (bytes + 63) / 64 * 64;
-    return aligned_alloc(64, rounded ? rounded : 64);
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) mt_hostmem_prefault(p, rounded);
+    return p;
 }
 
 static void cpu_free(void *ctx, void *p)

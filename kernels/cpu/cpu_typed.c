@@ -159,6 +159,44 @@ static void check_dtype(const char *op, struct mt_tensor t)
     if (t.dtype != MT_F32 && t.dtype != MT_BF16) fail(op, "takes fp32 or bf16 tensors only");
 }
 
+/* Rows [r0, r1) of src converted into dst (same shape; bf16 rounds to nearest even). */
+static void convert_rows(struct mt_tensor dst, struct mt_tensor src, size_t r0, size_t r1)
+{
+    const size_t cols = dst.cols > 0 ? (size_t)dst.cols : 0;
+    for (size_t r = r0; r < r1; r++) {
+        const size_t si = r * (size_t)src.ld, di = r * (size_t)dst.ld;
+        if (src.dtype == MT_F32 && dst.dtype == MT_BF16) {
+            const float *s = (const float *)src.data + si;
+            uint16_t *d = (uint16_t *)dst.data + di;
+            for (size_t c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
+        } else if (src.dtype == MT_BF16 && dst.dtype == MT_F32) {
+            const uint16_t *s = (const uint16_t *)src.data + si;
+            float *d = (float *)dst.data + di;
+            for (size_t c = 0; c < cols; c++) d[c] = bf16_to_f32(s[c]);
+        } else {
+            const size_t e = mt_dtype_size(dst.dtype);
+            memmove((char *)dst.data + di * e, (const char *)src.data + si * e, cols * e);
+        }
+    }
+}
+
+/* src converted into dst: over the OpenMP threads in equal blocks of rows when large,
+ * else on the calling thread with no parallel region at all (a region whose if clause
+ * is false still makes a team of one, which libgomp allocates at every call). */
+static void convert(struct mt_tensor dst, struct mt_tensor src)
+{
+    const size_t rows = dst.rows > 0 ? (size_t)dst.rows : 0, cols = dst.cols > 0 ? (size_t)dst.cols : 0;
+    if (rows * cols <= 65536) {
+        convert_rows(dst, src, 0, rows);
+        return;
+    }
+#pragma omp parallel
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+        convert_rows(dst, src, rows * id / nt, rows * (id + 1) / nt);
+    }
+}
+
 /* An fp32 view of input t: t itself when fp32 (with its ld), else a dense widened copy
  * in scratch (*tmp, to give back). */
 static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
@@ -170,10 +208,7 @@ static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_
     if (t.dtype == MT_F32) return t.data;
     const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
     float *w = take(op, rows * cols);
-    const uint16_t *s = t.data;
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) w[r * cols + c] = bf16_to_f32(s[r * (size_t)t.ld + c]);
+    convert(mt_tview(w, MT_F32, (int64_t)rows, (int64_t)cols), t);
     if (ld) *ld = t.cols;
     *tmp = w;
     return w;
@@ -197,11 +232,7 @@ static float *out32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld
 static void store(struct mt_tensor t, float *tmp)
 {
     if (!tmp) return;
-    const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
-    uint16_t *d = t.data;
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) d[r * (size_t)t.ld + c] = f32_to_bf16(tmp[r * cols + c]);
+    convert(t, mt_tview(tmp, MT_F32, t.rows > 0 ? t.rows : 0, t.cols > 0 ? t.cols : 0));
     give(tmp);
 }
 
@@ -211,23 +242,7 @@ void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
     check_dtype("convert", dst);
     check_dtype("convert", src);
     if (dst.rows != src.rows || dst.cols != src.cols) fail("convert", "shapes differ");
-    const size_t rows = dst.rows > 0 ? (size_t)dst.rows : 0, cols = dst.cols > 0 ? (size_t)dst.cols : 0;
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
-    for (size_t r = 0; r < rows; r++) {
-        const size_t si = r * (size_t)src.ld, di = r * (size_t)dst.ld;
-        if (src.dtype == MT_F32 && dst.dtype == MT_BF16) {
-            const float *s = (const float *)src.data + si;
-            uint16_t *d = (uint16_t *)dst.data + di;
-            for (size_t c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
-        } else if (src.dtype == MT_BF16 && dst.dtype == MT_F32) {
-            const uint16_t *s = (const uint16_t *)src.data + si;
-            float *d = (float *)dst.data + di;
-            for (size_t c = 0; c < cols; c++) d[c] = bf16_to_f32(s[c]);
-        } else {
-            const size_t e = mt_dtype_size(dst.dtype);
-            memmove((char *)dst.data + di * e, (const char *)src.data + si * e, cols * e);
-        }
-    }
+    convert(dst, src);
 }
 
 /* ---- the ops -------------------------------------------------------------------- */

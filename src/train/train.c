@@ -51,7 +51,7 @@ struct trainer {
      * interval's sums over host_steps steps */
     struct mt_host_sample win;
     double acc_cpu_s;
-    long long acc_minflt, acc_allocs, acc_allocs_mpi, host_steps;
+    long long acc_minflt, acc_allocs, acc_allocs_mpi, acc_allocs_omp, host_steps;
     size_t ncounts;
     double flops_per_token;
     /* pipeline parallelism (pp > 1): this rank's stage and its 1F1B schedule */
@@ -752,6 +752,7 @@ static void host_close(struct trainer *t)
     t->acc_minflt += now.minflt - t->win.minflt;
     t->acc_allocs += now.allocs - t->win.allocs;
     t->acc_allocs_mpi += now.allocs_mpi - t->win.allocs_mpi;
+    t->acc_allocs_omp += now.allocs_omp - t->win.allocs_omp;
 }
 
 /* What the log says once about the host counters. */
@@ -761,7 +762,7 @@ static void say_host_counters(struct trainer *t)
            "every thread) and minor page faults from getrusage; %s\n",
         mt_host_allocs_counted()
             ? "heap allocations counted by the preloaded counting library, those of the MPI "
-              "library apart"
+              "library and of the OpenMP runtime apart"
             : "heap allocations not counted (they are when the counting library "
               "tests/util/.libs/libmt_alloccount.so is preloaded: doc/host-overhead.md)");
 }
@@ -775,7 +776,7 @@ static void manual_gc(struct trainer *t, const char *when, bool release_growth)
     if (!t->cfg->host.manual_gc) return;
     struct mt_gc_report r;
     mt_hostmem_collect(release_growth, &r);
-    say(t, "manual GC %s at iteration %lld: heap held from the system %zu -> %zu bytes "
+    say(t, "manual GC (%s, iteration %lld): heap held from the system %zu -> %zu bytes "
            "(released %zu), free in it %zu -> %zu bytes, scratch caches released %zu bytes; "
            "%.2f ms (rank 0)\n",
         when, t->st.iteration, r.heap_before, r.heap_after,
@@ -821,11 +822,15 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     host_open(t); /* the log line's own cost goes to the next interval */
     /* host counters per step, the largest over the ranks */
     const double hs = t->host_steps > 0 ? (double)t->host_steps : 1.0;
-    int64_t host[4] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt, t->acc_allocs,
-                       t->acc_allocs_mpi};
-    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 4, MT_DT_I64, MT_OP_MAX, err));
+    /* moetrain's own allocations (neither the MPI library's nor the OpenMP runtime's) are
+     * reduced on their own: the largest of them need not be where the largest total is */
+    int64_t host[5] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt,
+                       t->acc_allocs - t->acc_allocs_mpi - t->acc_allocs_omp, t->acc_allocs_mpi,
+                       t->acc_allocs_omp};
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 5, MT_DT_I64, MT_OP_MAX, err));
     const double cpu_ms = (double)host[0] / 1e3 / hs, faults = (double)host[1] / hs;
     const double allocs = (double)host[2] / hs, allocs_mpi = (double)host[3] / hs;
+    const double allocs_omp = (double)host[4] / hs;
     const bool counted = mt_host_allocs_counted();
     double n = (double)t->acc_iters;
     double ms = t->acc_ms / n;
@@ -858,14 +863,16 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         t->st.skipped_iters);
     say(t, " host per step: cpu %.1f ms, minor faults %.1f, ", cpu_ms, faults);
     if (counted)
-        say(t, "allocations %.1f (MPI library %.1f) |\n", allocs, allocs_mpi);
+        say(t, "allocations %.1f (and in the MPI library %.1f, the OpenMP runtime %.1f) |\n",
+            allocs, allocs_mpi, allocs_omp);
     else
         say(t, "allocations not counted |\n");
     if (t->log) fflush(t->log);
-    char ha[32] = "null", hm[32] = "null";
+    char ha[32] = "null", hm[32] = "null", ho[32] = "null";
     if (counted) {
         snprintf(ha, sizeof ha, "%.3f", allocs);
         snprintf(hm, sizeof hm, "%.3f", allocs_mpi);
+        snprintf(ho, sizeof ho, "%.3f", allocs_omp);
     }
     /* in pieces of a few conversions: with a printf handler registered (a library of
      * the runtime registers one) glibc formats through its positional path, which
@@ -880,16 +887,17 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
                     "\"skipped\": %lld, \"dropped_tokens\": %lld, ",
                     t->acc_loss / n, t->acc_aux / n, t->acc_z / n, t->acc_gnorm / n,
                     t->st.skipped_iters, t->acc_dropped);
-    snprintf(line + len, sizeof line - (size_t)len,
-             "\"expert_load_min\": %.3f, \"expert_load_max\": %.3f, \"host_cpu_ms\": %.3f, "
-             "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s}\n",
-             load_lo, load_hi, cpu_ms, faults, ha, hm);
+    len += snprintf(line + len, sizeof line - (size_t)len,
+                    "\"expert_load_min\": %.3f, \"expert_load_max\": %.3f, \"host_cpu_ms\": %.3f, "
+                    "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s, ",
+                    load_lo, load_hi, cpu_ms, faults, ha, hm);
+    snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s}\n", ho);
     int rc = metrics_put(t, err, "%s", line);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
     t->acc_cpu_s = 0;
-    t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->host_steps = 0;
+    t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->acc_allocs_omp = t->host_steps = 0;
     host_close(t);
     return rc;
 }

@@ -3,8 +3,8 @@
  * Counters. A step's host cost is read from the kernel and the C library at its
  * boundaries: CPU time (getrusage user + system, every thread of the process), minor
  * page faults (ru_minflt) and, when the allocation-counting library is preloaded
- * (tests/util/alloc_count.c, LD_PRELOAD), heap allocations, of which those the MPI
- * library made. Without that library allocations are not counted, and the log says so.
+ * (tests/util/alloc_count.c, LD_PRELOAD), heap allocations, apart those the MPI
+ * library and the OpenMP runtime made. Without that library allocations are not counted, and the log says so.
  *
  * Manual GC. C has no garbage collector, but freed host memory goes back to the system
  * whenever the C library decides (glibc trims the heap top past M_TRIM_THRESHOLD and
@@ -26,6 +26,7 @@ struct mt_host_sample {
     long long minflt;      /* minor page faults */
     long long allocs;      /* heap allocations (0 when not counted) */
     long long allocs_mpi;  /* of those, made by the MPI library */
+    long long allocs_omp;  /* of those, made by the OpenMP runtime */
 };
 
 /* Reads the counters now. */

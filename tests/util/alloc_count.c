@@ -1,13 +1,15 @@
 /* The allocation-counting library: LD_PRELOAD it and every heap allocation of the
  * process (malloc, calloc, realloc, reallocarray, posix_memalign, aligned_alloc, memalign,
  * valloc, pvalloc) and every free is counted, the allocations also by who called: the code of
- * the MPI library (Open MPI's libraries, its plugins and its transports) or anything
- * else. moetrain finds mt_alloccount_read (dlsym) and logs the counts per step
+ * the MPI library (Open MPI's libraries, its plugins and its transports), the OpenMP
+ * runtime (libgomp: a parallel region of one thread allocates its team at every call)
+ * or anything else. moetrain finds mt_alloccount_read (dlsym) and logs the counts per step
  * (doc/host-overhead.md); tests and bench/host_jitter.sh read them from its log.
  *
  * The caller is the return address of the allocation call, looked up with dladdr
  * (cached): an allocation that a C library function makes for its caller (strdup,
- * fopen, qsort) is counted as the C library's, that is, not as the MPI library's.
+ * fopen, qsort) is counted as the C library's, that is, neither the MPI library's nor
+ * the OpenMP runtime's.
  *
  * MT_ALLOCCOUNT_TRACE=N: from the N-th call of mt_alloccount_read on, every allocation
  * prints its call stack to stderr (finding the allocation that a step makes).
@@ -37,12 +39,17 @@ extern void *__libc_memalign(size_t, size_t);
 struct mt_alloccount {
     long long allocs;      /* allocations, every caller */
     long long allocs_mpi;  /* of those, made by the MPI library */
+    long long allocs_omp;  /* of those, made by the OpenMP runtime */
     long long frees;       /* frees of a non-NULL pointer */
 };
 
-static atomic_llong n_allocs, n_allocs_mpi, n_frees, n_reads;
+static atomic_llong n_allocs, n_allocs_mpi, n_allocs_omp, n_frees, n_reads;
 static long long trace_from = -1;
 static _Thread_local int busy; /* inside our own bookkeeping: count, do not classify */
+
+enum caller { OTHER, MPI, OMP };
+
+static bool is_omp_object(const char *path) { return strstr(path, "libgomp") || strstr(path, "libomp"); }
 
 /* Open MPI's objects: its libraries, its plugins (mca_*), PMIx and the transports it
  * loads. */
@@ -58,24 +65,25 @@ static bool is_mpi_object(const char *path)
     return false;
 }
 
-/* Direct-mapped cache of return address -> class: (address << 2) | 2 | is_mpi. */
+/* Direct-mapped cache of return address -> class: (address << 3) | 4 | class. */
 #define CACHE 4096
 static atomic_ullong cache[CACHE];
 
-static bool caller_is_mpi(void *ret)
+static enum caller caller_of(void *ret)
 {
     uintptr_t a = (uintptr_t)ret;
     size_t slot = (a >> 2) % CACHE;
     unsigned long long e = atomic_load_explicit(&cache[slot], memory_order_relaxed);
-    if ((e >> 2) == (unsigned long long)a && (e & 2)) return e & 1;
+    if ((e >> 3) == (unsigned long long)a && (e & 4)) return (enum caller)(e & 3);
     Dl_info info;
-    bool mpi = false;
+    enum caller c = OTHER;
     busy++;
-    if (dladdr(ret, &info) && info.dli_fname) mpi = is_mpi_object(info.dli_fname);
+    if (dladdr(ret, &info) && info.dli_fname)
+        c = is_mpi_object(info.dli_fname) ? MPI : is_omp_object(info.dli_fname) ? OMP : OTHER;
     busy--;
-    atomic_store_explicit(&cache[slot], ((unsigned long long)a << 2) | 2 | (mpi ? 1 : 0),
+    atomic_store_explicit(&cache[slot], ((unsigned long long)a << 3) | 4 | (unsigned)c,
                           memory_order_relaxed);
-    return mpi;
+    return c;
 }
 
 static void trace(void)
@@ -93,7 +101,9 @@ static void counted(void *ret)
 {
     atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
     if (busy) return;
-    if (caller_is_mpi(ret)) atomic_fetch_add_explicit(&n_allocs_mpi, 1, memory_order_relaxed);
+    enum caller c = caller_of(ret);
+    if (c == MPI) atomic_fetch_add_explicit(&n_allocs_mpi, 1, memory_order_relaxed);
+    if (c == OMP) atomic_fetch_add_explicit(&n_allocs_omp, 1, memory_order_relaxed);
     if (trace_from >= 0 && atomic_load_explicit(&n_reads, memory_order_relaxed) >= trace_from)
         trace();
 }
@@ -114,6 +124,7 @@ void mt_alloccount_read(struct mt_alloccount *c)
 {
     c->allocs = atomic_load(&n_allocs);
     c->allocs_mpi = atomic_load(&n_allocs_mpi);
+    c->allocs_omp = atomic_load(&n_allocs_omp);
     c->frees = atomic_load(&n_frees);
     atomic_fetch_add(&n_reads, 1);
 }
