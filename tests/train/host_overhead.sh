@@ -1,0 +1,91 @@
+#!/bin/sh
+# The host-overhead wall (doc/host-overhead.md): after warm-up (the first WARM
+# iterations) a training step makes no heap allocation and takes no page fault, counted
+# per step by moetrain's log under the allocation-counting library
+# (tests/util/alloc_count.c, LD_PRELOAD) and getrusage, in fp32 and bf16, dropless and
+# with capacity drops, with manual GC off and on; manual GC runs exactly at the steps
+# its keys choose and says what it released; without the library the log says that
+# allocations are not counted. The multi-rank case is tests/parallel/host_overhead.sh.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+shim="$MT_TOP_BUILDDIR/tests/util/libmt_alloccount.so"
+WARM=2
+[ -r "$shim" ] || fail "no $shim (make check builds it)"
+# a sanitizer's allocator cannot be interposed again
+if ldd "$MOETRAIN" 2>/dev/null | grep -q 'libasan\|libtsan\|libmsan' ||
+   nm "$MOETRAIN" 2>/dev/null | grep -q '__asan_init\|__tsan_init'; then
+    echo "SKIP: moetrain is built with a sanitizer, whose allocator the counting library cannot replace"
+    exit 77
+fi
+cd "$tmp"
+OMP_NUM_THREADS=2 # a team of one thread is allocated by libgomp at every region
+export OMP_NUM_THREADS
+
+# run NAME OVERRIDES...: trains 8 iterations under the counting library
+run() {
+    name=$1
+    shift
+    LD_PRELOAD="$shim" "$MOETRAIN" "$small" training%train_iters=8 logging%log_interval=1 \
+        "logging%metrics_file='$name.jsonl'" "$@" > "$name.log" 2>&1 ||
+        { cat "$name.log"; fail "$name: training failed"; }
+}
+
+# steady NAME: every iteration after WARM made no allocation (moetrain's, the MPI
+# library's or the OpenMP runtime's) and took no minor fault; prints the worst
+steady() {
+    awk -v warm=$WARM -v run="$1" '
+        /"loss"/ { it = val("iteration"); if (it <= warm) next; n++
+                   for (i = 1; i <= 4; i++) { v = val(k[i]); if (v !~ /^[0-9.]+$/ || v + 0 != 0) { bad = 1
+                       printf "FAIL: %s: iteration %d: %s = %s per step, not 0\n", run, it, k[i], v } } }
+        function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
+        BEGIN { k[1] = "allocations"; k[2] = "allocations_mpi"; k[3] = "allocations_omp"; k[4] = "minor_faults" }
+        END { if (n == 0) { print "FAIL: " run ": no iteration after warm-up"; exit 1 }
+              if (!bad) printf "  %s: %d iterations after warm-up: 0 allocations, 0 minor faults\n", run, n
+              exit bad }' "$1.jsonl" || { cat "$1.log"; exit 1; }
+}
+
+run fp32 training%eval_interval=3 "checkpoint%save='ck'" checkpoint%save_interval=4
+steady fp32
+grep -q 'heap allocations counted by the preloaded counting library' fp32.log || fail "fp32: the log does not say what is counted"
+grep -q 'host per step: cpu [0-9.]* ms, minor faults 0.0, allocations 0.0 (and in the MPI library 0.0, the OpenMP runtime 0.0)' fp32.log ||
+    fail "fp32: no log line with the host counters"
+! grep -q 'manual GC' fp32.log || fail "fp32: manual GC ran while host%manual_gc is off"
+
+run bf16_drops "precision%params_dtype='bf16'" moe%expert_capacity_factor=1.0 \
+    "moe%router_load_balancing_type='seq_aux_loss'" moe%shared_expert_intermediate_size=16
+steady bf16_drops
+
+# manual GC: at the start, after iterations 3 and 6 (interval 3), around the
+# evaluation of iteration 4 and the save of iteration 8 (and the final evaluations)
+run gc host%manual_gc=T host%manual_gc_interval=3 training%eval_interval=4 \
+    "checkpoint%save='ckgc'" checkpoint%save_interval=8
+steady gc
+grep 'manual GC' gc.log | sed 's/: heap.*//' > gc.when
+cat > gc.want <<'EOF'
+manual GC (at the start of training, iteration 0)
+manual GC (after the step, iteration 3)
+manual GC (before evaluation, iteration 4)
+manual GC (after evaluation, iteration 4)
+manual GC (after the step, iteration 6)
+manual GC (before evaluation, iteration 8)
+manual GC (after evaluation, iteration 8)
+manual GC (before the checkpoint save, iteration 8)
+manual GC (after the checkpoint save, iteration 8)
+manual GC (before evaluation, iteration 8)
+manual GC (after evaluation, iteration 8)
+EOF
+diff gc.want gc.when || fail "manual GC did not run at the steps its keys choose (diff above: expected, ran)"
+grep -q 'manual GC (after the checkpoint save, iteration 8): heap held from the system [0-9]* -> [0-9]* bytes (released [0-9]*), free in it [0-9]* -> [0-9]* bytes, scratch caches released [0-9]* bytes; [0-9.]* ms' gc.log ||
+    fail "the manual GC line does not say what it released"
+
+# host%manual_gc_eval = .false. (Megatron's --no-manual-gc-eval): the start and the interval only
+run gc_noeval host%manual_gc=T host%manual_gc_interval=4 host%manual_gc_eval=F training%eval_interval=4
+[ "$(grep -c 'manual GC' gc_noeval.log)" = 3 ] || { grep 'manual GC' gc_noeval.log; fail "gc_noeval: expected the collections at the start and after iterations 4 and 8 only"; }
+
+# without the counting library: allocations are not counted, and the metrics say null
+"$MOETRAIN" "$small" training%train_iters=2 logging%log_interval=1 "logging%metrics_file='plain.jsonl'" > plain.log 2>&1 ||
+    { cat plain.log; fail "plain: training failed"; }
+grep -q 'heap allocations not counted' plain.log || fail "plain: the log does not say that allocations are not counted"
+grep -q 'allocations not counted |' plain.log || fail "plain: the interval line does not say it"
+grep -q '"allocations": null, "allocations_mpi": null, "allocations_omp": null' plain.jsonl || fail "plain: metrics lack the null allocations"
+grep -q '"host_cpu_ms": [0-9.]*, "minor_faults": [0-9.]*' plain.jsonl || fail "plain: metrics lack host_cpu_ms and minor_faults"
+echo "ok: no allocation and no page fault per step after warm-up; manual GC at its steps"
