@@ -16,6 +16,8 @@
 struct mpi_impl {
     struct mt_comm_common common;
     MPI_Comm comm;
+    int counts[];  /* 4 x size: all_to_all_v's int counts and displacements, kept with the
+                      comm so that a call allocates nothing */
 };
 
 #define PIECE ((size_t)1 << 30)
@@ -150,8 +152,7 @@ static int mpi_all_to_all_v(struct mt_comm *c, const void *send, const size_t *s
 {
     const char *op = "all_to_all_v";
     int n = c->size, rc = MT_OK;
-    int *v = malloc(sizeof(int) * 4 * (size_t)n);
-    if (!v) return mt_err_set(err, MT_ENOMEM, "%s on %s: out of memory", op, c->name);
+    int *v = ((struct mpi_impl *)c->impl)->counts;
     int *sc = v, *sd = v + n, *rcn = v + 2 * n, *rd = v + 3 * n;
     for (int i = 0; i < n; i++) {
         MT_CHECK_GOTO(check_int(c, op, "send_counts", i, send_counts[i], err), out);
@@ -169,7 +170,6 @@ static int mpi_all_to_all_v(struct mt_comm *c, const void *send, const size_t *s
                                  handle(c), &req);
     rc = finish(c, op, started, &req, NULL, &d, err);
 out:
-    free(v);
     return rc;
 }
 
@@ -304,7 +304,7 @@ int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int wo
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     MT_CHECK(mt_comm_alloc(&mpi_ops, rank, size, name, timeout_s, world_rank,
-                           sizeof(struct mpi_impl), out, err));
+                           sizeof(struct mpi_impl) + sizeof(int) * 4 * (size_t)size, out, err));
     ((struct mpi_impl *)(*out)->impl)->comm = comm;
     return MT_OK;
 }
