@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -60,6 +61,18 @@ void mt_hostmem_add_cache(const struct mt_host_cache *c)
     pthread_mutex_unlock(&caches_lock);
 }
 
+/* Touches MT_HOSTMEM_RESERVE bytes of heap and frees them: with trimming off they stay
+ * in the heap, paged in, for what the libraries allocate during the steps. */
+static void touch_reserve(void)
+{
+    char *p = malloc(MT_HOSTMEM_RESERVE);
+    if (!p) return; /* only a cost: the libraries' allocations may then fault */
+    mt_hostmem_prefault(p, MT_HOSTMEM_RESERVE);
+    free(p);
+}
+
+static bool holding;
+
 void mt_hostmem_hold(void)
 {
     /* no trimming of the heap top on free, and a fixed mmap threshold (at glibc's
@@ -67,6 +80,8 @@ void mt_hostmem_hold(void)
      * when freed, and the threshold no longer moves with what was freed */
     mallopt(M_TRIM_THRESHOLD, 0x7fffffff);
     mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+    holding = true;
+    touch_reserve();
 }
 
 static void heap_now(size_t *held, size_t *free_bytes)
@@ -90,6 +105,7 @@ void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r)
     pthread_mutex_unlock(&caches_lock);
     malloc_trim(0);
     heap_now(&r->heap_after, &r->free_after);
+    if (holding) touch_reserve();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     r->ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 }
