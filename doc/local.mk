@@ -8,4 +8,5 @@ doc/moetrain.nml.5: doc/gen_nml_man$(EXEEXT)
 	$(AM_V_GEN)$(MKDIR_P) doc && doc/gen_nml_man$(EXEEXT) > $@.tmp && mv $@.tmp $@
 CLEANFILES += doc/moetrain.nml.5
 dist_doc_DATA += doc/site-install.md doc/what-happens.md doc/cuda-emulator.md doc/checkpoints.md
-dist_doc_DATA += NEWS doc/architecture.md doc/plan.md doc/memory.md doc/fp8.md
+dist_doc_DATA += NEWS doc/architecture.md doc/plan.md doc/memory.md doc/fp8.md \
+	doc/host-overhead.md

@@ -874,9 +874,9 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         snprintf(hm, sizeof hm, "%.3f", allocs_mpi);
         snprintf(ho, sizeof ho, "%.3f", allocs_omp);
     }
-    /* in pieces of a few conversions: with a printf handler registered (a library of
-     * the runtime registers one) glibc formats through its positional path, which
-     * allocates for formats of many conversions */
+    /* in pieces of a few conversions: with a printf handler registered (libquadmath,
+     * which the BLAS's Fortran runtime loads, registers one) glibc formats through its
+     * positional path, which allocates for formats of many conversions */
     char line[1024];
     int len = snprintf(line, sizeof line,
                        "{\"iteration\": %lld, \"consumed_samples\": %lld, \"elapsed_ms\": %.3f, "

@@ -103,7 +103,7 @@ void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r)
         caches[i]->mark();
     }
     pthread_mutex_unlock(&caches_lock);
-    malloc_trim(0);
+    malloc_trim(holding ? MT_HOSTMEM_RESERVE : 0); /* the reserve stays at the heap top */
     heap_now(&r->heap_after, &r->free_after);
     if (holding) touch_reserve();
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -48,8 +48,7 @@ void mt_hostmem_add_cache(const struct mt_host_cache *c);
  * memory stays in the heap until mt_hostmem_collect. And pages in a reserve of heap
  * (MT_HOSTMEM_RESERVE bytes, freed again, so the heap keeps it) for what libraries
  * allocate during the steps (the MPI library builds and frees a schedule per
- * collective): their allocations then take no page faults. Each collection after it
- * pages the reserve in again after trimming. */
+ * collective): their allocations then take no page faults. Collections keep it. */
 #define MT_HOSTMEM_RESERVE ((size_t)8 << 20)
 void mt_hostmem_hold(void);
 
@@ -62,9 +61,9 @@ struct mt_gc_report {
     double ms;                       /* time the collection took */
 };
 /* A collection: with release_growth, every cache frees what it grew beyond its mark;
- * then every cache marks what it holds; then malloc_trim(0) gives the heap's free
- * pages back to the system (after mt_hostmem_hold: all but the reserve, paged in
- * again). */
+ * then every cache marks what it holds; then malloc_trim gives the heap's free pages
+ * back to the system (after mt_hostmem_hold: all but the reserve at the heap's top,
+ * which is paged in again where a library used part of it). */
 void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r);
 
 /* Touches every page of [p, p + n) (writes a zero), so that using it later takes no

@@ -1,0 +1,79 @@
+#!/bin/sh
+# Host jitter of the CPU training step with manual GC off and on (doc/host-overhead.md).
+# usage: bench/host_jitter.sh [BUILDDIR]   (default: the current directory)
+#
+# Trains tiny_moe (the embedded default) for ITERS iterations (default 80) with an
+# evaluation every 10 and a checkpoint save every 40, under the allocation-counting
+# library (tests/util/libmt_alloccount.so, built here if missing), once with
+# host%manual_gc off and once on (manual_gc_interval 20, manual_gc_eval on), ROUNDS
+# times (default 2) alternately so that both see the same machine. Over the
+# iterations after the first WARM (default 5) of every run, it prints:
+# - the step time distribution: p50, p99 and max of the logged per-iteration time;
+# - per step: host CPU time, minor page faults, heap allocations (moetrain's; the
+#   OpenMP runtime's apart) as the log counts them;
+# - the ratio on/off of each.
+# Figures only: nothing here passes or fails. Step times on a shared machine vary
+# with its load: compare the two columns of one run, not runs on different days.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/.." && pwd)
+build=$(cd "${1:-.}" && pwd)
+moetrain="$build/moetrain"
+iters=${ITERS:-80}
+rounds=${ROUNDS:-2}
+warm=${WARM:-5}
+[ -x "$moetrain" ] || { echo "bench/host_jitter.sh: no moetrain in $build (build first)" >&2; exit 1; }
+shim="$build/tests/util/libmt_alloccount.so"
+[ -r "$shim" ] || make -s -C "$build" tests/util/libmt_alloccount.so
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+threads=${OMP_NUM_THREADS:-$(getconf _NPROCESSORS_ONLN)}
+export OMP_NUM_THREADS="$threads"
+
+# run NAME ROUND OVERRIDES...: appends the run's iterations after warm-up to NAME.it
+# as "ms cpu_ms faults allocations allocations_omp"
+run() {
+    name=$1 round=$2; shift 2
+    rm -rf "$tmp/ck"
+    (cd "$top" && MOETRAIN_DATADIR="$build" LD_PRELOAD="$shim" "$moetrain" namelists/tiny_moe.nml \
+        training%train_iters="$iters" training%eval_interval=10 training%eval_iters=2 \
+        optimizer%lr_warmup_iters=5 logging%log_interval=1 "checkpoint%save='$tmp/ck'" \
+        checkpoint%save_interval=40 "logging%metrics_file='$tmp/$name.$round.jsonl'" "$@" \
+        > "$tmp/$name.$round.log" 2>&1) ||
+        { echo "$name: moetrain failed:"; tail -5 "$tmp/$name.$round.log"; exit 1; }
+    awk -v warm="$warm" '
+        function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
+        /"loss"/ && val("iteration") + 0 > warm {
+            print val("elapsed_ms"), val("host_cpu_ms"), val("minor_faults"), val("allocations"),
+                  val("allocations_omp") }' "$tmp/$name.$round.jsonl" >> "$tmp/$name.it"
+}
+
+# stats NAME: "p50 p99 max cpu faults allocs allocs_omp" over NAME.it (means per step)
+stats() {
+    sort -g "$tmp/$1.it" | awk '
+        { ms[NR] = $1; cpu += $2; f += $3; a += $4; o += $5 }
+        function q(p,   i) { i = int(p * (NR - 1) + 0.5) + 1; return ms[i] }
+        END { printf "%.2f %.2f %.2f %.2f %.3f %.3f %.3f\n", q(0.5), q(0.99), ms[NR], cpu / NR, f / NR, a / NR, o / NR }'
+}
+
+: > "$tmp/off.it"
+: > "$tmp/on.it"
+r=1
+while [ $r -le "$rounds" ]; do
+    run off $r host%manual_gc=F
+    run on $r host%manual_gc=T host%manual_gc_interval=20
+    r=$((r + 1))
+done
+n=$(wc -l < "$tmp/off.it")
+echo "tiny_moe, $threads threads, $rounds x $iters iterations per column ($n after the first $warm of each run), evaluation every 10, save every 40"
+grep -m1 'manual GC (after the step' "$tmp/on.1.log" | sed 's/^/manual GC example: /'
+set -- $(stats off) $(stats on)
+printf "%-34s %12s %12s %8s\n" "per step" "manual GC off" "on" "on/off"
+row() { printf "%-34s %12s %12s %8s\n" "$1" "$2" "$3" "$(echo "$2 $3" | awk '{ if ($1 == 0) print ($2 == 0 ? "=" : "inf"); else printf "%.2f", $2 / $1 }')"; }
+row "step time p50 (ms)" "$1" "$8"
+row "step time p99 (ms)" "$2" "$9"
+row "step time max (ms)" "$3" "${10}"
+row "host CPU time (ms)" "$4" "${11}"
+row "minor page faults" "$5" "${12}"
+row "heap allocations, moetrain's" "$6" "${13}"
+row "heap allocations, OpenMP runtime" "$7" "${14}"
