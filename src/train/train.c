@@ -67,6 +67,11 @@ struct trainer {
     /* pipeline messages (interleaved schedule) held at once: now, at most, as a dry run
      * of the schedule predicts; dry: run the schedule without computing (planning) */
     int msgs, msgs_peak, msgs_plan;
+    /* the messages, allocated at setup as one block of msgs_plan (msg_block), and the
+     * free ones (msg_free_list, msg_nfree); the schedule's queues (q_mem) */
+    float *msg_block, **msg_free_list;
+    int msg_nfree;
+    float **q_mem;
     bool dry;
 };
 
@@ -429,20 +434,34 @@ static void q_push(struct pp_queue *q, float *x) { q->q[q->tail++] = x; }
 static float *q_pop(struct pp_queue *q) { return q->head < q->tail ? q->q[q->head++] : NULL; }
 
 /* A message between stages in backend memory, so that device backends send it from
- * the device (NCCL); the caching allocators keep this out of cudaMalloc. */
+ * the device (NCCL): one of the msgs_plan allocated at setup (the schedule's peak, as
+ * its dry run counts it), so that a step allocates none; past them (never, unless the
+ * schedule and its dry run part) from the backend. */
 static float *msg_alloc(struct trainer *t)
 {
     static float dry_msg; /* what a dry run passes around */
-    float *p = t->dry ? &dry_msg : t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n);
+    float *p = t->dry            ? &dry_msg
+               : t->msg_nfree > 0 ? t->msg_free_list[--t->msg_nfree]
+                                  : t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n);
     if (p && ++t->msgs > t->msgs_peak) t->msgs_peak = t->msgs;
     return p;
+}
+
+static bool msg_of_block(const struct trainer *t, const float *p)
+{
+    return t->msg_block && p >= t->msg_block &&
+           p < t->msg_block + (size_t)t->msgs_plan * t->act_n;
 }
 
 static void msg_free(struct trainer *t, float *p)
 {
     if (!p) return;
     t->msgs--;
-    if (!t->dry) t->k->op.free(t->k->ctx, p);
+    if (t->dry) return;
+    if (msg_of_block(t, p))
+        t->msg_free_list[t->msg_nfree++] = p;
+    else
+        t->k->op.free(t->k->ctx, p);
 }
 
 /* Megatron's send_forward_backward_recv_forward_backward over the pipeline ring: the
@@ -598,8 +617,7 @@ static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb, double a
                           struct mt_err *err)
 {
     struct il_state S = {.t = t, .a = a, .nmb = nmb, .all = all};
-    float **mem = calloc((size_t)t->vpp * 2 * (size_t)(nmb + 1), sizeof *mem);
-    if (!mem) return mt_err_set(err, MT_ENOMEM, "out of memory for the pipeline schedule");
+    float **mem = t->q_mem; /* vpp x 2 queues of nmb + 1 (setup_stage) */
     for (int c = 0; c < t->vpp; c++) {
         S.qx[c].q = mem + (size_t)(2 * c) * (nmb + 1);
         S.qg[c].q = mem + (size_t)(2 * c + 1) * (nmb + 1);
@@ -610,7 +628,6 @@ static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb, double a
         while ((x = q_pop(&S.qx[c]))) msg_free(t, x);
         while ((x = q_pop(&S.qg[c]))) msg_free(t, x);
     }
-    free(mem);
     return rc;
 }
 
@@ -933,15 +950,35 @@ static int setup_stage(struct trainer *t, struct mt_err *err)
     t->p_dy = (float *)(pb + 2 * ab);
     t->p_dx = (float *)(pb + 2 * ab + gb);
     if (t->vpp > 1) {
+        const int nmb = t->layout->num_micro_batches;
+        t->q_mem = calloc((size_t)t->vpp * 2 * (size_t)(nmb + 1), sizeof *t->q_mem);
+        if (!t->q_mem) return mt_err_set(err, MT_ENOMEM, "out of memory for the pipeline schedule");
         struct pp_acc a = { 0 };
         t->dry = true;
-        int rc = pp_interleaved(t, &a, t->layout->num_micro_batches, 1.0, err);
+        int rc = pp_interleaved(t, &a, nmb, 1.0, err);
         t->dry = false;
         t->msgs_plan = t->msgs_peak;
         t->msgs = t->msgs_peak = 0;
         MT_CHECK(rc);
+        /* the messages the schedule holds at its peak, allocated once */
+        const size_t n = (size_t)t->msgs_plan;
+        t->msg_free_list = malloc(sizeof *t->msg_free_list * (n ? n : 1));
+        t->msg_block = n ? t->k->op.alloc(t->k->ctx, sizeof(float) * t->act_n * n) : NULL;
+        if (!t->msg_free_list || (n && !t->msg_block))
+            return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages");
+        for (size_t i = 0; i < n; i++) t->msg_free_list[i] = t->msg_block + i * t->act_n;
+        t->msg_nfree = (int)n;
     }
     return MT_OK;
+}
+
+/* What setup_stage allocated. */
+static void free_stage(struct trainer *t)
+{
+    if (t->p_x) t->k->op.free(t->k->ctx, t->p_x);
+    if (t->msg_block) t->k->op.free(t->k->ctx, t->msg_block);
+    free(t->msg_free_list);
+    free(t->q_mem);
 }
 
 /* ---- memory: what a rank holds, planned and measured ------------------- */
@@ -1012,8 +1049,8 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
                              &t.optim, err);
     if (rc == MT_OK) {
         memory_of(&t, r);
-        /* the categories account for every byte held (messages come and go) */
-        const size_t held = r->total - (t.p_x ? sizeof(float) * t.act_n * (size_t)t.msgs_plan : 0);
+        /* the categories account for every byte held */
+        const size_t held = r->total;
         if (held != live(k))
             rc = mt_err_set(err, MT_ERUNTIME,
                             "memory of rank %d on backend %s: the categories sum to %zu bytes but "
@@ -1022,7 +1059,7 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
     }
     mt_optim_destroy(t.optim);
     mt_model_destroy(t.model);
-    if (t.p_x) k->op.free(k->ctx, t.p_x);
+    free_stage(&t);
     mt_parallel_plan_destroy(t.par);
     return rc;
 }
@@ -1257,7 +1294,7 @@ static void teardown(struct trainer *t)
     mt_model_destroy(t->model);
     mt_data_close(t->data);
     free(t->tokens);
-    if (t->p_x) t->k->op.free(t->k->ctx, t->p_x);
+    free_stage(t);
     free(t->acc_counts);
     free(t->config_text);
 }

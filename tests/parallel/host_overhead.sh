@@ -2,7 +2,7 @@
 # The host-overhead wall on every rank (doc/host-overhead.md): after warm-up a training
 # step of moetrain's code makes no heap allocation and takes no page fault, over
 # tensor, expert and data parallelism with the distributed optimizer, and over a
-# pipeline, counted per step by each rank under the allocation-counting library and
+# pipeline (1F1B and interleaved), counted per step by each rank under the allocation-counting library and
 # logged as the largest over the ranks. The MPI library's allocations (its
 # nonblocking collectives build and free a schedule at every call) and the OpenMP
 # runtime's (one thread per rank: libgomp allocates a team of one at every parallel
@@ -33,10 +33,12 @@ fi
 # iteration 5 and 10, and the iteration after a collection may fault in pages that it
 # gave back and the MPI library reuses (measured: 1), which is not asserted.
 PAD="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
+VPP="parallel%pipeline_model_parallel_size=2 parallel%virtual_pipeline_model_parallel_size=2 model%num_layers=4 moe%layer_freq=1,0,1,0 training%global_batch_size=8"
 for layout in "tp_ep_pad 4 yes $TP2 $EP2 $ZERO $PAD host%manual_gc=T training%eval_interval=100" \
               "tp_ep 4 no $TP2 $EP2 $ZERO host%manual_gc=T host%manual_gc_eval=F training%eval_interval=5" \
               "tp 2 yes $TP2 host%manual_gc=T training%eval_interval=100" \
-              "pp 2 yes parallel%pipeline_model_parallel_size=2 host%manual_gc=T host%manual_gc_interval=5 training%eval_interval=100"; do
+              "pp 2 yes parallel%pipeline_model_parallel_size=2 host%manual_gc=T host%manual_gc_interval=5 training%eval_interval=100" \
+              "vpp 2 yes $VPP host%manual_gc=T training%eval_interval=100"; do
     # shellcheck disable=SC2086 # name, np, faults and a list of overrides
     set -- $layout
     name=$1 np=$2 faults=$3
