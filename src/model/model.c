@@ -772,17 +772,65 @@ static int size_rows(struct mt_model *m, struct mt_err *err)
 
 /* ------------------------------------------------------------ expert overflow */
 
-void mt_model_expert_release(struct mt_model *m, struct mt_layer_acts *a, bool keep_acts)
+/* An overflow block of bytes: with manual GC the smallest deferred one that holds them,
+ * else from the allocator. */
+static void *over_alloc(struct mt_model *m, size_t bytes)
+{
+    int best = -1;
+    for (int i = 0; m->cfg.host.manual_gc && i < m->ndeferred; i++)
+        if (m->deferred[i].bytes >= bytes &&
+            (best < 0 || m->deferred[i].bytes < m->deferred[best].bytes))
+            best = i;
+    if (best < 0) return m->k->op.alloc(m->k->ctx, bytes);
+    void *p = m->deferred[best].p;
+    m->deferred[best] = m->deferred[--m->ndeferred];
+    return p;
+}
+
+/* Gives an overflow block back: with manual GC kept for reuse until a collection
+ * (when the list is full, the smallest kept block makes room), else freed. */
+static void over_free(struct mt_model *m, void *p, size_t bytes)
 {
     const struct mt_kernel_ops *o = &m->k->op;
+    if (!m->cfg.host.manual_gc) {
+        o->free(m->k->ctx, p);
+        return;
+    }
+    if (m->ndeferred == MT_MODEL_DEFERRED) {
+        int small = 0;
+        for (int i = 1; i < m->ndeferred; i++)
+            if (m->deferred[i].bytes < m->deferred[small].bytes) small = i;
+        if (m->deferred[small].bytes >= bytes) {
+            o->free(m->k->ctx, p);
+            return;
+        }
+        o->free(m->k->ctx, m->deferred[small].p);
+        m->deferred[small] = m->deferred[--m->ndeferred];
+    }
+    m->deferred[m->ndeferred++] = (struct mt_deferred_block){p, bytes};
+}
+
+size_t mt_model_release_deferred(struct mt_model *m)
+{
+    size_t bytes = 0;
+    for (int i = 0; i < m->ndeferred; i++) {
+        m->k->op.free(m->k->ctx, m->deferred[i].p);
+        bytes += m->deferred[i].bytes;
+    }
+    m->ndeferred = 0;
+    return bytes;
+}
+
+void mt_model_expert_release(struct mt_model *m, struct mt_layer_acts *a, bool keep_acts)
+{
     if (m->scratch_over) {
         swap_scratch(m, &m->scratch_home);
-        o->free(m->k->ctx, m->scratch_over);
+        over_free(m, m->scratch_over, m->scratch_over_bytes);
         m->scratch_over = NULL;
     }
     if (a && a->over && !keep_acts) {
         set_views(a, &a->home);
-        o->free(m->k->ctx, a->over);
+        over_free(m, a->over, a->over_bytes);
         a->over = NULL;
     }
 }
@@ -810,8 +858,12 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
     struct mt_expert_scratch sv;
     layout_expert_scratch(m, &s, &sv, R);
     scr = s.off;
-    if (fwd) a->over = o->alloc(p->ctx, acts);
-    m->scratch_over = !fwd || a->over ? o->alloc(p->ctx, scr) : NULL;
+    if (fwd) {
+        a->over = over_alloc(m, acts);
+        a->over_bytes = acts;
+    }
+    m->scratch_over = !fwd || a->over ? over_alloc(m, scr) : NULL;
+    m->scratch_over_bytes = scr;
     if (rows > m->h_over_rows && m->scratch_over) {
         int32_t *h = realloc(m->h_over, sizeof(int32_t) * 2 * R);
         if (h) {
@@ -1178,6 +1230,7 @@ void mt_model_destroy(struct mt_model *m)
         for (int s = 0; s < m->nslots * m->nchunks; s++) free_overs(m, m->slots[s].la);
     else
         free_overs(m, m->la);
+    mt_model_release_deferred(m);
     if (m->work && m->work != m->params) o->free(m->k->ctx, m->work);
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);

@@ -225,6 +225,12 @@ void mt_model_reset_expert_counts(struct mt_model *m);
  * Does not reset the counts (call mt_model_reset_expert_counts). */
 void mt_model_update_expert_bias(struct mt_model *m);
 
+/* With host%manual_gc, the expert-side blocks that a step over the planned rows takes
+ * from the allocator (moe%expert_buffer_factor) are not freed when the step is done but
+ * kept for the next such step (deferred frees); this frees them, as a collection does,
+ * and returns their bytes. */
+size_t mt_model_release_deferred(struct mt_model *m);
+
 struct mt_memory_report {
     size_t params;        /* fp32 master weights */
     size_t grads;         /* fp32 gradients */

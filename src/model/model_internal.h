@@ -91,6 +91,7 @@ struct mt_layer_acts {
      * side lives in over (from the allocator) until the layer's backward is done;
      * home keeps the views into the slot's arena */
     void *over;
+    size_t over_bytes;
     struct mt_expert_views {
         void *xs, *eg, *eu, *ea, *eys;
         int32_t *sort_map, *unsort_map;
@@ -111,6 +112,9 @@ struct mt_act_slot {
     long long valid;            /* its valid targets (last stage) */
     float loss_scale;
 };
+
+/* Overflow blocks kept for reuse under manual GC, at most. */
+#define MT_MODEL_DEFERRED 8
 
 struct mt_model {
     struct mt_config cfg;
@@ -222,6 +226,14 @@ struct mt_model {
     /* expert-side scratch of a layer whose rows overflow the plan (its forward or
      * backward only), and the views it replaced */
     void *scratch_over;
+    size_t scratch_over_bytes;
+    /* with host%manual_gc, overflow blocks given back wait here for reuse by a later
+     * overflow until mt_model_release_deferred (a collection) frees them */
+    struct mt_deferred_block {
+        void *p;
+        size_t bytes;
+    } deferred[MT_MODEL_DEFERRED];
+    int ndeferred;
     struct mt_expert_scratch {
         float *d_x, *d_x2, *stage, *stage2, *d_f1, *d_f2, *d_f3;
         int32_t *h_sort, *h_unsort;

@@ -786,19 +786,23 @@ static void say_host_counters(struct trainer *t)
 
 /* Manual GC (host%manual_gc): a collection at a point every rank reaches at the same
  * iteration (a rule on the iteration number: no communication), logged with what it
- * released (rank 0's figures). release_growth: the caches give back what they grew
- * since the collection before (the one before an evaluation or a save). */
+ * released (rank 0's figures): the model's deferred frees (overflow blocks kept for
+ * reuse), the caches' growth and the heap's free pages. release_growth: the caches give
+ * back what they grew since the collection before (the one before an evaluation or a
+ * save). */
 static void manual_gc(struct trainer *t, const char *when, bool release_growth)
 {
     if (!t->cfg->host.manual_gc) return;
+    const double t0 = now_ms();
+    const size_t deferred = t->model ? mt_model_release_deferred(t->model) : 0;
     struct mt_gc_report r;
     mt_hostmem_collect(release_growth, &r);
-    say(t, "manual GC (%s, iteration %lld): heap held from the system %zu -> %zu bytes "
-           "(released %zu), free in it %zu -> %zu bytes, scratch caches released %zu bytes; "
-           "%.2f ms (rank 0)\n",
-        when, t->st.iteration, r.heap_before, r.heap_after,
+    say(t, "manual GC (%s, iteration %lld): deferred frees %zu bytes, scratch caches released "
+           "%zu bytes; heap held from the system %zu -> %zu bytes (released %zu), free in it "
+           "%zu -> %zu bytes; %.2f ms (rank 0)\n",
+        when, t->st.iteration, deferred, r.caches_released, r.heap_before, r.heap_after,
         r.heap_before > r.heap_after ? r.heap_before - r.heap_after : 0, r.free_before,
-        r.free_after, r.caches_released, r.ms);
+        r.free_after, now_ms() - t0);
 }
 
 /* An evaluation, with host%manual_gc_eval collections before and after it. */

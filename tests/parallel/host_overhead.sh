@@ -7,7 +7,8 @@
 # nonblocking collectives build and free a schedule at every call) and the OpenMP
 # runtime's (one thread per rank: libgomp allocates a team of one at every parallel
 # region) are counted apart and printed, not asserted: they are not moetrain's code.
-# Warm-up is longer than with one process (tests/train/host_overhead.sh): the heap
+# Manual GC's deferred frees spare the allocations of steps over the experts' planned
+# rows (last). Warm-up is longer than with one process (tests/train/host_overhead.sh): the heap
 # reaches the high-water mark of the MPI library's allocations within a few steps.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
@@ -61,4 +62,22 @@ for layout in "tp_ep_pad 4 yes $TP2 $EP2 $ZERO $PAD host%manual_gc=T training%ev
               exit bad }' "$name.jsonl" || { cat "$name.log"; exit 1; }
 done
 grep -q 'manual GC (after the step, iteration 10)' pp.log || fail "pp: no manual GC after iteration 10"
+
+# deferred frees: experts that receive more rows than their buffers hold
+# (expert_buffer_factor 1) take the rest from the allocator at every step; with manual GC
+# the blocks wait for reuse until a collection frees them, which says how much
+for gc in F T; do
+    LD_PRELOAD="$shim" mpirun_np 2 -x LD_PRELOAD -x OMP_NUM_THREADS "$MOETRAIN" "$small" \
+        training%train_iters=8 logging%log_interval=1 training%eval_interval=100 \
+        "logging%metrics_file='over$gc.jsonl'" parallel%distributed_timeout_minutes=1 $EP2 \
+        moe%expert_buffer_factor=1.0 host%manual_gc=$gc host%manual_gc_interval=4 \
+        > "over$gc.log" 2>&1 < /dev/null || { cat "over$gc.log"; fail "over$gc: training failed"; }
+    grep -q 'expert buffer overflows' "over$gc.log" || { cat "over$gc.log"; fail "over$gc: no step over the planned rows"; }
+done
+grep 'manual GC (after the step' overT.log | grep -q 'deferred frees [1-9][0-9]* bytes' ||
+    { grep 'manual GC' overT.log; fail "overT: no collection freed deferred overflow blocks"; }
+sum_allocs() { sed -n 's/.*"iteration": \([0-9]*\),.*"allocations": \([0-9.]*\),.*/\1 \2/p' "$1" | awk -v w=$WARM '$1 > w { s += $2 } END { print s + 0 }'; }
+off=$(sum_allocs overF.jsonl) on=$(sum_allocs overT.jsonl)
+echo "  overflowing experts, allocations after warm-up: $off without deferred frees, $on with"
+awk -v a="$off" -v b="$on" 'BEGIN { exit !(a > 0 && b <= a) }' || fail "deferred frees did not spare allocations ($off without, $on with)"
 echo "ok: no allocation and no page fault per step in moetrain's code on every rank after warm-up"
