@@ -2,14 +2,15 @@
 # The host-overhead wall on every rank (doc/host-overhead.md): after warm-up a training
 # step of moetrain's code makes no heap allocation and takes no page fault, over
 # tensor, expert and data parallelism with the distributed optimizer, and over a
-# pipeline (1F1B and interleaved), counted per step by each rank under the allocation-counting library and
-# logged as the largest over the ranks. The MPI library's allocations (its
-# nonblocking collectives build and free a schedule at every call) and the OpenMP
-# runtime's (one thread per rank: libgomp allocates a team of one at every parallel
-# region) are counted apart and printed, not asserted: they are not moetrain's code.
-# Manual GC's deferred frees spare the allocations of steps over the experts' planned
-# rows (last). Warm-up is longer than with one process (tests/train/host_overhead.sh): the heap
-# reaches the high-water mark of the MPI library's allocations within a few steps.
+# pipeline (1F1B and interleaved), counted per step by each rank under the
+# allocation-counting library and logged as the largest over the ranks. The MPI
+# library's allocations (its nonblocking collectives build and free a schedule at every
+# call) and the OpenMP runtime's (one thread per rank: libgomp allocates a team of one
+# at every parallel region) are counted apart and printed, not asserted: they are not
+# moetrain's code. Warm-up is longer than with one process
+# (tests/train/host_overhead.sh): the heap reaches the high-water mark of the MPI
+# library's allocations within a few steps. Last, manual GC's deferred frees spare
+# allocations of the steps over the experts' planned rows.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
 shim="$MT_TOP_BUILDDIR/tests/util/libmt_alloccount.so"
