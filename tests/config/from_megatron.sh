@@ -186,6 +186,16 @@ expect_error "takes one value" -- --num-layers 2 4
 expect_error "num_attention_heads" -- --num-attention-heads 4 --tensor-model-parallel-size 3 \
     --sequence-parallel
 
+# manual GC: Megatron's three flags, and its defaults (off, interval 0, around evaluations)
+from_megatron gc --num-layers 2 --swiglu --disable-bias-linear --mock-data --manual-gc \
+    --manual-gc-interval 50 --no-manual-gc-eval
+has gc 'manual_gc = .true.'
+has gc 'manual_gc_interval = 50'
+has gc 'manual_gc_eval = .false.'
+from_megatron nogc --num-layers 2 --swiglu --disable-bias-linear --mock-data
+has nogc 'manual_gc = .false.'
+has nogc 'manual_gc_interval = 0'
+has nogc 'manual_gc_eval = .true.'
 # Megatron's defaults and rules where moetrain's differ
 from_megatron defaults --hidden-size 768 --num-attention-heads 12 --num-query-groups 4 --swiglu \
     --disable-bias-linear --normalization RMSNorm --position-embedding-type rope \
