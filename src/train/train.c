@@ -780,23 +780,27 @@ static void say_host_counters(struct trainer *t)
         mt_host_allocs_counted()
             ? "heap allocations counted by the preloaded counting library, those of the MPI "
               "library and of the OpenMP runtime apart"
-            : "heap allocations not counted (they are when the counting library "
-              "tests/util/.libs/libmt_alloccount.so is preloaded: doc/host-overhead.md)");
+            : "heap allocations not counted (they are under the counting library that the "
+              "build makes for the tests, tests/util/libmt_alloccount.so, preloaded: "
+              "doc/host-overhead.md)");
 }
 
 /* Manual GC (host%manual_gc): a collection at a point every rank reaches at the same
  * iteration (a rule on the iteration number: no communication), logged with what it
- * released (rank 0's figures): the model's deferred frees (overflow blocks kept for
- * reuse), the caches' growth and the heap's free pages. release_growth: the caches give
- * back what they grew since the collection before (the one before an evaluation or a
- * save). */
-static void manual_gc(struct trainer *t, const char *when, bool release_growth)
+ * released (rank 0's figures). A full one (the start, the interval, before an
+ * evaluation or a save) frees the model's deferred frees (overflow blocks kept for
+ * reuse) and trims the heap; the one after an evaluation or a save, like Megatron's
+ * collection of the youngest generation there, gives back only what the caches grew
+ * during it: trimming there would make the next step fault in what the libraries take
+ * again, while the evaluation's or save's own traffic follows a trim before it. */
+static void manual_gc(struct trainer *t, const char *when, enum mt_gc_kind kind)
 {
     if (!t->cfg->host.manual_gc) return;
     const double t0 = now_ms();
-    const size_t deferred = t->model ? mt_model_release_deferred(t->model) : 0;
+    const size_t deferred =
+        t->model && kind == MT_GC_FULL ? mt_model_release_deferred(t->model) : 0;
     struct mt_gc_report r;
-    mt_hostmem_collect(release_growth, &r);
+    mt_hostmem_collect(kind, &r);
     say(t, "manual GC (%s, iteration %lld): deferred frees %zu bytes, scratch caches released "
            "%zu bytes; heap held from the system %zu -> %zu bytes (released %zu), free in it "
            "%zu -> %zu bytes; %.2f ms (rank 0)\n",
@@ -806,15 +810,13 @@ static void manual_gc(struct trainer *t, const char *when, bool release_growth)
 }
 
 /* An evaluation, with host%manual_gc_eval collections before and after it. */
-static int evaluate(struct trainer *t, enum mt_split split, const char *label,
-                    struct mt_err *err);
 static int evaluate_gc(struct trainer *t, enum mt_split split, const char *label,
                        struct mt_err *err)
 {
     const bool gc = t->cfg->host.manual_gc_eval;
-    if (gc) manual_gc(t, "before evaluation", false);
+    if (gc) manual_gc(t, "before evaluation", MT_GC_FULL);
     int rc = evaluate(t, split, label, err);
-    if (gc && rc == MT_OK) manual_gc(t, "after evaluation", true);
+    if (gc && rc == MT_OK) manual_gc(t, "after evaluation", MT_GC_GROWTH);
     return rc;
 }
 
@@ -822,9 +824,9 @@ static int evaluate_gc(struct trainer *t, enum mt_split split, const char *label
 static int save_checkpoint_gc(struct trainer *t, struct mt_err *err)
 {
     const bool gc = t->cfg->host.manual_gc_eval;
-    if (gc) manual_gc(t, "before the checkpoint save", false);
+    if (gc) manual_gc(t, "before the checkpoint save", MT_GC_FULL);
     int rc = save_checkpoint(t, err);
-    if (gc && rc == MT_OK) manual_gc(t, "after the checkpoint save", true);
+    if (gc && rc == MT_OK) manual_gc(t, "after the checkpoint save", MT_GC_GROWTH);
     return rc;
 }
 
@@ -1458,7 +1460,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     int rc = setup(&t, err);
     if (rc == MT_OK) {
         say_host_counters(&t);
-        manual_gc(&t, "at the start of training", false);
+        manual_gc(&t, "at the start of training", MT_GC_FULL);
     }
     const struct mt_config_training *tr = &cfg->training;
     const struct mt_config_checkpoint *ck = &cfg->checkpoint;
@@ -1492,7 +1494,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
             last_saved = it;
         }
         if (rc == MT_OK && gc_interval > 0 && it % gc_interval == 0)
-            manual_gc(&t, "after the step", false);
+            manual_gc(&t, "after the step", MT_GC_FULL);
         if (rc == MT_OK && tr->exit_interval > 0 && it % tr->exit_interval == 0) {
             if (ck->save[0] && last_saved != it) rc = save_checkpoint_gc(&t, err);
             if (rc == MT_OK) rc = finish_save(&t, err);

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 /* The counting library's record (tests/util/alloc_count.c). */
@@ -91,23 +90,20 @@ static void heap_now(size_t *held, size_t *free_bytes)
     *free_bytes = mi.fordblks;
 }
 
-void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r)
+void mt_hostmem_collect(enum mt_gc_kind kind, struct mt_gc_report *r)
 {
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
     memset(r, 0, sizeof *r);
     heap_now(&r->heap_before, &r->free_before);
     pthread_mutex_lock(&caches_lock);
     for (int i = 0; i < ncaches; i++) {
-        if (release_growth) r->caches_released += caches[i]->release();
+        if (kind == MT_GC_GROWTH) r->caches_released += caches[i]->release();
         caches[i]->mark();
     }
     pthread_mutex_unlock(&caches_lock);
-    malloc_trim(holding ? MT_HOSTMEM_RESERVE : 0); /* the reserve stays at the heap top */
+    if (kind == MT_GC_FULL)
+        malloc_trim(holding ? MT_HOSTMEM_RESERVE : 0); /* the reserve stays at the heap top */
     heap_now(&r->heap_after, &r->free_after);
-    if (holding) touch_reserve();
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    r->ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (kind == MT_GC_FULL && holding) touch_reserve();
 }
 
 void mt_hostmem_prefault(void *p, size_t n)

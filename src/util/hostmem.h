@@ -58,13 +58,18 @@ struct mt_gc_report {
                                         arena + hblkhd) */
     size_t free_before, free_after;  /* of those, free (mallinfo2 fordblks) */
     size_t caches_released;          /* bytes the caches' release functions freed */
-    double ms;                       /* time the collection took */
 };
-/* A collection: with release_growth, every cache frees what it grew beyond its mark;
- * then every cache marks what it holds; then malloc_trim gives the heap's free pages
- * back to the system (after mt_hostmem_hold: all but the reserve at the heap's top,
- * which is paged in again where a library used part of it). */
-void mt_hostmem_collect(bool release_growth, struct mt_gc_report *r);
+/* The two kinds of collection. */
+enum mt_gc_kind {
+    /* every cache marks what it holds; then malloc_trim gives the heap's free pages back
+     * to the system (after mt_hostmem_hold: all but the reserve at the heap's top, which
+     * is paged in again where a library used part of it) */
+    MT_GC_FULL,
+    /* every cache frees what it grew beyond its mark, then marks; the heap is not trimmed
+     * (what was freed stays for the next steps; the next full collection trims it) */
+    MT_GC_GROWTH,
+};
+void mt_hostmem_collect(enum mt_gc_kind kind, struct mt_gc_report *r);
 
 /* Touches every page of [p, p + n) (writes a zero), so that using it later takes no
  * page fault. */
