@@ -32,7 +32,9 @@ fi
 # of 30 iterations, as late as iteration 16, at none of them an allocation of
 # moetrain's): its faults are printed, not asserted. With drop-and-pad (static shapes,
 # tp_ep_pad) there are none. tp_ep evaluates at iteration 5; pp collects after
-# iteration 5 and 10 (the heap trimmed but its reserve: the next step takes no fault).
+# iteration 5 and 10, and the iteration after a collection may fault in pages that it
+# gave back and the MPI library takes again beyond the heap's reserve (measured: 0 in
+# most runs, 1 in some), which is not asserted.
 PAD="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
 VPP="parallel%pipeline_model_parallel_size=2 parallel%virtual_pipeline_model_parallel_size=2 model%num_layers=4 moe%layer_freq=1,0,1,0 training%global_batch_size=8"
 for layout in "tp_ep_pad 4 yes $TP2 $EP2 $ZERO $PAD host%manual_gc=T training%eval_interval=100" \
@@ -48,12 +50,14 @@ for layout in "tp_ep_pad 4 yes $TP2 $EP2 $ZERO $PAD host%manual_gc=T training%ev
         training%train_iters=10 logging%log_interval=1 \
         "logging%metrics_file='$name.jsonl'" parallel%distributed_timeout_minutes=1 "$@" \
         > "$name.log" 2>&1 < /dev/null || { cat "$name.log"; fail "$name: training failed"; }
-    awk -v warm=$WARM -v run="$name" -v faults=$faults '
+    # the iterations after a collection (their faults are the collection's cost)
+    gc_next=$(sed -n 's/^manual GC (after the step, iteration \([0-9]*\)).*/\1/p' "$name.log" | awk '{ printf "%d ", $1 + 1 }')
+    awk -v warm=$WARM -v run="$name" -v faults=$faults -v gc_next=" $gc_next" '
         function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
         /"loss"/ { it = val("iteration"); a = val("allocations"); f = val("minor_faults")
                    if (it + 0 <= warm) { wa += a; wf += f; next }
                    n++; nf += f; mpi += val("allocations_mpi"); omp += val("allocations_omp")
-                   if (a !~ /^[0-9.]+$/ || a + 0 != 0 || (faults == "yes" && f + 0 != 0)) { bad = 1
+                   if (a !~ /^[0-9.]+$/ || a + 0 != 0 || (faults == "yes" && index(gc_next, " " it " ") == 0 && f + 0 != 0)) { bad = 1
                        printf "FAIL: %s: iteration %d: %s allocations in moetrain and %s minor faults per step, not 0\n", run, it, a, f } }
         END { if (n == 0) { print "FAIL: " run ": no iteration after warm-up"; exit 1 }
               if (!bad) printf "  %s: warm-up (%d iterations) %d allocations in moetrain, %d minor faults; then %d iterations: 0 allocations, %d minor faults%s (per step, the largest rank: MPI library %.1f allocations, OpenMP runtime %.1f)\n", run, warm, wa, wf, n, nf, faults == "yes" ? "" : " (not asserted)", mpi / n, omp / n
