@@ -7,7 +7,7 @@
 # drops, 1F1B and interleaved pipelines.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
-strip() { sed 's/"elapsed_ms[^,]*, "tokens_per_s[^,]*, "tflops[^,]*,//' "$1"; }
+strip() { sed 's/"elapsed_ms[^,]*, "tokens_per_s[^,]*, "tflops[^,]*,//; s/, "host_cpu_ms".*}/}/' "$1"; }
 L4="model%num_layers=4 moe%layer_freq=1,0,1,1"
 L8="model%num_layers=8 moe%layer_freq=1,0,1,1,0,1,0,1"
 PP2="parallel%pipeline_model_parallel_size=2"
