@@ -21,4 +21,4 @@ $(MT_ALLOCCOUNT): $(srcdir)/tests/util/alloc_count.c
 		$(srcdir)/tests/util/alloc_count.c -ldl
 check_SCRIPTS += $(MT_ALLOCCOUNT)
 CLEANFILES += $(MT_ALLOCCOUNT)
-EXTRA_DIST += tests/util/alloc_count.c
+EXTRA_DIST += tests/util/alloc_count.c tests/util/alloccount.sh

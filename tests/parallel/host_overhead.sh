@@ -13,14 +13,9 @@
 # allocations of the steps over the experts' planned rows.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
-shim="$MT_TOP_BUILDDIR/tests/util/libmt_alloccount.so"
+. "$MT_TOP_SRCDIR/tests/util/alloccount.sh"
 small="$MT_TOP_SRCDIR/tests/fixtures/train/small.nml"
 WARM=4
-[ -r "$shim" ] || fail "no $shim (make check builds it)"
-if ldd "$MOETRAIN" 2>/dev/null | grep -q 'libasan\|libtsan\|libmsan' ||
-   nm "$MOETRAIN" 2>/dev/null | grep -q '__asan_init\|__tsan_init'; then
-    skip "moetrain is built with a sanitizer, whose allocator the counting library cannot replace"
-fi
 
 # NAME NP FAULTS OVERRIDES: iterations after WARM must take no allocation in moetrain's
 # code and, with FAULTS = yes, no page fault. Manual GC holds freed memory and keeps a

@@ -7,15 +7,8 @@
 # its keys choose and says what it released; without the library the log says that
 # allocations are not counted. The multi-rank case is tests/parallel/host_overhead.sh.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
-shim="$MT_TOP_BUILDDIR/tests/util/libmt_alloccount.so"
+. "$MT_TOP_SRCDIR/tests/util/alloccount.sh"
 WARM=2
-[ -r "$shim" ] || fail "no $shim (make check builds it)"
-# a sanitizer's allocator cannot be interposed again
-if ldd "$MOETRAIN" 2>/dev/null | grep -q 'libasan\|libtsan\|libmsan' ||
-   nm "$MOETRAIN" 2>/dev/null | grep -q '__asan_init\|__tsan_init'; then
-    echo "SKIP: moetrain is built with a sanitizer, whose allocator the counting library cannot replace"
-    exit 77
-fi
 cd "$tmp"
 OMP_NUM_THREADS=2 # a team of one thread is allocated by libgomp at every region
 export OMP_NUM_THREADS
