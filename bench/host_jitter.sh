@@ -10,7 +10,10 @@
 # iterations after the first WARM (default 5) of every run, it prints:
 # - the step time distribution: p50, p99 and max of the logged per-iteration time;
 # - per step: host CPU time, minor page faults, heap allocations (moetrain's; the
-#   OpenMP runtime's apart) as the log counts them;
+#   OpenMP runtime's apart) as the log counts them; the faults also apart for the steps
+#   right after an evaluation or an interval's end (with manual GC on, the steps after
+#   its full collections, which give pages back that the step takes again) and for the
+#   others;
 # - the ratio on/off of each.
 # NP=N (N > 1) runs N processes under mpirun (OpenMPI), one OpenMP thread each unless
 # OMP_NUM_THREADS says otherwise, in the layout LAYOUT (default for 4: TP 2 with
@@ -57,7 +60,9 @@ launch() {
 }
 
 # run NAME ROUND OVERRIDES...: appends the run's iterations after warm-up to NAME.it
-# as "ms cpu_ms faults allocations allocations_omp allocations_mpi"
+# as "ms cpu_ms faults allocations allocations_omp allocations_mpi after", after = 1 for
+# the iteration after a multiple of 10 (an evaluation; with manual GC, a full
+# collection before it, and one after iteration 20)
 run() {
     name=$1 round=$2; shift 2
     rm -rf "$tmp/ck"
@@ -71,16 +76,19 @@ run() {
         function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
         /"loss"/ && val("iteration") + 0 > warm {
             print val("elapsed_ms"), val("host_cpu_ms"), val("minor_faults"), val("allocations"),
-                  val("allocations_omp"), val("allocations_mpi") }' "$tmp/$name.$round.jsonl" >> "$tmp/$name.it"
+                  val("allocations_omp"), val("allocations_mpi"), (val("iteration") - 1) % 10 == 0 }' \
+        "$tmp/$name.$round.jsonl" >> "$tmp/$name.it"
 }
 
-# stats NAME: "p50 p99 max cpu faults allocs allocs_omp allocs_mpi" over NAME.it (means
-# per step)
+# stats NAME: "p50 p99 max cpu faults allocs allocs_omp allocs_mpi faults_after
+# faults_other" over NAME.it (means per step)
 stats() {
     sort -g "$tmp/$1.it" | awk '
-        { ms[NR] = $1; cpu += $2; f += $3; a += $4; o += $5; m += $6 }
+        { ms[NR] = $1; cpu += $2; f += $3; a += $4; o += $5; m += $6
+          if ($7) { fa += $3; na++ } else { fo += $3; no++ } }
         function q(p,   i) { i = int(p * (NR - 1) + 0.5) + 1; return ms[i] }
-        END { printf "%.2f %.2f %.2f %.2f %.3f %.3f %.3f %.3f\n", q(0.5), q(0.99), ms[NR], cpu / NR, f / NR, a / NR, o / NR, m / NR }'
+        END { printf "%.2f %.2f %.2f %.2f %.3f %.3f %.3f %.3f %.3f %.3f\n", q(0.5), q(0.99), ms[NR],
+                     cpu / NR, f / NR, a / NR, o / NR, m / NR, na ? fa / na : 0, no ? fo / no : 0 }'
 }
 
 : > "$tmp/off.it"
@@ -99,12 +107,14 @@ grep -m1 'manual GC (after the step' "$tmp/on.1.log" | sed 's/^/manual GC exampl
 set -- $(stats off) $(stats on)
 printf "%-34s %12s %12s %8s\n" "per step" "manual GC off" "on" "on/off"
 row() { printf "%-34s %12s %12s %8s\n" "$1" "$2" "$3" "$(echo "$2 $3" | awk '{ if ($1 == 0) print ($2 == 0 ? "=" : "inf"); else printf "%.2f", $2 / $1 }')"; }
-row "step time p50 (ms)" "$1" "$9"
-row "step time p99 (ms)" "$2" "${10}"
-row "step time max (ms)" "$3" "${11}"
-row "host CPU time (ms)" "$4" "${12}"
-row "minor page faults" "$5" "${13}"
-row "heap allocations, moetrain's" "$6" "${14}"
-row "heap allocations, OpenMP runtime" "$7" "${15}"
-[ "$np" -gt 1 ] && row "heap allocations, MPI library" "$8" "${16}"
+row "step time p50 (ms)" "$1" "${11}"
+row "step time p99 (ms)" "$2" "${12}"
+row "step time max (ms)" "$3" "${13}"
+row "host CPU time (ms)" "$4" "${14}"
+row "minor page faults" "$5" "${15}"
+row "  after an evaluation or interval" "$9" "${19}"
+row "  other steps" "${10}" "${20}"
+row "heap allocations, moetrain's" "$6" "${16}"
+row "heap allocations, OpenMP runtime" "$7" "${17}"
+[ "$np" -gt 1 ] && row "heap allocations, MPI library" "$8" "${18}"
 exit 0
