@@ -116,7 +116,7 @@ static float *take(const char *op, size_t n)
         got = pool[i].p;
     }
     pthread_mutex_unlock(&pool_lock);
-    if (!got) fail(op, "out of memory (or scratch) for the fp32 copy of a bf16 tensor");
+    if (!got) fail(op, "out of memory for scratch, or every scratch buffer in use");
     return got;
 }
 
