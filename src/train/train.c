@@ -52,6 +52,9 @@ struct trainer {
     struct mt_host_sample win;
     double acc_cpu_s;
     long long acc_minflt, acc_allocs, acc_allocs_mpi, acc_allocs_omp, host_steps;
+    /* a device backend's kernel launches and host synchronisations (struct mt_op_counts):
+     * the totals when the window opened, and the interval's */
+    long long win_launches, win_syncs, acc_launches, acc_syncs;
     size_t ncounts;
     double flops_per_token;
     /* pipeline parallelism (pp > 1): this rank's stage and its 1F1B schedule */
@@ -758,7 +761,21 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
 /* ---- host counters and manual GC ---------------------------------------- */
 
 /* Opens a window of the step's host counters. */
-static void host_open(struct trainer *t) { mt_host_sample(&t->win); }
+/* A device backend's kernel launches and host synchronisations so far (0 without). */
+static void device_totals(const struct trainer *t, long long *launches, long long *syncs)
+{
+    *launches = *syncs = 0;
+    if (!t->k->counts) return;
+    struct mt_op_counts c;
+    t->k->counts(t->k->ctx, &c);
+    for (int i = 0; i <= MT_OP_COUNT; i++) *launches += c.launches[i], *syncs += c.syncs[i];
+}
+
+static void host_open(struct trainer *t)
+{
+    mt_host_sample(&t->win);
+    device_totals(t, &t->win_launches, &t->win_syncs);
+}
 
 /* Closes the window: what the process spent since host_open goes to the interval. */
 static void host_close(struct trainer *t)
@@ -770,6 +787,10 @@ static void host_close(struct trainer *t)
     t->acc_allocs += now.allocs - t->win.allocs;
     t->acc_allocs_mpi += now.allocs_mpi - t->win.allocs_mpi;
     t->acc_allocs_omp += now.allocs_omp - t->win.allocs_omp;
+    long long launches, syncs;
+    device_totals(t, &launches, &syncs);
+    t->acc_launches += launches - t->win_launches;
+    t->acc_syncs += syncs - t->win_syncs;
 }
 
 /* What the log says once about the host counters. */
@@ -783,6 +804,10 @@ static void say_host_counters(struct trainer *t)
             : "heap allocations not counted (they are under the counting library that the "
               "build makes for the tests, tests/util/libmt_alloccount.so, preloaded: "
               "doc/host-overhead.md)");
+    if (t->k->counts)
+        say(t, "device counters per step: the %s backend's kernel launches (and cuBLASLt "
+               "calls) and the times the host waited for the device\n",
+            t->k->name);
 }
 
 /* Manual GC (host%manual_gc): a collection at a point every rank reaches at the same
@@ -847,10 +872,11 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     const double hs = t->host_steps > 0 ? (double)t->host_steps : 1.0;
     /* moetrain's own allocations (neither the MPI library's nor the OpenMP runtime's) are
      * reduced on their own: the largest of them need not be where the largest total is */
-    int64_t host[5] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt,
+    int64_t host[7] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt,
                        t->acc_allocs - t->acc_allocs_mpi - t->acc_allocs_omp, t->acc_allocs_mpi,
-                       t->acc_allocs_omp};
-    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 5, MT_DT_I64, MT_OP_MAX, err));
+                       t->acc_allocs_omp, t->acc_launches, t->acc_syncs};
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 7, MT_DT_I64, MT_OP_MAX, err));
+    const double launches = (double)host[5] / hs, syncs = (double)host[6] / hs;
     const double cpu_ms = (double)host[0] / 1e3 / hs, faults = (double)host[1] / hs;
     const double allocs = (double)host[2] / hs, allocs_mpi = (double)host[3] / hs;
     const double allocs_omp = (double)host[4] / hs;
@@ -885,6 +911,7 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |", t->acc_gnorm / n,
         t->st.skipped_iters);
     say(t, " host per step: cpu %.1f ms, minor faults %.1f, ", cpu_ms, faults);
+    if (t->k->counts) say(t, "kernel launches %.1f, host synchronisations %.1f, ", launches, syncs);
     if (counted)
         say(t, "allocations %.1f (and in the MPI library %.1f, the OpenMP runtime %.1f) |\n",
             allocs, allocs_mpi, allocs_omp);
@@ -914,13 +941,18 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
                     "\"expert_load_min\": %.3f, \"expert_load_max\": %.3f, \"host_cpu_ms\": %.3f, "
                     "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s, ",
                     load_lo, load_hi, cpu_ms, faults, ha, hm);
-    snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s}\n", ho);
+    len += snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s", ho);
+    if (t->k->counts)
+        len += snprintf(line + len, sizeof line - (size_t)len,
+                        ", \"kernel_launches\": %.3f, \"host_syncs\": %.3f", launches, syncs);
+    snprintf(line + len, sizeof line - (size_t)len, "}\n");
     int rc = metrics_put(t, err, "%s", line);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
     t->acc_cpu_s = 0;
     t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->acc_allocs_omp = t->host_steps = 0;
+    t->acc_launches = t->acc_syncs = 0;
     host_close(t);
     return rc;
 }

@@ -34,21 +34,27 @@ run() {
     done
 }
 
-# steady NAME: every iteration after WARM made no allocation (two threads, NAME: none
-# at all; one thread, NAME_1t: none of moetrain's) and, with one thread, took no minor
-# fault; prints what else it counted
+# steady NAME [AFTER]: every iteration after WARM made no allocation (two threads,
+# NAME: none at all; one thread, NAME_1t: none of moetrain's) and, with one thread, took
+# no minor fault; prints what else it counted. AFTER lists the iterations that follow a
+# full manual GC collection between steps: malloc_trim gives free pages inside the heap
+# back to the system, and the OpenMP runtime's team (allocated at every parallel region
+# with one thread) may land on one of them in the next step and fault it in again
+# (measured 0 or 1 per collection, depending on where the heap's free blocks lie, as in
+# tests/parallel/host_overhead.sh): the collection's cost, printed, not asserted.
 steady() {
     for n in "$1" "${1}_1t"; do
-        awk -v warm=$WARM -v run="$n" -v one="$([ "$n" = "$1" ] && echo 0 || echo 1)" '
+        awk -v warm=$WARM -v run="$n" -v one="$([ "$n" = "$1" ] && echo 0 || echo 1)" -v after=" ${2-} " '
             function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
             function zero(key, v) { v = val(key); if (v !~ /^[0-9.]+$/ || v + 0 != 0) { bad = 1
                     printf "FAIL: %s: iteration %d: %s = %s per step, not 0\n", run, it, key, v } }
             /"loss"/ { it = val("iteration"); if (it <= warm) next; n++
                        zero("allocations"); zero("allocations_mpi")
-                       if (one) { zero("minor_faults"); omp += val("allocations_omp") }
+                       if (one && index(after, " " it " ")) { af += val("minor_faults"); omp += val("allocations_omp") }
+                       else if (one) { zero("minor_faults"); omp += val("allocations_omp") }
                        else { zero("allocations_omp"); f += val("minor_faults") } }
             END { if (n == 0) { print "FAIL: " run ": no iteration after warm-up"; exit 1 }
-                  if (!bad && one) printf "  %s: %d iterations after warm-up: 0 allocations, 0 minor faults (OpenMP runtime: %.0f allocations per step)\n", run, n, omp / n
+                  if (!bad && one) printf "  %s: %d iterations after warm-up: 0 allocations, 0 minor faults%s (OpenMP runtime: %.0f allocations per step)\n", run, n, (after ~ /[0-9]/ ? sprintf(" but in the steps after a collection (%d there)", af) : ""), omp / n
                   if (!bad && !one) printf "  %s: %d iterations after warm-up: 0 allocations (%d minor faults in all, not asserted with two threads)\n", run, n, f
                   exit bad }' "$n.jsonl" || { cat "$n.log"; exit 1; }
     done
@@ -69,7 +75,7 @@ steady bf16_drops
 # evaluation of iteration 4 and the save of iteration 8 (and the final evaluations)
 run gc host%manual_gc=T host%manual_gc_interval=3 training%eval_interval=4 \
     "checkpoint%save='ckgc'" checkpoint%save_interval=8
-steady gc
+steady gc "4 7"
 grep 'manual GC' gc.log | sed 's/: deferred frees.*//' > gc.when
 cat > gc.want <<'EOF'
 manual GC (at the start of training, iteration 0)
