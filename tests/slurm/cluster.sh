@@ -25,11 +25,19 @@ set -u
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 skip() { echo "cluster.sh: cannot start Slurm here: $*" >&2; exit 77; }
 
-# A TCP port nobody listens on: random start, then upwards.
+# A TCP port no socket uses (listening or connected: a port an outgoing connection
+# holds cannot be bound either): random start below the kernel's ephemeral range
+# (ip_local_port_range), where the ports of other programs' outgoing connections (MPI
+# jobs of tests running beside this one) come from, then upwards.
 port_free() {
     hex=$(printf ':%04X' "$1")
-    ! awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
+    ! awk -v p="$hex" 'substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
         /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+ephemeral_low() {
+    lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+    case "$lo" in '' | *[!0-9]*) lo=32768 ;; esac
+    echo "$lo"
 }
 next_free_port() {
     p=$1
@@ -123,7 +131,10 @@ cmd_start() {
 
     # config
     taken=""
-    base=$(( ($$ * 7919 + $(date +%s)) % 30000 + 20000 ))
+    # 10000 up to the ephemeral range, room left for the nodes' ports (base + 10 i)
+    span=$(( $(ephemeral_low) - 10000 - 1000 ))
+    [ "$span" -ge 1000 ] || span=1000
+    base=$(( ($$ * 7919 + $(date +%s)) % span + 10000 ))
     ctld_port=$(next_free_port "$base")
     mkdir -p "$d/state"
     {
