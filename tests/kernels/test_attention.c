@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/quant.h"
 #include "tests/kernels/fd.h"
 
 #define TOL_ATT 1e-5
@@ -44,20 +45,6 @@ static void expf_many(float *restrict y, const float *restrict x, size_t n)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) y[i] = mt_cpu_expf(x[i]);
-}
-
-static float from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint32_t to_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
 }
 
 /* Error of y against exp(x) in units of the last place of the exact result (the
@@ -85,9 +72,9 @@ static void test_expf(void **state)
     float worst_x = 0.0f;
     size_t count = 0, n = 0;
     for (int sign = 0; sign < 2; sign++) {
-        const uint32_t top = to_bits(sign ? 104.0f : 88.72f);
+        const uint32_t top = mt_q_bits(sign ? 104.0f : 88.72f);
         for (uint32_t u = 0; u <= top; u += 127) {
-            x[n++] = from_bits(u | (uint32_t)sign << 31);
+            x[n++] = mt_q_float(u | (uint32_t)sign << 31);
             if (n == CHUNK || u + 127 > top) {
                 expf_many(y, x, n);
                 for (size_t i = 0; i < n; i++) {
