@@ -262,6 +262,17 @@ ncclResult_t match_sends(ncclComm *c, peer_conn &p)
     return ncclSuccess;
 }
 
+// A transfer with the peer still in flight, to name in an error: the oldest receive,
+// else the oldest send waiting for its clear to send, else the send being written.
+const transfer *pending(const peer_conn &p)
+{
+    if (!p.recvs.empty()) return p.recvs.front();
+    if (!p.sends.empty()) return p.sends.front();
+    for (const out_frame &o : p.out)
+        if (o.data) return o.data;
+    return nullptr;
+}
+
 // Reads what p has sent; false with the error set when the connection failed.
 ncclResult_t read_peer(ncclComm *c, int peer)
 {
@@ -289,8 +300,7 @@ ncclResult_t read_peer(ncclComm *c, int peer)
             return ncclSuccess;
         }
         if (n <= 0 && want)
-            return lost(c, t ? t : (p.recvs.empty() ? nullptr : p.recvs.front()), peer,
-                        n == 0 ? 0 : errno);
+            return lost(c, t ? t : pending(p), peer, n == 0 ? 0 : errno);
         p.in_got += (size_t)n;
         if (p.in_got == sizeof(frame) && !t) {
             const frame &f = p.in_hdr;
@@ -337,7 +347,7 @@ ncclResult_t write_peer(ncclComm *c, int peer)
         const ssize_t n = send(p.fd, src, want, MSG_NOSIGNAL);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ncclSuccess;
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return lost(c, o.data, peer, errno);
+        if (n < 0) return lost(c, o.data ? o.data : pending(p), peer, errno);
         p.out_off += (size_t)n;
         if (p.out_off == total) {
             if (o.data) o.data->done = true;
