@@ -119,6 +119,27 @@ static const struct platform platforms[] = {
 /* The micro-batch sizes tried. */
 static const int mbs_choices[] = {1, 2, 4, 8};
 
+/* The recompute settings tried, least recomputed first (the order breaks ties in the
+ * step model): nothing; the elementwise and norm outputs, which cost no GEMM; Megatron's
+ * default (the attention core); both; the whole MoE block besides; whole layers. Those
+ * the model lacks a module for are dropped. Every one of them keeps each layer's input
+ * (the residual stream the input norm reads; 'full' with groups of one layer keeps only
+ * that), so no setting saves fewer activation bytes than the last: the bound of
+ * check_layout. */
+static const struct {
+    const char *granularity, *method;
+    int num_layers;
+    const char *modules[4];
+} recompute_choices[] = {
+    {"none", "none", 0, {NULL}},
+    {"selective", "none", 0, {"moe_act", "layernorm", NULL}},
+    {"selective", "none", 0, {"core_attn", NULL}},
+    {"selective", "none", 0, {"core_attn", "moe_act", "layernorm", NULL}},
+    {"selective", "none", 0, {"core_attn", "layernorm", "moe", NULL}},
+    {"full", "uniform", 1, {NULL}},
+};
+#define NRECOMPUTE (sizeof recompute_choices / sizeof recompute_choices[0])
+
 /* The keys the plan chooses. An override of an axis fixes it (the plan tries only that
  * value); the others are refused, not ignored. */
 enum { FIX_TP, FIX_PP, FIX_VPP, FIX_FIRST, FIX_LAST, FIX_EP, FIX_ETP, FIX_MBS, NFIX };
@@ -208,13 +229,16 @@ static double flops_per_token(const struct model *m)
 
 struct layout {
     int tp, pp, vpp, ep, etp, mbs, first, last; /* first/last: 0 = the even split */
+    int rc;                 /* the recompute setting: planner's settings[rc] */
+    int kid;                /* the layout without its recompute setting: planner's kinds */
     int dp, edp, m;
     /* seconds per step */
     double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt;
     double tokens_s, tflops; /* a GPU */
     const char *wall;
     /* pass 3 */
-    enum { UNCHECKED, FITS, TOO_BIG, REFUSED } state;
+    enum { UNCHECKED, FITS, TOO_BIG, REFUSED, SLOWER } state; /* SLOWER: another
+                               recompute setting of the same layout fits, and is faster */
     struct mt_rank_memory worst;
     bool bound;              /* too big by a lower bound: worst.total only */
     char why[512];
@@ -246,8 +270,22 @@ struct planner {
     struct fixed_part { int tp, pp, vpp, first, last, ep, etp; size_t bytes; } *parts;
     size_t nparts, capparts;
     int fixed[NFIX];          /* an axis given on the command line: 1, then its value */
+    /* the recompute settings tried: the namelists' one when they or an override set
+     * &recompute, else recompute_choices that the model takes */
+    struct mt_config_recompute settings[NRECOMPUTE];
+    int nsettings;
+    bool searched;            /* settings are recompute_choices */
+    int full;                 /* the setting that keeps the least (full, groups of 1);
+                                 -1 when the setting is fixed */
+    /* per layout without its recompute setting (the candidates of one are added
+     * together): whether one of its settings fits, and the bound on the most loaded
+     * rank's total that every setting has (bytes; 0 = not computed), with the plan of the
+     * setting that keeps the least it comes from */
+    struct kind { bool fits; size_t bound; struct mt_rank_memory full; } *kinds;
+    size_t nkinds, capkinds;
     char **files, **overrides;
     int nfiles, noverrides;
+    bool recompute_given;     /* an override sets a recompute% key */
 };
 
 /* cfg's layout keys for one layout. */
@@ -268,12 +306,19 @@ static void set_layout(struct mt_config *c, const struct layout *x, int gbs)
     c->training.global_batch_size = gbs;
 }
 
+/* cfg's layout keys and recompute setting for x. */
+static void set_candidate(const struct planner *pl, struct mt_config *c, const struct layout *x)
+{
+    set_layout(c, x, pl->gbs);
+    c->recompute = pl->settings[x->rc];
+}
+
 /* Resolves the layout on pl->work; MT_OK when moetrain's rules accept it. */
 static int resolve(struct planner *pl, const struct layout *x, struct mt_layout *l,
                    struct mt_err *err)
 {
     memcpy(pl->work, pl->base, sizeof *pl->work);
-    set_layout(pl->work, x, pl->gbs);
+    set_candidate(pl, pl->work, x);
     MT_CHECK(mt_config_resolve(pl->work, pl->world, l, err));
     return mt_model_check_config(pl->work, err);
 }
@@ -443,20 +488,35 @@ static int add(struct planner *pl, const struct layout *x)
     return MT_OK;
 }
 
-/* Tries one layout: kept (with its step model) when the rules accept it. */
-static int try_layout(struct planner *pl, struct layout x, struct layout *out)
+/* Tries one layout: kept, once per recompute setting with its step model, when the
+ * rules accept it. MT_ENOMEM or MT_OK. */
+static int try_layout(struct planner *pl, struct layout x)
 {
     struct mt_layout l;
     struct mt_err e = {0};
     pl->tried++;
-    if (resolve(pl, &x, &l, &e) != MT_OK) return 0;
+    x.rc = 0;
+    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK; /* the same for every setting */
+    if (pl->nkinds == pl->capkinds) {
+        size_t cap = pl->capkinds ? 2 * pl->capkinds : 1024;
+        struct kind *p = realloc(pl->kinds, cap * sizeof *p);
+        if (!p) return MT_ENOMEM;
+        pl->kinds = p;
+        pl->capkinds = cap;
+    }
+    x.kid = (int)pl->nkinds;
+    pl->kinds[pl->nkinds++] = (struct kind){.fits = false};
     x.dp = l.dp;
     x.edp = l.edp;
     x.m = l.num_micro_batches;
     x.state = UNCHECKED;
-    model_step(pl, &x);
-    if (out) *out = x;
-    return 1;
+    for (int i = 0; i < pl->nsettings; i++) {
+        x.rc = i;
+        pl->work->recompute = pl->settings[i];
+        model_step(pl, &x);
+        MT_CHECK(add(pl, &x));
+    }
+    return MT_OK;
 }
 
 /* The uneven end stages for PP x VPP that balance the stages best (the LM head's work
@@ -540,13 +600,12 @@ static int enumerate(struct planner *pl)
                             if (pl->gbs % ((long long)mbs * dp) || !allowed(pl, FIX_MBS, mbs))
                                 continue;
                             struct layout x = {.tp = tp, .pp = pp, .vpp = vpp, .ep = ep,
-                                               .etp = etp, .mbs = mbs}, got;
-                            if (!ends_fixed && try_layout(pl, x, &got) && add(pl, &got))
-                                return MT_ENOMEM;
+                                               .etp = etp, .mbs = mbs};
+                            if (!ends_fixed && try_layout(pl, x)) return MT_ENOMEM;
                             if (!first && !last && !ends_fixed) continue;
                             x.first = first;
                             x.last = last;
-                            if (try_layout(pl, x, &got) && add(pl, &got)) return MT_ENOMEM;
+                            if (try_layout(pl, x)) return MT_ENOMEM;
                         }
                     }
                 }
@@ -565,7 +624,9 @@ static int cmp_step(const void *pa, const void *pb)
     /* equal models: the simpler layout first */
     int sa = a->tp * a->pp * a->vpp * a->ep * a->etp, sb = b->tp * b->pp * b->vpp * b->ep * b->etp;
     if (sa != sb) return sa < sb ? -1 : 1;
-    return a->mbs - b->mbs;
+    if (a->mbs != b->mbs) return a->mbs - b->mbs;
+    if (a->kid != b->kid) return a->kid - b->kid;
+    return a->rc - b->rc; /* the least recomputed first */
 }
 
 /* Whether moetrain's placement puts the layout on the cluster (cached). */
@@ -622,7 +683,50 @@ static size_t fixed_bytes(const struct mt_rank_memory *r)
     return r->params + r->master + r->grads + r->optimizer + r->comm + r->other;
 }
 
-/* Places x and sizes its most loaded ranks (see the top of this file). */
+/* Sizes the most loaded ranks (see the top of this file) of x, resolved on pl->work as
+ * l: the largest total in *worst, and in *floor the largest of what a rank holds whatever
+ * the micro-batch plus its saved activations (the bound of check_layout, when x keeps
+ * the least). Updates the fixed part of x's kind. MT_OK, or the setup's error (x is then
+ * refused) in e. */
+static int size_ranks(struct planner *pl, const struct layout *x, const struct mt_layout *l,
+                      struct mt_rank_memory *worst, size_t *floor, struct mt_err *e)
+{
+    struct fixed_part *part = find_part(pl, x);
+    const int per_stage = pl->world / x->pp; /* order tp-cp-ep-dp-pp: stage s starts there */
+    const int stages[3] = {0, 1, x->pp - 1};
+    worst->total = 0;
+    *floor = 0;
+    for (int i = 0; i < 3; i++) {
+        if (stages[i] >= x->pp || (i > 0 && stages[i] <= stages[i - 1])) continue;
+        struct mt_rank_memory r;
+        pl->plans++;
+        MT_CHECK(mt_train_plan_memory(pl->work, l, stages[i] * per_stage, &r, e));
+        if (r.total > worst->total) *worst = r;
+        if (fixed_bytes(&r) + r.activations > *floor) *floor = fixed_bytes(&r) + r.activations;
+        if (!part || fixed_bytes(&r) > part->bytes) {
+            if (!part) {
+                if (pl->nparts == pl->capparts) {
+                    size_t cap = pl->capparts ? 2 * pl->capparts : 256;
+                    struct fixed_part *p = realloc(pl->parts, cap * sizeof *p);
+                    if (!p) return mt_err_set(e, MT_ENOMEM, "plan: out of memory");
+                    pl->parts = p;
+                    pl->capparts = cap;
+                }
+                part = &pl->parts[pl->nparts++];
+                *part = (struct fixed_part){x->tp, x->pp, x->vpp, x->first, x->last, x->ep,
+                                            x->etp, 0};
+            }
+            part->bytes = fixed_bytes(&r);
+        }
+    }
+    return MT_OK;
+}
+
+/* Places x and sizes its most loaded ranks, unless a bound says it is too big: the fixed
+ * part of its TP x PP x VPP x ends x EP x ETP, or, when recompute is searched, what the
+ * setting that keeps the least (full, groups of one layer) holds besides its recompute
+ * buffer, which no setting of the same layout goes below. A setting of a layout another
+ * setting of which fits already (faster: it was checked first) is SLOWER. */
 static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err)
 {
     struct mt_layout l;
@@ -636,6 +740,18 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
         x->state = REFUSED;
         return MT_OK;
     }
+    struct kind *k = &pl->kinds[x->kid];
+    if (k->fits) {
+        x->state = SLOWER;
+        return MT_OK;
+    }
+    if (x->rc == pl->full && k->bound) { /* planned for the bound of its other settings */
+        x->worst = k->full;
+        x->state = gib(x->worst.total) <= pl->usable_gib ? FITS : TOO_BIG;
+        k->fits = x->state == FITS;
+        if (k->fits && gib(x->worst.total) >= MEMORY_WALL * pl->usable_gib) x->wall = "memory";
+        return MT_OK;
+    }
     const struct fixed_part *part = find_part(pl, x);
     if (part && gib(part->bytes) > pl->usable_gib) {
         x->state = TOO_BIG;
@@ -644,37 +760,45 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
         pl->bounded++;
         return MT_OK;
     }
-    const int per_stage = pl->world / x->pp; /* order tp-cp-ep-dp-pp: stage s starts there */
-    const int stages[3] = {0, 1, x->pp - 1};
-    x->worst.total = 0;
-    for (int i = 0; i < 3; i++) {
-        if (stages[i] >= x->pp || (i > 0 && stages[i] <= stages[i - 1])) continue;
-        struct mt_rank_memory r;
-        pl->plans++;
-        rc = mt_train_plan_memory(pl->work, &l, stages[i] * per_stage, &r, &e);
+    size_t floor = 0;
+    if (pl->full >= 0 && x->rc != pl->full && !k->bound) {
+        struct layout f = *x;
+        struct mt_rank_memory w;
+        f.rc = pl->full;
+        if (resolve(pl, &f, &l, &e))
+            return mt_err_set(err, MT_ERUNTIME, "plan: a layout accepted before is refused: %s",
+                              e.msg);
+        rc = size_ranks(pl, &f, &l, &w, &floor, &e);
+        if (rc == MT_ENOMEM) return mt_err_set(err, rc, "%s", e.msg);
+        if (rc == MT_OK) {
+            k->bound = floor;
+            k->full = w;
+        }
+        if (resolve(pl, x, &l, &e))
+            return mt_err_set(err, MT_ERUNTIME, "plan: a layout accepted before is refused: %s",
+                              e.msg);
+    }
+    if (k->bound && gib(k->bound) > pl->usable_gib) {
+        x->state = TOO_BIG;
+        x->worst.total = k->bound; /* at least */
+        x->bound = true;
+        pl->bounded++;
+        return MT_OK;
+    } else {
+        rc = size_ranks(pl, x, &l, &x->worst, &floor, &e);
+        if (rc == MT_ENOMEM) return mt_err_set(err, rc, "%s", e.msg);
         if (rc) {
             x->state = REFUSED;
             snprintf(x->why, sizeof x->why, "%s", e.msg);
             return MT_OK;
         }
-        if (r.total > x->worst.total) x->worst = r;
-        if (!part || fixed_bytes(&r) > part->bytes) {
-            if (!part) {
-                if (pl->nparts == pl->capparts) {
-                    size_t cap = pl->capparts ? 2 * pl->capparts : 256;
-                    struct fixed_part *p = realloc(pl->parts, cap * sizeof *p);
-                    if (!p) return mt_err_set(err, MT_ENOMEM, "plan: out of memory");
-                    pl->parts = p;
-                    pl->capparts = cap;
-                }
-                struct fixed_part *f = &pl->parts[pl->nparts++];
-                *f = (struct fixed_part){x->tp, x->pp, x->vpp, x->first, x->last, x->ep, x->etp, 0};
-                part = f;
-            }
-            ((struct fixed_part *)part)->bytes = fixed_bytes(&r);
+        if (x->rc == pl->full) {
+            k->bound = floor;
+            k->full = x->worst;
         }
+        x->state = gib(x->worst.total) <= pl->usable_gib ? FITS : TOO_BIG;
     }
-    x->state = gib(x->worst.total) <= pl->usable_gib ? FITS : TOO_BIG;
+    k->fits = x->state == FITS;
     if (x->state == FITS && gib(x->worst.total) >= MEMORY_WALL * pl->usable_gib)
         x->wall = "memory";
     return MT_OK;
@@ -682,14 +806,25 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
 
 /* ---- output ------------------------------------------------------------------------ */
 
-static void layout_name(const struct layout *x, char *buf, size_t n)
+/* "none", "selective core_attn+layernorm", "full uniform 1", ... */
+static void recompute_name(const struct mt_config_recompute *r, char *buf, size_t n)
 {
-    char ends[48] = "";
+    int w = snprintf(buf, n, "%s", r->granularity);
+    if (strcmp(r->granularity, "full") == 0)
+        snprintf(buf + w, n - (size_t)w, " %s %d", r->method, r->num_layers);
+    for (int i = 0; i < r->modules_len && (size_t)w < n; i++)
+        w += snprintf(buf + w, n - (size_t)w, "%s%s", i ? "+" : " ", r->modules[i]);
+}
+
+static void layout_name(const struct planner *pl, const struct layout *x, char *buf, size_t n)
+{
+    char ends[48] = "", rc[160];
     if (x->first || x->last)
         snprintf(ends, sizeof ends, " (first %d, last %d layers)", x->first, x->last);
+    recompute_name(&pl->settings[x->rc], rc, sizeof rc);
     snprintf(buf, n, "TP %d x PP %d x DP %d, VPP %d%s, EP %d x ETP %d x EDP %d, micro-batch %d "
-                     "x %d",
-             x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m);
+                     "x %d, recompute %s",
+             x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m, rc);
 }
 
 /* The --check command that checks x. */
@@ -710,14 +845,27 @@ static void check_command(const struct planner *pl, const struct layout *x, FILE
     if (x->last) fprintf(out, " parallel%%decoder_last_pipeline_num_layers=%d", x->last);
     fprintf(out, " parallel%%expert_model_parallel_size=%d parallel%%expert_tensor_parallel_size=%d"
                  " parallel%%use_distributed_optimizer=T training%%micro_batch_size=%d"
-                 " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f\n",
+                 " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f",
             x->ep, x->etp, x->mbs, pl->gbs, floor(pl->usable_gib * 10) / 10);
+    const struct mt_config_recompute *r = &pl->settings[x->rc];
+    if (!pl->searched || strcmp(r->granularity, "none") == 0) {
+        fputc('\n', out);
+        return;
+    }
+    /* searched: the namelists set no &recompute, so the setting's keys say it all */
+    fprintf(out, " recompute%%granularity='%s'", r->granularity);
+    if (strcmp(r->granularity, "full") == 0)
+        fprintf(out, " recompute%%method='%s' recompute%%num_layers=%d", r->method,
+                r->num_layers);
+    for (int i = 0; i < r->modules_len; i++)
+        fprintf(out, "%s'%s'", i ? "," : " recompute%modules=", r->modules[i]);
+    fputc('\n', out);
 }
 
 static void print_layout(const struct planner *pl, int *shown, const struct layout *x, FILE *out)
 {
-    char name[256];
-    layout_name(x, name, sizeof name);
+    char name[400];
+    layout_name(pl, x, name, sizeof name);
     const double s = x->step;
     fputc('\n', out);
     if (x->state == FITS)
@@ -856,6 +1004,44 @@ static double seconds_since(const struct timespec *t0)
     return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
+/* The recompute settings to try: the namelists' (resolved) when they or an override set
+ * &recompute, else the choices the model takes (mt_config_resolve's rules on one
+ * process). */
+static int recompute_settings(struct planner *pl, struct mt_err *err)
+{
+    pl->full = -1;
+    pl->searched = !pl->recompute_given && strcmp(pl->base->recompute.granularity, "none") == 0;
+    if (!pl->searched) {
+        pl->settings[0] = pl->resolved->recompute;
+        pl->nsettings = 1;
+        return MT_OK;
+    }
+    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
+    struct mt_config *c = pl->work;
+    pl->nsettings = 0;
+    for (size_t i = 0; i < NRECOMPUTE; i++) {
+        struct mt_config_recompute r = {0};
+        snprintf(r.granularity, sizeof r.granularity, "%s", recompute_choices[i].granularity);
+        snprintf(r.method, sizeof r.method, "%s", recompute_choices[i].method);
+        r.num_layers = recompute_choices[i].num_layers;
+        for (int j = 0; recompute_choices[i].modules[j]; j++)
+            snprintf(r.modules[r.modules_len++], MT_STR_MAX, "%s",
+                     recompute_choices[i].modules[j]);
+        memcpy(c, pl->base, sizeof *c);
+        set_layout(c, &one, 0);
+        c->recompute = r;
+        struct mt_layout l1;
+        struct mt_err e = {0};
+        if (mt_config_resolve(c, 1, &l1, &e) || mt_model_check_config(c, &e))
+            continue; /* a module the model does not have */
+        if (strcmp(r.granularity, "full") == 0) pl->full = pl->nsettings;
+        pl->settings[pl->nsettings++] = c->recompute;
+    }
+    if (pl->nsettings == 0)
+        return mt_err_set(err, MT_EINVAL, "plan: the model takes no recompute setting");
+    return MT_OK;
+}
+
 static int run(struct planner *pl, FILE *out, struct mt_err *err)
 {
     struct timespec t0;
@@ -870,6 +1056,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
         return mt_err_prefix(err, "the model");
     memcpy(pl->resolved, c, sizeof *c);
     model_facts(pl->resolved, &pl->model);
+    MT_CHECK(recompute_settings(pl, err));
     if (pl->gbs <= 0) {
         if (pl->base->training.global_batch_size <= 0)
             return mt_err_set(err, MT_EINVAL,
@@ -888,14 +1075,20 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                  "x %g tokens; %.2f GFLOP a token (forward and backward)\n",
             pl->world, pl->gpu->name, pl->domain, pl->gpu->gpus_per_node, pl->gbs, m->T,
             flops_per_token(m) / 1e9);
+    char settings[1024] = "";
+    for (int i = 0, w = 0; i < pl->nsettings && w < (int)sizeof settings; i++) {
+        char one_rc[160];
+        recompute_name(&pl->settings[i], one_rc, sizeof one_rc);
+        w += snprintf(settings + w, sizeof settings - (size_t)w, "%s%s", i ? ", " : "", one_rc);
+    }
     fprintf(out, "axes: TP, PP, VPP (even split, and the uneven end stages that balance best), "
-                 "EP, ETP, micro-batch 1/2/4/8; CP 1, the distributed optimizer, BF16, the "
-                 "namelists' &recompute (its memory and rebuilt forward; not searched; FP8 "
-                 "recipes are not namelist keys yet); the namelists' layout keys are "
-                 "replaced\n");
-    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules "
-                 "(%.2f s)\n",
-            pl->tried, pl->n, t_enum);
+                 "EP, ETP, micro-batch 1/2/4/8, recompute %s (%s); CP 1, the distributed "
+                 "optimizer, BF16 (FP8 recipes are not namelist keys yet); the namelists' layout "
+                 "keys are replaced\n",
+            pl->searched ? "searched" : "as the namelists and overrides set it", settings);
+    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules, "
+                 "%zu with their recompute settings (%.2f s)\n",
+            pl->tried, pl->nkinds, pl->n, t_enum);
     if (pl->n == 0)
         return mt_err_set(err, MT_EINVAL,
                           "no layout of this model on %d GPUs is accepted with global batch %d: "
@@ -904,7 +1097,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                           "says why for a given layout)",
                           pl->world, pl->gbs, pl->world);
     qsort(pl->cands, pl->n, sizeof *pl->cands, cmp_step);
-    int fit = 0, too_big = 0, refused = 0;
+    int fit = 0, too_big = 0, refused = 0, slower = 0;
     size_t checked = 0;
     const struct layout *smallest = NULL;
     for (size_t i = 0; i < pl->n && fit < pl->top; i++, checked++) {
@@ -917,29 +1110,33 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                 (!smallest || pl->cands[i].worst.total < smallest->worst.total))
                 smallest = &pl->cands[i];
             break;
+        case SLOWER: slower++; break;
         default: refused++; break;
         }
     }
     /* with nothing fitting yet, the rest are sized too: the message names the closest */
     fprintf(out, "%zu checked in that order until %d fit%s: %d fit, %d need more than %.1f GiB "
-                 "(%d of them by the parameters and optimizer state their TP x PP x VPP x EP x "
-                 "ETP holds whatever the micro-batch), %d refused by placement or setup (%d "
-                 "memory plans, %.2f s in all)\n",
+                 "(%d of them by a bound: the parameters and optimizer state their TP x PP x "
+                 "VPP x EP x ETP holds whatever the micro-batch, or the activations no recompute "
+                 "setting goes below), %d refused by placement or setup, %d passed over as "
+                 "slower settings of a layout that fits with less recompute (%d memory plans, "
+                 "%.2f s in all)\n",
             checked, pl->top, checked == pl->n && fit < pl->top ? " (all checked)" : "", fit,
-            too_big, pl->usable_gib, pl->bounded, refused, pl->plans, seconds_since(&t0));
+            too_big, pl->usable_gib, pl->bounded, refused, slower, pl->plans,
+            seconds_since(&t0));
     if (refused) {
         for (size_t i = 0; i < checked; i++)
             if (pl->cands[i].state == REFUSED) {
-                char name[256];
-                layout_name(&pl->cands[i], name, sizeof name);
+                char name[400];
+                layout_name(pl, &pl->cands[i], name, sizeof name);
                 fprintf(out, "  e.g. %s refused: %.300s\n", name, pl->cands[i].why);
                 break;
             }
     }
     const struct layout *fastest = &pl->cands[0];
     if (fastest->state == TOO_BIG && !fastest->bound) {
-        char name[256];
-        layout_name(fastest, name, sizeof name);
+        char name[400];
+        layout_name(pl, fastest, name, sizeof name);
         fprintf(out, "memory wall: the fastest layout by the model, %s (%.0f tokens/s/GPU), "
                      "needs %.2f GiB\n",
                 name, fastest->tokens_s, gib(fastest->worst.total));
@@ -953,10 +1150,10 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
             print_layout(pl, &shown, x, out);
     }
     if (fit == 0) {
-        char name[256] = "none could be placed";
+        char name[400] = "none could be placed";
         if (smallest) {
-            char lay[200];
-            layout_name(smallest, lay, sizeof lay);
+            char lay[320];
+            layout_name(pl, smallest, lay, sizeof lay);
             snprintf(name, sizeof name, "the smallest, %s, needs %.2f GiB", lay,
                      gib(smallest->worst.total));
         }
@@ -1025,6 +1222,7 @@ int mt_plan_cli(int argc, char **argv)
                 }
             for (int k = 0; k < NFIX; k++)
                 if (key_is(a, axis_keys[k])) pl.fixed[k] = 1;
+            if (!strncasecmp(a, "recompute%", 10)) pl.recompute_given = true;
             pl.overrides[pl.noverrides++] = argv[i];
         } else {
             pl.files[pl.nfiles++] = argv[i];
@@ -1065,6 +1263,7 @@ done:
     free(pl.cands);
     free(pl.placed);
     free(pl.parts);
+    free(pl.kinds);
     free(pl.files);
     free(pl.overrides);
     free(pl.base);

@@ -2,7 +2,8 @@
 # moetrain plan: every layout it prints passes --check with the memory it reports (the
 # most loaded rank's bytes equal the largest of --check's per-stage figures, which size
 # every kind of rank), a model that fits nowhere and bad arguments fail with one clear
-# message, and a fixed axis is kept.
+# message, a fixed axis is kept, and recompute is searched (or fixed by an override)
+# with the bound it prunes by holding.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 cd "$tmp"
 nml="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
@@ -61,6 +62,54 @@ awk -v a="$(rate keep.log)" -v b="$(rate rc.log)" -v m="$(bytes keep.log)" -v n=
     'BEGIN { exit !(b < a && n < m && b > 0 && n > 0) }' ||
     { cat keep.log rc.log; fail "full recompute: expected fewer tokens/s and fewer bytes"; }
 echo "ok: full recompute: $(rate keep.log) -> $(rate rc.log) tokens/s/GPU, $(bytes keep.log) -> $(bytes rc.log) bytes"
+grep -q 'recompute searched' keep.log || { cat keep.log; fail "recompute should be searched"; }
+grep -q 'recompute as the namelists and overrides set it (full uniform 1)' rc.log ||
+    { cat rc.log; fail "an override should fix recompute"; }
+
+# recompute searched: with memory between what that layout needs with and without full
+# recompute, the layout fits only with some recompute setting; the fastest such is
+# printed with its keys in its check command, which passes with the planned bytes, and
+# the setting without recompute is shown not to fit
+limit=$(awk -v a="$(bytes keep.log)" -v b="$(bytes rc.log)" 'BEGIN { printf "%.6f", (a + b) / 2 / 1073741824 }')
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one precision%gpu_memory_gb=$limit \
+    > tight.log 2>&1 || { cat tight.log; fail "plan with memory for some recompute"; }
+grep -q '^ *1\. TP .*, recompute \(selective\|full\)' tight.log ||
+    { cat tight.log; fail "expected the fitting layout to recompute"; }
+grep -q ' -  TP .*, recompute none: does not fit' tight.log ||
+    { cat tight.log; fail "expected the layout without recompute shown not to fit"; }
+grep 'check: ' tight.log | sed 's/^ *check: moetrain //' > tight.check
+grep -q "recompute%granularity=" tight.check || { cat tight.log; fail "no recompute keys in the check"; }
+# shellcheck disable=SC2046
+"$MOETRAIN" $(cat tight.check) > tight-check.log 2>&1 || { cat tight.log tight-check.log; fail "--check of the recomputing layout"; }
+planned=$(sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p' tight.log | tail -1)
+checked=$(sed -n 's/.*total \([0-9]*\) (.*/\1/p' tight-check.log | sort -n | tail -1)
+[ "$planned" = "$checked" ] || { cat tight.log tight-check.log; fail "planned $planned bytes, --check $checked"; }
+echo "ok: under $limit GiB: $(grep '^ *1\. TP' tight.log | sed 's/.*, recompute //')"
+
+# the bound the search prunes with: no recompute setting saves fewer activation bytes, on
+# any stage, than full recompute of groups of one layer (check_layout in src/plan/plan.c);
+# a dense first layer and a shared expert, so that every module is there
+acts() { # acts LOG: each stage's activation bytes
+    sed -n 's/.*stage \([0-9]*\), rank .* activations \([0-9]*\) .*/\1 \2/p' "$1"; }
+layout="--world-size 8 $nml parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T
+parallel%pipeline_model_parallel_size=2 parallel%expert_model_parallel_size=2 training%micro_batch_size=2
+moe%layer_freq=0,1 moe%shared_expert_intermediate_size=32"
+# shellcheck disable=SC2086
+"$MOETRAIN" --check $layout "recompute%granularity='full'" "recompute%method='uniform'" \
+    recompute%num_layers=1 > full.log 2>&1 || { cat full.log; fail "--check with full recompute"; }
+acts full.log > full.acts
+[ "$(wc -l < full.acts)" -eq 2 ] || { cat full.log; fail "expected 2 stages"; }
+for mods in "'moe_act','layernorm'" "'core_attn'" "'core_attn','moe_act','layernorm'" \
+    "'core_attn','layernorm','moe'" "'mlp'" "'shared_experts'" "'layernorm','mlp'" NONE; do
+    if [ "$mods" = NONE ]; then set --; else set -- "recompute%granularity='selective'" "recompute%modules=$mods"; fi
+    # shellcheck disable=SC2086
+    "$MOETRAIN" --check $layout "$@" > sel.log 2>&1 || { cat sel.log; fail "--check with $mods"; }
+    acts sel.log | paste full.acts - | awk -v m="$mods" '$1 != $3 || $2 > $4 {
+        print "stage " $1 ": full recompute keeps " $2 " bytes, " m " " $4; bad = 1 }
+        END { exit bad }' || fail "a recompute setting keeps fewer activations than full"
+done
+echo "ok: full recompute of single layers keeps the fewest activation bytes on every stage"
 
 # nothing fits: one message naming the smallest layout and what to change
 expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
