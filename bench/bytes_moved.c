@@ -112,14 +112,14 @@ static void c_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, 
     cpu->op.aux_counts(ctx, a, counts, logits);
 }
 
-static void c_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+static void c_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, double *loss, const float *counts,
                            const float *logits)
 {
     F(logits, (size_t)a->num_tokens * a->num_experts);
     cpu->op.aux_loss_fwd(ctx, a, loss, counts, logits);
 }
 
-static void c_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+static void c_z_loss_fwd(void *ctx, double *loss, float *lse, const float *logits, int N, int E,
                          float coeff)
 {
     F(logits, (size_t)N * E), F(lse, (size_t)N);

@@ -23,8 +23,10 @@
  *   result depends on atomics or on thread scheduling.
  * - Index arrays are int32; -1 means "none" (dropped slot, padding row,
  *   ignored target).
- * - Scalar results (a loss through `float *loss`, the dropped count returned by
- *   dispatch_plan) are host values; a device backend synchronises to produce them.
+ * - Scalar results stay where the op runs: the balancing and z losses and dispatch_plan's
+ *   dropped count and expert loads are added to accumulators in backend memory, which
+ *   the caller reads when it needs them (the model once per micro-batch), so these ops
+ *   never make a device backend wait.
  *
  * Adding an op: add its enum value and name, its slot in struct mt_kernel_ops (same
  * position), the CPU reference, the CUDA version, and the parity test. The static
@@ -289,15 +291,17 @@ struct mt_kernel_ops {
     // counts (num_seqs,E) = per sequence, the tokens of this call whose top-k of p contains
     // e (see struct mt_aux_args; tokens of other shards count 0); logits (N,E)
     void (*aux_counts)(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits);
-    // loss = this call's part of the balancing loss, given the counts of the whole (summed
-    // over shards); logits (N,E), counts (num_seqs,E)
-    void (*aux_loss_fwd)(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
-                         const float *logits);
+    // acc (1, backend memory) += this call's part of the balancing loss (formed as a
+    // float, then widened), given the counts of the whole (summed over shards);
+    // logits (N,E), counts (num_seqs,E)
+    void (*aux_loss_fwd)(void *ctx, const struct mt_aux_args *a, double *acc,
+                         const float *counts, const float *logits);
     // dlogits (N,E) += dloss * d loss / d logits (counts are constants, as in Megatron)
     void (*aux_loss_bwd)(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
                          const float *counts, const float *logits);
-    // z-loss = coeff * mean_n logsumexp(logits[n])^2; lse (N) saved
-    void (*z_loss_fwd)(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+    // acc (1, backend memory) += z-loss = coeff * mean_n logsumexp(logits[n])^2 (formed as
+    // a float, then widened), or acc NULL: only lse; lse (N) saved
+    void (*z_loss_fwd)(void *ctx, double *acc, float *lse, const float *logits, int N, int E,
                        float coeff);
     // dlogits (N,E) += dloss * coeff * 2 lse[n] / N * softmax(logits[n])
     void (*z_loss_bwd)(void *ctx, float *dlogits, float dloss, const float *lse,
@@ -307,11 +311,13 @@ struct mt_kernel_ops {
     // gets no row and is not counted as dropped. capacity <= 0: dropless, rows = N*k. Otherwise an expert keeps at
     // most `capacity` assignments: the highest topk_prob (MT_DROP_PROBS; ties: lower
     // token) or the earliest tokens (MT_DROP_POSITION); with pad, every expert gets
-    // exactly `capacity` rows, padding rows have row_slot -1. Returns the number of
-    // dropped assignments. Non-differentiable bookkeeping.
-    long long (*dispatch_plan)(void *ctx, struct mt_dispatch_plan *plan,
-                               const int32_t *topk_idx, const float *topk_prob, int N, int E,
-                               int topk, int capacity, enum mt_drop_policy policy, bool pad);
+    // exactly `capacity` rows, padding rows have row_slot -1. dropped (1) += the dropped
+    // assignments and load (E) += plan->kept, in backend memory; either may be NULL.
+    // Non-differentiable bookkeeping.
+    void (*dispatch_plan)(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
+                          const float *topk_prob, int N, int E, int topk, int capacity,
+                          enum mt_drop_policy policy, bool pad, int64_t *dropped,
+                          int64_t *load);
     // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
     void (*permute_fwd)(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                         const int32_t *row_slot, int rows, int topk, int C);

@@ -40,8 +40,8 @@ static struct {
 static const struct mt_kernels *cpu;
 
 /* What a device would have made the host do (struct mt_op_counts): every op a launch;
- * a synchronisation for sync, a copy to or from host memory, and the ops that produce a
- * host value (a loss, dispatch_plan's dropped count). */
+ * a synchronisation for sync and a copy to or from host memory (the ops' scalar results
+ * stay in backend memory). */
 static struct mt_op_counts COUNTS;
 
 /* Host memory (alloc_host): plain host memory the host may touch, recorded so that
@@ -120,10 +120,10 @@ static void dev(const char *op, const char *arg, const void *p)
     if (p && !find(p)) misuse(op, arg, p, "is host memory; the op takes backend memory");
 }
 
-/* A host-value argument (a scalar result the backend synchronises to produce). */
+/* A host argument (an argument struct the op reads on the host). */
 static void host(const char *op, const char *arg, const void *p)
 {
-    if (p && find(p)) misuse(op, arg, p, "is backend memory; the op writes a host value");
+    if (p && find(p)) misuse(op, arg, p, "is backend memory; the op reads it on the host");
 }
 
 static void range(const char *op, const char *arg, const void *p, size_t bytes)
@@ -417,13 +417,14 @@ static void g_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts,
     RUN(MT_OP_AUX_COUNTS, cpu->op.aux_counts(ctx, a, counts, logits));
 }
 
-static void g_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss,
+static void g_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, double *acc,
                            const float *counts, const float *logits)
 {
-    host("aux_loss_fwd", "a", a), host("aux_loss_fwd", "loss", loss);
+    host("aux_loss_fwd", "a", a);
+    if (!acc) misuse("aux_loss_fwd", "acc", acc, "is NULL; the op adds its loss there");
+    dev("aux_loss_fwd", "acc", acc), range("aux_loss_fwd", "acc", acc, sizeof *acc);
     dev("aux_loss_fwd", "counts", counts), dev("aux_loss_fwd", "logits", logits);
-    COUNTS.syncs[MT_OP_AUX_LOSS_FWD]++; /* loss is a host value */
-    RUN(MT_OP_AUX_LOSS_FWD, cpu->op.aux_loss_fwd(ctx, a, loss, counts, logits));
+    RUN(MT_OP_AUX_LOSS_FWD, cpu->op.aux_loss_fwd(ctx, a, acc, counts, logits));
 }
 
 static void g_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
@@ -435,13 +436,13 @@ static void g_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogit
     RUN(MT_OP_AUX_LOSS_BWD, cpu->op.aux_loss_bwd(ctx, a, dlogits, dloss, counts, logits));
 }
 
-static void g_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+static void g_z_loss_fwd(void *ctx, double *acc, float *lse, const float *logits, int N, int E,
                          float coeff)
 {
-    host("z_loss_fwd", "loss", loss);
+    dev("z_loss_fwd", "acc", acc);
+    if (acc) range("z_loss_fwd", "acc", acc, sizeof *acc);
     dev("z_loss_fwd", "lse", lse), dev("z_loss_fwd", "logits", logits);
-    COUNTS.syncs[MT_OP_Z_LOSS_FWD]++; /* loss is a host value */
-    RUN(MT_OP_Z_LOSS_FWD, cpu->op.z_loss_fwd(ctx, loss, lse, logits, N, E, coeff));
+    RUN(MT_OP_Z_LOSS_FWD, cpu->op.z_loss_fwd(ctx, acc, lse, logits, N, E, coeff));
 }
 
 static void g_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
@@ -452,9 +453,10 @@ static void g_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *ls
     RUN(MT_OP_Z_LOSS_BWD, cpu->op.z_loss_bwd(ctx, dlogits, dloss, lse, logits, N, E, coeff));
 }
 
-static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
-                                 const int32_t *topk_idx, const float *topk_prob, int N, int E,
-                                 int topk, int capacity, enum mt_drop_policy policy, bool pad)
+static void g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
+                            const float *topk_prob, int N, int E, int topk, int capacity,
+                            enum mt_drop_policy policy, bool pad, int64_t *dropped,
+                            int64_t *load)
 {
     host("dispatch_plan", "plan", plan);
     dev("dispatch_plan", "plan->offsets", plan->offsets);
@@ -462,11 +464,11 @@ static long long g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
     dev("dispatch_plan", "plan->slot_row", plan->slot_row);
     dev("dispatch_plan", "plan->kept", plan->kept);
     dev("dispatch_plan", "topk_idx", topk_idx), dev("dispatch_plan", "topk_prob", topk_prob);
-    long long dropped;
-    COUNTS.syncs[MT_OP_DISPATCH_PLAN]++; /* the dropped count is a host value */
-    RUN(MT_OP_DISPATCH_PLAN, dropped = cpu->op.dispatch_plan(ctx, plan, topk_idx, topk_prob, N,
-                                                             E, topk, capacity, policy, pad));
-    return dropped;
+    dev("dispatch_plan", "dropped", dropped), dev("dispatch_plan", "load", load);
+    if (dropped) range("dispatch_plan", "dropped", dropped, sizeof *dropped);
+    if (load) range("dispatch_plan", "load", load, sizeof *load * (size_t)(E > 0 ? E : 0));
+    RUN(MT_OP_DISPATCH_PLAN, cpu->op.dispatch_plan(ctx, plan, topk_idx, topk_prob, N, E, topk,
+                                                   capacity, policy, pad, dropped, load));
 }
 
 static void g_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,

@@ -163,7 +163,7 @@ void mt_cpu_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, co
     mt_cpu_scratch_give(idx);
 }
 
-void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, double *acc, const float *counts,
                          const float *logits)
 {
     (void)ctx;
@@ -184,7 +184,7 @@ void mt_cpu_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, co
             seq += (double)counts[(size_t)s * E + e] * psum[(size_t)s * E + e];
         total += seq * E / (S * S * a->topk);
     }
-    *loss = (float)(a->coeff * total / a->num_seqs);
+    *acc += (float)(a->coeff * total / a->num_seqs);
     mt_cpu_scratch_give(p);
     mt_cpu_scratch_give(psum);
 }
@@ -231,15 +231,16 @@ static float logsumexp_row(const float *l, int E)
     return mx + logf(sum);
 }
 
-void mt_cpu_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+void mt_cpu_z_loss_fwd(void *ctx, double *acc, float *lse, const float *logits, int N, int E,
                        float coeff)
 {
     (void)ctx;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) lse[n] = logsumexp_row(logits + (size_t)n * E, E);
+    if (!acc) return;
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += (double)lse[n] * lse[n];
-    *loss = (float)(coeff * sum / N);
+    *acc += (float)(coeff * sum / N);
 }
 
 void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
@@ -284,9 +285,10 @@ static void sort_cands(struct cand *c, struct cand *tmp, int n)
     }
 }
 
-long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
-                               const int32_t *topk_idx, const float *topk_prob, int N, int E,
-                               int topk, int capacity, enum mt_drop_policy policy, bool pad)
+void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
+                          const float *topk_prob, int N, int E, int topk, int capacity,
+                          enum mt_drop_policy policy, bool pad, int64_t *dropped_acc,
+                          int64_t *load)
 {
     (void)ctx;
     const int S = N * topk;
@@ -325,7 +327,9 @@ long long mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
         for (int r = fill[e]; r < plan->offsets[e + 1]; r++) plan->row_slot[r] = -1;
     mt_cpu_scratch_give(fill);
     mt_cpu_scratch_give(cands);
-    return dropped;
+    if (dropped_acc) *dropped_acc += dropped;
+    if (load)
+        for (int e = 0; e < E; e++) load[e] += plan->kept[e];
 }
 
 void mt_cpu_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,

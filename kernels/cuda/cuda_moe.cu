@@ -303,7 +303,7 @@ __global__ static void aux_reduce_kernel(float *counts, double *psum, const doub
 
 // loss = coeff / num_seqs * sum_s E / (S^2 k) sum_e count[s,e] psum[s,e], in the CPU's
 // order (one thread).
-__global__ static void aux_loss_kernel(float *loss, const float *counts, const double *psum, mt_aux_args a)
+__global__ static void aux_loss_kernel(double *acc, const float *counts, const double *psum, mt_aux_args a)
 {
     const int E = a.num_experts;
     const double S = a.seq_len;
@@ -313,7 +313,7 @@ __global__ static void aux_loss_kernel(float *loss, const float *counts, const d
         for (int e = 0; e < E; e++) seq += (double)counts[(size_t)s * E + e] * psum[(size_t)s * E + e];
         total += seq * E / (S * S * a.topk);
     }
-    *loss = (float)(a.coeff * total / a.num_seqs);
+    *acc += (float)(a.coeff * total / a.num_seqs);
 }
 
 // The shared part of aux_counts and aux_loss_fwd: scores of this call's tokens, and per
@@ -360,22 +360,17 @@ extern "C" void mt_cuda_aux_counts(void *ctx, const struct mt_aux_args *a, float
     aux_sums(c, a, logits, counts, NULL);
 }
 
-extern "C" void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+extern "C" void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, double *acc, const float *counts,
                                      const float *logits)
 {
     MT_CUDA_OP(ctx, MT_OP_AUX_LOSS_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
-    if (a->num_seqs <= 0 || a->num_experts <= 0) {
-        *loss = 0.0f;
-        return;
-    }
+    if (a->num_seqs <= 0 || a->num_experts <= 0) return; // adds 0
     const size_t nse = (size_t)a->num_seqs * a->num_experts;
-    double *psum = (double *)mt_cuda_scratch(c, nse * sizeof(double) + 16);
-    float *dloss = (float *)(psum + nse);
+    double *psum = (double *)mt_cuda_scratch(c, nse * sizeof(double));
     aux_sums(c, a, logits, NULL, psum);
-    MT_LAUNCH(1, 1, 0, c->stream, aux_loss_kernel)(dloss, counts, psum, *a);
+    MT_LAUNCH(1, 1, 0, c->stream, aux_loss_kernel)(acc, counts, psum, *a);
     MT_CUDA_LAUNCHED();
-    *loss = *(const float *)mt_cuda_to_host(c, dloss, sizeof(float));
     mt_cuda_scratch_free(c, psum);
 }
 
@@ -433,38 +428,33 @@ __global__ static void lse_rows_kernel(float *lse, const float *logits, int N, i
     if (lane == 0) lse[n] = mx + logf(sum);
 }
 
-// loss = coeff * sum lse^2 / N, summed in double by one block in a fixed tree.
-__global__ static void z_loss_kernel(float *loss, const float *lse, int N, float coeff)
+// acc += coeff * sum lse^2 / N as a float, summed in double by one block in a fixed tree.
+__global__ static void z_loss_kernel(double *acc, const float *lse, int N, float coeff)
 {
     MT_SHARED(double, part, [32]);
-    double acc = 0.0;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) acc += (double)lse[n] * lse[n];
-    acc = mt_warp_sum_d(acc);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    double mine = 0.0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) mine += (double)lse[n] * lse[n];
+    mine = mt_warp_sum_d(mine);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = mine;
     __syncthreads();
     if (threadIdx.x == 0) {
         double sum = 0.0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += part[w];
-        *loss = (float)(coeff * sum / N);
+        *acc += (float)(coeff * sum / N);
     }
 }
 
-extern "C" void mt_cuda_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+extern "C" void mt_cuda_z_loss_fwd(void *ctx, double *acc, float *lse, const float *logits, int N, int E,
                                    float coeff)
 {
     MT_CUDA_OP(ctx, MT_OP_Z_LOSS_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
-    if (N <= 0) {
-        *loss = 0.0f;
-        return;
-    }
+    if (N <= 0) return; // adds 0
     MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, lse_rows_kernel)(lse, logits, N, E);
     MT_CUDA_LAUNCHED();
-    float *d = (float *)mt_cuda_scratch(c, sizeof(float));
-    MT_LAUNCH(1, 1024, 0, c->stream, z_loss_kernel)(d, lse, N, coeff);
+    if (!acc) return;
+    MT_LAUNCH(1, 1024, 0, c->stream, z_loss_kernel)(acc, lse, N, coeff);
     MT_CUDA_LAUNCHED();
-    *loss = *(const float *)mt_cuda_to_host(c, d, sizeof(float));
-    mt_cuda_scratch_free(c, d);
 }
 
 __global__ static void z_bwd_kernel(float *dlogits, const float *lse, const float *logits, size_t total, int E, float cf)
@@ -542,8 +532,8 @@ __global__ static void expert_key_kernel(int32_t *key, const int32_t *topk_idx, 
 // Per expert, one thread: kept rows, offsets, segment starts in the expert-sorted order
 // (dropped-by-probability slots were moved out of the segments), the dropped count.
 __global__ static void plan_offsets_kernel(mt_dispatch_plan plan, int *seg_start, int *kept_out,
-                                           long long *dropped, const int *counts, int E, int capacity, bool pad,
-                                           bool moved)
+                                           int64_t *dropped, int64_t *load, const int *counts, int E, int capacity,
+                                           bool pad, bool moved)
 {
     long long drop = 0;
     int seg = 0;
@@ -552,12 +542,13 @@ __global__ static void plan_offsets_kernel(mt_dispatch_plan plan, int *seg_start
         const int kept = capacity > 0 && counts[e] > capacity ? capacity : counts[e];
         plan.kept[e] = kept;
         kept_out[e] = kept;
+        if (load) load[e] += kept;
         plan.offsets[e + 1] = plan.offsets[e] + (pad ? capacity : kept);
         seg_start[e] = seg;
         seg += moved ? kept : counts[e];
         drop += counts[e] - kept;
     }
-    *dropped = drop;
+    if (dropped) *dropped += drop;
 }
 
 // Places the slot at expert-sorted position i: rank r in its expert's segment, kept
@@ -613,24 +604,23 @@ static void sort_pairs(mt_cuda_ctx *c, const K *key_in, K *key_out, const int32_
     mt_cuda_scratch_free(c, temp);
 }
 
-extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
-                                           const float *topk_prob, int N, int E, int topk, int capacity,
-                                           enum mt_drop_policy policy, bool pad)
+extern "C" void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
+                                      const float *topk_prob, int N, int E, int topk, int capacity,
+                                      enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load)
 {
     MT_CUDA_OP(ctx, MT_OP_DISPATCH_PLAN);
     mt_cuda_ctx *c = mt_cuda(ctx);
     const int S = N * topk;
     const bool by_prob = capacity > 0 && policy == MT_DROP_PROBS;
-    // scratch: counts, starts, kept (E ints each) | dropped | iota, key2, sorted key2, sorted slots (S ints each)
+    // scratch: counts, starts, kept (E ints each) | iota, key2, sorted key2, sorted slots (S ints each)
     // | drop flags (S) | 64-bit keys in and out (2S, by_prob only)
     const size_t e_bytes = (3 * (size_t)E * sizeof(int) + 15) / 16 * 16;
     const size_t s_bytes = ((size_t)S * sizeof(int32_t) + 15) / 16 * 16;
     const size_t flag_bytes = ((size_t)S + 15) / 16 * 16;
-    const size_t total = e_bytes + 16 + 4 * s_bytes + flag_bytes + (by_prob ? 2 * (size_t)S * 8 : 0);
+    const size_t total = e_bytes + 4 * s_bytes + flag_bytes + (by_prob ? 2 * (size_t)S * 8 : 0);
     unsigned char *buf = (unsigned char *)mt_cuda_scratch(c, total);
     int *counts = (int *)buf, *start = counts + E, *kept = start + E;
-    long long *dropped = (long long *)(buf + e_bytes);
-    int32_t *iota = (int32_t *)(buf + e_bytes + 16);
+    int32_t *iota = (int32_t *)(buf + e_bytes);
     int32_t *key2 = (int32_t *)((unsigned char *)iota + s_bytes);
     int32_t *key2_sorted = (int32_t *)((unsigned char *)key2 + s_bytes);
     int32_t *slot_sorted = (int32_t *)((unsigned char *)key2_sorted + s_bytes);
@@ -652,7 +642,8 @@ extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *p
         MT_LAUNCH(gs, 256, 0, c->stream, prob_drop_kernel)(drop, key1_sorted, slot_sorted, start, S, E, capacity);
         MT_CUDA_LAUNCHED();
     }
-    MT_LAUNCH(1, 1, 0, c->stream, plan_offsets_kernel)(*plan, start, kept, dropped, counts, E, capacity, pad, by_prob);
+    MT_LAUNCH(1, 1, 0, c->stream, plan_offsets_kernel)(*plan, start, kept, dropped, load, counts, E, capacity, pad,
+                                                                 by_prob);
     MT_CUDA_LAUNCHED();
     if (S > 0) {
         MT_LAUNCH(gs, 256, 0, c->stream, expert_key_kernel)(key2, topk_idx, by_prob ? drop : NULL, S, E);
@@ -665,9 +656,7 @@ extern "C" long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *p
         MT_LAUNCH(mt_cdiv((size_t)E * capacity, 256), 256, 0, c->stream, plan_pad_kernel)(*plan, kept, E, capacity);
         MT_CUDA_LAUNCHED();
     }
-    const long long d = *(const long long *)mt_cuda_to_host(c, dropped, sizeof(long long));
     mt_cuda_scratch_free(c, buf);
-    return d;
 }
 
 // ---------------------------------------------------------------- permute, unpermute

@@ -77,17 +77,17 @@ void mt_cuda_router_fwd(void *ctx, const struct mt_router_args *a, const float *
 void mt_cuda_router_bwd(void *ctx, const struct mt_router_args *a, float *dlogits,
                         const float *dprob, const float *logits, const int32_t *topk_idx);
 void mt_cuda_aux_counts(void *ctx, const struct mt_aux_args *a, float *counts, const float *logits);
-void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, float *loss, const float *counts,
+void mt_cuda_aux_loss_fwd(void *ctx, const struct mt_aux_args *a, double *acc, const float *counts,
                           const float *logits);
 void mt_cuda_aux_loss_bwd(void *ctx, const struct mt_aux_args *a, float *dlogits, float dloss,
                           const float *counts, const float *logits);
-void mt_cuda_z_loss_fwd(void *ctx, float *loss, float *lse, const float *logits, int N, int E,
+void mt_cuda_z_loss_fwd(void *ctx, double *acc, float *lse, const float *logits, int N, int E,
                         float coeff);
 void mt_cuda_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
                         const float *logits, int N, int E, float coeff);
-long long mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan,
-                                const int32_t *topk_idx, const float *topk_prob, int N, int E,
-                                int topk, int capacity, enum mt_drop_policy policy, bool pad);
+void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
+                           const float *topk_prob, int N, int E, int topk, int capacity,
+                           enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load);
 void mt_cuda_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                          const int32_t *row_slot, int rows, int topk, int C);
 void mt_cuda_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,

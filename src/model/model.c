@@ -426,6 +426,11 @@ static void *take(struct arena *a, size_t n, size_t elem)
 /* Token counts of a micro-batch of Bmax sequences: the whole (N), this rank's part (Nl),
  * and the tokens gathered over the ETP x EP group by the allgather dispatcher (G*Nl). */
 static size_t tokens_all(const struct mt_model *m) { return (size_t)m->Bmax * m->T; }
+/* The routing accumulators: two losses, the dropped count, the (nmoe,E) loads. */
+static size_t route_acc_bytes(const struct mt_model *m)
+{
+    return sizeof(struct mt_route_acc) + sizeof(int64_t) * (size_t)m->nmoe * m->E;
+}
 static size_t tokens_local(const struct mt_model *m) { return tokens_all(m) / (size_t)m->sc.tp; }
 static size_t tokens_gathered(const struct mt_model *m)
 {
@@ -1135,10 +1140,9 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         rc = MT_ENOMEM;
         m->expert_bias = calloc((size_t)m->nmoe * m->E, sizeof(float));
         m->expert_counts = calloc((size_t)m->nmoe * m->E, sizeof(long long));
-        m->host_kept = calloc((size_t)m->E, sizeof(int64_t));
-        NEED(m->expert_bias && m->expert_counts && m->host_kept, "expert routing tables",
-             (size_t)m->nmoe * m->E * (sizeof(float) + sizeof(long long)) +
-                 (size_t)m->E * sizeof(int64_t));
+        m->route_acc_host = calloc(1, route_acc_bytes(m));
+        NEED(m->expert_bias && m->expert_counts && m->route_acc_host, "expert routing tables",
+             (size_t)m->nmoe * m->E * (sizeof(float) + sizeof(long long)) + route_acc_bytes(m));
     }
     m->host_tokens = calloc((size_t)3 * m->Bmax * m->T, sizeof(int32_t));
     NEED(m->host_tokens, "host token buffers", (size_t)3 * m->Bmax * m->T * sizeof(int32_t));
@@ -1164,6 +1168,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     if (m->expert_bias_on) {
         m->expert_bias_dev = dev_alloc(k, sizeof(float) * (size_t)m->nmoe * m->E);
         NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
+    }
+    if (m->nmoe > 0) {
+        m->route_acc = dev_alloc(k, route_acc_bytes(m));
+        NEED(m->route_acc, "routing accumulators", route_acc_bytes(m));
+        o->memset(k->ctx, m->route_acc, 0, route_acc_bytes(m));
     }
     o->memset(k->ctx, m->params, 0, param_bytes);
     o->memset(k->ctx, m->grads, 0, param_bytes);
@@ -1235,6 +1244,7 @@ void mt_model_destroy(struct mt_model *m)
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
+    if (m->route_acc) o->free(m->k->ctx, m->route_acc);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
@@ -1270,7 +1280,7 @@ void mt_model_destroy(struct mt_model *m)
     free(m->res);
     free(m->expert_bias);
     free(m->expert_counts);
-    free(m->host_kept);
+    free(m->route_acc_host);
     free(m->host_tokens);
     free(m->tensors);
     free(m->names);
@@ -1581,8 +1591,10 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->activations = m->acts_bytes;
     r->recompute = m->rc_bytes;
     r->scratch = m->scratch_bytes;
-    r->device_buffers = m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0;
-    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E + r->device_buffers;
+    r->device_buffers = (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0) +
+                        (m->route_acc ? route_acc_bytes(m) : 0);
+    r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
+                 (m->route_acc_host ? route_acc_bytes(m) : 0) + r->device_buffers;
 }
 
 double mt_model_flops_per_token(const struct mt_model *m)

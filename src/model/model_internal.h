@@ -212,7 +212,10 @@ struct mt_model {
     float *expert_bias;         /* (nmoe,E) host master */
     float *expert_bias_dev;     /* (nmoe,E) its backend-memory copy, which the routers read */
     long long *expert_counts;   /* (nmoe,E) */
-    int64_t *host_kept;         /* (E) */
+    /* what the routers of one forward add up, in backend memory (the ops add to it
+     * without the host waiting), and its host copy: read and cleared once per forward
+     * (mt_moe_route_stats) */
+    struct mt_route_acc *route_acc, *route_acc_host;
     int32_t *host_tokens;       /* (3,Bmax,T) staging of inputs, targets, shard inputs */
     /* routing bookkeeping on the host (one allocation, host_scratch) */
     void *host_scratch;
@@ -326,7 +329,17 @@ int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float
 /* model_moe.c: the MoE block on this rank's Nl tokens; its output (Nl,H) into m->tmpb
  * (adt); the backward reads the output gradient from m->d_res and writes the input
  * gradient to m->d_ln. */
+/* The routers' accumulators of one forward pass. */
+struct mt_route_acc {
+    double aux, z;              /* balancing and z losses, each op's float widened */
+    int64_t dropped;            /* assignments dropped by capacity */
+    int64_t load[];             /* (nmoe,E) rows each expert kept (training passes) */
+};
 int mt_moe_fwd(const struct mt_pass *p, int l);
+/* After the MoE layers of a counted forward (not a rebuild): reads the route
+ * accumulators once (one wait for the device), adds them to p->st and, in training,
+ * the expert loads to the counts, and clears them. */
+int mt_moe_route_stats(const struct mt_pass *p);
 int mt_moe_bwd(const struct mt_pass *p, int l);
 /* Rebuilds the routed experts' SwiGLU output of layer l (moe_act recompute). */
 void mt_moe_act_rebuild(const struct mt_pass *p, int l);

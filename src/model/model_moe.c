@@ -81,7 +81,7 @@ static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, long 
     MT_CHECK(mt_all_gather(m->tp_comm, a->topk_idx, m->idx_full, nk, MT_DT_I32, p->err));
     MT_CHECK(mt_all_gather(m->tp_comm, a->topk_prob, m->prob_full, nk, MT_DT_F32, p->err));
     p->o->dispatch_plan(p->ctx, &m->full_plan, m->idx_full, m->prob_full, p->N, m->E, m->topk,
-                        cap, m->drop_policy, false);
+                        cap, m->drop_policy, false, NULL, NULL);
     int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
     p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
     p->o->copy(p->ctx, slot_row, m->full_plan.slot_row + (size_t)p->tok0 * k, sizeof(int32_t) * nk);
@@ -278,35 +278,33 @@ static int route(const pass_t *p, int l)
                        H); /* fp32 router logits */
     if (m->force_balance) force_logits(p, a->logits);
     /* a rebuild for backward (recompute) adds nothing to the losses, drop counts and
-     * expert loads that its forward already counted */
+     * expert loads that its forward already counted; the forward adds them to the
+     * accumulators in backend memory (mt_moe_route_stats reads them) */
     const bool count = !p->recompute;
-    if (m->z_coeff > 0.0f) {
-        float z;
-        p->o->z_loss_fwd(p->ctx, &z, a->z_lse, a->logits, Nl, E, z_coeff(p));
-        if (count) p->st->z_loss += z;
-    }
+    struct mt_route_acc *acc = m->route_acc;
+    if (m->z_coeff > 0.0f)
+        p->o->z_loss_fwd(p->ctx, count ? &acc->z : NULL, a->z_lse, a->logits, Nl, E, z_coeff(p));
     if (a->aux_counts) {
-        float aux;
         struct mt_aux_args aa = aux_args(p);
         p->o->aux_counts(p->ctx, &aa, a->aux_counts, a->logits);
         if (m->sc.tp > 1)
             MT_CHECK(mt_all_reduce(m->tp_comm, a->aux_counts, (size_t)aa.num_seqs * E, MT_DT_F32,
                                    MT_OP_SUM, p->err));
-        p->o->aux_loss_fwd(p->ctx, &aa, &aux, a->aux_counts, a->logits);
-        if (count) p->st->aux_loss += aux;
+        if (count) p->o->aux_loss_fwd(p->ctx, &aa, &acc->aux, a->aux_counts, a->logits);
     }
     p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias_dev + (size_t)moe * E : NULL,
                      a->topk_idx, a->topk_prob);
     const int cap = mt_model_capacity(m, p->N);
     const int32_t *idx = a->topk_idx;
-    long long dropped = 0;
     if (cap > 0 && m->sc.tp > 1) {
+        long long dropped = 0;
         MT_CHECK(drop_over_tp(p, a, cap, &dropped));
+        if (count) p->st->dropped_tokens += dropped;
         idx = m->route_idx;
     }
-    dropped += p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap,
-                                   m->drop_policy, m->pad_to_capacity);
-    if (count) p->st->dropped_tokens += dropped;
+    p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap, m->drop_policy,
+                        m->pad_to_capacity, count ? &acc->dropped : NULL,
+                        p->train && count ? acc->load + (size_t)moe * E : NULL);
     FILE *dump = NULL;
     if (count) MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
@@ -314,10 +312,22 @@ static int route(const pass_t *p, int l)
     p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
     for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
     a->rows = offs[E];
-    if (p->train && count) {
-        p->o->copy(p->ctx, m->host_kept, a->plan.kept, sizeof(int64_t) * (size_t)E);
-        for (int e = 0; e < E; e++) m->expert_counts[(size_t)moe * E + e] += m->host_kept[e];
-    }
+    return MT_OK;
+}
+
+int mt_moe_route_stats(const pass_t *p)
+{
+    struct mt_model *m = p->m;
+    if (m->nmoe == 0 || p->recompute) return MT_OK;
+    const size_t n = (size_t)m->nmoe * m->E, bytes = sizeof(struct mt_route_acc) + n * sizeof(int64_t);
+    struct mt_route_acc *h = m->route_acc_host;
+    p->o->copy(p->ctx, h, m->route_acc, bytes);
+    p->st->aux_loss += h->aux;
+    p->st->z_loss += h->z;
+    p->st->dropped_tokens += h->dropped;
+    if (p->train)
+        for (size_t i = 0; i < n; i++) m->expert_counts[i] += h->load[i];
+    p->o->memset(p->ctx, m->route_acc, 0, bytes);
     return MT_OK;
 }
 
@@ -544,7 +554,8 @@ static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     if (cap == 0) MT_CHECK(mt_model_expert_rows(p, l, a, mine, true));
     struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
     p->o->dispatch_plan(p->ctx, &plan, m->idx_full, a->g_prob, (int)(G * p->Nl), m->E_l, m->topk,
-                        m->pad_to_capacity ? cap * m->xg : 0, m->drop_policy, m->pad_to_capacity);
+                        m->pad_to_capacity ? cap * m->xg : 0, m->drop_policy, m->pad_to_capacity,
+                        NULL, NULL);
     int32_t rows;
     p->o->copy(p->ctx, &rows, a->x_offsets + m->E_l, sizeof rows);
     a->x_rows = rows;

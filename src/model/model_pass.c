@@ -498,6 +498,7 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
+    MT_CHECK(mt_moe_route_stats(&p));
     MT_CHECK(head_fwd(&p, valid));
     if (!backward) return MT_OK;
 
@@ -571,6 +572,7 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
+    MT_CHECK(mt_moe_route_stats(&p));
     if (!m->last) {
         p.o->copy(p.ctx, x_out, m->res[m->l1], act_bytes);
         return MT_OK;

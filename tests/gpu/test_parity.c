@@ -1390,7 +1390,8 @@ static void aux_case(int num_seqs, int seq_len, long long first, int ntok, int E
     struct mt_aux_args a = {ntok, E, k, fn, num_seqs, seq_len, first, 0.01f};
     const size_t nl = (size_t)ntok * E, nc = (size_t)num_seqs * E;
     float *logits = hrandn(nl, 1.5f), *dl0 = hrandn(nl, 1.0f), *dl = hdup(dl0, sizeof(float) * nl);
-    float *counts = xmalloc(sizeof(float) * nc), *whole = hrandn(nc, 0.0f), loss = 0.0f, gloss = 0.0f;
+    float *counts = xmalloc(sizeof(float) * nc), *whole = hrandn(nc, 0.0f);
+    double loss = 0.0, gloss = 0.0; /* the ops add to these: from 0, the loss */
     for (size_t i = 0; i < nc; i++) whole[i] = (float)mt_rng_below(13, 0, i, (uint64_t)seq_len * k / E + 2);
     C->op.aux_counts(C->ctx, &a, counts, logits);
     C->op.aux_loss_fwd(C->ctx, &a, &loss, whole, logits);
@@ -1398,16 +1399,19 @@ static void aux_case(int num_seqs, int seq_len, long long first, int ntok, int E
     float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_c = dalloc(sizeof(float) * nc);
     float *d_w = dup_to_dev(whole, sizeof(float) * nc), *d_dl = dup_to_dev(dl0, sizeof(float) * nl);
     G->op.aux_counts(G->ctx, &a, d_c, d_l);
-    G->op.aux_loss_fwd(G->ctx, &a, &gloss, d_w, d_l);
+    double *d_acc = dup_to_dev(&gloss, sizeof gloss);
+    G->op.aux_loss_fwd(G->ctx, &a, d_acc, d_w, d_l);
+    G->op.copy(G->ctx, &gloss, d_acc, sizeof gloss);
+    dfree(d_acc);
     G->op.aux_loss_bwd(G->ctx, &a, d_dl, 0.7f, d_w, d_l);
     char sh[96], what[160], d[96];
     snprintf(sh, sizeof sh, "seqs=%d len=%d first=%lld N=%d E=%d k=%d %s", num_seqs, seq_len, first, ntok, E, k,
              fn == MT_SCORE_SIGMOID ? "sigmoid" : "softmax");
     snprintf(what, sizeof what, "aux_counts %s", sh);
     expect_bytes_dev(what, counts, d_c, sizeof(float) * nc);
-    double rel = fabs((double)gloss - loss) / fabs((double)loss);
+    double rel = fabs(gloss - loss) / fabs(loss);
     snprintf(what, sizeof what, "aux_loss_fwd %s", sh);
-    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-5)", (double)gloss, (double)loss, rel);
+    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-5)", gloss, loss, rel);
     expect_true(what, rel <= 1e-5, d);
     snprintf(what, sizeof what, "aux_loss_bwd dlogits %s (+=)", sh);
     expect_close_dev(what, dl, d_dl, nl, NMSE_FP32);
@@ -1437,15 +1441,19 @@ static void test_balancing_losses(void)
     const int N = 300, E = 64;
     const size_t nl = (size_t)N * E;
     float *logits = hrandn(nl, 3.0f), *dl0 = hrandn(nl, 1.0f), *dl = hdup(dl0, sizeof(float) * nl);
-    float *lse = xmalloc(sizeof(float) * N), z = 0.0f, gz = 0.0f;
+    float *lse = xmalloc(sizeof(float) * N);
+    double z = 0.0, gz = 0.0;
     C->op.z_loss_fwd(C->ctx, &z, lse, logits, N, E, 1e-3f);
     C->op.z_loss_bwd(C->ctx, dl, 0.7f, lse, logits, N, E, 1e-3f);
     float *d_l = dup_to_dev(logits, sizeof(float) * nl), *d_lse = dalloc(sizeof(float) * N);
     float *d_dl = dup_to_dev(dl0, sizeof(float) * nl);
-    G->op.z_loss_fwd(G->ctx, &gz, d_lse, d_l, N, E, 1e-3f);
+    double *d_z = dup_to_dev(&gz, sizeof gz);
+    G->op.z_loss_fwd(G->ctx, d_z, d_lse, d_l, N, E, 1e-3f);
+    G->op.copy(G->ctx, &gz, d_z, sizeof gz);
+    dfree(d_z);
     char d[96];
-    double rel = fabs((double)gz - z) / fabs((double)z);
-    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-6)", (double)gz, (double)z, rel);
+    double rel = fabs(gz - z) / fabs(z);
+    snprintf(d, sizeof d, "%.7g vs %.7g, relative %.1e (bound 1e-6)", gz, z, rel);
     expect_true("z_loss_fwd loss N=300 E=64", rel <= 1e-6, d);
     expect_close_dev("z_loss_fwd lse N=300 E=64", lse, d_lse, N, NMSE_FP32);
     G->op.copy(G->ctx, d_lse, lse, sizeof(float) * N);
@@ -1518,7 +1526,9 @@ static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol,
     struct plan_host h;
     plan_host_alloc(&h, N, E, k, cap, pad);
     struct mt_dispatch_plan cp = {h.offsets, h.row_slot, h.slot_row, h.kept};
-    long long dropped = C->op.dispatch_plan(C->ctx, &cp, idx, prob, N, E, k, cap, pol, pad);
+    int64_t dropped = 0, *load = xmalloc(sizeof(int64_t) * E);
+    for (int e = 0; e < E; e++) load[e] = e; /* the ops add to it */
+    C->op.dispatch_plan(C->ctx, &cp, idx, prob, N, E, k, cap, pol, pad, &dropped, load);
     const int rows = h.offsets[E];
     int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * N * k);
     float *d_prob = dup_to_dev(prob, sizeof(float) * N * k);
@@ -1528,10 +1538,22 @@ static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol,
     snprintf(sh, sizeof sh, "N=%d E=%d k=%d cap=%d %s%s%s%s", N, E, k, cap, pol == MT_DROP_PROBS ? "probs" : "position",
              pad ? " pad" : "", skew ? " skewed" : "", unrouted ? " some -1" : "");
     for (int run = 0; run < 2; run++) { /* the second run checks determinism */
-        long long gd = G->op.dispatch_plan(G->ctx, &gp, d_idx, d_prob, N, E, k, cap, pol, pad);
+        /* dropped and load accumulators in one allocation, from what the CPU's started at */
+        int64_t gd = 0, *d_acc = dalloc(sizeof(int64_t) * (E + 1));
+        int64_t *init = xmalloc(sizeof(int64_t) * (E + 1));
+        init[0] = 0;
+        for (int e = 0; e < E; e++) init[1 + e] = e;
+        G->op.copy(G->ctx, d_acc, init, sizeof(int64_t) * (E + 1));
+        G->op.dispatch_plan(G->ctx, &gp, d_idx, d_prob, N, E, k, cap, pol, pad, d_acc, d_acc + 1);
+        G->op.copy(G->ctx, init, d_acc, sizeof(int64_t) * (E + 1));
+        gd = init[0];
         snprintf(what, sizeof what, "dispatch_plan%s dropped %s", run ? " (again)" : "", sh);
-        snprintf(d, sizeof d, "%lld vs %lld", gd, dropped);
+        snprintf(d, sizeof d, "%lld vs %lld", (long long)gd, (long long)dropped);
         expect_true(what, gd == dropped, d);
+        snprintf(what, sizeof what, "dispatch_plan%s load (+= kept) %s", run ? " (again)" : "", sh);
+        expect_true(what, !memcmp(init + 1, load, sizeof(int64_t) * E), "");
+        free(init);
+        dfree(d_acc);
         snprintf(what, sizeof what, "dispatch_plan%s offsets, kept %s", run ? " (again)" : "", sh);
         int32_t *go = dev_to_host(gp.offsets, sizeof(int32_t) * (E + 1));
         int64_t *gk = dev_to_host(gp.kept, sizeof(int64_t) * E);
@@ -1604,6 +1626,7 @@ static void dispatch_case(int N, int E, int k, int cap, enum mt_drop_policy pol,
     }
     free(idx);
     free(prob);
+    free(load);
     plan_host_free(&h);
     dfree(d_idx);
     dfree(d_prob);

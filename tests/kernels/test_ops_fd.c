@@ -410,6 +410,14 @@ static void test_router(void **state)
 }
 
 /* ------------------------------------------------------- aux and z losses */
+/* The ops add their loss to an accumulator; from 0, it holds the loss. */
+static float aux_fwd(const struct mt_aux_args *a, const float *counts, const float *logits)
+{
+    double acc = 0.0;
+    O.aux_loss_fwd(K->ctx, a, &acc, counts, logits);
+    return (float)acc;
+}
+
 struct aux_st {
     struct mt_aux_args a;
     float *logits, *counts, *counts0;
@@ -418,9 +426,8 @@ struct aux_st {
 static double aux_loss(void *p)
 {
     struct aux_st *s = p;
-    float loss;
     O.aux_counts(K->ctx, &s->a, s->counts, s->logits);
-    O.aux_loss_fwd(K->ctx, &s->a, &loss, s->counts0, s->logits);
+    float loss = aux_fwd(&s->a, s->counts0, s->logits);
     if (memcmp(s->counts, s->counts0, sizeof(float) * (size_t)s->a.num_seqs * s->a.num_experts))
         fd_unstable = 1;
     return loss;
@@ -464,12 +471,10 @@ static void test_aux_loss(void **state)
             const float *lq = s.logits + cuts[q] * 6;
             O.aux_counts(K->ctx, &a, part, lq);
             for (int i = 0; i < nseq * 6; i++) sum_counts[i] += part[i];
-            float lossq;
-            O.aux_loss_fwd(K->ctx, &a, &lossq, s.counts0, lq);
-            total += lossq;
+            total += aux_fwd(&a, s.counts0, lq);
             O.aux_loss_bwd(K->ctx, &a, dl_parts + cuts[q] * 6, 1.0f, s.counts0, lq);
         }
-        O.aux_loss_fwd(K->ctx, &s.a, &whole, s.counts0, s.logits);
+        whole = aux_fwd(&s.a, s.counts0, s.logits);
         assert_memory_equal(sum_counts, s.counts0, sizeof(float) * (size_t)nseq * 6);
         assert_true(fabsf(total - whole) <= 1e-6f * fabsf(whole));
         assert_memory_equal(dl_parts, dl, sizeof(float) * 48);
@@ -483,8 +488,13 @@ static void test_aux_loss(void **state)
                             .score_fn = MT_SCORE_SOFTMAX, .num_seqs = 1, .seq_len = 8,
                             .first = 0, .coeff = 0.5f};
     O.aux_counts(K->ctx, &a, cnt, lg);
-    O.aux_loss_fwd(K->ctx, &a, &loss, cnt, lg);
+    loss = aux_fwd(&a, cnt, lg);
     assert_true(fabsf(loss - 0.5f) < 1e-4f);
+    /* the accumulator adds: twice the same call, twice the loss (exactly: a float doubled) */
+    double acc = 1.0;
+    O.aux_loss_fwd(K->ctx, &a, &acc, cnt, lg);
+    O.aux_loss_fwd(K->ctx, &a, &acc, cnt, lg);
+    assert_true(acc == 1.0 + 2.0 * (double)loss);
 }
 
 struct z_st {
@@ -495,9 +505,9 @@ struct z_st {
 static double z_loss(void *p)
 {
     struct z_st *s = p;
-    float loss;
-    O.z_loss_fwd(K->ctx, &loss, s->lse, s->logits, s->N, s->E, 0.01f);
-    return loss;
+    double acc = 0.0;
+    O.z_loss_fwd(K->ctx, &acc, s->lse, s->logits, s->N, s->E, 0.01f);
+    return (float)acc;
 }
 
 static void test_z_loss(void **state)
@@ -506,7 +516,12 @@ static void test_z_loss(void **state)
     struct z_st s = {.N = 7, .E = 5};
     s.logits = fnew(35, 2, 95);
     s.lse = fnew(7, 0, 0);
+    /* without an accumulator, only lse: the same lse */
+    float *lse0 = fnew(7, 0, 0);
+    O.z_loss_fwd(K->ctx, NULL, lse0, s.logits, s.N, s.E, 0.01f);
     z_loss(&s);
+    assert_memory_equal(lse0, s.lse, sizeof(float) * 7);
+    free(lse0);
     float *dl = fnew(35, 0, 0);
     O.z_loss_bwd(K->ctx, dl, 1.0f, s.lse, s.logits, s.N, s.E, 0.01f);
     check("z_loss dlogits", z_loss, &s, s.logits, dl, 35, H_LOSS, TOL_SMOOTH);
@@ -527,6 +542,15 @@ static void plan_free(struct mt_dispatch_plan *p)
     free(p->offsets); free(p->row_slot); free(p->slot_row); free(p->kept);
 }
 
+/* dispatch_plan's dropped count (it adds it to an accumulator from 0) */
+static long long plan_dropped(struct mt_dispatch_plan *p, const int32_t *idx, const float *prob,
+                              int N, int E, int k, int cap, enum mt_drop_policy pol, bool pad)
+{
+    int64_t d = 0;
+    O.dispatch_plan(K->ctx, p, idx, prob, N, E, k, cap, pol, pad, &d, NULL);
+    return d;
+}
+
 static void test_dispatch_plan(void **state)
 {
     (void)state;
@@ -536,14 +560,14 @@ static void test_dispatch_plan(void **state)
     struct mt_dispatch_plan p;
     plan_alloc(&p, 5, 3, 2, 12); /* up to 3 experts x capacity 4 rows */
     /* dropless: rows expert-major, tokens ascending */
-    assert_int_equal(O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 0, MT_DROP_PROBS, false), 0);
+    assert_int_equal(plan_dropped(&p, idx, prob, 5, 3, 2, 0, MT_DROP_PROBS, false), 0);
     const int32_t want_rows[10] = {0, 2, 7, 8, 1, 4, 9, 3, 5, 6};
     assert_memory_equal(p.row_slot, want_rows, sizeof want_rows);
     assert_int_equal(p.offsets[1], 4);
     assert_int_equal(p.offsets[3], 10);
     for (int s = 0; s < 10; s++) assert_int_equal(p.row_slot[p.slot_row[s]], s);
     /* capacity 2, probs: expert 0 (tokens 0 .3, 1 .9, 3 .5, 4 .8) keeps tokens 1 and 4 */
-    long long dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 2, MT_DROP_PROBS, false);
+    long long dropped = plan_dropped(&p, idx, prob, 5, 3, 2, 2, MT_DROP_PROBS, false);
     /* expert 1 (tokens 0 .7, 2 .6, 4 .2) keeps 0, 2; expert 2 (1 .1, 2 .4, 3 .5) keeps 2, 3 */
     assert_int_equal(dropped, 4);
     const int32_t want_probs[6] = {2, 8, 1, 4, 5, 6};
@@ -551,17 +575,17 @@ static void test_dispatch_plan(void **state)
     assert_int_equal(p.slot_row[0], -1);
     assert_int_equal(p.slot_row[9], -1);
     /* capacity 2, position: earliest tokens win */
-    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 2, MT_DROP_POSITION, false);
+    dropped = plan_dropped(&p, idx, prob, 5, 3, 2, 2, MT_DROP_POSITION, false);
     assert_int_equal(dropped, 4);
     const int32_t want_pos[6] = {0, 2, 1, 4, 3, 5};
     assert_memory_equal(p.row_slot, want_pos, sizeof want_pos);
     /* capacity 3 with padding: every expert gets 3 rows, expert 0 drops token 4 (pos) */
-    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 3, MT_DROP_POSITION, true);
+    dropped = plan_dropped(&p, idx, prob, 5, 3, 2, 3, MT_DROP_POSITION, true);
     assert_int_equal(dropped, 1);
     const int32_t want_pad[9] = {0, 2, 7, 1, 4, 9, 3, 5, 6};
     assert_memory_equal(p.row_slot, want_pad, sizeof want_pad);
     /* capacity 4 with padding: expert 1 and 2 get a padding row */
-    dropped = O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 4, MT_DROP_PROBS, true);
+    dropped = plan_dropped(&p, idx, prob, 5, 3, 2, 4, MT_DROP_PROBS, true);
     assert_int_equal(dropped, 0);
     assert_int_equal(p.offsets[3], 12);
     assert_int_equal(p.row_slot[7], -1);
@@ -569,13 +593,22 @@ static void test_dispatch_plan(void **state)
     assert_int_equal(p.kept[1], 3);
     /* -1 (decided elsewhere): no row, not counted as dropped */
     const int32_t idx_none[10] = {0, -1, -1, 2, 1, 2, 2, 0, -1, 1};
-    assert_int_equal(O.dispatch_plan(K->ctx, &p, idx_none, prob, 5, 3, 2, 2, MT_DROP_PROBS, false), 1);
+    assert_int_equal(plan_dropped(&p, idx_none, prob, 5, 3, 2, 2, MT_DROP_PROBS, false), 1);
     assert_int_equal(p.offsets[3], 6);
     assert_int_equal(p.slot_row[1], -1);
     assert_int_equal(p.slot_row[8], -1);
     assert_int_equal(p.kept[0], 2);
     assert_int_equal(p.kept[1], 2);
     assert_int_equal(p.kept[2], 2);
+    /* the accumulators add: dropped and, per expert, the kept rows */
+    int64_t dropped_acc = 5, load[3] = {1, 2, 3};
+    O.dispatch_plan(K->ctx, &p, idx, prob, 5, 3, 2, 2, MT_DROP_PROBS, false, &dropped_acc, load);
+    O.dispatch_plan(K->ctx, &p, idx_none, prob, 5, 3, 2, 2, MT_DROP_PROBS, false, &dropped_acc,
+                    load);
+    assert_int_equal(dropped_acc, 5 + 4 + 1);
+    assert_int_equal(load[0], 1 + 2 + 2);
+    assert_int_equal(load[1], 2 + 2 + 2);
+    assert_int_equal(load[2], 3 + 2 + 2);
     plan_free(&p);
 }
 
@@ -618,8 +651,8 @@ static void test_permute_unpermute(void **state)
         }
         int rows_max = 14 > 4 * cases[c].cap ? 14 : 4 * cases[c].cap;
         plan_alloc(&s.p, 7, 4, 2, rows_max);
-        long long dropped = O.dispatch_plan(K->ctx, &s.p, idx, s.prob, 7, 4, 2, cases[c].cap,
-                                            cases[c].pol, cases[c].pad);
+        long long dropped = plan_dropped(&s.p, idx, s.prob, 7, 4, 2, cases[c].cap, cases[c].pol,
+                                         cases[c].pad);
         if (cases[c].cap == 3) assert_true(dropped > 0);
         s.rows = s.p.offsets[4];
         s.x = fnew(21, 1, 100);
