@@ -505,12 +505,6 @@ static void unknown_option(const char *a)
         fprintf(stderr, "moetrain: error: unknown option '%s' (see moetrain --help)\n", a);
 }
 
-static int is_override(const char *a)
-{
-    const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
-    return pct && eq && pct < eq;
-}
-
 /* Returns -1 to go on, else the exit status (--help, --version, bad usage). */
 static int parse_args(int argc, char **argv, struct cli *cli)
 {
@@ -569,7 +563,7 @@ static int parse_args(int argc, char **argv, struct cli *cli)
         } else if (a[0] == '-' && a[1]) {
             unknown_option(a);
             return 1;
-        } else if (is_override(a)) {
+        } else if (mt_config_is_override(a)) {
             cli->overrides[cli->noverrides++] = argv[i];
         } else {
             cli->files[cli->nfiles++] = argv[i];

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "util/error.h"
 
@@ -190,6 +191,14 @@ void mt_config_defaults(struct mt_config *cfg);
  * the installed $(pkgdatadir)/namelists (found from the executable's own directory,
  * then as configured). MT_EIO with every place looked at when it is nowhere. */
 int mt_config_find_namelist(const char *name, char *path, size_t len, struct mt_err *err);
+
+/* Whether a command-line argument is an override ("group%key=value": a '%' before the
+ * first '='), not a namelist file. */
+static inline bool mt_config_is_override(const char *a)
+{
+    const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
+    return pct && eq && pct < eq;
+}
 
 /* Loads namelist files in order (found by mt_config_find_namelist), then overrides
  * ("group%key=value"), into cfg (which should hold defaults first). Errors name

@@ -919,12 +919,6 @@ static int bad(const char *fmt, const char *a, const char *b)
     return 1;
 }
 
-static bool is_override(const char *a)
-{
-    const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
-    return pct && eq && pct < eq;
-}
-
 /* A whole number in [lo, hi] from the option's value. */
 static int number(const char *opt, const char *v, long lo, long hi, int *out)
 {
@@ -1212,7 +1206,7 @@ int mt_plan_cli(int argc, char **argv)
         } else if (a[0] == '-' && a[1]) {
             bad("unknown option '%s'%s (moetrain plan --help)", a, "");
             goto done;
-        } else if (is_override(a)) {
+        } else if (mt_config_is_override(a)) {
             for (const char *const *k = refused_keys; *k; k++)
                 if (key_is(a, *k)) {
                     bad("'%s': the plan sets %s itself (sequence parallelism with TP, CP 1, "

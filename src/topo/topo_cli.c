@@ -39,12 +39,6 @@ static int fail(const struct mt_err *err)
     return 1;
 }
 
-static bool is_override(const char *a)
-{
-    const char *pct = strchr(a, '%'), *eq = strchr(a, '=');
-    return pct && eq && pct < eq;
-}
-
 struct args {
     bool json, dry_run;
     const char *nodes_file, *hwloc_xml;
@@ -100,7 +94,7 @@ static int parse(int argc, char **argv, struct args *a)
             fprintf(stderr, "moetrain topo: error: unknown option '%s' (see moetrain topo "
                             "--help)\n", s);
             return 1;
-        } else if (is_override(s)) {
+        } else if (mt_config_is_override(s)) {
             a->overrides[a->noverrides++] = argv[i];
         } else {
             a->files[a->nfiles++] = argv[i];
