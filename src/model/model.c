@@ -660,7 +660,7 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
         m->lnf_full = tp ? TAKE_A(a, N * m->H) : m->lnf;
         m->lm_logits = TAKE_F(a, N * m->V_l);
         m->ce_lse = TAKE_F(a, N);
-        m->ce_tl = TAKE_F(a, N);
+        m->ce_tl = TAKE_F(a, N); /* right after ce_lse: loss_sum reads both at once */
     } else {
         m->lnf = m->lnf_full = NULL;
         m->lnf_rstd = m->lm_logits = m->ce_lse = m->ce_tl = NULL;
@@ -963,7 +963,8 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
         m->h_recv = (long long *)take(&a, S, sizeof(long long));
         m->h_start = (long long *)take(&a, (size_t)m->sc.etp * S, sizeof(long long));
         m->h_cnt = (size_t *)take(&a, 8 * P, sizeof(size_t));
-        m->h_loss = TAKE_F(&a, N * (size_t)(m->sc.tp + 1 > 2 ? m->sc.tp + 1 : 2));
+        /* loss_sum reads ce_lse and ce_tl (64-byte aligned after it) at once */
+        m->h_loss = TAKE_F(&a, N * (size_t)(m->sc.tp + 1 > 2 ? m->sc.tp + 1 : 2) + 16);
         m->h_force = m->force_balance ? TAKE_F(&a, N * E) : NULL;
         if (pass == 0) {
             *bytes = a.off;

@@ -393,13 +393,14 @@ static int loss_sum(const pass_t *p, double *sum)
 {
     struct mt_model *m = p->m;
     const int N = p->N;
+    /* ce_tl follows ce_lse in the arena: one read (one wait) for both */
     float *h = m->h_loss;
-    p->o->copy(p->ctx, h, m->ce_lse, sizeof(float) * (size_t)N);
-    p->o->copy(p->ctx, h + N, m->ce_tl, sizeof(float) * (size_t)N);
+    const size_t tl = (size_t)(m->ce_tl - m->ce_lse);
+    p->o->copy(p->ctx, h, m->ce_lse, sizeof(float) * (tl + (size_t)N));
     const int32_t *tg = m->host_tokens + N;
     double s = 0.0;
     for (int n = 0; n < N; n++)
-        if (tg[n] >= 0) s += h[n] - h[N + n];
+        if (tg[n] >= 0) s += h[n] - h[tl + n];
     *sum = s;
     return MT_OK;
 }
