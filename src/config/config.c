@@ -540,6 +540,59 @@ static int check_recompute(struct mt_config *c, struct mt_err *err)
     return MT_OK;
 }
 
+/* &recompute fine_grained_activation_offloading, offload_modules: Megatron's module
+ * names whose saved inputs map onto this model's saved tensors. */
+static int check_offload(const struct mt_config *c, struct mt_err *err)
+{
+    const struct mt_config_recompute *r = &c->recompute;
+    static const char *const names[MT_OFFLOAD_MODULES] = {"attn_norm", "qkv_linear", "core_attn",
+                                                          "attn_proj", "mlp_norm"};
+    const char *accepted = "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm";
+    if (!r->fine_grained_activation_offloading) {
+        if (r->offload_modules_len)
+            return mt_err_set(err, MT_EINVAL,
+                              "&recompute offload_modules applies only with "
+                              "fine_grained_activation_offloading = .true.; set it, or remove "
+                              "offload_modules");
+        return MT_OK;
+    }
+    if (r->offload_modules_len == 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute fine_grained_activation_offloading = .true. needs "
+                          "offload_modules: one or more of %s",
+                          accepted);
+    if (strcmp(r->granularity, "full") == 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "&recompute fine_grained_activation_offloading with granularity = "
+                          "'full': a fully recomputed layer saves nothing but its group's "
+                          "input, so there is nothing to offload; use granularity = "
+                          "'selective' or 'none' with offloading");
+    for (int i = 0; i < r->offload_modules_len; i++) {
+        const char *mod = r->offload_modules[i];
+        bool known = false;
+        for (int j = 0; j < MT_OFFLOAD_MODULES; j++) known = known || strcmp(mod, names[j]) == 0;
+        if (!known && (strcmp(mod, "expert_fc1") == 0 || strcmp(mod, "moe_act") == 0))
+            return mt_err_set(err, MT_EINVAL,
+                              "&recompute offload_modules(%d) = '%s': the routed experts' "
+                              "rows vary from step to step, so their saved tensors have no "
+                              "fixed host buffer to go to; offload from %s (or rebuild the "
+                              "experts' activation with &recompute modules = 'moe_act')",
+                              i + 1, mod, accepted);
+        if (!known)
+            return mt_err_set(err, MT_EINVAL,
+                              "&recompute offload_modules(%d) = '%s' is not an offloadable "
+                              "module; choose from %s",
+                              i + 1, mod, accepted);
+        for (int j = 0; j < i; j++)
+            if (strcmp(mod, r->offload_modules[j]) == 0)
+                return mt_err_set(err, MT_EINVAL,
+                                  "&recompute offload_modules(%d) = '%s' repeats "
+                                  "offload_modules(%d); name each module once",
+                                  i + 1, mod, j + 1);
+    }
+    return MT_OK;
+}
+
 int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
 {
     struct mt_config_model *m = &c->model;
@@ -664,6 +717,7 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           e->expert_capacity_factor);
 
     MT_CHECK(check_recompute(c, err));
+    MT_CHECK(check_offload(c, err));
 
     /* layout */
     l->world_size = world;

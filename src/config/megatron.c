@@ -116,6 +116,8 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--recompute-num-layers", "recompute%num_layers"),
     VC("--recompute-modules", "recompute%modules", MT_MEG_WORDS, "each module one element"),
     S("--recompute-activations", "recompute%granularity='selective'"),
+    S("--fine-grained-activation-offloading", "recompute%fine_grained_activation_offloading=.true."),
+    VC("--offload-modules", "recompute%offload_modules", MT_MEG_WORDS, "each module one element"),
     NI("--distribute-saved-activations", "splitting recomputed layers' inputs over TP"),
     /* training */
     V("--micro-batch-size", "training%micro_batch_size"),

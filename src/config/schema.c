@@ -179,6 +179,19 @@ const struct mt_key mt_schema[] = {
           "output), layernorm (both RMSNorm outputs, with their TP gather), mlp (a dense "
           "MLP block), moe (a whole MoE block), shared_experts (the shared expert); empty = "
           "core_attn, as in Megatron"),
+    KBOOL(recompute, fine_grained_activation_offloading, 0,
+          "activation offloading (GPU backends): forward copies the saved inputs of the "
+          "modules in offload_modules to pinned host memory on a side stream and reuses "
+          "their device memory for later layers; backward copies them back ahead of use "
+          "(doc/memory.md, Activation offloading). The CPU backend refuses it (its memory "
+          "is host memory already)"),
+    KSARR(recompute, offload_modules,
+          "fine_grained_activation_offloading only (then at least one): whose saved inputs "
+          "each layer offloads, from attn_norm (the residual stream entering the layer), "
+          "qkv_linear (the normed input of the q/k/v projections), core_attn (the rotated "
+          "q, k and v), attn_proj (the attention output entering o_proj) and mlp_norm (the "
+          "residual after attention); Megatron's expert_fc1 and moe_act are refused (the "
+          "expert rows vary per step)"),
 
     /* &data */
     KSARR(data, data_path,
