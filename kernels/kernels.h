@@ -103,6 +103,12 @@ enum mt_op {
     MT_OP_MEMSET,
     MT_OP_COPY,
     MT_OP_SYNC,
+    /* the copy stream (activation offloading) */
+    MT_OP_EVENT_CREATE,
+    MT_OP_EVENT_DESTROY,
+    MT_OP_EVENT_RECORD,
+    MT_OP_EVENT_WAIT,
+    MT_OP_COPY_ASYNC,
     /* dense algebra */
     MT_OP_GEMM,
     MT_OP_GROUPED_GEMM,
@@ -141,6 +147,10 @@ enum mt_op {
     MT_OP_SUMSQ,
     MT_OP_COUNT
 };
+
+/* A backend's two streams: every op runs on COMPUTE in call order; copy_async runs on
+ * COPY, beside it. Events order one against the other. */
+enum mt_stream { MT_STREAM_COMPUTE, MT_STREAM_COPY };
 
 /* "gemm", "grouped_gemm", ...: indexed by enum mt_op. */
 extern const char *const mt_op_names[MT_OP_COUNT];
@@ -212,6 +222,21 @@ struct mt_kernel_ops {
     void (*memset)(void *ctx, void *p, int byte, size_t bytes);
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* any direction */
     void (*sync)(void *ctx);                              /* wait for all queued work */
+    /* ---- the copy stream: copies that overlap compute (activation offloading) ----
+     * event_record marks the point stream s has reached (what was queued on it so far);
+     * event_wait makes stream s wait, on the device (the host does not), until the
+     * event's last recorded point has run. An event recorded again marks the new point.
+     * The host never waits here; sync waits for COMPUTE only. */
+    void *(*event_create)(void *ctx);                     /* NULL on failure */
+    void (*event_destroy)(void *ctx, void *ev);
+    void (*event_record)(void *ctx, void *ev, enum mt_stream s);
+    void (*event_wait)(void *ctx, enum mt_stream s, void *ev);
+    /* bytes from src to dst on the COPY stream, one side backend memory and the other
+     * alloc_host memory; returns at once. It starts when the COPY stream gets there:
+     * wait there (event_wait COPY) for the compute that wrote src or last used dst.
+     * Until an event recorded on COPY after it has been waited for on COMPUTE, no op
+     * may touch its backend-memory side, and the host neither side. */
+    void (*copy_async)(void *ctx, void *dst, const void *src, size_t bytes);
 
     /* ---- dense algebra ---- */
     /* C (M,N) = alpha * op(A) op(B) + beta * C; op(A) is (M,K), op(B) is (K,N);

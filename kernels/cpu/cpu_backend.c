@@ -7,6 +7,7 @@
 
 const char *const mt_op_names[] = {
     "alloc", "free", "alloc_host", "free_host", "memset", "copy", "sync",
+    "event_create", "event_destroy", "event_record", "event_wait", "copy_async",
     "gemm", "grouped_gemm",
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
@@ -48,6 +49,24 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 
 static void cpu_sync(void *ctx) { (void)ctx; }
 
+/* One thread runs everything in call order: the copy stream is the compute stream, an
+ * event is a handle with nothing to wait for, copy_async a copy. */
+static void *cpu_event_create(void *ctx)
+{
+    (void)ctx;
+    return malloc(1);
+}
+
+static void cpu_event_destroy(void *ctx, void *ev)
+{
+    (void)ctx;
+    free(ev);
+}
+
+static void cpu_event_record(void *ctx, void *ev, enum mt_stream s) { (void)ctx, (void)ev, (void)s; }
+
+static void cpu_event_wait(void *ctx, enum mt_stream s, void *ev) { (void)ctx, (void)s, (void)ev; }
+
 static const struct mt_kernels cpu_kernels = {
     .name = "cpu",
     .ctx = NULL,
@@ -59,6 +78,11 @@ static const struct mt_kernels cpu_kernels = {
         .memset = cpu_memset,
         .copy = cpu_copy,
         .sync = cpu_sync,
+        .event_create = cpu_event_create,
+        .event_destroy = cpu_event_destroy,
+        .event_record = cpu_event_record,
+        .event_wait = cpu_event_wait,
+        .copy_async = cpu_copy,
         .gemm = mt_cpu_t_gemm,
         .grouped_gemm = mt_cpu_t_grouped_gemm,
         .embedding_fwd = mt_cpu_t_embedding_fwd,
@@ -112,6 +136,11 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_MEMSET: return o->memset != NULL;
     case MT_OP_COPY: return o->copy != NULL;
     case MT_OP_SYNC: return o->sync != NULL;
+    case MT_OP_EVENT_CREATE: return o->event_create != NULL;
+    case MT_OP_EVENT_DESTROY: return o->event_destroy != NULL;
+    case MT_OP_EVENT_RECORD: return o->event_record != NULL;
+    case MT_OP_EVENT_WAIT: return o->event_wait != NULL;
+    case MT_OP_COPY_ASYNC: return o->copy_async != NULL;
     case MT_OP_GEMM: return o->gemm != NULL;
     case MT_OP_GROUPED_GEMM: return o->grouped_gemm != NULL;
     case MT_OP_EMBEDDING_FWD: return o->embedding_fwd != NULL;

@@ -12,6 +12,12 @@
  *   device-side range lies inside one allocation.
  * Collectives on backend memory go through mt_guard_open/mt_guard_close (the
  * runtime's device-memory hooks), the way NCCL reads device buffers.
+ * The copy stream (copy_async, events) runs at once too, so results never depend on
+ * its order; what a device needs is checked instead: a copy_async comes after the copy
+ * stream waited for everything queued on the compute stream, and until the compute
+ * stream waits for an event recorded on the copy stream after it, no op, copy, memset
+ * or free touches the copy's backend-memory side (a tensor read before its reload was
+ * waited for is an error, naming the copy).
  *
  * Results are those of the CPU backend, bit for bit. Not thread-safe (one thread
  * calls the ops, as with a CUDA stream); OpenMP threads inside an op are fine. */
@@ -51,6 +57,27 @@ static struct {
     void **p;
     int n, cap;
 } HOSTMEM;
+
+/* The two streams' order (kernels.h, copy_async): marks count what was queued on each;
+ * an event holds its stream and mark; pending holds the copies the compute stream has
+ * not waited for. */
+struct guard_event {
+    enum mt_stream s;
+    long long mark;
+    bool recorded;
+};
+
+static struct {
+    long long compute_ops; /* ops, copies and memsets queued on the compute stream */
+    long long copies;      /* copy_async calls */
+    long long copy_saw;    /* compute ops the copy stream has waited for */
+    struct pending_copy {
+        const char *dev; /* its backend-memory side */
+        size_t bytes;
+        long long no;    /* copy_async number, from 1 */
+    } *pending;
+    int n, cap;
+} CS;
 
 /* ---- regions ------------------------------------------------------------------ */
 
@@ -114,10 +141,29 @@ static _Noreturn void misuse(const char *op, const char *arg, const void *p, con
     abort();
 }
 
+/* [p, p+bytes) overlaps a copy_async the compute stream has not waited for. */
+static void unsettled(const char *op, const char *arg, const void *p, size_t bytes)
+{
+    const char *c = p;
+    for (int i = 0; i < CS.n; i++) {
+        const struct pending_copy *q = &CS.pending[i];
+        if (c < q->dev + q->bytes && q->dev < c + bytes) {
+            char what[320];
+            snprintf(what, sizeof what,
+                     "lies in the %zu bytes copy_async #%lld moves, which the compute stream has "
+                     "not waited for (event_record on the copy stream after the copy, then "
+                     "event_wait on the compute stream, before using them)",
+                     q->bytes, q->no);
+            misuse(op, arg, p, what);
+        }
+    }
+}
+
 /* A tensor argument: NULL (an optional tensor, or an empty one) or backend memory. */
 static void dev(const char *op, const char *arg, const void *p)
 {
     if (p && !find(p)) misuse(op, arg, p, "is host memory; the op takes backend memory");
+    if (p) unsettled(op, arg, p, 1);
 }
 
 /* A host argument (an argument struct the op reads on the host). */
@@ -152,6 +198,7 @@ static void tensor(const char *op, const char *arg, struct mt_tensor t, int64_t 
     if (!bytes) return;
     dev(op, arg, t.data);
     range(op, arg, t.data, bytes);
+    unsettled(op, arg, t.data, bytes);
 }
 
 /* ---- memory ------------------------------------------------------------------- */
@@ -191,6 +238,7 @@ static void g_free(void *ctx, void *p)
     if (!p) return;
     for (int i = 0; i < G.n; i++)
         if (G.r[i].base == p) {
+            unsettled("free", "p", p, G.r[i].bytes);
             munmap(G.r[i].base, G.r[i].mapped);
             G.r[i] = G.r[--G.n];
             return;
@@ -232,6 +280,8 @@ static void g_memset(void *ctx, void *p, int byte, size_t bytes)
     if (!bytes) return;
     dev("memset", "p", p);
     range("memset", "p", p, bytes);
+    unsettled("memset", "p", p, bytes);
+    CS.compute_ops++;
     mt_guard_open();
     cpu->op.memset(ctx, p, byte, bytes);
     mt_guard_close();
@@ -243,6 +293,9 @@ static void g_copy(void *ctx, void *dst, const void *src, size_t bytes)
     if (!find(dst) || !find(src)) COUNTS.syncs[MT_OP_COPY]++;
     range("copy", "dst", dst, bytes);
     range("copy", "src", src, bytes);
+    if (find(dst)) unsettled("copy", "dst", dst, bytes);
+    if (find(src)) unsettled("copy", "src", src, bytes);
+    CS.compute_ops++;
     mt_guard_open();
     cpu->op.copy(ctx, dst, src, bytes);
     mt_guard_close();
@@ -252,6 +305,72 @@ static void g_sync(void *ctx)
 {
     COUNTS.syncs[MT_OP_SYNC]++;
     cpu->op.sync(ctx);
+}
+
+static void *g_event_create(void *ctx)
+{
+    (void)ctx;
+    return calloc(1, sizeof(struct guard_event));
+}
+
+static void g_event_destroy(void *ctx, void *ev)
+{
+    (void)ctx;
+    free(ev);
+}
+
+static void g_event_record(void *ctx, void *ev, enum mt_stream s)
+{
+    (void)ctx;
+    host("event_record", "ev", ev);
+    struct guard_event *e = ev;
+    *e = (struct guard_event){s, s == MT_STREAM_COMPUTE ? CS.compute_ops : CS.copies, true};
+}
+
+static void g_event_wait(void *ctx, enum mt_stream s, void *ev)
+{
+    (void)ctx;
+    host("event_wait", "ev", ev);
+    const struct guard_event *e = ev;
+    if (!e->recorded) misuse("event_wait", "ev", ev, "was never recorded");
+    if (e->s == s) return; /* a stream is in order with itself */
+    if (s == MT_STREAM_COPY) {
+        if (e->mark > CS.copy_saw) CS.copy_saw = e->mark;
+        return;
+    }
+    for (int i = 0; i < CS.n;) /* the compute stream now follows copies 1..mark */
+        if (CS.pending[i].no <= e->mark) CS.pending[i] = CS.pending[--CS.n];
+        else i++;
+}
+
+static void g_copy_async(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    const bool to_host = find(src) != NULL;
+    const char *d = to_host ? src : dst;
+    if (!find(d) || find(to_host ? dst : src))
+        misuse("copy_async", to_host ? "src" : "dst", d,
+               "and the other side: copy_async moves between backend memory and alloc_host memory");
+    range("copy_async", to_host ? "src" : "dst", d, bytes);
+    if (CS.copy_saw < CS.compute_ops) {
+        char what[240];
+        snprintf(what, sizeof what,
+                 "is copied on the copy stream, which has not waited for the last %lld op(s) "
+                 "queued on the compute stream (event_record on compute, event_wait on copy first)",
+                 CS.compute_ops - CS.copy_saw);
+        misuse("copy_async", to_host ? "src" : "dst", d, what);
+    }
+    if (CS.n == CS.cap) {
+        int cap = CS.cap ? 2 * CS.cap : 64;
+        struct pending_copy *q = realloc(CS.pending, sizeof *q * (size_t)cap);
+        if (!q) misuse("copy_async", "dst", dst, "cannot be tracked: out of host memory");
+        CS.pending = q;
+        CS.cap = cap;
+    }
+    CS.pending[CS.n++] = (struct pending_copy){d, bytes, ++CS.copies};
+    mt_guard_open();
+    cpu->op.copy(ctx, dst, src, bytes);
+    mt_guard_close();
 }
 
 static void g_counts(void *ctx, struct mt_op_counts *out)
@@ -266,6 +385,7 @@ static void g_counts(void *ctx, struct mt_op_counts *out)
 #define RUN(op, call)                                                                      \
     do {                                                                                   \
         COUNTS.launches[op]++;                                                             \
+        CS.compute_ops++;                                                                  \
         mt_guard_open();                                                                   \
         call;                                                                              \
         mt_guard_close();                                                                  \
@@ -566,6 +686,11 @@ static const struct mt_kernels guard_kernels = {
         .memset = g_memset,
         .copy = g_copy,
         .sync = g_sync,
+        .event_create = g_event_create,
+        .event_destroy = g_event_destroy,
+        .event_record = g_event_record,
+        .event_wait = g_event_wait,
+        .copy_async = g_copy_async,
         .gemm = g_gemm,
         .grouped_gemm = g_grouped_gemm,
         .embedding_fwd = g_embedding_fwd,

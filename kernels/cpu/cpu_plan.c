@@ -14,12 +14,14 @@
 struct plan_range {
     void *p;
     size_t bytes;
+    bool host; /* alloc_host */
 };
 
 struct plan_ctx {
     struct plan_range *r;
     size_t n, cap;
     size_t live, peak; /* bytes asked for */
+    size_t host_live;  /* alloc_host bytes (not in live) */
 };
 
 struct plan_kernels {
@@ -27,9 +29,10 @@ struct plan_kernels {
     struct plan_ctx c;
 };
 
-static void *plan_alloc(void *ctx, size_t bytes)
+/* Reserves bytes of address space (never backed) as a device (host false) or pinned
+ * host range. */
+static void *reserve(struct plan_ctx *c, size_t bytes, bool host)
 {
-    struct plan_ctx *c = ctx;
     if (c->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 64;
         struct plan_range *r = realloc(c->r, cap * sizeof *r);
@@ -40,24 +43,38 @@ static void *plan_alloc(void *ctx, size_t bytes)
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p == MAP_FAILED) return NULL;
-    c->r[c->n++] = (struct plan_range){p, bytes};
-    c->live += bytes;
-    if (c->live > c->peak) c->peak = c->live;
+    c->r[c->n++] = (struct plan_range){p, bytes, host};
+    if (host) {
+        c->host_live += bytes;
+    } else {
+        c->live += bytes;
+        if (c->live > c->peak) c->peak = c->live;
+    }
     return p;
 }
 
-static void plan_free(void *ctx, void *p)
+static void release(struct plan_ctx *c, void *p, bool host)
 {
-    struct plan_ctx *c = ctx;
     for (size_t i = 0; i < c->n; i++)
-        if (c->r[i].p == p) {
+        if (c->r[i].p == p && c->r[i].host == host) {
             munmap(p, c->r[i].bytes ? c->r[i].bytes : 1);
-            c->live -= c->r[i].bytes;
+            if (host) c->host_live -= c->r[i].bytes;
+            else c->live -= c->r[i].bytes;
             c->r[i] = c->r[--c->n];
             return;
         }
-    abort(); /* not an allocation of this backend: a bug of the caller */
+    abort(); /* not an allocation of this kind of this backend: a bug of the caller */
 }
+
+static void *plan_alloc(void *ctx, size_t bytes) { return reserve(ctx, bytes, false); }
+
+static void plan_free(void *ctx, void *p) { release(ctx, p, false); }
+
+/* Pinned host memory is planned like device memory: reserved, never backed (the
+ * offloading buffers of a large model are GiBs), and counted apart (host_live). */
+static void *plan_alloc_host(void *ctx, size_t bytes) { return reserve(ctx, bytes, true); }
+
+static void plan_free_host(void *ctx, void *p) { release(ctx, p, true); }
 
 static void plan_memset(void *ctx, void *p, int byte, size_t bytes)
 {
@@ -70,6 +87,11 @@ static void plan_copy(void *ctx, void *dst, const void *src, size_t bytes)
 }
 
 static void plan_sync(void *ctx) { (void)ctx; }
+
+static void plan_copy_async(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx, (void)dst, (void)src, (void)bytes;
+}
 
 static void plan_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
@@ -93,6 +115,9 @@ struct mt_kernels *mt_kernels_plan_create(void)
     pk->k.op.memset = plan_memset;
     pk->k.op.copy = plan_copy;
     pk->k.op.sync = plan_sync;
+    pk->k.op.alloc_host = plan_alloc_host;
+    pk->k.op.free_host = plan_free_host;
+    pk->k.op.copy_async = plan_copy_async;
     pk->k.op.bf16_round = plan_bf16_round;
     pk->k.op.convert = plan_convert;
     return &pk->k;

@@ -5,6 +5,8 @@
  * the memory ops allocate device memory through a caching allocator. All work is
  * queued on one stream owned by the backend, in call order; ops that return host
  * values (losses, the dropped count) and copies to or from host memory synchronise it.
+ * copy_async alone runs on a second stream (MT_STREAM_COPY), ordered by the caller's
+ * events (cudaEventRecord, cudaStreamWaitEvent), never waited for by the host.
  *
  * Differences a caller can see from the CPU reference, all within its contract:
  * - GEMMs (dense and grouped) and attention multiply in bf16 on tensor cores with fp32

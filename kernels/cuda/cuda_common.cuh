@@ -50,6 +50,7 @@ struct mt_cuda_ctx {
     int sm_count;
     size_t smem_optin; // largest dynamic shared memory a block may opt into
     cudaStream_t stream;
+    cudaStream_t copy_stream; // copy_async's (MT_STREAM_COPY), ordered by events
 
     // cuBLASLt: one handle, one workspace allocated up front, plans cached per shape
     // (each plan's descriptor and layouts are destroyed with the context)

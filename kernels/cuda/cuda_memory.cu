@@ -1,4 +1,4 @@
-// CUDA backend: the context (stream, cuBLASLt handle and workspace), its creation and
+// CUDA backend: the context (streams, cuBLASLt handle and workspace), its creation and
 // teardown, the caching device allocator, and the memory and stream ops of the table.
 //
 // Allocator: sizes are rounded to a class (powers of two up to 1 MiB, then multiples of
@@ -188,6 +188,51 @@ extern "C" void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes
     }
 }
 
+// The copy stream: a second non-blocking stream; events order it against the compute
+// stream on the device, and nothing here makes the host wait.
+static cudaStream_t stream_of(mt_cuda_ctx *c, enum mt_stream s)
+{
+    return s == MT_STREAM_COPY ? c->copy_stream : c->stream;
+}
+
+extern "C" void *mt_cuda_event_create(void *ctx)
+{
+    MT_CUDA_OP(ctx, MT_OP_EVENT_CREATE);
+    cudaEvent_t e = NULL;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return e;
+}
+
+extern "C" void mt_cuda_event_destroy(void *ctx, void *ev)
+{
+    MT_CUDA_OP(ctx, MT_OP_EVENT_DESTROY);
+    if (ev) MT_CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+extern "C" void mt_cuda_event_record(void *ctx, void *ev, enum mt_stream s)
+{
+    MT_CUDA_OP(ctx, MT_OP_EVENT_RECORD);
+    MT_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, stream_of(mt_cuda(ctx), s)));
+}
+
+extern "C" void mt_cuda_event_wait(void *ctx, enum mt_stream s, void *ev)
+{
+    MT_CUDA_OP(ctx, MT_OP_EVENT_WAIT);
+    MT_CUDA_CHECK(cudaStreamWaitEvent(stream_of(mt_cuda(ctx), s), (cudaEvent_t)ev, 0));
+}
+
+// Pinned host memory on one side (alloc_host), so the copy is asynchronous.
+extern "C" void mt_cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    MT_CUDA_OP(ctx, MT_OP_COPY_ASYNC);
+    if (bytes == 0) return;
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c->copy_stream));
+}
+
 extern "C" int mt_cuda_select_device(int device, char *msg, size_t msg_len)
 {
     int n = 0;
@@ -275,7 +320,7 @@ extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
     c->rope_tab = NULL;
     c->rope_T = c->rope_D = 0;
     c->rope_theta = 0.0f;
-    c->stream = NULL;
+    c->stream = c->copy_stream = NULL;
     c->lt = NULL;
     c->counts = mt_op_counts{};
     c->op = MT_OP_COUNT;
@@ -301,6 +346,7 @@ extern "C" int mt_cuda_ctx_create(void **out, char *msg, size_t msg_len)
     TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
     c->smem_optin = (size_t)smem;
     TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    TRY(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     TRY(cudaMallocHost(&c->host_stage, MT_CUDA_STAGE_BYTES));
     TRY(cudaMalloc(&c->lt_ws, MT_CUDA_LT_WORKSPACE));
 #undef TRY
@@ -337,6 +383,7 @@ extern "C" int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len)
     };
     // work still queued reads the plans, the workspace and the blocks
     if (c->stream) cuda("cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
+    if (c->copy_stream) cuda("cudaStreamSynchronize", cudaStreamSynchronize(c->copy_stream));
     mt_cuda_gemm_plans_destroy(c);
     if (c->lt) {
         const cublasStatus_t s = cublasLtDestroy(c->lt);
@@ -350,6 +397,7 @@ extern "C" int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len)
     }
     if (c->lt_ws) cuda("cudaFree (cuBLASLt workspace)", cudaFree(c->lt_ws));
     if (c->host_stage) cuda("cudaFreeHost", cudaFreeHost(c->host_stage));
+    if (c->copy_stream) cuda("cudaStreamDestroy", cudaStreamDestroy(c->copy_stream));
     if (c->stream) cuda("cudaStreamDestroy", cudaStreamDestroy(c->stream));
     (void)cudaGetLastError();
     delete c;

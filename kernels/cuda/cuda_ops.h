@@ -33,6 +33,11 @@ void mt_cuda_free_host(void *ctx, void *p);
 void mt_cuda_memset(void *ctx, void *p, int byte, size_t bytes);
 void mt_cuda_copy(void *ctx, void *dst, const void *src, size_t bytes);
 void mt_cuda_sync(void *ctx);
+void *mt_cuda_event_create(void *ctx);
+void mt_cuda_event_destroy(void *ctx, void *ev);
+void mt_cuda_event_record(void *ctx, void *ev, enum mt_stream s);
+void mt_cuda_event_wait(void *ctx, enum mt_stream s, void *ev);
+void mt_cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes);
 void mt_cuda_counts(void *ctx, struct mt_op_counts *out);
 
 /* cuda_gemm.cu (cuBLASLt), cuda_grouped_gemm.cu (own tensor-core kernel) */
