@@ -603,6 +603,7 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     struct mt_layout layout;
     if (load_config(cfg, cli, cli->world, &layout, &err)) return fail(&err);
     if (cli->action == PRINT) return mt_config_print(cfg, stdout) ? 1 : 0;
+    if (cli->backend && mt_config_check_backend(cfg, cli->backend, &err)) return fail(&err);
     printf("moetrain: configuration is valid for %d process%s\n", cli->world,
            cli->world == 1 ? "" : "es");
     print_layout(cfg, &layout);

@@ -593,6 +593,16 @@ static int check_offload(const struct mt_config *c, struct mt_err *err)
     return MT_OK;
 }
 
+int mt_config_check_backend(const struct mt_config *c, const char *backend, struct mt_err *err)
+{
+    if (c->recompute.fine_grained_activation_offloading && strcmp(backend, "cpu") == 0)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&recompute fine_grained_activation_offloading: offloading needs a GPU "
+                          "backend; on the CPU backend use &recompute granularity = 'selective' "
+                          "(its memory is host memory already), or run --backend cuda");
+    return MT_OK;
+}
+
 int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
 {
     struct mt_config_model *m = &c->model;

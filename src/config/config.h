@@ -213,6 +213,11 @@ static inline bool mt_config_is_override(const char *a)
 int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[],
                    int noverrides, char *const overrides[], struct mt_err *err);
 
+/* The rules of the compute backend (kernels.h name: "cpu", "cuda", "guard", "plan") on
+ * a resolved configuration: activation offloading needs a backend whose memory is not
+ * host memory already (not "cpu"). */
+int mt_config_check_backend(const struct mt_config *cfg, const char *backend, struct mt_err *err);
+
 /* Resolves derived defaults and checks every cross-field rule for world_size
  * processes; fills layout. Errors name the keys and the numbers involved. */
 int mt_config_resolve(struct mt_config *cfg, int world_size, struct mt_layout *layout,

@@ -6,6 +6,7 @@ libmt_model_la_SOURCES = \
 	src/model/model.h \
 	src/model/model_internal.h \
 	src/model/model_pass.c \
+	src/model/model_offload.c \
 	src/model/model_moe.c
 
 include tests/model/local.mk

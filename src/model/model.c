@@ -518,6 +518,12 @@ static void swap_scratch(struct mt_model *m, struct mt_expert_scratch *s)
 struct act_arenas {
     struct arena keep, rc;
     size_t rc_max;
+    /* activation offloading: a layer's offloaded tensors go to off, restarted for each
+     * layer at the start of its half off_base[l % 2] (NULL: sizing); off_max the largest
+     * layer's, chunk_off the chunk's sum */
+    struct arena off;
+    char *off_base[2];
+    size_t off_max, chunk_off;
 };
 
 static struct arena *arena_for(struct act_arenas *A, unsigned drop, unsigned flags)
@@ -598,42 +604,72 @@ static void plan_recompute(struct mt_model *m)
     }
 }
 
+/* Each half of the offload buffer: the largest layer's offloaded bytes, whole 64-byte
+ * lines (the second half starts aligned). */
+static size_t offload_half(size_t largest) { return sat_mul(sat_add(largest, 63) / 64, 64); }
+
+/* The MT_OFF_* tensors of layer l (activation offloading): those of the modules
+ * asked for that the layer saves (what recompute rebuilds is not saved). */
+static unsigned plan_offload(const struct mt_model *m, int l)
+{
+    const unsigned drop = m->drop[l];
+    unsigned mods = mt_offload_modules(&m->cfg);
+    if (drop == MT_RC_LAYER) return 0;
+    if (l == m->l0) mods &= ~MT_OFF_ATTN_NORM; /* the chunk's input stays */
+    if (drop & MT_RC_LN1) mods &= ~MT_OFF_QKV;
+    if (drop & MT_RC_CORE_ATTN) mods &= ~MT_OFF_ATTN_PROJ;
+    return mods;
+}
+
+/* Where an offloadable tensor goes: the layer's offload range, or the arena it had. */
+static struct arena *arena_off(struct act_arenas *A, unsigned mods, unsigned flag, struct arena *a)
+{
+    return mods & flag ? &A->off : a;
+}
+
 static void layout_acts(struct mt_model *m, struct act_arenas *A)
 {
     const size_t N = tokens_all(m), Nl = tokens_local(m);
     const bool tp = m->sc.tp > 1;
     plan_recompute(m);
+    A->chunk_off = 0;
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer_acts *x = &m->la[l];
         const unsigned drop = m->drop[l];
         /* a recompute group starts again at the top of the shared buffer */
         if (drop == MT_RC_LAYER ? m->rc_first[l] == l : drop != 0) A->rc.off = 0;
+        const unsigned off = m->off.mods[l] = plan_offload(m, l);
+        A->off = (struct arena){A->off_base[l % 2], 0};
         /* the residual stream: a full-recompute group keeps only its first input */
         const bool inner = drop == MT_RC_LAYER && m->rc_first[l] != l;
-        m->res[l] = TAKE_A(inner ? &A->rc : &A->keep, Nl * m->H);
+        m->res[l] = TAKE_A(arena_off(A, off, MT_OFF_ATTN_NORM, inner ? &A->rc : &A->keep), Nl * m->H);
         struct arena *a = arena_for(A, drop, 0);
         long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
         memset(x, 0, sizeof *x);
         x->h_offsets = h_offsets;
         x->recv_counts = recv_counts;
         struct arena *ln1 = arena_for(A, drop, MT_RC_LN1);
-        x->ln1 = TAKE_A(ln1, Nl * m->H);
+        /* qkv_linear offloads the projections' input: ln1 gathered (ln1 itself with
+         * tp = 1; with TP the local ln1 is not read again after its gather) */
+        x->ln1 = TAKE_A(tp ? ln1 : arena_off(A, off, MT_OFF_QKV, ln1), Nl * m->H);
         x->ln1_rstd = TAKE_F(a, Nl);
-        x->ln1_full = tp ? TAKE_A(ln1, N * m->H) : x->ln1;
+        x->ln1_full = tp ? TAKE_A(arena_off(A, off, MT_OFF_QKV, ln1), N * m->H) : x->ln1;
+        struct arena *qkv = arena_off(A, off, MT_OFF_CORE_ATTN, a);
         x->q = TAKE_A(a, N * m->Q_l);
         x->k = TAKE_A(a, N * m->KV_l);
-        x->v = TAKE_A(a, N * m->KV_l);
+        x->v = TAKE_A(qkv, N * m->KV_l);
         if (m->qk_norm) {
             x->q_rstd = TAKE_F(a, N * m->nh_l);
             x->k_rstd = TAKE_F(a, N * m->ng_l);
         }
-        x->qr = TAKE_A(a, N * m->Q_l);
-        x->kr = TAKE_A(a, N * m->KV_l);
+        x->qr = TAKE_A(qkv, N * m->Q_l);
+        x->kr = TAKE_A(qkv, N * m->KV_l);
         struct arena *core = arena_for(A, drop, MT_RC_CORE_ATTN);
         x->att_lse = TAKE_F(core, N * m->nh_l);
-        x->att_out = TAKE_F(core, N * m->Q_l);
-        x->y = m->bf16 ? TAKE_A(core, N * m->Q_l) : x->att_out;
-        x->res_mid = TAKE_A(a, Nl * m->H);
+        /* attn_proj offloads o_proj's input: y, which is att_out in fp32 training */
+        x->att_out = TAKE_F(m->bf16 ? core : arena_off(A, off, MT_OFF_ATTN_PROJ, core), N * m->Q_l);
+        x->y = m->bf16 ? TAKE_A(arena_off(A, off, MT_OFF_ATTN_PROJ, core), N * m->Q_l) : x->att_out;
+        x->res_mid = TAKE_A(arena_off(A, off, MT_OFF_MLP_NORM, a), Nl * m->H);
         x->ln2 = TAKE_A(arena_for(A, drop, MT_RC_LN2), Nl * m->H);
         x->ln2_rstd = TAKE_F(a, Nl);
         bool moe = m->moe_of_layer[l] >= 0;
@@ -651,6 +687,10 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
             layout_moe_acts(m, A, drop, x);
         }
         if (A->rc.off > A->rc_max) A->rc_max = A->rc.off;
+        m->off.bytes[l] = A->off.off;
+        m->off.host_at[l] = A->chunk_off;
+        A->chunk_off += A->off.off;
+        if (A->off.off > A->off_max) A->off_max = A->off.off;
     }
     m->res[m->l1] = TAKE_A(&A->keep, Nl * m->H);
     struct arena *a = &A->keep;
@@ -990,7 +1030,8 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
                           mt_op_names[missing]);
     struct mt_model *m = calloc(1, sizeof *m);
     if (!m) return mt_err_set(err, MT_ENOMEM, "model: out of memory");
-    int rc = take_layout(m, par, err);
+    int rc = mt_config_check_backend(cfg, k->name, err);
+    if (rc == MT_OK) rc = take_layout(m, par, err);
     if (rc) {
         free(m);
         return rc;
@@ -1083,8 +1124,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->res = calloc((size_t)m->L + 1, sizeof(void *));
     m->drop = calloc((size_t)m->L, sizeof(unsigned));
     m->rc_first = calloc((size_t)m->L, sizeof(int));
+    m->off.mods = calloc((size_t)m->L, sizeof(unsigned));
+    m->off.bytes = calloc((size_t)m->L * 2, sizeof(size_t));
+    if (m->off.bytes) m->off.host_at = m->off.bytes + m->L;
     NEED(m->moe_of_layer && m->stage_of_layer && m->lt && m->la && m->res && m->drop &&
-             m->rc_first,
+             m->rc_first && m->off.mods && m->off.bytes,
          "per-layer tables",
          (size_t)m->L * (3 * sizeof(int) + sizeof(unsigned) + sizeof *m->lt + sizeof *m->la +
                          sizeof(void *)));
@@ -1178,28 +1222,39 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     o->memset(k->ctx, m->params, 0, param_bytes);
     o->memset(k->ctx, m->grads, 0, param_bytes);
 
-    struct act_arenas a = {{NULL, 0}, {NULL, 0}, 0};
+    struct act_arenas a = {.rc_max = 0};
     layout_acts(m, &a);
     m->acts_bytes = a.keep.off;
     m->rc_bytes = a.rc_max;
+    m->off.half = offload_half(a.off_max);
+    const size_t chunk_off = a.chunk_off;
     struct arena s = {NULL, 0};
     layout_scratch(m, &s);
     m->scratch_bytes = s.off;
-    /* a pipeline stage gets its activations and recompute buffer from
+    /* a pipeline stage gets its activations, recompute and offload buffers from
      * mt_model_set_stage (its slots) */
-    if (m->pp > 1) m->acts_bytes = m->rc_bytes = 0;
+    if (m->pp > 1) m->acts_bytes = m->rc_bytes = m->off.half = 0;
     m->acts = m->pp > 1 ? NULL : dev_alloc(k, m->acts_bytes);
     NEED(m->acts || m->pp > 1, "activations", m->acts_bytes);
     if (m->rc_bytes) {
         m->rc_mem = dev_alloc(k, m->rc_bytes);
         NEED(m->rc_mem, "recompute buffer", m->rc_bytes);
     }
+    if (m->off.half) {
+        m->off.mem[0] = dev_alloc(k, m->off.half);
+        m->off.mem[1] = dev_alloc(k, m->off.half);
+        NEED(m->off.mem[0] && m->off.mem[1], "activation offload buffer", 2 * m->off.half);
+    }
     m->scratch = dev_alloc(k, m->scratch_bytes);
     NEED(m->scratch, "scratch buffers", m->scratch_bytes);
 #undef NEED
     if (m->acts) {
-        a = (struct act_arenas){{m->acts, 0}, {m->rc_mem, 0}, 0};
+        a = (struct act_arenas){.keep = {m->acts, 0}, .rc = {m->rc_mem, 0}, .off_base = {m->off.mem[0], m->off.mem[1]}};
         layout_acts(m, &a);
+        if ((rc = mt_offload_setup(m, 1, 1, &chunk_off, err)) != MT_OK) {
+            mt_model_destroy(m);
+            return rc;
+        }
     }
     s = (struct arena){m->scratch, 0};
     layout_scratch(m, &s);
@@ -1248,6 +1303,11 @@ void mt_model_destroy(struct mt_model *m)
     if (m->route_acc) o->free(m->k->ctx, m->route_acc);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
+    mt_offload_free(m);
+    for (int h = 0; h < 2; h++)
+        if (m->off.mem[h]) o->free(m->k->ctx, m->off.mem[h]);
+    free(m->off.mods);
+    free(m->off.bytes);
     if (m->scratch) o->free(m->k->ctx, m->scratch);
     if (m->slots) {
         m->la = m->slots[0].la;
@@ -1326,6 +1386,7 @@ static void use_chunk(struct mt_model *m, int chunk)
 void mt_model_select_slot(struct mt_model *m, int chunk, int slot)
 {
     use_chunk(m, chunk);
+    m->off.slot = chunk * m->nslots + slot;
     struct mt_act_slot *x = &m->slots[chunk * m->nslots + slot];
     m->res = x->res;
     m->la = x->la;
@@ -1377,13 +1438,35 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
     if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
     m->rc_mem = NULL;
     m->rc_bytes = 0;
+    /* so is the offload buffer (two layers' worth); each slot has its host block */
+    mt_offload_free(m);
+    for (int h = 0; h < 2; h++) {
+        if (m->off.mem[h]) o->free(m->k->ctx, m->off.mem[h]);
+        m->off.mem[h] = NULL;
+    }
+    size_t off_max = 0, *chunk_off = calloc((size_t)nchunks, sizeof(size_t));
+    if (!chunk_off) return mt_err_set(err, MT_ENOMEM, "model: out of memory for pipeline slots");
     for (int c = 0; c < nchunks; c++) {
         use_chunk(m, c);
-        struct act_arenas a = {{NULL, 0}, {NULL, 0}, 0};
+        struct act_arenas a = {.rc_max = 0};
         layout_acts(m, &a);
         m->slot_bytes[c] = a.keep.off;
         if (a.rc_max > m->rc_bytes) m->rc_bytes = a.rc_max;
+        if (a.off_max > off_max) off_max = a.off_max;
+        chunk_off[c] = a.chunk_off;
     }
+    m->off.half = offload_half(off_max);
+    if (m->off.half && (!(m->off.mem[0] = dev_alloc(m->k, m->off.half)) ||
+                        !(m->off.mem[1] = dev_alloc(m->k, m->off.half)))) {
+        free(chunk_off);
+        return mt_err_set(err, MT_ENOMEM,
+                          "model: out of memory allocating the activation offload buffer (%zu "
+                          "bytes)\nhint: lower training%%micro_batch_size or seq_length",
+                          2 * m->off.half);
+    }
+    int rc = mt_offload_setup(m, nchunks, nslots, chunk_off, err);
+    free(chunk_off);
+    MT_CHECK(rc);
     if (m->rc_bytes && !(m->rc_mem = dev_alloc(m->k, m->rc_bytes)))
         return mt_err_set(err, MT_ENOMEM,
                           "model: out of memory allocating the recompute buffer (%zu bytes)"
@@ -1415,7 +1498,7 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
             if (!x->mem) goto oom;
             m->res = x->res;
             m->la = x->la;
-            a = (struct act_arenas){{x->mem, 0}, {m->rc_mem, 0}, 0};
+            a = (struct act_arenas){.keep = {x->mem, 0}, .rc = {m->rc_mem, 0}, .off_base = {m->off.mem[0], m->off.mem[1]}};
             layout_acts(m, &a);
             x->lnf = m->lnf;
             x->lnf_rstd = m->lnf_rstd;
@@ -1594,6 +1677,9 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->scratch = m->scratch_bytes;
     r->device_buffers = (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0) +
                         (m->route_acc ? route_acc_bytes(m) : 0);
+    r->offload = m->off.mem[0] ? 2 * m->off.half : 0;
+    r->offload_host = m->off.host_bytes;
+    r->offload_per_mb = m->off.mb_bytes;
     r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
                  (m->route_acc_host ? route_acc_bytes(m) : 0) + r->device_buffers;
 }

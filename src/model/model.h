@@ -117,6 +117,8 @@ struct mt_model_stats {
     long long expert_overflows;  /* MoE layer forwards whose experts received more rows than
                                     moe%expert_buffer_factor planned (memory borrowed) */
     long long expert_rows_max;   /* the most rows such a forward received */
+    long long offload_d2h_bytes; /* activation offloading: bytes copied to the host (forward) */
+    long long offload_h2d_bytes; /* and back (backward) */
 };
 
 /* cfg is already resolved and validated by the config module; the model still
@@ -241,6 +243,10 @@ struct mt_memory_report {
     size_t scratch;       /* backward temporaries */
     size_t buffers;       /* expert biases and routed-token counters */
     size_t device_buffers; /* the part of buffers in backend memory (expert biases) */
+    size_t offload;       /* activation offloading's device buffer: two layers' offloaded
+                             tensors, shared by every slot and chunk */
+    size_t offload_host;  /* its pinned host blocks: every slot's offloaded tensors */
+    size_t offload_per_mb; /* bytes a micro-batch's forward copies out (and backward back) */
 };
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r);
 

@@ -36,6 +36,47 @@ enum {
     MT_RC_LAYER = 1 << 7,
 };
 
+/* Activation offloading (&recompute fine_grained_activation_offloading): the saved
+ * tensors of a layer (m->off.mods[l]) that live in the rank's offload buffer instead of
+ * the slot's activations. Forward copies them to the slot's pinned host block once the
+ * layer is done; backward copies them back before the layer's backward (model_offload.c).
+ *   ATTN_NORM   attn_norm: res[l], the layer's input (not a chunk's first layer: the
+ *               stage's input or the embeddings stay)
+ *   QKV         qkv_linear: ln1_full, the input of the q, k, v projections
+ *   CORE_ATTN   core_attn: the rotated q and k, and v
+ *   ATTN_PROJ   attn_proj: y, the input of o_proj (att_out itself in fp32 training)
+ *   MLP_NORM    mlp_norm: res_mid, the input of the MLP's RMSNorm
+ * A tensor that recompute rebuilds (m->drop) is not saved, so not offloaded. */
+enum {
+    MT_OFF_ATTN_NORM = 1 << 0,
+    MT_OFF_QKV = 1 << 1,
+    MT_OFF_CORE_ATTN = 1 << 2,
+    MT_OFF_ATTN_PROJ = 1 << 3,
+    MT_OFF_MLP_NORM = 1 << 4,
+};
+
+/* The offload buffer and its streams' state. Layer l's offloaded tensors are one range
+ * of bytes[l] at the start of mem[l % 2] (a half): a layer's tensors go to the host while
+ * the next layer computes in the other half (forward), and come back while the layer
+ * above computes its backward (backward). */
+struct mt_offload {
+    unsigned *mods;             /* (L) MT_OFF_* of each layer of the layout's chunks */
+    size_t *bytes;              /* (L) its offloaded bytes (0: nothing) */
+    size_t *host_at;            /* (L) where they go in the slot's host block */
+    size_t half;                /* the largest layer's bytes: the size of each mem */
+    void *mem[2];               /* device: layer l's tensors in mem[l % 2] (two
+                                   allocations: a device orders streams per allocation) */
+    void *host;                 /* pinned: one block per slot, chunk-major */
+    size_t *slot_at;            /* (chunks x slots) each slot's block in host */
+    size_t host_bytes;
+    size_t mb_bytes;            /* bytes a micro-batch moves each way (all chunks) */
+    void *ev_compute;           /* the compute stream's point the copy stream waits for */
+    void *ev_d2h[2], *ev_h2d[2]; /* the last copy out of / into each half */
+    bool d2h_pending[2];        /* a copy out of the half the compute stream has not
+                                   waited for: the half is not to be written */
+    int slot;                   /* the selected slot's block */
+};
+
 /* Tensor ids (index into m->tensors) of one layer's weights; MT_NO_TENSOR if absent. */
 struct mt_layer_tensors {
     int ln1, wq, wk, wv, wo, q_norm, k_norm, ln2;
@@ -172,6 +213,7 @@ struct mt_model {
      * and under full recompute the first layer of the layer's group (-1: kept whole) */
     unsigned *drop;
     int *rc_first;
+    struct mt_offload off;      /* activation offloading (model_offload.c) */
     void *rc_mem;               /* the recompute buffer: one per rank, shared by every
                                    layer, slot and chunk (backward rebuilds one group at
                                    a time) */
@@ -261,6 +303,28 @@ void mt_model_expert_release(struct mt_model *m, struct mt_layer_acts *a, bool k
 
 /* model.c: per-expert capacity for N tokens (0: dropless) */
 int mt_model_capacity(const struct mt_model *m, long long N);
+
+/* model_offload.c: the MT_OFF_* of the config's offload_modules */
+unsigned mt_offload_modules(const struct mt_config *cfg);
+/* Allocates the pinned host blocks (nblocks slots of chunk_bytes[chunk]) and the events,
+ * once the layout set off.mods, bytes and half; off.mem is allocated with the
+ * activations. */
+int mt_offload_setup(struct mt_model *m, int nchunks, int nslots, const size_t *chunk_bytes,
+                     struct mt_err *err);
+void mt_offload_free(struct mt_model *m);
+
+struct mt_pass;
+/* Forward: before the first write into layer l's offloaded range (its input res[l], or
+ * its RMSNorm), the compute stream waits for the copy out of that half, if pending. */
+void mt_offload_acquire(const struct mt_pass *p, int l);
+/* Forward of a training pass: layer l is done; its offloaded range goes to the slot's
+ * host block on the copy stream, after the compute stream's work so far. */
+void mt_offload_store(const struct mt_pass *p, int l);
+/* Backward: the copy of layer l's range back from the slot's host block, queued on the
+ * copy stream after the compute stream's work so far (prefetch). */
+void mt_offload_load(const struct mt_pass *p, int l);
+/* Backward: the compute stream waits for layer l's copy back. */
+void mt_offload_wait(const struct mt_pass *p, int l);
 
 /* model_pass.c */
 int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward,

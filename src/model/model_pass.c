@@ -170,6 +170,7 @@ static int attention_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
+    if (!p->recompute) mt_offload_acquire(p, l);
     MT_CHECK(ln1_fwd(p, l));
     mt_pass_linear_fwd(p, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), W(p, t->wq), N, Q, H);
     mt_pass_round(p, a->q, (size_t)N * Q);
@@ -277,9 +278,11 @@ static int mlp_block_fwd(const pass_t *p, int l)
         MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
     }
     const int64_t n = (int64_t)Nl * H;
+    if (!p->recompute) mt_offload_acquire(p, l + 1); /* res[l+1] may be the next layer's */
     p->o->add(p->ctx, ACT(p, m->res[l + 1], 1, n), ACT(p, a->res_mid, 1, n), ACT(p, m->tmpb, 1, n),
               (size_t)n);
     mt_pass_round(p, m->res[l + 1], (size_t)Nl * H);
+    mt_offload_store(p, l);
     return MT_OK;
 }
 
@@ -446,13 +449,18 @@ static int head_fwd(const pass_t *p, long long valid)
     return MT_OK;
 }
 
-/* Full recompute: backward of the layers [l0, l1) (descending), each group of
- * layers rebuilt by running its forward again from the group's kept input just before
- * the group's backward. */
+/* Backward of the layers [l0, l1) (descending). Full recompute: each group of layers
+ * rebuilt by running its forward again from the group's kept input just before the
+ * group's backward. Offloading: each layer's offloaded tensors copied back while the
+ * layer above computes its backward. */
 static int layers_bwd(const pass_t *p, int l0, int l1)
 {
     struct mt_model *m = p->m;
+    if (l1 > l0) mt_offload_load(p, l1 - 1);
     for (int l = l1 - 1; l >= l0; l--) {
+        /* offloading: this layer's tensors back, the next one's on their way */
+        mt_offload_wait(p, l);
+        if (l > l0) mt_offload_load(p, l - 1);
         const int g = m->rc_first[l];
         if (g >= 0 && (l + 1 == l1 || m->rc_first[l + 1] != g)) {
             const pass_t rp = rebuild_pass(p);

@@ -66,6 +66,9 @@ static const char *differs(const struct mt_rank_memory *a, const struct mt_rank_
     if (a->comm != b->comm) return "communication";
     if (a->workspace != b->workspace) return "workspace";
     if (a->other != b->other) return "other";
+    if (a->offload != b->offload || a->offload_host != b->offload_host ||
+        a->offload_step != b->offload_step)
+        return "offload";
     if (a->total != b->total) return "total";
     return NULL;
 }
@@ -107,7 +110,7 @@ int mt_plan_fake_rank(const struct mt_config *cfg, const struct mt_layout *l, in
         memset(&counted, 0, sizeof counted);
     }
     if (rc) return rc;
-    char line[512];
+    char line[768];
     fprintf(out, "fake world: rank %d of %d built in this process on backend %s, "
                  "without communication%s\n",
             rank, l->world_size, backend, k ? ", parameters initialised" : "");

@@ -1046,8 +1046,11 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
     r->comm = o.staging;
     r->workspace = m.scratch + o.norm;
     r->other = m.device_buffers;
+    r->offload = m.offload;
+    r->offload_host = m.offload_host;
+    r->offload_step = m.offload_per_mb * (size_t)t->layout->num_micro_batches;
     r->total = r->params + r->master + r->grads + r->optimizer + r->activations + r->recompute +
-               r->pipeline + r->comm + r->workspace + r->other;
+               r->pipeline + r->comm + r->workspace + r->other + r->offload;
 }
 
 static int check_vpp(const struct mt_layout *l, struct mt_err *err)
@@ -1116,14 +1119,22 @@ static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
 void mt_train_memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
 {
-    snprintf(buf, n,
-             "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
-             "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight) | "
-             "recompute %zu | pipeline %zu | communication %zu | workspace %zu | other %zu | "
-             "total %zu (%.2f GiB)",
-             r->stage, r->rank, r->params, r->master, r->grads, r->optimizer, r->activations,
-             r->act_per_mb, r->inflight, r->recompute, r->pipeline, r->comm, r->workspace,
-             r->other, r->total, gib(r->total));
+    char off[160] = "";
+    if (r->offload_host)
+        snprintf(off, sizeof off, "offload buffer %zu | ", r->offload);
+    int w = snprintf(buf, n,
+                     "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
+                     "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight) | "
+                     "recompute %zu | pipeline %zu | communication %zu | workspace %zu | other %zu | "
+                     "%stotal %zu (%.2f GiB)",
+                     r->stage, r->rank, r->params, r->master, r->grads, r->optimizer, r->activations,
+                     r->act_per_mb, r->inflight, r->recompute, r->pipeline, r->comm, r->workspace,
+                     r->other, off, r->total, gib(r->total));
+    /* activation offloading: what it holds on the host and moves over PCIe / C2C */
+    if (r->offload_host && w > 0 && (size_t)w < n)
+        snprintf(buf + w, n - (size_t)w,
+                 "; offloaded to pinned host memory %zu (%.2f GiB), %zu bytes each way per step",
+                 r->offload_host, gib(r->offload_host), r->offload_step);
 }
 
 static const char memory_head[] =
@@ -1189,7 +1200,7 @@ int mt_train_memory_report(const struct mt_config *cfg, const struct mt_layout *
     if (rc == MT_OK) {
         most_loaded(rs, n, pp, best);
         fputs(memory_head, out);
-        char line[512];
+        char line[768];
         for (int s = 0; s < pp; s++) {
             mt_train_memory_line(line, sizeof line, &best[s]);
             fprintf(out, "%s\n", line);
@@ -1220,7 +1231,7 @@ static int log_memory(struct trainer *t, struct mt_err *err)
     if (rc == MT_OK && t->log) {
         most_loaded(all, n, t->pp ? t->pp : 1, best);
         say(t, "%s", memory_head);
-        char line[512];
+        char line[768];
         for (int s = 0; s < (t->pp ? t->pp : 1); s++) {
             mt_train_memory_line(line, sizeof line, &best[s]);
             say(t, "%s\n", line);

@@ -48,7 +48,11 @@ struct mt_rank_memory {
     size_t comm;            /* staging of the gradient reductions */
     size_t workspace;       /* the passes' temporaries, the norm accumulator */
     size_t other;           /* expert biases */
+    size_t offload;         /* activation offloading's device buffer (two layers' tensors) */
     size_t total;
+    size_t offload_host;    /* pinned host memory holding the offloaded tensors (not in
+                               total: host memory) */
+    size_t offload_step;    /* bytes a training step copies to the host, and back */
 };
 
 /* Sets logical rank `rank` of layout l up as training would (model, pipeline stage,
