@@ -46,6 +46,7 @@ struct trainer {
     double acc_loss, acc_aux, acc_z, acc_gnorm, acc_ms;
     long long acc_iters, acc_dropped;
     long long acc_overflows;      /* MoE layer forwards beyond the planned expert rows */
+    long long acc_offload[2];     /* activation offloading: this rank's bytes to the host, back */
     long long *acc_counts;        /* [nmoe * num_experts] tokens per expert */
     /* host counters (util/hostmem.h): the current step's window opened at win, the
      * interval's sums over host_steps steps */
@@ -312,6 +313,7 @@ static int load_checkpoint(struct trainer *t, bool *found_out, struct mt_err *er
 struct pp_acc {
     double loss, aux, z;
     long long dropped, overflows;
+    long long offload[2]; /* bytes copied to the host (forwards), back (backwards) */
     int fwd[MT_MAX_VPP], bwd[MT_MAX_VPP]; /* per chunk: micro-batches forwarded, backwarded */
 };
 
@@ -352,6 +354,7 @@ static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x
     a->z += s.z_loss / all;
     a->dropped += s.dropped_tokens;
     a->overflows += s.expert_overflows;
+    a->offload[0] += s.offload_d2h_bytes;
     return MT_OK;
 }
 
@@ -360,7 +363,9 @@ static int pp_bwd(struct trainer *t, struct pp_acc *a, int chunk, const float *d
                   struct mt_err *err)
 {
     const int mb = a->bwd[chunk]++;
-    MT_CHECK(mt_model_stage_backward(t->model, chunk, mb % t->nslots, dy, dx, NULL, err));
+    struct mt_model_stats s = { 0 };
+    MT_CHECK(mt_model_stage_backward(t->model, chunk, mb % t->nslots, dy, dx, &s, err));
+    a->offload[1] += s.offload_h2d_bytes;
     pp_track(t, chunk, -1);
     return MT_OK;
 }
@@ -908,6 +913,9 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     if (t->acc_dropped) say(t, " | dropped: %lld", t->acc_dropped);
     if (t->acc_overflows)
         say(t, " | expert buffer overflows: %lld (moe%%expert_buffer_factor)", t->acc_overflows);
+    if (t->acc_offload[0] || t->acc_offload[1])
+        say(t, " | offloaded per step: %.0f bytes to host, %.0f back", t->acc_offload[0] / n,
+            t->acc_offload[1] / n);
     say(t, " | grad norm: %.4f | number of skipped iterations: %3lld |", t->acc_gnorm / n,
         t->st.skipped_iters);
     say(t, " host per step: cpu %.1f ms, minor faults %.1f, ", cpu_ms, faults);
@@ -949,6 +957,7 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     int rc = metrics_put(t, err, "%s", line);
     t->acc_loss = t->acc_aux = t->acc_z = t->acc_gnorm = t->acc_ms = 0;
     t->acc_iters = t->acc_dropped = t->acc_overflows = 0;
+    t->acc_offload[0] = t->acc_offload[1] = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
     t->acc_cpu_s = 0;
     t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->acc_allocs_omp = t->host_steps = 0;
@@ -1383,7 +1392,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     mt_model_zero_grad(t->model);
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
-    long long dropped = 0, overflows = 0;
+    long long dropped = 0, overflows = 0, offload[2] = {0, 0};
     if (t->pp_comm) {
         struct pp_acc a = { 0 };
         if (t->vpp > 1)
@@ -1395,6 +1404,8 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         auxz[1] = a.z;
         dropped = a.dropped;
         overflows = a.overflows;
+        offload[0] = a.offload[0];
+        offload[1] = a.offload[1];
         if (!t->pp_logged) {
             MT_CHECK(pp_log(t, err));
             t->pp_logged = true;
@@ -1411,6 +1422,8 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         auxz[1] += s.z_loss / all;
         dropped += s.dropped_tokens;
         overflows += s.expert_overflows;
+        offload[0] += s.offload_d2h_bytes;
+        offload[1] += s.offload_h2d_bytes;
     }
     MT_CHECK(reduce_stats(t, &loss, auxz, &dropped, &overflows, err));
     t->st.consumed_samples += c->training.global_batch_size;
@@ -1452,6 +1465,8 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     t->acc_gnorm += gnorm;
     t->acc_dropped += dropped;
     t->acc_overflows += overflows;
+    t->acc_offload[0] += offload[0];
+    t->acc_offload[1] += offload[1];
     t->acc_ms += now_ms() - t0;
     t->acc_iters++;
     return MT_OK;

@@ -132,6 +132,8 @@ tests_gpu_emu_gemm_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT
 check_PROGRAMS += tests/gpu/moetrain-emu
 MT_LONG_TESTS += tests/gpu/train_parity_emu.sh tests/gpu/host_counts_emu.sh tests/gpu/recompute_emu.sh
 EXTRA_DIST += tests/gpu/train_parity_emu.sh tests/gpu/host_counts_emu.sh tests/gpu/recompute_emu.sh
+MT_LONG_TESTS += tests/gpu/offload_emu.sh
+EXTRA_DIST += tests/gpu/offload_emu.sh
 tests_gpu_moetrain_emu_SOURCES = src/main.c src/version.c kernels/cuda/emu/shim/config.h
 nodist_tests_gpu_moetrain_emu_SOURCES = src/revision.h
 src/tests_gpu_moetrain_emu-version.$(OBJEXT): src/revision.h
@@ -148,5 +150,6 @@ EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gp
 	tests/gpu/emu_cute_oracle.cc tests/gpu/emu_libraries.sh tests/gpu/emu_libraries.cc \
 	tests/gpu/train_parity_emu.sh tests/gpu/recompute_emu.sh kernels/cuda/emu/shim/config.h \
 	tests/gpu/host_counts_emu.sh
+EXTRA_DIST += tests/gpu/offload_emu.sh
 EXTRA_DIST += tests/gpu/emu_gemm.sh tests/gpu/emu_gemm.cc
 endif
