@@ -604,9 +604,8 @@ static void plan_recompute(struct mt_model *m)
     }
 }
 
-/* Each half of the offload buffer: the largest layer's offloaded bytes, whole 64-byte
- * lines (the second half starts aligned). */
-static size_t offload_half(size_t largest) { return sat_mul(sat_add(largest, 63) / 64, 64); }
+/* Offloaded bytes in whole 64-byte lines (a layer's range, each half of the buffer). */
+static size_t offload_half(size_t bytes) { return sat_mul(sat_add(bytes, 63) / 64, 64); }
 
 /* The MT_OFF_* tensors of layer l (activation offloading): those of the modules
  * asked for that the layer saves (what recompute rebuilds is not saved). */
@@ -687,10 +686,11 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
             layout_moe_acts(m, A, drop, x);
         }
         if (A->rc.off > A->rc_max) A->rc_max = A->rc.off;
-        m->off.bytes[l] = A->off.off;
+        /* whole 64-byte lines, as the tensors took in the slot's arena */
+        m->off.bytes[l] = offload_half(A->off.off);
         m->off.host_at[l] = A->chunk_off;
-        A->chunk_off += A->off.off;
-        if (A->off.off > A->off_max) A->off_max = A->off.off;
+        A->chunk_off += m->off.bytes[l];
+        if (m->off.bytes[l] > A->off_max) A->off_max = m->off.bytes[l];
     }
     m->res[m->l1] = TAKE_A(&A->keep, Nl * m->H);
     struct arena *a = &A->keep;

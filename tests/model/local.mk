@@ -21,6 +21,13 @@ tests_model_test_model_recompute_SOURCES = tests/model/test_model_recompute.c
 tests_model_test_model_recompute_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_model_test_model_recompute_LDADD = $(MODEL_TEST_LIBS)
 
+# activation offloading on the guard backend (the copy stream's order checked)
+check_PROGRAMS += tests/model/test_model_offload
+TESTS += tests/model/test_model_offload
+tests_model_test_model_offload_SOURCES = tests/model/test_model_offload.c
+tests_model_test_model_offload_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_model_test_model_offload_LDADD = $(MODEL_TEST_LIBS)
+
 tests_model_model_dump_SOURCES = tests/model/model_dump.c
 tests_model_model_dump_CPPFLAGS = $(AM_CPPFLAGS)
 tests_model_model_dump_LDADD = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.la \
