@@ -230,6 +230,95 @@ static void test_faults(void **state)
     assert_non_null(strstr(msg, "is host memory"));
 }
 
+/* ---- the copy stream (copy_async, events) ----
+ * The children run no OpenMP op: the parent's OpenMP runtime does not survive fork. */
+
+/* A device buffer of n floats written on the compute stream, and a host block. */
+static void copy_setup(float **d, float **h, size_t n)
+{
+    *d = G->op.alloc(G->ctx, sizeof(float) * n);
+    *h = G->op.alloc_host(G->ctx, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) (*h)[i] = (float)i;
+    G->op.copy(G->ctx, *d, *h, sizeof(float) * n);
+}
+
+/* The copy stream waits for the compute stream (ev), copies, records done; the
+ * compute stream waits for done before it touches the buffer again. */
+static void copy_ordered(void)
+{
+    float *d, *h;
+    copy_setup(&d, &h, 16);
+    void *ev = G->op.event_create(G->ctx), *done = G->op.event_create(G->ctx);
+    G->op.event_record(G->ctx, ev, MT_STREAM_COMPUTE);
+    G->op.event_wait(G->ctx, MT_STREAM_COPY, ev);
+    G->op.copy_async(G->ctx, h, d, sizeof(float) * 16);
+    G->op.event_record(G->ctx, done, MT_STREAM_COPY);
+    G->op.event_wait(G->ctx, MT_STREAM_COMPUTE, done);
+    G->op.memset(G->ctx, d, 0, sizeof(float) * 16);
+    for (int i = 0; i < 16; i++)
+        if (h[i] != (float)i) abort();
+}
+
+/* The copy stream did not wait for the copy that wrote d. */
+static void copy_before_compute(void)
+{
+    float *d, *h;
+    copy_setup(&d, &h, 16);
+    G->op.copy_async(G->ctx, h, d, sizeof(float) * 16);
+}
+
+/* The compute stream writes d while its copy to the host has not been waited for. */
+static void write_during_copy(void)
+{
+    float *d, *h;
+    copy_setup(&d, &h, 16);
+    void *ev = G->op.event_create(G->ctx);
+    G->op.event_record(G->ctx, ev, MT_STREAM_COMPUTE);
+    G->op.event_wait(G->ctx, MT_STREAM_COPY, ev);
+    G->op.copy_async(G->ctx, h, d, sizeof(float) * 16);
+    G->op.memset(G->ctx, d + 4, 0, sizeof(float) * 4);
+}
+
+/* The compute stream reads d, reloaded from the host, before waiting for the copy
+ * (an event recorded before the copy orders nothing). */
+static void read_before_reload(void)
+{
+    float *d, *h;
+    copy_setup(&d, &h, 16);
+    void *ev = G->op.event_create(G->ctx), *early = G->op.event_create(G->ctx);
+    G->op.event_record(G->ctx, early, MT_STREAM_COPY);
+    G->op.event_record(G->ctx, ev, MT_STREAM_COMPUTE);
+    G->op.event_wait(G->ctx, MT_STREAM_COPY, ev);
+    G->op.copy_async(G->ctx, d, h, sizeof(float) * 16);
+    G->op.event_wait(G->ctx, MT_STREAM_COMPUTE, early);
+    float *e = G->op.alloc(G->ctx, sizeof(float) * 16);
+    G->op.copy(G->ctx, e, d, sizeof(float) * 16);
+}
+
+static void test_copy_stream(void **state)
+{
+    (void)state;
+    char msg[1024];
+    int st = in_child(copy_ordered, msg, sizeof msg);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+    st = in_child(copy_before_compute, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "copy_async: argument 'src'"));
+    assert_non_null(strstr(msg, "which has not waited for the last"));
+    assert_non_null(strstr(msg, "op(s) queued on the compute stream (event_record on compute, event_wait on copy first)"));
+
+    st = in_child(write_during_copy, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "memset: argument 'p'"));
+    assert_non_null(strstr(msg, "lies in the 64 bytes copy_async #"));
+
+    st = in_child(read_before_reload, msg, sizeof msg);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(msg, "copy: argument 'src'"));
+    assert_non_null(strstr(msg, "which the compute stream has not waited for"));
+}
+
 int main(void)
 {
     G = mt_kernels_guard();
@@ -238,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_faults),
         cmocka_unit_test(test_host_memory),
         cmocka_unit_test(test_counts),
+        cmocka_unit_test(test_copy_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
