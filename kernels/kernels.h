@@ -428,8 +428,9 @@ const struct mt_kernels *mt_kernels_guard(void);
 /* Whether [p, p+bytes) lies inside one live allocation of the guard backend. */
 bool mt_guard_owns(const void *p, size_t bytes);
 
-/* The plan backend (kernels/cpu/cpu_plan.c): allocations are address ranges reserved
- * and never backed, memset/copy/bf16_round/convert/sync do nothing, any other op faults. Setting
+/* The plan backend (kernels/cpu/cpu_plan.c): allocations (alloc_host's too, counted
+ * apart) are address ranges reserved and never backed, memset/copy/copy_async/bf16_round/
+ * convert/sync and the events do nothing, any other op faults. Setting
  * the model, optimizer and trainer up on it measures what they would allocate without
  * holding it (moetrain --check's memory report). One per planner, not thread-safe. */
 struct mt_kernels *mt_kernels_plan_create(void);

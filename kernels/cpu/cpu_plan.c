@@ -1,8 +1,9 @@
 /* The plan backend (mt_kernels_plan_create): the model, optimizer and trainer set up as
  * for training, every allocation an address range reserved and never backed (PROT_NONE,
  * no swap reserved), so that `moetrain --check` sizes a 256-GPU job's ranks on a login
- * node with the code that allocates in training. It computes nothing: allocation,
- * memset, copy, bf16_round, convert and sync do no work, and any other op would touch the
+ * node with the code that allocates in training. It computes nothing: allocation (of
+ * device and of pinned host memory), memset, copy, copy_async, bf16_round, convert, sync
+ * and the events do no work, and any other op would touch the
  * reserved ranges and fault, which keeps planning honest (a setup path that computes on
  * backend memory shows up at once instead of being planned wrongly). */
 #include "kernels/kernels.h"

@@ -73,12 +73,11 @@ void mt_offload_free(struct mt_model *m)
     struct mt_offload *f = &m->off;
     const struct mt_kernel_ops *o = &m->k->op;
     void *ctx = m->k->ctx;
-    if (f->ev_d2h[0] && f->ev_d2h[1] && f->ev_h2d[0] && f->ev_h2d[1]) {
-        /* the copies still queued read or write what is freed here */
-        for (int h = 0; h < 2; h++) {
-            o->event_record(ctx, f->ev_d2h[h], MT_STREAM_COPY);
-            o->event_wait(ctx, MT_STREAM_COMPUTE, f->ev_d2h[h]);
-        }
+    if (f->ev_d2h[0]) {
+        /* the copies still queued read or write what is freed here (sync waits for the
+         * compute stream, which waits for the copy stream's last point) */
+        o->event_record(ctx, f->ev_d2h[0], MT_STREAM_COPY);
+        o->event_wait(ctx, MT_STREAM_COMPUTE, f->ev_d2h[0]);
         o->sync(ctx);
     }
     void **evs[] = {&f->ev_compute, &f->ev_d2h[0], &f->ev_d2h[1], &f->ev_h2d[0], &f->ev_h2d[1]};

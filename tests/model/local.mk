@@ -6,7 +6,7 @@ check_PROGRAMS += tests/model/test_model_fd tests/model/test_model_misc tests/mo
 	tests/model/test_model_recompute
 TESTS += tests/model/test_model_fd tests/model/test_model_misc tests/model/test_model_jax.sh \
 	tests/model/test_model_recompute
-noinst_HEADERS += tests/model/tiny_config.h
+noinst_HEADERS += tests/model/tiny_config.h tests/model/two_slots.h
 EXTRA_DIST += tests/model/test_model_jax.sh tests/model/jax_ref.py
 
 tests_model_test_model_fd_SOURCES = tests/model/test_model_fd.c

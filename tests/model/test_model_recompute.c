@@ -16,10 +16,9 @@
 
 #include <cmocka.h>
 
-#include "model/model_internal.h"
-#include "tests/model/tiny_config.h"
+#include "tests/model/two_slots.h"
 
-#define B_ 2
+#define B_ TWO_SLOTS_B
 
 struct setting {
     const char *granularity, *method;
@@ -63,52 +62,10 @@ static void describe(char *buf, size_t n, const struct setting *s, bool bf16)
         at += snprintf(buf + at, n - (size_t)at, " %s", s->modules[i]);
 }
 
-/* One stage of the whole model with two slots on backend k. */
-static struct mt_model *make(const struct mt_config *cfg, const struct mt_kernels *k)
+/* The recompute buffer filled with NaN (before each backward). */
+static void poison(struct mt_model *m)
 {
-    struct mt_model *m;
-    struct mt_err err;
-    int rc = mt_model_create(cfg, k, B_, NULL, &m, &err);
-    if (rc == MT_OK) {
-        const int l0 = 0, l1 = cfg->model.num_layers;
-        rc = mt_model_set_stage(m, 1, &l0, &l1, true, true, 2, &err);
-    }
-    if (rc != MT_OK) print_error("%s\n", err.msg);
-    assert_int_equal(rc, MT_OK);
-    return m;
-}
-
-struct result {
-    struct mt_model_stats fwd[2];
-    float *grads;
-    long long *counts;
-};
-
-/* Forward A and B, backward A and B (the buffer poisoned before each backward). */
-static void train(struct mt_model *m, struct result *r)
-{
-    struct mt_err err;
-    const struct mt_config *c = &m->cfg;
-    const int T = c->training.seq_length;
-    int32_t tok[2][B_ * 64];
-    tiny_tokens(tok[0], B_, T, c->model.vocab_size, 7);
-    tiny_tokens(tok[1], B_, T, c->model.vocab_size, 8);
-    mt_model_init(m, 42);
-    mt_model_zero_grad(m);
-    for (int s = 0; s < 2; s++)
-        assert_int_equal(mt_model_stage_forward(m, 0, s, tok[s], B_, NULL, NULL, true, 0.5f,
-                                                &r->fwd[s], &err),
-                         MT_OK);
-    for (int s = 0; s < 2; s++) {
-        if (m->rc_mem) m->k->op.memset(m->k->ctx, m->rc_mem, 0xff, m->rc_bytes); /* NaN */
-        struct mt_model_stats st;
-        assert_int_equal(mt_model_stage_backward(m, 0, s, NULL, NULL, &st, &err), MT_OK);
-    }
-    const size_t n = mt_model_num_params(m), E = (size_t)m->nmoe * (size_t)m->E;
-    r->grads = malloc(sizeof(float) * n);
-    r->counts = malloc(sizeof(long long) * E);
-    memcpy(r->grads, mt_model_grads(m), sizeof(float) * n);
-    memcpy(r->counts, mt_model_expert_counts(m), sizeof(long long) * E);
+    if (m->rc_mem) m->k->op.memset(m->k->ctx, m->rc_mem, 0xff, m->rc_bytes);
 }
 
 /* One process without stages: mt_model_forward_backward's statistics (forward and
@@ -147,48 +104,35 @@ static void test_bit_identical(void **state)
         struct mt_config cfg;
         tiny_config(&cfg);
         if (bf) strcpy(cfg.precision.params_dtype, "bf16");
-        struct mt_model *ref = make(&cfg, mt_kernels_cpu());
-        struct result want;
-        train(ref, &want);
+        struct mt_model *ref = two_slots_model(&cfg, mt_kernels_cpu());
+        struct two_slots_result want;
+        two_slots_train(ref, poison, &want);
         assert_null(ref->rc_mem);
-        const size_t n = mt_model_num_params(ref), E = (size_t)ref->nmoe * (size_t)ref->E;
         for (size_t i = 0; i < NSETTINGS; i++) {
             char name[256];
             describe(name, sizeof name, &settings[i], bf);
             struct mt_config c = cfg;
             apply(&c, &settings[i]);
-            struct mt_model *m = make(&c, mt_kernels_cpu());
-            struct result got;
-            train(m, &got);
-            bool same = m->rc_mem != NULL;
-            for (int s = 0; s < 2; s++) {
-                const struct mt_model_stats *a = &got.fwd[s], *b = &want.fwd[s];
-                same = same && memcmp(&a->lm_loss, &b->lm_loss, sizeof(double)) == 0 &&
-                       memcmp(&a->aux_loss, &b->aux_loss, sizeof(double)) == 0 &&
-                       memcmp(&a->z_loss, &b->z_loss, sizeof(double)) == 0 &&
-                       a->tokens == b->tokens && a->dropped_tokens == b->dropped_tokens;
-            }
+            struct mt_model *m = two_slots_model(&c, mt_kernels_cpu());
+            struct two_slots_result got;
+            two_slots_train(m, poison, &got);
             size_t diff = 0;
-            for (size_t j = 0; j < n; j++)
-                diff += memcmp(&got.grads[j], &want.grads[j], sizeof(float)) != 0;
-            same = same && diff == 0 &&
-                   memcmp(got.counts, want.counts, sizeof(long long) * E) == 0;
+            const bool same = m->rc_mem != NULL && two_slots_same(m, &got, &want, &diff);
             if (!same)
                 print_error("%s: %zu of %zu gradients differ, lm loss %.17g vs %.17g, aux %.17g "
                             "vs %.17g, buffer %zu bytes\n",
-                            name, diff, n, got.fwd[0].lm_loss, want.fwd[0].lm_loss,
-                            got.fwd[0].aux_loss, want.fwd[0].aux_loss, m->rc_bytes);
+                            name, diff, mt_model_num_params(m), got.fwd[0].lm_loss,
+                            want.fwd[0].lm_loss, got.fwd[0].aux_loss, want.fwd[0].aux_loss,
+                            m->rc_bytes);
             else
                 print_message("%s: bit-identical (recompute buffer %zu bytes)\n", name,
                               m->rc_bytes);
             assert_true(same);
             fb_same(&cfg, &c, name);
-            free(got.grads);
-            free(got.counts);
+            two_slots_free(&got);
             mt_model_destroy(m);
         }
-        free(want.grads);
-        free(want.counts);
+        two_slots_free(&want);
         mt_model_destroy(ref);
     }
 }
@@ -208,7 +152,7 @@ static void test_memory(void **state)
             struct mt_config c = cfg;
             if (i > 0) apply(&c, &settings[i - 1]);
             struct mt_kernels *k = mt_kernels_plan_create();
-            struct mt_model *m = make(&c, k);
+            struct mt_model *m = two_slots_model(&c, k);
             struct mt_memory_report r;
             mt_model_memory(m, &r);
             const size_t live = mt_kernels_plan_live(k);
@@ -243,10 +187,10 @@ static void test_core_attn_bytes(void **state)
         tiny_config(&cfg);
         if (bf) strcpy(cfg.precision.params_dtype, "bf16");
         struct mt_kernels *k = mt_kernels_plan_create();
-        struct mt_model *ref = make(&cfg, k);
+        struct mt_model *ref = two_slots_model(&cfg, k);
         struct mt_config c = cfg;
         apply(&c, &settings[0]);
-        struct mt_model *m = make(&c, k);
+        struct mt_model *m = two_slots_model(&c, k);
         struct mt_memory_report a, b;
         mt_model_memory(ref, &a);
         mt_model_memory(m, &b);
