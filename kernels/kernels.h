@@ -38,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/quant_recipe.h"
+
 /* Element types of typed tensors. */
 enum mt_dtype {
     MT_F32 = 0,
@@ -401,6 +403,46 @@ struct mt_op_counts {
     long long syncs[MT_OP_COUNT + 1];
 };
 
+/* One GEMM operand's quantisation under an FP8/FP4 recipe (doc/fp8.md, "In the model"):
+ * the scaling and element format, which dimension its 1-D blocks lie along (the GEMM's
+ * reduction dimension for this use of the operand), the rounding, and the state of
+ * per-tensor scaling. */
+struct mt_quant_spec {
+    enum mt_q_scaling scaling;
+    enum mt_q_elem elem;
+    /* MT_Q_MX, MT_Q_BLOCK_1X128, MT_Q_NVFP4: blocks along the row, or along the column
+     * (an operand the GEMM reads transposed: its 1 x 128 tiles become 128 x 1 and its
+     * 1-D blocks run down the columns, quantised from the high-precision values) */
+    enum mt_q_dim along;
+    enum mt_q_round rnd;       /* MT_Q_SR: stochastic, element i drawing (seed, stream, i) */
+    uint64_t seed;
+    uint32_t stream;
+    /* NVFP4 wgrad inputs: the random Hadamard transform along the columns (over rows,
+     * the GEMM's reduction) before quantising, signs from (seed, rht_stream); only
+     * whole groups of 16 rows are transformed (a tail is left as it is, which keeps
+     * the product of two transformed operands equal to the untransformed one) */
+    bool rht;
+    uint32_t rht_stream;
+    /* MT_Q_TENSOR: scale, backend memory, one fp32: the encode scale (delayed scaling);
+     * NULL: current scaling, mt_q_tensor_scale(amax of x, fmax, margin) */
+    const float *scale;
+    int margin;
+    /* backend memory, one fp32, or NULL: *amax = max(*amax, amax of x) (delayed
+     * scaling's history records the largest over the step's micro-batches) */
+    float *amax;
+};
+
+/* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the
+ * recipes yet (the model refuses fp8_format/fp4_format on it, naming the CPU backend). */
+struct mt_quant_ops {
+    // out (rows,cols) fp32 = the values of x's quantisation under s (dequantised:
+    // code value x block scale x per-tensor scale); x (rows,cols) fp32 or bf16, dense.
+    // A GEMM on two such operands is the recipe's low-precision GEMM with fp32
+    // accumulation (doc/fp8.md says how it relates to the GPU's scaled FP8 GEMMs).
+    void (*qdq)(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,
+                struct mt_tensor x);
+};
+
 struct mt_kernels {
     const char *name;          /* "cpu", "cuda" */
     void *ctx;                 /* backend state, passed to every op */
@@ -408,6 +450,8 @@ struct mt_kernels {
     /* The backend's counts so far (see struct mt_op_counts); NULL where there is no
      * device to wait for (the CPU backend). */
     void (*counts)(void *ctx, struct mt_op_counts *out);
+    /* The FP8/FP4 recipes (struct mt_quant_ops), or NULL where they do not run. */
+    const struct mt_quant_ops *quant;
 };
 
 /* Every op has exactly one slot, in enum order, and one name. */

@@ -164,6 +164,8 @@ void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v
 void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n);
 void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);
+/* cpu_qdq.c: struct mt_quant_ops */
+void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x);
 
 /* cpu_typed.c: the op table's typed entry points (fp32 kernels above behind them) */
 void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,

@@ -12,6 +12,7 @@ libmt_kernels_la_SOURCES = \
 	kernels/cpu/cpu_plan.c \
 	kernels/cpu/cpu_typed.c \
 	kernels/cpu/cpu_quant.c \
+	kernels/cpu/cpu_qdq.c \
 	kernels/cpu/cpu_ops.h \
 	kernels/cpu/cpu_blas.h
 # No code here reads the floating-point exception flags or errno; without the

@@ -603,6 +603,73 @@ int mt_config_check_backend(const struct mt_config *c, const char *backend, stru
     return MT_OK;
 }
 
+/* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
+ * would change nothing in the configuration given is refused, never ignored. */
+static int check_low_precision(const struct mt_config *c, struct mt_err *err)
+{
+    const struct mt_config_precision *q = &c->precision;
+    const bool fp8 = q->fp8_format[0] != '\0', fp4 = q->fp4_format[0] != '\0';
+    const bool delayed = fp8 && strcmp(q->fp8_recipe, "delayed") == 0;
+    if (fp8 && fp4)
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision fp8_format = '%s' and fp4_format = '%s': choose one "
+                          "(NVFP4 runs every low-precision GEMM in FP4); set the other to ''",
+                          q->fp8_format, q->fp4_format);
+    if (fp8 && strcmp(q->fp8_format, "hybrid") == 0 &&
+        (strcmp(q->fp8_recipe, "blockwise") == 0 || strcmp(q->fp8_recipe, "mxfp8") == 0))
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision fp8_recipe = '%s' quantises gradients to E4M3 as well "
+                          "(E5M2 gradients are for the per-tensor recipes); set fp8_format = "
+                          "'e4m3'",
+                          q->fp8_recipe);
+    if (!delayed && (q->fp8_margin != 0 || q->fp8_amax_history_len != 1 ||
+                     strcmp(q->fp8_amax_compute_algo, "most_recent") != 0))
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision fp8_margin = %d, fp8_amax_history_len = %d and "
+                          "fp8_amax_compute_algo = '%s' apply to fp8_recipe = 'delayed' only "
+                          "(here %s); remove them",
+                          q->fp8_margin, q->fp8_amax_history_len, q->fp8_amax_compute_algo,
+                          !fp8 ? "fp8_format is ''" : "fp8_recipe is another one");
+    if (!fp8 && !fp4 && q->first_last_layers_bf16)
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision first_last_layers_bf16 = .true. keeps layers out of "
+                          "FP8/FP4, but neither fp8_format nor fp4_format is set; remove it or "
+                          "set one");
+    if (!q->first_last_layers_bf16 &&
+        (q->num_layers_at_start_in_bf16 != 1 || q->num_layers_at_end_in_bf16 != 1))
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision num_layers_at_start_in_bf16 = %d and "
+                          "num_layers_at_end_in_bf16 = %d apply only with "
+                          "first_last_layers_bf16 = .true.; set it, or remove them",
+                          q->num_layers_at_start_in_bf16, q->num_layers_at_end_in_bf16);
+    if (q->first_last_layers_bf16 &&
+        q->num_layers_at_start_in_bf16 + q->num_layers_at_end_in_bf16 > c->model.num_layers)
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision num_layers_at_start_in_bf16 (%d) + "
+                          "num_layers_at_end_in_bf16 (%d) exceed &model num_layers = %d",
+                          q->num_layers_at_start_in_bf16, q->num_layers_at_end_in_bf16,
+                          c->model.num_layers);
+    if (c->moe.moe_router_padding_for_fp8)
+        return mt_err_set(err, MT_EINVAL,
+                          "&moe moe_router_padding_for_fp8 = .true.: the quantised grouped "
+                          "GEMM of the CPU backend (the one that runs the FP8/FP4 recipes "
+                          "today) takes any number of rows per expert, so there is nothing to "
+                          "pad; remove it");
+    const struct mt_config_parallel *p = &c->parallel;
+    if ((fp8 || fp4) && (p->tensor_model_parallel_size > 1 || p->expert_model_parallel_size > 1 ||
+                         p->expert_tensor_parallel_size > 1 || p->context_parallel_size > 1))
+        return mt_err_set(err, MT_EINVAL,
+                          "&precision %s: the amax reductions over the ranks that hold shards "
+                          "of one tensor are not implemented yet, so FP8/FP4 runs with "
+                          "tensor_model_parallel_size (%d), expert_model_parallel_size (%d), "
+                          "expert_tensor_parallel_size (%d) and context_parallel_size (%d) "
+                          "all 1 (data and pipeline parallelism are fine)",
+                          fp8 ? "fp8_format" : "fp4_format", p->tensor_model_parallel_size,
+                          p->expert_model_parallel_size, p->expert_tensor_parallel_size,
+                          p->context_parallel_size);
+    return MT_OK;
+}
+
 int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struct mt_err *err)
 {
     struct mt_config_model *m = &c->model;
@@ -728,6 +795,7 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
 
     MT_CHECK(check_recompute(c, err));
     MT_CHECK(check_offload(c, err));
+    MT_CHECK(check_low_precision(c, err));
 
     /* layout */
     l->world_size = world;

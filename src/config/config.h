@@ -62,6 +62,7 @@ struct mt_config_moe {
     char token_dispatcher_type[16];  /* alltoall | allgather */
     int shared_expert_intermediate_size; /* 0: no shared expert */
     bool use_upcycling;              /* initialise from a dense model: experts = its MLP */
+    bool moe_router_padding_for_fp8; /* refused: the CPU quantised GEMMs take any row count */
 };
 
 struct mt_config_parallel {
@@ -106,6 +107,17 @@ struct mt_config_optimizer {
 struct mt_config_precision {
     char params_dtype[8];            /* fp32 | bf16 */
     double gpu_memory_gb;            /* GiB per GPU for the memory check; 0: none */
+    /* low-precision GEMMs (doc/fp8.md); Megatron/Transformer Engine names */
+    char fp8_format[8];              /* '' (off) | e4m3 | hybrid */
+    char fp8_recipe[16];             /* delayed | tensorwise | blockwise | mxfp8 */
+    int fp8_margin;                  /* delayed: scale = fmax / amax / 2^margin */
+    int fp8_amax_history_len;        /* delayed: steps of amax kept per tensor */
+    char fp8_amax_compute_algo[16];  /* delayed: max | most_recent */
+    char fp4_format[8];              /* '' (off) | e2m1 */
+    char fp4_recipe[8];              /* nvfp4 */
+    bool first_last_layers_bf16;     /* keep the first/last layers' GEMMs unquantised */
+    int num_layers_at_start_in_bf16;
+    int num_layers_at_end_in_bf16;
 };
 
 /* Activation recompute (Megatron's --recompute-*): what a layer's forward keeps for its

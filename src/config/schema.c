@@ -98,6 +98,11 @@ const struct mt_key mt_schema[] = {
           "MLP, routers initialised as usual, optimizer state fresh, iteration 0 (Megatron's "
           "--moe-use-upcycling, default strategy): moe_ffn_hidden_size must equal the dense "
           "ffn_hidden_size and every other &model key the dense model's; no shared expert"),
+    KBOOL(moe, moe_router_padding_for_fp8, 0,
+          "pad each expert's token count to the FP8 GEMM's alignment (Megatron's "
+          "--moe-router-padding-for-fp8); .true. is refused: the quantised GEMMs of the CPU "
+          "backend, the one that runs the FP8/FP4 recipes today, take any number of rows "
+          "per expert, so there is nothing to pad"),
 
     /* &parallel */
     KINT(parallel, tensor_model_parallel_size, 1, 1, IMAX, "tensor parallel size (TP)"),
@@ -159,6 +164,38 @@ const struct mt_key mt_schema[] = {
           "GiB of memory per GPU: --check and the start of training fail when the most "
           "loaded rank's planned bytes (moetrain --check prints them) exceed it, naming "
           "the categories to reduce; 0 = no limit"),
+    KENUM(precision, fp8_format, "", "|e4m3|hybrid",
+          "FP8 GEMMs (doc/fp8.md): '' = off; 'e4m3' everywhere; 'hybrid' = E4M3 for "
+          "activations and weights, E5M2 for gradients (delayed and tensorwise only). The "
+          "attention projections, dense MLPs, routed and shared experts run their forward, "
+          "dgrad and wgrad GEMMs on quantised operands; router, embedding, LM head, norms "
+          "and attention core stay high precision. The CPU backend runs every recipe"),
+    KENUM(precision, fp8_recipe, "delayed", "delayed|tensorwise|blockwise|mxfp8",
+          "with fp8_format: 'delayed' = per-tensor scales from an amax history (model state, "
+          "checkpointed); 'tensorwise' = per-tensor current scaling; 'blockwise' = 1x128 "
+          "tiles for activations and gradients, 128x128 blocks for weights (Hopper); "
+          "'mxfp8' = 32-element E8M0-scaled blocks along the reduction (Blackwell)"),
+    KINT(precision, fp8_margin, 0, 0, 64,
+         "fp8_recipe = 'delayed': scale = fmax / amax / 2^margin"),
+    KINT(precision, fp8_amax_history_len, 1, 1, 1024,
+         "fp8_recipe = 'delayed': steps of amax kept per quantised tensor"),
+    KENUM(precision, fp8_amax_compute_algo, "most_recent", "most_recent|max",
+          "fp8_recipe = 'delayed': the amax a scale comes from: the latest step's or the "
+          "largest of the history"),
+    KENUM(precision, fp4_format, "", "|e2m1",
+          "FP4 GEMMs: '' = off; 'e2m1' with fp4_recipe (not with fp8_format); the same "
+          "GEMMs as fp8_format"),
+    KENUM(precision, fp4_recipe, "nvfp4", "nvfp4",
+          "with fp4_format: 'nvfp4' = 16-element blocks with E4M3 scales and a per-tensor "
+          "scale, 16x16 weight blocks, random Hadamard transform on the weight-gradient "
+          "GEMM's inputs, stochastic rounding of gradients"),
+    KBOOL(precision, first_last_layers_bf16, 0,
+          "with fp8_format or fp4_format: the first num_layers_at_start_in_bf16 and last "
+          "num_layers_at_end_in_bf16 layers keep high-precision GEMMs"),
+    KINT(precision, num_layers_at_start_in_bf16, 1, 0, MT_MAX_LAYERS,
+         "first_last_layers_bf16: layers at the start kept in high precision"),
+    KINT(precision, num_layers_at_end_in_bf16, 1, 0, MT_MAX_LAYERS,
+         "first_last_layers_bf16: layers at the end kept in high precision"),
 
     /* &recompute */
     KENUM(recompute, granularity, "none", "none|selective|full",
