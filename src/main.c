@@ -217,18 +217,16 @@ static void dm_guard_close(void *arg)
     mt_guard_close();
 }
 
-/* The compute backend (--backend, else the default) on this process's GPU, and the
- * device transports of the communicators. why says how it was chosen. */
-static int select_backend(const struct cli *cli, const struct mt_config *cfg,
-                          const struct mt_topo_setup *topo, struct mt_parallel *par,
-                          const struct mt_kernels **out, char *why, size_t why_len,
-                          struct mt_err *err)
+/* The name of the compute backend --backend names, else of the default; why says how
+ * it was chosen. */
+static const char *backend_name(const struct cli *cli, const struct mt_config *cfg, char *why,
+                                size_t why_len)
 {
-    const bool bf16 = !strcmp(cfg->precision.params_dtype, "bf16");
     const char *name = cli->backend;
     snprintf(why, why_len, "--backend %s", name ? name : "");
     if (!name) {
 #ifdef HAVE_CUDA
+        const bool bf16 = !strcmp(cfg->precision.params_dtype, "bf16");
         char desc[256];
         bool gpu = mt_cuda_describe(desc, sizeof desc) > 0;
         name = gpu && bf16 ? "cuda" : "cpu";
@@ -238,10 +236,42 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
                                                   "runs bf16 (--backend cuda needs "
                                                   "precision%params_dtype='bf16')");
 #else
+        (void)cfg;
         name = "cpu";
         snprintf(why, why_len, "default: this build has no CUDA");
 #endif
     }
+    return name;
+}
+
+/* The FP8/FP4 recipes run only on a backend whose table has the quantisation ops
+ * (struct mt_kernels quant); the CUDA backend's are not wired yet. */
+static int check_low_precision_backend(const char *name, const struct mt_config *cfg,
+                                       const char *why, struct mt_err *err)
+{
+    const struct mt_config_precision *q = &cfg->precision;
+    if (!q->fp8_format[0] && !q->fp4_format[0]) return MT_OK;
+    const struct mt_kernels *k = !strcmp(name, "cpu")     ? mt_kernels_cpu()
+                                 : !strcmp(name, "guard") ? mt_kernels_guard()
+                                                          : NULL;
+    if (k && k->quant) return MT_OK;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "&precision %s = '%s': the '%s' backend (%s) does not run the FP8/FP4 "
+                      "recipes yet; --backend cpu runs every recipe today",
+                      q->fp8_format[0] ? "fp8_format" : "fp4_format",
+                      q->fp8_format[0] ? q->fp8_format : q->fp4_format, name, why);
+}
+
+/* The compute backend (--backend, else the default) on this process's GPU, and the
+ * device transports of the communicators. why says how it was chosen. */
+static int select_backend(const struct cli *cli, const struct mt_config *cfg,
+                          const struct mt_topo_setup *topo, struct mt_parallel *par,
+                          const struct mt_kernels **out, char *why, size_t why_len,
+                          struct mt_err *err)
+{
+    const bool bf16 = !strcmp(cfg->precision.params_dtype, "bf16");
+    const char *name = backend_name(cli, cfg, why, why_len);
+    MT_CHECK(check_low_precision_backend(name, cfg, why, err));
     if (!strcmp(name, "cpu")) {
         *out = mt_kernels_cpu();
         return MT_OK;
@@ -604,6 +634,9 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     if (load_config(cfg, cli, cli->world, &layout, &err)) return fail(&err);
     if (cli->action == PRINT) return mt_config_print(cfg, stdout) ? 1 : 0;
     if (cli->backend && mt_config_check_backend(cfg, cli->backend, &err)) return fail(&err);
+    char why[256];
+    const char *backend = backend_name(cli, cfg, why, sizeof why);
+    if (check_low_precision_backend(backend, cfg, why, &err)) return fail(&err);
     printf("moetrain: configuration is valid for %d process%s\n", cli->world,
            cli->world == 1 ? "" : "es");
     print_layout(cfg, &layout);

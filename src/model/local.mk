@@ -7,6 +7,7 @@ libmt_model_la_SOURCES = \
 	src/model/model_internal.h \
 	src/model/model_pass.c \
 	src/model/model_offload.c \
-	src/model/model_moe.c
+	src/model/model_moe.c \
+	src/model/model_lowp.c
 
 include tests/model/local.mk

@@ -1017,6 +1017,24 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
     return MT_OK;
 }
 
+/* The FP8/FP4 recipes' buffers and state; with them, mt_model_buffers holds the expert
+ * biases followed by the recipes' state in one host array. */
+static int lowp_setup(struct mt_model *m, const struct mt_parallel *par, struct mt_err *err)
+{
+    MT_CHECK(mt_lowp_create(m, par, &m->lp_scratch, err));
+    const size_t nlp = mt_lowp_nbuffers(m), nb = m->expert_bias_on ? (size_t)m->nmoe * m->E : 0;
+    if (!nlp) return MT_OK;
+    m->buffers = calloc(nb + nlp, sizeof(float));
+    if (!m->buffers) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
+    if (nb) {
+        memcpy(m->buffers, m->expert_bias, sizeof(float) * nb);
+        free(m->expert_bias);
+        m->expert_bias = m->buffers;
+    }
+    mt_lowp_save(m, m->buffers + nb); /* what mt_model_buffers_updated loads until written */
+    return MT_OK;
+}
+
 int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int max_micro_batch,
                     const struct mt_parallel *par, struct mt_model **out, struct mt_err *err)
 {
@@ -1248,6 +1266,10 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->scratch = dev_alloc(k, m->scratch_bytes);
     NEED(m->scratch, "scratch buffers", m->scratch_bytes);
 #undef NEED
+    if ((rc = lowp_setup(m, par, err)) != MT_OK) {
+        mt_model_destroy(m);
+        return rc;
+    }
     if (m->acts) {
         a = (struct act_arenas){.keep = {m->acts, 0}, .rc = {m->rc_mem, 0}, .off_base = {m->off.mem[0], m->off.mem[1]}};
         layout_acts(m, &a);
@@ -1301,6 +1323,8 @@ void mt_model_destroy(struct mt_model *m)
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
     if (m->route_acc) o->free(m->k->ctx, m->route_acc);
+    mt_lowp_destroy(m);
+    if (m->buffers != m->expert_bias) free(m->buffers);
     if (m->acts) o->free(m->k->ctx, m->acts);
     if (m->rc_mem) o->free(m->k->ctx, m->rc_mem);
     mt_offload_free(m);
@@ -1562,7 +1586,13 @@ const struct mt_kernels *mt_model_kernels(const struct mt_model *m) { return m->
 
 float *mt_model_buffers(struct mt_model *m, size_t *n)
 {
-    *n = m->expert_bias_on ? (size_t)m->nmoe * m->E : 0;
+    const size_t nb = m->expert_bias_on ? (size_t)m->nmoe * m->E : 0;
+    if (m->lp) {
+        mt_lowp_save(m, m->buffers + nb);
+        *n = nb + mt_lowp_nbuffers(m);
+        return m->buffers;
+    }
+    *n = nb;
     return m->expert_bias_on ? m->expert_bias : NULL;
 }
 
@@ -1611,6 +1641,7 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
 
 void mt_model_buffers_updated(struct mt_model *m)
 {
+    if (m->lp) mt_lowp_load(m, m->buffers + (m->expert_bias_on ? (size_t)m->nmoe * m->E : 0));
     if (m->expert_bias_dev)
         m->k->op.copy(m->k->ctx, m->expert_bias_dev, m->expert_bias,
                       sizeof(float) * (size_t)m->nmoe * m->E);
@@ -1674,14 +1705,15 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->working_copy = m->bf16 ? mt_dtype_size(m->wdt) * m->nparams : 0;
     r->activations = m->acts_bytes;
     r->recompute = m->rc_bytes;
-    r->scratch = m->scratch_bytes;
+    r->scratch = m->scratch_bytes + m->lp_scratch; /* with the quantised GEMM operands */
+    size_t lp_dev = 0, lp = mt_lowp_state_bytes(m, &lp_dev);
     r->device_buffers = (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0) +
-                        (m->route_acc ? route_acc_bytes(m) : 0);
+                        (m->route_acc ? route_acc_bytes(m) : 0) + lp_dev;
     r->offload = m->off.mem[0] ? 2 * m->off.half : 0;
     r->offload_host = m->off.host_bytes;
     r->offload_per_mb = m->off.mb_bytes;
     r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
-                 (m->route_acc_host ? route_acc_bytes(m) : 0) + r->device_buffers;
+                 (m->route_acc_host ? route_acc_bytes(m) : 0) + r->device_buffers + (lp - lp_dev);
 }
 
 double mt_model_flops_per_token(const struct mt_model *m)

@@ -145,11 +145,20 @@ const struct mt_param_info *mt_model_tensor(const struct mt_model *m, int i);
 float *mt_model_params(struct mt_model *m);     /* fp32 master, contiguous */
 float *mt_model_grads(struct mt_model *m);      /* same layout */
 /* Non-trainable state to checkpoint: the expert biases, [num_moe_layers][num_experts]
- * fp32 (HF: mlp.gate.e_score_correction_bias); *n gets the count (0 when disabled). */
+ * fp32 (HF: mlp.gate.e_score_correction_bias), then the FP8/FP4 recipes' state (the
+ * iteration that keys their random bits, delayed scaling's amax histories); *n gets
+ * the count (0 when there is none). */
 float *mt_model_buffers(struct mt_model *m, size_t *n);
 /* After the buffers were written through mt_model_buffers (a checkpoint load): the
  * routers read the expert biases from a backend-memory copy of that host master. */
 void mt_model_buffers_updated(struct mt_model *m);
+/* FP8/FP4 (&precision fp8_format, fp4_format; doc/fp8.md): after each optimizer step,
+ * delayed scaling's amaxes of the step are reduced (max) over every rank and enter the
+ * histories that give the next step's scales; the iteration that keys the recipes'
+ * random bits advances. A collective when delayed scaling runs on several ranks. */
+int mt_model_lowp_step(struct mt_model *m, struct mt_err *err);
+/* "fp8 delayed", "fp8 blockwise", ..., or NULL when no recipe runs. */
+const char *mt_model_lowp_recipe(const struct mt_model *m);
 /* The backend the model's memory belongs to (params and grads are its memory). */
 const struct mt_kernels *mt_model_kernels(const struct mt_model *m);
 

@@ -157,6 +157,8 @@ struct mt_act_slot {
 /* Overflow blocks kept for reuse under manual GC, at most. */
 #define MT_MODEL_DEFERRED 8
 
+struct mt_lowp;
+
 struct mt_model {
     struct mt_config cfg;
     const struct mt_kernels *k;
@@ -285,6 +287,11 @@ struct mt_model {
     } scratch_home;
     int32_t *h_over;            /* host sort maps grown past Rx (2 x h_over_rows) */
     long long h_over_rows;
+    /* the FP8/FP4 recipes (model_lowp.c); NULL when &precision sets neither */
+    struct mt_lowp *lp;
+    size_t lp_scratch;          /* its quantised-operand buffers */
+    float *buffers;             /* host: what mt_model_buffers returns (expert biases and
+                                   the FP8/FP4 state), when both exist */
 };
 
 /* model.c: makes chunk the current layer range and points the activation views at
@@ -373,16 +380,16 @@ void mt_pass_linear_fwd(const struct mt_pass *p, struct mt_tensor out, struct mt
 void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *dw,
                         const float *dout, struct mt_tensor in, struct mt_tensor w, int N,
                         int d_out, int d_in);
-/* The SwiGLU part of mt_pass_mlp_fwd: gate, up and act (N,F) from x (N,H). */
-void mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, struct mt_tensor wg,
-                         struct mt_tensor wu, void *gate, void *up, void *act, int N, int F);
-void mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x,
-                     struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, void *gate,
-                     void *up, void *act, int N, int F);
+/* The SwiGLU part of mt_pass_mlp_fwd: gate, up and act (N,F) from x (N,H); wg, wu, wd
+ * are parameter tensor ids (their linears quantised as mt_pass_qlinear_fwd says). */
+void mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, int wg, int wu, void *gate,
+                         void *up, void *act, int N, int F);
+void mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x, int wg, int wu,
+                     int wd, void *gate, void *up, void *act, int N, int F);
+/* Weight gradients into the tensors' gradients (+=). */
 void mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
                      const void *x, const void *gate, const void *up, const void *act, int N,
-                     int F, struct mt_tensor wg, struct mt_tensor wu, struct mt_tensor wd, float *gg,
-                     float *gu, float *gd);
+                     int F, int wg, int wu, int wd);
 /* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
  * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
 int mt_pass_sp_gather(const struct mt_pass *p, void *full, const void *local, int C,
@@ -407,5 +414,35 @@ int mt_moe_route_stats(const struct mt_pass *p);
 int mt_moe_bwd(const struct mt_pass *p, int l);
 /* Rebuilds the routed experts' SwiGLU output of layer l (moe_act recompute). */
 void mt_moe_act_rebuild(const struct mt_pass *p, int l);
+
+/* model_lowp.c: the FP8/FP4 recipes' GEMMs (doc/fp8.md). create: nothing unless
+ * &precision sets fp8_format or fp4_format; *scratch_bytes gets what it allocated for
+ * the quantised operands. */
+int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
+                   struct mt_err *err);
+void mt_lowp_destroy(struct mt_model *m);
+/* Bytes of delayed scaling's state (host and backend), *device the backend's part. */
+size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device);
+/* The checkpointed state (floats), its save into and load from mt_model_buffers. */
+size_t mt_lowp_nbuffers(const struct mt_model *m);
+void mt_lowp_save(const struct mt_model *m, float *out);
+void mt_lowp_load(struct mt_model *m, const float *in);
+/* At the start of each backward pass: the seed of its random bits. */
+void mt_lowp_backward_begin(struct mt_model *m);
+/* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
+ * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). */
+void mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
+                         struct mt_tensor in, int N, int dout, int din);
+void mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
+                         const float *dout, struct mt_tensor in, int N, int d_out, int d_in);
+/* Routed experts: whether tensor's grouped GEMMs are quantised, and those GEMMs (offs
+ * the device offsets, h_offs the host copy, E_l + 1 of them). */
+bool mt_lowp_grouped(const struct mt_pass *p, int tensor);
+void mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                          const long long *h_offs, struct mt_tensor x, int rows, int dout,
+                          int din, struct mt_tensor out);
+void mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                          const long long *h_offs, const float *dy, struct mt_tensor x, int rows,
+                          int dout, int din, float *dx, float beta);
 
 #endif

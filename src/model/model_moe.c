@@ -343,6 +343,16 @@ static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
     const struct mt_tensor xs = ACT(p, a->xs, rows, H), eg = ACT(p, a->eg, rows, Fe);
     const struct mt_tensor eu = ACT(p, a->eu, rows, Fe), ea = ACT(p, a->ea, rows, Fe);
+    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4: dispatch is local (h_offsets) */
+        mt_pass_qgrouped_fwd(p, t->exp_gate, offs, a->h_offsets, xs, rows, Fe, H, eg);
+        mt_pass_round(p, a->eg, (size_t)rows * Fe);
+        mt_pass_qgrouped_fwd(p, t->exp_up, offs, a->h_offsets, xs, rows, Fe, H, eu);
+        mt_pass_round(p, a->eu, (size_t)rows * Fe);
+        p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
+        mt_pass_round(p, a->ea, (size_t)rows * Fe);
+        mt_pass_qgrouped_fwd(p, t->exp_down, offs, a->h_offsets, ea, rows, H, Fe, ey);
+        return;
+    }
     p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_gate), 0.0f, eg);
     mt_pass_round(p, a->eg, (size_t)rows * Fe);
     p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_up), 0.0f, eu);
@@ -364,6 +374,15 @@ static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
     const struct mt_tensor xs = ACT(p, a->xs, rows, H), ea = ACT(p, a->ea, rows, Fe);
     const struct mt_tensor dy = F32(dys, rows, H), dx = F32(dxs, rows, H);
     const struct mt_tensor dg = F32(deg, rows, Fe), du = F32(deu, rows, Fe);
+    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4: dispatch is local (h_offsets) */
+        const long long *ho = a->h_offsets;
+        mt_pass_qgrouped_bwd(p, t->exp_down, offs, ho, dys, ea, rows, H, Fe, dea, 0.0f);
+        p->o->swiglu_bwd(p->ctx, deg, deu, dea, ACT(p, a->eg, rows, Fe), ACT(p, a->eu, rows, Fe),
+                         rows, Fe);
+        mt_pass_qgrouped_bwd(p, t->exp_gate, offs, ho, deg, xs, rows, Fe, H, dxs, 0.0f);
+        mt_pass_qgrouped_bwd(p, t->exp_up, offs, ho, deu, xs, rows, Fe, H, dxs, 1.0f);
+        return;
+    }
     p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dy, W(p, t->exp_down), 0.0f,
                        F32(dea, rows, Fe));
     p->o->grouped_gemm(p->ctx, true, false, El, offs, H, Fe, 0, 1.0f, dy, ea, 1.0f,
@@ -616,8 +635,8 @@ int mt_moe_fwd(const pass_t *p, int l)
     mt_pass_round(p, out, (size_t)Nl * H);
     if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
-        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, W(p, t->sh_gate),
-                        W(p, t->sh_up), W(p, t->sh_down), a->sg, a->su, a->sa, p->N, m->Fs_l);
+        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, t->sh_gate,
+                        t->sh_up, t->sh_down, a->sg, a->su, a->sa, p->N, m->Fs_l);
         MT_CHECK(mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b));
         const int64_t n = (int64_t)Nl * H;
         p->o->add(p->ctx, ACT(p, out, 1, n), ACT(p, out, 1, n), ACT(p, m->tmp2b, 1, n), (size_t)n);
@@ -652,8 +671,7 @@ int mt_moe_bwd(const pass_t *p, int l)
         MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
         float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
         mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
-                        W(p, t->sh_gate), W(p, t->sh_up), W(p, t->sh_down), G(p, t->sh_gate),
-                        G(p, t->sh_up), G(p, t->sh_down));
+                        t->sh_gate, t->sh_up, t->sh_down);
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     } else {
         p->o->memset(p->ctx, m->d_ln, 0, sizeof(float) * (size_t)Nl * H);

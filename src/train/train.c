@@ -907,6 +907,8 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
         "%5d | lm loss: %.6E",
         t->st.iteration, tr->train_iters, t->st.consumed_samples, ms, tok_s, tflops, lr,
         tr->global_batch_size, t->acc_loss / n);
+    const char *recipe = mt_model_lowp_recipe(t->model);
+    if (recipe) say(t, " | low precision: %s", recipe);
     if (t->cfg->moe.num_experts > 0)
         say(t, " | load_balancing_loss: %.6E | z_loss: %.6E | expert load min/max: %.1f/%.1f",
             t->acc_aux / n, t->acc_z / n, load_lo, load_hi);
@@ -950,6 +952,7 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
                     "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s, ",
                     load_lo, load_hi, cpu_ms, faults, ha, hm);
     len += snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s", ho);
+    if (recipe) len += snprintf(line + len, sizeof line - (size_t)len, ", \"low_precision\": \"%s\"", recipe);
     if (t->k->counts)
         len += snprintf(line + len, sizeof line - (size_t)len,
                         ", \"kernel_launches\": %.3f, \"host_syncs\": %.3f", launches, syncs);
@@ -1459,6 +1462,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
     accumulate_counts(t);
     mt_model_update_expert_bias(t->model);
+    MT_CHECK(mt_model_lowp_step(t->model, err));
     t->acc_loss += loss;
     t->acc_aux += auxz[0];
     t->acc_z += auxz[1];

@@ -1,0 +1,462 @@
+/* The FP8/FP4 recipes in the model (&precision fp8_format / fp4_format, doc/fp8.md):
+ * which GEMMs run on quantised operands, how each operand is quantised for each of its
+ * three uses (forward, dgrad, wgrad), and delayed scaling's amax histories, which are
+ * model state (checkpointed with the expert biases through mt_model_buffers).
+ *
+ * A quantised linear quantises both operands of each GEMM with the backend's qdq op
+ * (struct mt_quant_ops) into two fp32 buffers and runs the ordinary gemm on them:
+ *   forward  out = q(x) q(W)^T                 x, W: blocks along din (rows of each)
+ *   dgrad    dx  = beta dx + q(dy) q'(W)       dy along dout, W quantised again along
+ *                                              its columns (dout, its reduction here)
+ *   wgrad    dW += q'(dy)^T q'(x)              both along the tokens (their columns);
+ *                                              NVFP4: Hadamard-transformed first
+ * Routed experts do the same per expert (each expert its own tensors and scales) and
+ * run the grouped GEMM on the buffers. */
+#include "model/model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/parallel.h"
+#include "util/rng.h"
+
+/* The quantised linears of a layer, for the numbering of scale state (the same on
+ * every rank, whatever layers it holds). Routed experts: EXP_* + 3 e per expert e. */
+enum { K_WQ, K_WK, K_WV, K_WO, K_GATE, K_UP, K_DOWN, K_SH_GATE, K_SH_UP, K_SH_DOWN, K_EXP };
+/* The three operands of a linear with scale state. */
+enum { R_X, R_W, R_G, R_COUNT };
+
+enum recipe { DELAYED, TENSORWISE, BLOCKWISE, MXFP8, NVFP4 };
+
+struct mt_lowp {
+    enum recipe recipe;
+    bool hybrid;                /* E5M2 gradients (delayed and tensorwise) */
+    int per_layer;              /* slots per layer: K_EXP + 3 E */
+    int nslots;                 /* L * per_layer */
+    int *slot_of;               /* (ntensors): the first slot of a tensor, -1 high precision */
+    float *qa, *qb;             /* backend memory: the quantised operands, qbytes each */
+    size_t qbytes;
+    /* delayed scaling: per slot and operand (R_COUNT a slot) */
+    float *scale_dev, *amax_dev; /* backend memory */
+    float *scale_host, *amax_host;
+    struct mt_amax_history *hist;
+    int hist_len;
+    struct mt_comm *world;      /* amaxes are reduced (max) over every rank */
+    /* randomness of stochastic rounding and of the Hadamard signs (NVFP4): keyed by
+     * the training seed, the iteration and the backward pass within it */
+    uint64_t seed;
+    long long iter;             /* optimizer steps taken (restored with the buffers) */
+    int nbwd;                   /* backward passes in this iteration */
+    uint64_t bwd_seed;
+    /* the state as mt_model_buffers stores it */
+    size_t nbuf;
+};
+
+static bool streq(const char *a, const char *b) { return strcmp(a, b) == 0; }
+
+/* Floats of the checkpointed state: the iteration (two 16-bit halves of its low 32
+ * bits... kept exact in fp32), then per delayed history count, latest, scale, amax[len]. */
+static size_t state_floats(const struct mt_lowp *lp)
+{
+    size_t per = lp->recipe == DELAYED ? (size_t)3 + (size_t)lp->hist_len : 0;
+    return 4 + per * (size_t)lp->nslots * R_COUNT;
+}
+
+static int slot(const struct mt_lowp *lp, int l, int kind, int e)
+{
+    return l * lp->per_layer + kind + 3 * e;
+}
+
+/* Whether layer l runs its GEMMs in high precision (first_last_layers_bf16). */
+static bool layer_bf16(const struct mt_model *m, int l)
+{
+    const struct mt_config_precision *q = &m->cfg.precision;
+    return q->first_last_layers_bf16 &&
+           (l < q->num_layers_at_start_in_bf16 || l >= m->L - q->num_layers_at_end_in_bf16);
+}
+
+static void map_tensor(struct mt_lowp *lp, int tensor, int s)
+{
+    if (tensor != MT_NO_TENSOR) lp->slot_of[tensor] = s;
+}
+
+int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
+                   struct mt_err *err)
+{
+    const struct mt_config_precision *q = &m->cfg.precision;
+    const bool fp8 = q->fp8_format[0], fp4 = q->fp4_format[0];
+    *scratch_bytes = 0;
+    if (!fp8 && !fp4) return MT_OK;
+    if (!m->k->quant)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&precision %s = '%s': the '%s' backend does not run the FP8/FP4 "
+                          "recipes yet; --backend cpu runs every recipe today",
+                          fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
+                          m->k->name);
+    if (m->dispatch != MT_DISPATCH_LOCAL || m->sc.tp > 1)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "model: FP8/FP4 with tensor or expert parallelism is not implemented");
+    struct mt_lowp *lp = calloc(1, sizeof *lp);
+    if (!lp) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
+    m->lp = lp;
+    lp->recipe = fp4                            ? NVFP4
+                 : streq(q->fp8_recipe, "delayed")    ? DELAYED
+                 : streq(q->fp8_recipe, "tensorwise") ? TENSORWISE
+                 : streq(q->fp8_recipe, "blockwise")  ? BLOCKWISE
+                                                      : MXFP8;
+    lp->hybrid = fp8 && streq(q->fp8_format, "hybrid");
+    lp->per_layer = K_EXP + 3 * m->E;
+    lp->nslots = m->L * lp->per_layer;
+    lp->hist_len = q->fp8_amax_history_len;
+    lp->world = par ? par->world_comm : NULL;
+    lp->seed = mt_rng_key((uint64_t)m->cfg.training.seed, 0x66703871ull);
+    lp->slot_of = malloc(sizeof(int) * (size_t)m->ntensors);
+    if (!lp->slot_of) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
+    for (int i = 0; i < m->ntensors; i++) lp->slot_of[i] = -1;
+    size_t most = 0; /* elements of the largest operand */
+#define MOST(x) do { size_t v_ = (size_t)(x); most = v_ > most ? v_ : most; } while (0)
+    const size_t N = (size_t)m->Bmax * m->T;
+    const size_t widest = (size_t)(m->H > m->Q_l ? m->H : m->Q_l) > (size_t)m->F_l
+                              ? (size_t)(m->H > m->Q_l ? m->H : m->Q_l) : (size_t)m->F_l;
+    MOST(N * widest);
+    MOST(N * (size_t)m->Fs_l);
+    for (int l = m->l0; l < m->l1; l++) {
+        const struct mt_layer_tensors *t = &m->lt[l];
+        if (layer_bf16(m, l)) continue;
+        map_tensor(lp, t->wq, slot(lp, l, K_WQ, 0));
+        map_tensor(lp, t->wk, slot(lp, l, K_WK, 0));
+        map_tensor(lp, t->wv, slot(lp, l, K_WV, 0));
+        map_tensor(lp, t->wo, slot(lp, l, K_WO, 0));
+        map_tensor(lp, t->gate, slot(lp, l, K_GATE, 0));
+        map_tensor(lp, t->up, slot(lp, l, K_UP, 0));
+        map_tensor(lp, t->down, slot(lp, l, K_DOWN, 0));
+        map_tensor(lp, t->sh_gate, slot(lp, l, K_SH_GATE, 0));
+        map_tensor(lp, t->sh_up, slot(lp, l, K_SH_UP, 0));
+        map_tensor(lp, t->sh_down, slot(lp, l, K_SH_DOWN, 0));
+        map_tensor(lp, t->exp_gate, slot(lp, l, K_EXP, 0));
+        map_tensor(lp, t->exp_up, slot(lp, l, K_EXP + 1, 0));
+        map_tensor(lp, t->exp_down, slot(lp, l, K_EXP + 2, 0));
+    }
+    for (int i = 0; i < m->ntensors; i++)
+        if (lp->slot_of[i] >= 0) MOST(m->tensors[i].numel);
+    if (m->nmoe) {
+        const size_t rows = (size_t)(m->x_rows_max > m->rows_max ? m->x_rows_max : m->rows_max);
+        MOST(rows * (size_t)(m->H > m->Fe_l ? m->H : m->Fe_l));
+    }
+#undef MOST
+    lp->qbytes = sizeof(float) * most;
+    const struct mt_kernels *k = m->k;
+    lp->qa = k->op.alloc(k->ctx, lp->qbytes);
+    lp->qb = k->op.alloc(k->ctx, lp->qbytes);
+    if (!lp->qa || !lp->qb)
+        return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
+                          "(2 x %zu bytes)", lp->qbytes);
+    *scratch_bytes = 2 * lp->qbytes;
+    if (lp->recipe == DELAYED) {
+        const size_t ns = (size_t)lp->nslots * R_COUNT;
+        lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
+        lp->amax_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
+        lp->scale_host = malloc(sizeof(float) * ns);
+        lp->amax_host = malloc(sizeof(float) * ns);
+        lp->hist = calloc(ns, sizeof *lp->hist);
+        if (!lp->scale_dev || !lp->amax_dev || !lp->scale_host || !lp->amax_host || !lp->hist)
+            return mt_err_set(err, MT_ENOMEM, "model: out of memory for the amax histories");
+        const enum mt_amax_algo algo =
+            streq(q->fp8_amax_compute_algo, "max") ? MT_AMAX_MAX : MT_AMAX_MOST_RECENT;
+        for (size_t i = 0; i < ns; i++) {
+            const float fmax = lp->hybrid && i % R_COUNT == R_G ? MT_E5M2_MAX : MT_E4M3_MAX;
+            MT_CHECK(mt_amax_history_init(&lp->hist[i], lp->hist_len, algo, fmax, q->fp8_margin, err));
+            lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
+        }
+        k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+        k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+    }
+    lp->nbuf = state_floats(lp);
+    return MT_OK;
+}
+
+void mt_lowp_destroy(struct mt_model *m)
+{
+    struct mt_lowp *lp = m->lp;
+    if (!lp) return;
+    const struct mt_kernels *k = m->k;
+    if (lp->qa) k->op.free(k->ctx, lp->qa);
+    if (lp->qb) k->op.free(k->ctx, lp->qb);
+    if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
+    if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
+    if (lp->hist)
+        for (size_t i = 0; i < (size_t)lp->nslots * R_COUNT; i++) mt_amax_history_free(&lp->hist[i]);
+    free(lp->hist);
+    free(lp->scale_host);
+    free(lp->amax_host);
+    free(lp->slot_of);
+    free(lp);
+    m->lp = NULL;
+}
+
+size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
+{
+    const struct mt_lowp *lp = m->lp;
+    *device = 0;
+    if (!lp || lp->recipe != DELAYED) return 0;
+    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    *device = 2 * sizeof(float) * ns;
+    return *device + 2 * sizeof(float) * ns + ns * sizeof(float) * (size_t)lp->hist_len;
+}
+
+size_t mt_lowp_nbuffers(const struct mt_model *m) { return m->lp ? m->lp->nbuf : 0; }
+
+void mt_lowp_save(const struct mt_model *m, float *out)
+{
+    const struct mt_lowp *lp = m->lp;
+    const uint64_t it = (uint64_t)lp->iter;
+    for (int i = 0; i < 4; i++) out[i] = (float)((it >> (16 * i)) & 0xffffu);
+    if (lp->recipe != DELAYED) return;
+    float *o = out + 4;
+    for (size_t i = 0; i < (size_t)lp->nslots * R_COUNT; i++) {
+        const struct mt_amax_history *h = &lp->hist[i];
+        *o++ = (float)h->count;
+        *o++ = (float)h->latest;
+        *o++ = h->scale;
+        memcpy(o, h->amax, sizeof(float) * (size_t)h->len);
+        o += h->len;
+    }
+}
+
+void mt_lowp_load(struct mt_model *m, const float *in)
+{
+    struct mt_lowp *lp = m->lp;
+    uint64_t it = 0;
+    for (int i = 0; i < 4; i++) it |= (uint64_t)in[i] << (16 * i);
+    lp->iter = (long long)it;
+    lp->nbwd = 0;
+    if (lp->recipe != DELAYED) return;
+    const float *s = in + 4;
+    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    for (size_t i = 0; i < ns; i++) {
+        struct mt_amax_history *h = &lp->hist[i];
+        h->count = (int)*s++;
+        h->latest = (int)*s++;
+        h->scale = *s++;
+        memcpy(h->amax, s, sizeof(float) * (size_t)h->len);
+        s += h->len;
+        lp->scale_host[i] = h->scale;
+    }
+    m->k->op.copy(m->k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    m->k->op.memset(m->k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+}
+
+int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
+{
+    struct mt_lowp *lp = m->lp;
+    if (!lp) return MT_OK;
+    lp->iter++;
+    lp->nbwd = 0;
+    if (lp->recipe != DELAYED) return MT_OK;
+    const struct mt_kernels *k = m->k;
+    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    /* the largest over the ranks: data-parallel replicas saw other micro-batches,
+     * pipeline stages other layers (their slots hold zeros elsewhere) */
+    if (lp->world && lp->world->size > 1)
+        MT_CHECK(mt_all_reduce(lp->world, lp->amax_dev, ns, MT_DT_F32, MT_OP_MAX, err));
+    k->op.copy(k->ctx, lp->amax_host, lp->amax_dev, sizeof(float) * ns);
+    for (size_t i = 0; i < ns; i++) {
+        mt_amax_history_update(&lp->hist[i], lp->amax_host[i]);
+        lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
+    }
+    k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+    return MT_OK;
+}
+
+const char *mt_model_lowp_recipe(const struct mt_model *m)
+{
+    if (!m->lp) return NULL;
+    static const char *const names[] = {"fp8 delayed", "fp8 tensorwise", "fp8 blockwise",
+                                        "fp8 mxfp8", "fp4 nvfp4"};
+    return names[m->lp->recipe];
+}
+
+void mt_lowp_backward_begin(struct mt_model *m)
+{
+    struct mt_lowp *lp = m->lp;
+    if (!lp) return;
+    lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + (uint64_t)lp->nbwd++);
+}
+
+/* ------------------------------------------------------------ operand specs */
+
+enum use { U_FWD, U_DGRAD, U_WGRAD };
+
+/* The quantisation of operand role of slot s for one use. */
+static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum use u)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    const bool weight = role == R_W;
+    /* the operand's reduction dimension in this use: its rows (columns of the
+     * stored tensor run along them) for W in dgrad and for both wgrad operands */
+    const enum mt_q_dim along = (weight && u == U_DGRAD) || u == U_WGRAD ? MT_Q_ALONG_COL
+                                                                         : MT_Q_ALONG_ROW;
+    struct mt_quant_spec q = { 0 };
+    q.along = along;
+    q.rnd = MT_Q_RN;
+    switch (lp->recipe) {
+    case DELAYED:
+    case TENSORWISE:
+        q.scaling = MT_Q_TENSOR;
+        q.elem = lp->hybrid && role == R_G ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
+        if (lp->recipe == DELAYED) {
+            q.scale = lp->scale_dev + (size_t)s * R_COUNT + role;
+            q.margin = p->m->cfg.precision.fp8_margin;
+            if (p->train) q.amax = lp->amax_dev + (size_t)s * R_COUNT + role;
+        }
+        q.along = MT_Q_ALONG_ROW;
+        break;
+    case BLOCKWISE:
+        q.scaling = weight ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128;
+        q.elem = MT_Q_ELEM_E4M3;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        break;
+    case MXFP8:
+        q.scaling = MT_Q_MX;
+        q.elem = MT_Q_ELEM_E4M3;
+        break;
+    case NVFP4:
+        q.scaling = weight ? MT_Q_NVFP4_2D : MT_Q_NVFP4;
+        q.elem = MT_Q_ELEM_E2M1;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        if (role == R_G) q.rnd = MT_Q_SR;
+        q.rht = u == U_WGRAD;
+        q.rht_stream = (uint32_t)s;
+        q.seed = lp->bwd_seed;
+        q.stream = (uint32_t)(((uint64_t)s * R_COUNT + role) * 3 + u);
+        break;
+    }
+    return q;
+}
+
+static void qdq(const struct mt_pass *p, const struct mt_quant_spec *q, float *out,
+                struct mt_tensor x)
+{
+    p->m->k->quant->qdq(p->ctx, q, mt_f32(out, x.rows, x.cols), x);
+}
+
+static int slot_of(const struct mt_pass *p, int tensor)
+{
+    return p->m->lp && tensor != MT_NO_TENSOR ? p->m->lp->slot_of[tensor] : -1;
+}
+
+/* ------------------------------------------------------------ linears */
+
+// out (N,dout) = in (N,din) W^T, W = tensor (dout,din)
+void mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
+                         struct mt_tensor in, int N, int dout, int din)
+{
+    const struct mt_tensor w = mt_model_weight(p->m, tensor);
+    const int s = slot_of(p, tensor);
+    if (s < 0) {
+        mt_pass_linear_fwd(p, out, in, w, N, dout, din);
+        return;
+    }
+    const struct mt_lowp *lp = p->m->lp;
+    const struct mt_quant_spec qx = spec(p, s, R_X, U_FWD), qw = spec(p, s, R_W, U_FWD);
+    qdq(p, &qx, lp->qa, in);
+    qdq(p, &qw, lp->qb, w);
+    p->o->gemm(p->ctx, false, true, N, dout, din, 1.0f, mt_f32(lp->qa, N, din),
+               mt_f32(lp->qb, dout, din), 0.0f, out);
+}
+
+// din (N,din) = beta din + dout W; dW (dout,din) += dout^T in
+void mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
+                         const float *dout, struct mt_tensor in, int N, int d_out, int d_in)
+{
+    struct mt_model *m = p->m;
+    const struct mt_tensor w = mt_model_weight(m, tensor);
+    float *dw = mt_model_view(m->grads, m, tensor);
+    const int s = slot_of(p, tensor);
+    if (s < 0) {
+        mt_pass_linear_bwd(p, din, beta, dw, dout, in, w, N, d_out, d_in);
+        return;
+    }
+    const struct mt_lowp *lp = m->lp;
+    const struct mt_tensor dy = mt_f32(dout, N, d_out);
+    struct mt_quant_spec qg = spec(p, s, R_G, U_DGRAD), qw = spec(p, s, R_W, U_DGRAD);
+    qdq(p, &qg, lp->qa, dy);
+    qdq(p, &qw, lp->qb, w);
+    p->o->gemm(p->ctx, false, false, N, d_in, d_out, 1.0f, mt_f32(lp->qa, N, d_out),
+               mt_f32(lp->qb, d_out, d_in), beta, mt_f32(din, N, d_in));
+    struct mt_quant_spec qg2 = spec(p, s, R_G, U_WGRAD), qx = spec(p, s, R_X, U_WGRAD);
+    qdq(p, &qg2, lp->qa, dy);
+    qdq(p, &qx, lp->qb, in);
+    p->o->gemm(p->ctx, true, false, d_out, d_in, N, 1.0f, mt_f32(lp->qa, N, d_out),
+               mt_f32(lp->qb, N, d_in), 1.0f, mt_f32(dw, d_out, d_in));
+}
+
+/* ------------------------------------------------------------ routed experts */
+
+/* Per expert e of a layer's routed experts (rows h_offs[e]..h_offs[e+1] of x), the
+ * quantisation of rows of x (width cols) into out at the same rows. */
+static void qdq_rows(const struct mt_pass *p, int s, int role, enum use u,
+                     const long long *h_offs, struct mt_tensor x, int cols, float *out)
+{
+    const size_t esz = mt_dtype_size(x.dtype);
+    for (int e = 0; e < p->m->E_l; e++) {
+        const long long r0 = h_offs[e], r1 = h_offs[e + 1];
+        if (r1 <= r0) continue;
+        const struct mt_quant_spec q = spec(p, s + 3 * e, role, u);
+        struct mt_tensor xe = mt_tview((const char *)x.data + esz * (size_t)r0 * cols, x.dtype,
+                                       r1 - r0, cols);
+        qdq(p, &q, out + (size_t)r0 * cols, xe);
+    }
+}
+
+/* The per-expert weight slabs (E_l, dout, din) of tensor quantised for use u. */
+static void qdq_slabs(const struct mt_pass *p, int s, int tensor, enum use u, int dout, int din,
+                      float *out)
+{
+    const struct mt_tensor w = mt_model_weight(p->m, tensor);
+    const size_t esz = mt_dtype_size(w.dtype), slab = (size_t)dout * din;
+    for (int e = 0; e < p->m->E_l; e++) {
+        const struct mt_quant_spec q = spec(p, s + 3 * e, R_W, u);
+        qdq(p, &q, out + slab * e,
+            mt_tview((const char *)w.data + esz * slab * e, w.dtype, dout, din));
+    }
+}
+
+bool mt_lowp_grouped(const struct mt_pass *p, int tensor) { return slot_of(p, tensor) >= 0; }
+
+// out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
+void mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                          const long long *h_offs, struct mt_tensor x, int rows, int dout,
+                          int din, struct mt_tensor out)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    const int s = slot_of(p, tensor);
+    qdq_rows(p, s, R_X, U_FWD, h_offs, x, din, lp->qa);
+    qdq_slabs(p, s, tensor, U_FWD, dout, din, lp->qb);
+    p->o->grouped_gemm(p->ctx, false, true, p->m->E_l, offs, 0, dout, din, 1.0f,
+                       mt_f32(lp->qa, rows, din), mt_f32(lp->qb, (int64_t)p->m->E_l * dout, din),
+                       0.0f, out);
+}
+
+// dx (rows,din) = beta dx + per expert dy_e W_e; dW_e (dout,din) += dy_e^T x_e
+void mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                          const long long *h_offs, const float *dy, struct mt_tensor x, int rows,
+                          int dout, int din, float *dx, float beta)
+{
+    struct mt_model *m = p->m;
+    const struct mt_lowp *lp = m->lp;
+    const int s = slot_of(p, tensor), El = m->E_l;
+    const struct mt_tensor dyt = mt_f32(dy, rows, dout);
+    qdq_rows(p, s, R_G, U_DGRAD, h_offs, dyt, dout, lp->qa);
+    qdq_slabs(p, s, tensor, U_DGRAD, dout, din, lp->qb);
+    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, din, dout, 1.0f,
+                       mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, (int64_t)El * dout, din), beta,
+                       mt_f32(dx, rows, din));
+    qdq_rows(p, s, R_G, U_WGRAD, h_offs, dyt, dout, lp->qa);
+    qdq_rows(p, s, R_X, U_WGRAD, h_offs, x, din, lp->qb);
+    p->o->grouped_gemm(p->ctx, true, false, El, offs, dout, din, 0, 1.0f,
+                       mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, rows, din), 1.0f,
+                       mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)El * dout, din));
+}
