@@ -659,11 +659,11 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
     if ((fp8 || fp4) && (p->tensor_model_parallel_size > 1 || p->expert_model_parallel_size > 1 ||
                          p->expert_tensor_parallel_size > 1 || p->context_parallel_size > 1))
         return mt_err_set(err, MT_EINVAL,
-                          "&precision %s: the amax reductions over the ranks that hold shards "
-                          "of one tensor are not implemented yet, so FP8/FP4 runs with "
+                          "&precision %s: the scale agreement over ranks that hold shards of "
+                          "one tensor is not implemented yet; FP8/FP4 needs "
                           "tensor_model_parallel_size (%d), expert_model_parallel_size (%d), "
                           "expert_tensor_parallel_size (%d) and context_parallel_size (%d) "
-                          "all 1 (data and pipeline parallelism are fine)",
+                          "all 1 (data and pipeline parallelism are supported)",
                           fp8 ? "fp8_format" : "fp4_format", p->tensor_model_parallel_size,
                           p->expert_model_parallel_size, p->expert_tensor_parallel_size,
                           p->context_parallel_size);

@@ -1613,6 +1613,8 @@ static void init_run(void *ctx, size_t whole, size_t shard, size_t n)
     for (size_t j = 0; j < n; j++) c->p[shard + j] = c->std * mt_rng_normal(c->key, 0, whole + j);
 }
 
+static void expert_bias_to_device(struct mt_model *m);
+
 void mt_model_init(struct mt_model *m, unsigned long long seed)
 {
     float *host = malloc(sizeof(float) * m->nparams);
@@ -1634,17 +1636,23 @@ void mt_model_init(struct mt_model *m, unsigned long long seed)
     if (m->nmoe > 0) {
         memset(m->expert_bias, 0, sizeof(float) * (size_t)m->nmoe * m->E);
         mt_model_reset_expert_counts(m);
-        mt_model_buffers_updated(m);
+        expert_bias_to_device(m);
     }
     mt_model_params_updated(m);
+}
+
+/* The routers read the expert biases from their backend-memory copy. */
+static void expert_bias_to_device(struct mt_model *m)
+{
+    if (m->expert_bias_dev)
+        m->k->op.copy(m->k->ctx, m->expert_bias_dev, m->expert_bias,
+                      sizeof(float) * (size_t)m->nmoe * m->E);
 }
 
 void mt_model_buffers_updated(struct mt_model *m)
 {
     if (m->lp) mt_lowp_load(m, m->buffers + (m->expert_bias_on ? (size_t)m->nmoe * m->E : 0));
-    if (m->expert_bias_dev)
-        m->k->op.copy(m->k->ctx, m->expert_bias_dev, m->expert_bias,
-                      sizeof(float) * (size_t)m->nmoe * m->E);
+    expert_bias_to_device(m);
 }
 
 void mt_model_params_updated(struct mt_model *m)
@@ -1695,7 +1703,7 @@ void mt_model_update_expert_bias(struct mt_model *m)
             b[e] += m->bias_rate * (float)((off > 0) - (off < 0));
         }
     }
-    mt_model_buffers_updated(m);
+    expert_bias_to_device(m);
 }
 
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
