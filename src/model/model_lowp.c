@@ -285,6 +285,8 @@ void mt_lowp_backward_begin(struct mt_model *m)
     lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + (uint64_t)lp->nbwd++);
 }
 
+uint64_t mt_lowp_backward_seed(const struct mt_model *m) { return m->lp ? m->lp->bwd_seed : 0; }
+
 /* ------------------------------------------------------------ operand specs */
 
 enum use { U_FWD, U_DGRAD, U_WGRAD };

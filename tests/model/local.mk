@@ -3,9 +3,9 @@ MODEL_TEST_LIBS = libmt_model.la libmt_runtime.la libmt_kernels.la libmt_config.
 	libmt_util.la $(MT_LIBS) $(cmocka_LIBS)
 
 check_PROGRAMS += tests/model/test_model_fd tests/model/test_model_misc tests/model/model_dump \
-	tests/model/test_model_recompute
+	tests/model/test_model_recompute tests/model/test_lowp
 TESTS += tests/model/test_model_fd tests/model/test_model_misc tests/model/test_model_jax.sh \
-	tests/model/test_model_recompute
+	tests/model/test_model_recompute tests/model/test_lowp
 noinst_HEADERS += tests/model/tiny_config.h tests/model/two_slots.h
 EXTRA_DIST += tests/model/test_model_jax.sh tests/model/jax_ref.py
 
@@ -27,6 +27,10 @@ TESTS += tests/model/test_model_offload
 tests_model_test_model_offload_SOURCES = tests/model/test_model_offload.c
 tests_model_test_model_offload_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_model_test_model_offload_LDADD = $(MODEL_TEST_LIBS)
+# one quantised linear of each FP8/FP4 recipe against cpu_quant.c's quantisers
+tests_model_test_lowp_SOURCES = tests/model/test_lowp.c
+tests_model_test_lowp_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_model_test_lowp_LDADD = $(MODEL_TEST_LIBS)
 
 tests_model_model_dump_SOURCES = tests/model/model_dump.c
 tests_model_model_dump_CPPFLAGS = $(AM_CPPFLAGS)

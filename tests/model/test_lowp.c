@@ -1,0 +1,307 @@
+/* The FP8/FP4 recipes in the model (src/model/model_lowp.c, doc/fp8.md): one quantised
+ * linear layer of a model (its q projection), forward, dgrad and wgrad, equals the
+ * product of its operands quantised directly with kernels/cpu/cpu_quant.c's functions
+ * as each recipe prescribes, for every recipe. The GEMMs run on BLAS, so results are
+ * compared within the bound of fp32 accumulation, (K + 2) 2^-24 sum |a b|, far below
+ * what any other choice of scaling, block direction, element format, rounding or
+ * Hadamard signs moves them (at least a quantisation step, 2^-4 relative and more). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/quant_recipe.h"
+#include "model/model_internal.h"
+#include "tests/model/tiny_config.h"
+#include "util/rng.h"
+
+#define B_ 2
+#define T_ 20 /* N = 40 tokens: 32-row MX blocks and 16-row Hadamard groups with a tail */
+
+enum recipe { DELAYED, TENSORWISE, BLOCKWISE, MXFP8, NVFP4, NRECIPES };
+static const char *const recipe_names[] = {"delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"};
+enum role { X, W, G };
+enum use { FWD, DGRAD, WGRAD };
+
+/* A dense one-layer model whose q projection is (80, 160): 1 x 128 tiles and 128 x 128
+ * blocks with partial ones. */
+static void config(struct mt_config *c, enum recipe r)
+{
+    tiny_config(c);
+    c->model.num_layers = 1;
+    c->model.hidden_size = 160;
+    c->model.num_attention_heads = 4;
+    c->model.num_query_groups = 2;
+    c->model.kv_channels = 20;
+    c->model.ffn_hidden_size = 48;
+    c->moe.num_experts = 0;
+    c->moe.layer_freq[0] = 0;
+    c->moe.shared_expert_intermediate_size = 0;
+    c->training.seq_length = T_;
+    struct mt_config_precision *q = &c->precision;
+    strcpy(q->fp8_recipe, "delayed");
+    q->fp8_amax_history_len = 1;
+    strcpy(q->fp8_amax_compute_algo, "most_recent");
+    strcpy(q->fp4_recipe, "nvfp4");
+    q->num_layers_at_start_in_bf16 = q->num_layers_at_end_in_bf16 = 1;
+    if (r == NVFP4) {
+        strcpy(q->fp4_format, "e2m1");
+    } else {
+        strcpy(q->fp8_format, r == BLOCKWISE || r == MXFP8 ? "e4m3" : "hybrid");
+        strcpy(q->fp8_recipe, recipe_names[r]);
+    }
+    if (r == DELAYED) q->fp8_margin = 1;
+}
+
+/* Normal values times magnitudes that vary over rows (2^15) and columns (2^8), and an
+ * outlier, so that blocks along a row and along a column get other scales, their
+ * small elements fall into the subnormals differently, and tensor scales differ from
+ * block scales: a block taken the wrong way changes results far beyond the bound. */
+static void fill(float *x, int64_t rows, int64_t cols, uint64_t key, float scale)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            x[r * cols + c] = ldexpf(scale * mt_rng_normal(key, 0, (uint64_t)(r * cols + c)),
+                                     3 * (int)(r % 6) + 2 * (int)(c % 5) - 12);
+    x[rows * cols / 3] *= 40.0f;
+}
+
+static void transpose(const float *a, float *t, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) t[c * rows + r] = a[r * cols + c];
+}
+
+/* The model's numbering (model_lowp.c): the q projection of layer 0 is slot 0; the
+ * random stream of operand role in use u is (slot * 3 + role) * 3 + u, the Hadamard
+ * signs' stream the slot. */
+static uint32_t stream_of(enum role role, enum use u) { return (uint32_t)((0 * 3 + role) * 3 + u); }
+
+struct ref {
+    enum recipe r;
+    float scale[3]; /* delayed: the encode scales the histories give */
+    uint64_t seed;  /* the backward pass's seed */
+};
+
+/* x (rows, cols) quantised as recipe r prescribes for operand role in use u, and
+ * dequantised, in out; written from the recipes' definitions (doc/fp8.md). */
+static void reference(const struct ref *rf, enum role role, enum use u, const float *x,
+                      int64_t rows, int64_t cols, float *out)
+{
+    struct mt_err err;
+    const size_t n = (size_t)rows * cols;
+    float *v = malloc(sizeof(float) * n), *t = malloc(sizeof(float) * n);
+    memcpy(v, x, sizeof(float) * n);
+    /* the reduction runs along the rows of W in dgrad and of both wgrad operands */
+    const bool down = u == WGRAD || (role == W && u == DGRAD);
+    struct mt_qtensor q;
+    switch (rf->r) {
+    case DELAYED:
+    case TENSORWISE: {
+        const enum mt_q_elem el = role == G ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
+        const float fmax = role == G ? MT_E5M2_MAX : MT_E4M3_MAX;
+        const float s = rf->r == DELAYED ? rf->scale[role]
+                                         : mt_q_tensor_scale(mt_q_amax(v, rows, cols, cols), fmax, 0);
+        assert_int_equal(mt_qtensor_init(&q, MT_Q_TENSOR, el, MT_Q_ALONG_ROW, rows, cols, &err), MT_OK);
+        assert_int_equal(mt_quant_tensorwise(&q, v, cols, s, MT_Q_RN, 0, 0, &err), MT_OK);
+        assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        break;
+    }
+    case BLOCKWISE:
+        if (role == W) { /* 128 x 128 blocks, whichever way the GEMM reads them */
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW,
+                                             rows, cols, &err), MT_OK);
+            assert_int_equal(mt_quant_blockwise(&q, v, cols, 1, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        } else if (!down) { /* 1 x 128 tiles along the row */
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW,
+                                             rows, cols, &err), MT_OK);
+            assert_int_equal(mt_quant_blockwise(&q, v, cols, 1, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        } else { /* 128 x 1 tiles: 1 x 128 tiles of the transpose */
+            transpose(v, t, rows, cols);
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW,
+                                             cols, rows, &err), MT_OK);
+            assert_int_equal(mt_quant_blockwise(&q, t, rows, 1, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, t, rows, &err), MT_OK);
+            transpose(t, out, cols, rows);
+        }
+        break;
+    case MXFP8: /* E4M3 everywhere, 32-blocks along the reduction, from the fp32 values */
+        assert_int_equal(mt_qtensor_init(&q, MT_Q_MX, MT_Q_ELEM_E4M3,
+                                         down ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW, rows, cols, &err),
+                         MT_OK);
+        assert_int_equal(mt_quant_mxfp8(&q, v, cols, &err), MT_OK);
+        assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        break;
+    case NVFP4: {
+        const enum mt_q_round rnd = role == G ? MT_Q_SR : MT_Q_RN;
+        const uint32_t st = stream_of(role, u);
+        if (u == WGRAD) /* the Hadamard transform over the tokens, whole groups of 16 */
+            assert_int_equal(mt_q_rht(v, rows / 16 * 16, cols, cols, MT_Q_ALONG_COL, rf->seed, 0, &err),
+                             MT_OK);
+        if (role == W) { /* 16 x 16 blocks */
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_NVFP4_2D, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, rows,
+                                             cols, &err), MT_OK);
+            assert_int_equal(mt_quant_nvfp4(&q, v, cols, rnd, rf->seed, st, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        } else if (!down) {
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, rows,
+                                             cols, &err), MT_OK);
+            assert_int_equal(mt_quant_nvfp4(&q, v, cols, rnd, rf->seed, st, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, out, cols, &err), MT_OK);
+        } else { /* 16-element blocks down the columns: along the rows of the transpose */
+            transpose(v, t, rows, cols);
+            assert_int_equal(mt_qtensor_init(&q, MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, cols,
+                                             rows, &err), MT_OK);
+            assert_int_equal(mt_quant_nvfp4(&q, t, rows, rnd, rf->seed, st, &err), MT_OK);
+            assert_int_equal(mt_dequant(&q, t, rows, &err), MT_OK);
+            transpose(t, out, cols, rows);
+        }
+        break;
+    }
+    case NRECIPES: break;
+    }
+    mt_qtensor_free(&q);
+    free(v);
+    free(t);
+}
+
+/* c (m, n) against sum_k a[i,k] b[k,j] (a(i,k) = a[i * sa_i + k * sa_k], likewise b)
+ * within fp32 accumulation's bound; returns the largest error in units of the bound. */
+static double check_gemm(const float *c, const float *a, int64_t sai, int64_t sak, const float *b,
+                         int64_t sbk, int64_t sbj, int64_t m, int64_t n, int64_t k, const char *what)
+{
+    double worst = 0.0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t l = 0; l < k; l++) {
+                double p = (double)a[i * sai + l * sak] * b[l * sbk + j * sbj];
+                s += p;
+                mag += fabs(p);
+            }
+            const double bound = (double)(k + 2) * ldexp(1.0, -24) * mag + 1e-30;
+            const double e = fabs((double)c[i * n + j] - s) / bound;
+            if (e > worst) worst = e;
+            if (e > 1.0) {
+                printf("# %s: [%lld,%lld] = %.9g, reference %.9g, bound %.3g\n", what, (long long)i,
+                       (long long)j, (double)c[i * n + j], s, bound);
+                fail();
+            }
+        }
+    return worst;
+}
+
+static void run(enum recipe r)
+{
+    struct mt_config cfg;
+    config(&cfg, r);
+    struct mt_model *m;
+    struct mt_err err;
+    int rc = mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err);
+    if (rc != MT_OK) printf("# %s\n", err.msg);
+    assert_int_equal(rc, MT_OK);
+    mt_model_init(m, 42);
+    const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
+    assert_int_equal(dout, 80);
+    assert_int_equal(din, 160);
+    struct mt_model_stats st;
+    struct mt_pass p = {m, &m->k->op, m->k->ctx, B_, N, N, 0, true, false, 1.0f, &st, &err};
+    float *x = malloc(sizeof(float) * N * din), *dy = malloc(sizeof(float) * N * dout);
+    float *out = malloc(sizeof(float) * N * dout), *dx = calloc((size_t)N * din, sizeof(float));
+    fill(x, N, din, 11, 1.0f);
+    fill(dy, N, dout, 12, 1e-3f);
+    /* the weight too (fp32 training: the working copy is the master) */
+    float *w = mt_model_weight(m, tensor).data;
+    fill(w, dout, din, 13, 0.05f);
+    float *dw = mt_model_view(m->grads, m, tensor);
+    struct ref rf = {r, {1, 1, 1}, 0};
+    if (r == DELAYED) { /* one recorded step: the next scales come from its amaxes */
+        mt_lowp_backward_begin(m);
+        mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
+        mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);
+        assert_int_equal(mt_model_lowp_step(m, &err), MT_OK);
+        rf.scale[X] = mt_q_tensor_scale(mt_q_amax(x, N, din, din), MT_E4M3_MAX, 1);
+        rf.scale[W] = mt_q_tensor_scale(mt_q_amax(w, dout, din, din), MT_E4M3_MAX, 1);
+        rf.scale[G] = mt_q_tensor_scale(mt_q_amax(dy, N, dout, dout), MT_E5M2_MAX, 1);
+    }
+    mt_model_zero_grad(m);
+    mt_lowp_backward_begin(m);
+    rf.seed = mt_lowp_backward_seed(m);
+    mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
+    mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);
+
+    const size_t most = (size_t)(N > dout ? N : dout) * din;
+    float *qa = malloc(sizeof(float) * most), *qb = malloc(sizeof(float) * most);
+    double worst[3];
+    /* forward: out = q(x) q(W)^T */
+    reference(&rf, X, FWD, x, N, din, qa);
+    reference(&rf, W, FWD, w, dout, din, qb);
+    worst[0] = check_gemm(out, qa, din, 1, qb, 1, din, N, dout, din, "forward");
+    /* dgrad: dx = q(dy) q'(W) */
+    reference(&rf, G, DGRAD, dy, N, dout, qa);
+    reference(&rf, W, DGRAD, w, dout, din, qb);
+    worst[1] = check_gemm(dx, qa, dout, 1, qb, din, 1, N, din, dout, "dgrad");
+    /* wgrad: dW = q'(dy)^T q'(x) */
+    reference(&rf, G, WGRAD, dy, N, dout, qa);
+    reference(&rf, X, WGRAD, x, N, din, qb);
+    worst[2] = check_gemm(dw, qa, 1, dout, qb, din, 1, dout, din, N, "wgrad");
+    printf("ok: %s: forward, dgrad, wgrad within %.2f, %.2f, %.2f of the fp32 accumulation bound\n",
+           recipe_names[r], worst[0], worst[1], worst[2]);
+    /* and the quantisation did something: the forward differs from the fp32 product */
+    double moved = 0.0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < dout; j++) {
+            double s = 0.0;
+            for (int l = 0; l < din; l++) s += (double)x[i * din + l] * w[j * din + l];
+            moved = fmax(moved, fabs(s - out[i * dout + j]));
+        }
+    assert_true(moved > 1e-4);
+    free(qa), free(qb), free(x), free(dy), free(out), free(dx);
+    mt_model_destroy(m);
+}
+
+static void test_delayed(void **s) { (void)s; run(DELAYED); }
+static void test_tensorwise(void **s) { (void)s; run(TENSORWISE); }
+static void test_blockwise(void **s) { (void)s; run(BLOCKWISE); }
+static void test_mxfp8(void **s) { (void)s; run(MXFP8); }
+static void test_nvfp4(void **s) { (void)s; run(NVFP4); }
+
+/* first_last_layers_bf16 keeps the ends high precision: with the only layer kept, the
+ * linear is the plain fp32 one. */
+static void test_first_last_bf16(void **s)
+{
+    (void)s;
+    struct mt_config cfg;
+    config(&cfg, MXFP8);
+    cfg.precision.first_last_layers_bf16 = true;
+    struct mt_model *m;
+    struct mt_err err;
+    assert_int_equal(mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err), MT_OK);
+    mt_model_init(m, 42);
+    const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
+    struct mt_model_stats st;
+    struct mt_pass p = {m, &m->k->op, m->k->ctx, B_, N, N, 0, true, false, 1.0f, &st, &err};
+    float *x = malloc(sizeof(float) * N * din), *out = malloc(sizeof(float) * N * dout);
+    fill(x, N, din, 11, 1.0f);
+    const float *w = mt_model_weight(m, tensor).data;
+    mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
+    check_gemm(out, x, din, 1, w, 1, din, N, dout, din, "high-precision forward");
+    free(x), free(out);
+    mt_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_delayed),  cmocka_unit_test(test_tensorwise),
+        cmocka_unit_test(test_blockwise), cmocka_unit_test(test_mxfp8),
+        cmocka_unit_test(test_nvfp4),    cmocka_unit_test(test_first_last_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
