@@ -783,9 +783,11 @@ int mt_shard_index_check(const struct mt_shard_index *ix, const struct mt_ckpt_v
     }
     if (table->nbuffers != ix->nbuffers)
         return mt_err_set(err, MT_EINVAL,
-                          "checkpoint '%s' holds %zu expert-bias values, but this model has "
-                          "%zu: %s",
-                          ix->dir, ix->nbuffers, table->nbuffers, hint);
+                          "checkpoint '%s' holds %zu values of its buffers (%s: the expert "
+                          "biases, then the FP8/FP4 recipes' state), but this model has %zu "
+                          "(&precision fp8_format, fp8_recipe, fp8_amax_history_len and "
+                          "fp4_format decide that state's size): %s",
+                          ix->dir, ix->nbuffers, MT_SHARD_BIAS, table->nbuffers, hint);
     if (ix->nt != expected) {
         /* name one tensor the model does not have */
         for (int i = 0; i < ix->nt; i++) {

@@ -1,0 +1,75 @@
+#!/bin/sh
+# FP8/FP4 training on the CPU backend (doc/fp8.md): a resumed run is bit-identical to
+# a straight one with delayed scaling (amax histories of 4 steps, 'max') and with
+# NVFP4 (its random bits keyed by the iteration); --check and --log-memory agree on
+# the quantised path's memory, which --check shows beside bf16's; the keys that would
+# change nothing, and backends without the quantisation ops, are refused by name.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+cd "$tmp"
+DELAYED="precision%fp8_format='hybrid' precision%fp8_amax_history_len=4 precision%fp8_amax_compute_algo='max' precision%fp8_margin=1"
+NVFP4="precision%fp4_format='e2m1'"
+for recipe in DELAYED NVFP4; do
+    eval "r=\$$recipe"
+    # shellcheck disable=SC2086 # r is a list of overrides
+    "$MOETRAIN" "$small" precision%params_dtype="'bf16'" $r "checkpoint%save='straight'" > a.log 2>&1 || { cat a.log; fail "$recipe: straight run"; }
+    grep -q "low precision: fp" a.log || { cat a.log; fail "$recipe: the log does not name the recipe"; }
+    # shellcheck disable=SC2086
+    "$MOETRAIN" "$small" precision%params_dtype="'bf16'" $r training%exit_interval=5 "checkpoint%save='split'" > b.log 2>&1 || { cat b.log; fail "$recipe: first half"; }
+    # shellcheck disable=SC2086
+    "$MOETRAIN" "$small" precision%params_dtype="'bf16'" $r "checkpoint%save='split'" "checkpoint%load='split'" > c.log 2>&1 || { cat c.log; fail "$recipe: second half"; }
+    grep -q "loaded checkpoint" c.log || fail "$recipe: the resumed run did not load"
+    same_ckpt straight/iter_0000012 split/iter_0000012 || fail "$recipe: resumed state differs from the straight run"
+    echo "$recipe: resume is bit-exact"
+    rm -rf straight split
+done
+# a checkpoint written without the recipe's state is refused with the recipe
+"$MOETRAIN" "$small" training%train_iters=3 "checkpoint%save='plain'" > d.log 2>&1 || { cat d.log; fail "plain run"; }
+# shellcheck disable=SC2086
+"$MOETRAIN" "$small" $DELAYED training%train_iters=4 "checkpoint%load='plain'" > e.log 2>&1 && { cat e.log; fail "a checkpoint without the FP8 state was loaded"; }
+grep -q "moetrain.expert_bias" e.log || { cat e.log; fail "the refusal does not name the state"; }
+echo "a checkpoint without the state is refused"
+
+# memory: --check's bytes are those the run allocates (--log-memory), and more than bf16's
+bytes() { sed -n 's/.*| total \([0-9]*\) (.*/\1/p' "$1" | head -1; }
+"$MOETRAIN" --check "$small" > plain.check 2>&1 || { cat plain.check; fail "--check"; }
+# shellcheck disable=SC2086
+"$MOETRAIN" --check "$small" $DELAYED > fp8.check 2>&1 || { cat fp8.check; fail "--check fp8"; }
+# shellcheck disable=SC2086
+"$MOETRAIN" "$small" $DELAYED training%train_iters=2 optimizer%lr_warmup_iters=1 logging%log_memory=T > fp8.log 2>&1 || { cat fp8.log; fail "fp8 run"; }
+c=$(bytes fp8.check); l=$(bytes fp8.log); p=$(bytes plain.check)
+[ -n "$c" ] && [ "$c" = "$l" ] || fail "--check says $c bytes, --log-memory $l"
+[ "$c" -gt "$p" ] || fail "the quantised path's buffers are not counted ($c vs $p bytes)"
+echo "memory: fp8 $c bytes (--check = --log-memory), bf16 path $p"
+
+expect_refused() { # expect_refused NEEDLE ARGS...: --check exits 1 naming NEEDLE
+    needle=$1; shift
+    "$MOETRAIN" "$@" > out.log 2> err.log && { cat out.log err.log; fail "accepted: $*"; }
+    grep -q -- "$needle" err.log || { cat err.log; fail "message lacks '$needle'"; }
+}
+expect_refused "the 'guard' backend (--backend guard) does not run the FP8/FP4 recipes yet; --backend cpu runs every recipe" \
+    --backend guard "$small" "precision%fp8_format='e4m3'"
+expect_refused "the 'guard' backend (--backend guard) does not run the FP8/FP4 recipes yet" \
+    --check --backend guard "$small" "$NVFP4"
+expect_refused "the 'cuda' backend (--backend cuda) does not run the FP8/FP4 recipes yet" \
+    --check --backend cuda "$small" "precision%fp8_format='e4m3'"
+expect_refused "fp8_recipe = 'mxfp8' quantises gradients to E4M3 as well" \
+    --check "$small" "precision%fp8_format='hybrid'" "precision%fp8_recipe='mxfp8'"
+expect_refused "apply to fp8_recipe = 'delayed' only" \
+    --check "$small" "precision%fp8_format='e4m3'" "precision%fp8_recipe='blockwise'" precision%fp8_amax_history_len=8
+expect_refused "apply to fp8_recipe = 'delayed' only (here fp8_format is '')" \
+    --check "$small" precision%fp8_margin=2
+expect_refused "first_last_layers_bf16 = .true. keeps layers out of FP8/FP4, but neither" \
+    --check "$small" precision%first_last_layers_bf16=T
+expect_refused "apply only with first_last_layers_bf16 = .true." \
+    --check "$small" "precision%fp8_format='e4m3'" precision%num_layers_at_start_in_bf16=2
+expect_refused "exceed &model num_layers = 2" \
+    --check "$small" "$NVFP4" precision%first_last_layers_bf16=T precision%num_layers_at_end_in_bf16=2
+expect_refused "fp8_format = 'e4m3' and fp4_format = 'e2m1': choose one" \
+    --check "$small" "precision%fp8_format='e4m3'" "$NVFP4"
+expect_refused "moe_router_padding_for_fp8 = .true.: the quantised grouped GEMM" \
+    --check "$small" moe%moe_router_padding_for_fp8=T
+expect_refused "FP8/FP4 needs tensor_model_parallel_size (2), expert_model_parallel_size (1)" \
+    --check --world-size 2 "$small" "precision%fp8_format='e4m3'" parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T
+expect_refused "expert_model_parallel_size (2)" \
+    --check --world-size 2 "$small" "$NVFP4" parallel%expert_model_parallel_size=2
+echo "refusals ok"
