@@ -206,6 +206,33 @@ from_megatron nogc --num-layers 2 --swiglu --disable-bias-linear --mock-data
 has nogc 'manual_gc = .false.'
 has nogc 'manual_gc_interval = 0'
 has nogc 'manual_gc_eval = .true.'
+# FP8 and FP4 (Transformer Engine's flags): the recipe keys, and Megatron's defaults
+from_megatron fp8 --num-layers 4 --swiglu --disable-bias-linear --mock-data --bf16 \
+    --fp8-format hybrid --fp8-recipe delayed --fp8-margin 1 --fp8-amax-history-len 16 \
+    --fp8-amax-compute-algo max --first-last-layers-bf16 --num-layers-at-start-in-bf16 1 \
+    --num-layers-at-end-in-bf16 2
+has fp8 "fp8_format = 'hybrid'"
+has fp8 "fp8_recipe = 'delayed'"
+has fp8 'fp8_margin = 1'
+has fp8 'fp8_amax_history_len = 16'
+has fp8 "fp8_amax_compute_algo = 'max'"
+has fp8 'first_last_layers_bf16 = .true.'
+has fp8 'num_layers_at_end_in_bf16 = 2'
+gfortran_reads fp8
+from_megatron mxfp8 --num-layers 2 --swiglu --disable-bias-linear --mock-data --fp8-format e4m3 \
+    --fp8-recipe mxfp8
+has mxfp8 "fp8_recipe = 'mxfp8'"
+has mxfp8 'fp8_amax_history_len = 1'
+has mxfp8 "fp8_amax_compute_algo = 'most_recent'"
+from_megatron nvfp4 --num-layers 2 --swiglu --disable-bias-linear --mock-data --fp4-format e2m1 \
+    --fp4-recipe nvfp4
+has nvfp4 "fp4_format = 'e2m1'"
+has nvfp4 "fp8_format = ''"
+# the delayed-scaling flags with another recipe change nothing: refused, as the key is
+expect_error "apply to fp8_recipe = 'delayed' only" -- --num-layers 2 --swiglu \
+    --disable-bias-linear --mock-data --fp8-format e4m3 --fp8-recipe blockwise --fp8-margin 2
+expect_error "moe_router_padding_for_fp8 = .true." -- --num-layers 2 --swiglu \
+    --disable-bias-linear --mock-data --num-experts 4 --moe-router-padding-for-fp8
 # Megatron's defaults and rules where moetrain's differ
 from_megatron defaults --hidden-size 768 --num-attention-heads 12 --num-query-groups 4 --swiglu \
     --disable-bias-linear --normalization RMSNorm --position-embedding-type rope \
