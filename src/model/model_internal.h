@@ -427,9 +427,11 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device);
 size_t mt_lowp_nbuffers(const struct mt_model *m);
 void mt_lowp_save(const struct mt_model *m, float *out);
 void mt_lowp_load(struct mt_model *m, const float *in);
-/* At the start of each backward pass: the seed of its random bits (stochastic rounding
- * of gradients, Hadamard signs), which mt_lowp_backward_seed returns until the next. */
-void mt_lowp_backward_begin(struct mt_model *m);
+/* At the start of each backward pass (loss_scale: its scale of the loss): the seed of
+ * its random bits (stochastic rounding of gradients, Hadamard signs), which
+ * mt_lowp_backward_seed returns until the next, and delayed scaling's gradient scales
+ * for that loss scale. */
+void mt_lowp_backward_begin(struct mt_model *m, float loss_scale);
 uint64_t mt_lowp_backward_seed(const struct mt_model *m);
 /* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
  * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). */

@@ -42,6 +42,10 @@ struct mt_lowp {
     float *scale_host, *amax_host;
     struct mt_amax_history *hist;
     int hist_len;
+    /* the loss scale of the backward passes (1 / micro-batches of the rank): gradient
+     * amaxes are recorded in the unit of the unscaled loss, so that the histories, and
+     * a checkpoint of them, do not depend on the layout */
+    float grad_unit;
     struct mt_comm *world;      /* amaxes are reduced (max) over every rank */
     /* randomness of stochastic rounding and of the Hadamard signs (NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
@@ -79,6 +83,19 @@ static bool layer_bf16(const struct mt_model *m, int l)
 static void map_tensor(struct mt_lowp *lp, int tensor, int s)
 {
     if (tensor != MT_NO_TENSOR) lp->slot_of[tensor] = s;
+}
+
+/* The encode scales of the histories to the backend; a gradient's divided by the loss
+ * scale of the rank's backward passes (its amaxes are in the unscaled unit). */
+static void upload_scales(struct mt_model *m)
+{
+    struct mt_lowp *lp = m->lp;
+    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    for (size_t i = 0; i < ns; i++) {
+        lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
+        if (i % R_COUNT == R_G && lp->grad_unit > 0.0f) lp->scale_host[i] /= lp->grad_unit;
+    }
+    m->k->op.copy(m->k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
 }
 
 int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
@@ -167,10 +184,9 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         for (size_t i = 0; i < ns; i++) {
             const float fmax = lp->hybrid && i % R_COUNT == R_G ? MT_E5M2_MAX : MT_E4M3_MAX;
             MT_CHECK(mt_amax_history_init(&lp->hist[i], lp->hist_len, algo, fmax, q->fp8_margin, err));
-            lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
         }
-        k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
         k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+        upload_scales(m);
     }
     lp->nbuf = state_floats(lp);
     return MT_OK;
@@ -241,9 +257,8 @@ void mt_lowp_load(struct mt_model *m, const float *in)
         h->scale = *s++;
         memcpy(h->amax, s, sizeof(float) * (size_t)h->len);
         s += h->len;
-        lp->scale_host[i] = h->scale;
     }
-    m->k->op.copy(m->k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    upload_scales(m);
     m->k->op.memset(m->k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
 }
 
@@ -262,10 +277,11 @@ int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
         MT_CHECK(mt_all_reduce(lp->world, lp->amax_dev, ns, MT_DT_F32, MT_OP_MAX, err));
     k->op.copy(k->ctx, lp->amax_host, lp->amax_dev, sizeof(float) * ns);
     for (size_t i = 0; i < ns; i++) {
-        mt_amax_history_update(&lp->hist[i], lp->amax_host[i]);
-        lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
+        float a = lp->amax_host[i];
+        if (i % R_COUNT == R_G && lp->grad_unit > 0.0f) a /= lp->grad_unit;
+        mt_amax_history_update(&lp->hist[i], a);
     }
-    k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    upload_scales(m);
     k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
     return MT_OK;
 }
@@ -278,10 +294,14 @@ const char *mt_model_lowp_recipe(const struct mt_model *m)
     return names[m->lp->recipe];
 }
 
-void mt_lowp_backward_begin(struct mt_model *m)
+void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
 {
     struct mt_lowp *lp = m->lp;
     if (!lp) return;
+    if (lp->recipe == DELAYED && loss_scale != lp->grad_unit) {
+        lp->grad_unit = loss_scale;
+        upload_scales(m);
+    }
     lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + (uint64_t)lp->nbwd++);
 }
 
@@ -309,9 +329,14 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
         q.scaling = MT_Q_TENSOR;
         q.elem = lp->hybrid && role == R_G ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
         if (lp->recipe == DELAYED) {
-            q.scale = lp->scale_dev + (size_t)s * R_COUNT + role;
+            const size_t i = (size_t)s * R_COUNT + role;
+            /* an empty history (the first step) scales the tensor by its own amax:
+             * Transformer Engine's scale of 1 would quantise the first gradients
+             * against a fixed range, where their size (1 / micro-batches of the rank)
+             * depends on the layout; every later scale follows the amaxes */
+            if (lp->hist[i].count > 0) q.scale = lp->scale_dev + i;
             q.margin = p->m->cfg.precision.fp8_margin;
-            if (p->train) q.amax = lp->amax_dev + (size_t)s * R_COUNT + role;
+            if (p->train) q.amax = lp->amax_dev + i;
         }
         q.along = MT_Q_ALONG_ROW;
         break;

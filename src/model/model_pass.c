@@ -508,7 +508,7 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     if (!backward) return MT_OK;
 
     /* backward: d_res carries the gradient of the residual stream down the layers */
-    mt_lowp_backward_begin(m);
+    mt_lowp_backward_begin(m, loss_scale);
     float ce_scale = valid > 0 ? loss_scale / (float)valid : 0.0f;
     float *dlogits = m->lm_logits; /* in place */
     p.o->cross_entropy_bwd(p.ctx, dlogits, m->lm_logits, m->ce_lse, m->targets, N, V, m->v0, ce_scale);
@@ -599,7 +599,7 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
     pass_t p = {m, &m->k->op, m->k->ctx, B, N, Nl, (long long)m->sc.tp_rank * Nl, true,
                 false, sl->loss_scale, st, err};
     const int H = m->H, V = m->V_l;
-    mt_lowp_backward_begin(m);
+    mt_lowp_backward_begin(m, sl->loss_scale);
     if (m->last) {
         float ce_scale = sl->valid > 0 ? sl->loss_scale / (float)sl->valid : 0.0f;
         float *dlogits = m->lm_logits; /* in place */

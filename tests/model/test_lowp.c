@@ -222,7 +222,7 @@ static void run(enum recipe r)
     float *dw = mt_model_view(m->grads, m, tensor);
     struct ref rf = {r, {1, 1, 1}, 0};
     if (r == DELAYED) { /* one recorded step: the next scales come from its amaxes */
-        mt_lowp_backward_begin(m);
+        mt_lowp_backward_begin(m, 1.0f);
         mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
         mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);
         assert_int_equal(mt_model_lowp_step(m, &err), MT_OK);
@@ -231,7 +231,7 @@ static void run(enum recipe r)
         rf.scale[G] = mt_q_tensor_scale(mt_q_amax(dy, N, dout, dout), MT_E5M2_MAX, 1);
     }
     mt_model_zero_grad(m);
-    mt_lowp_backward_begin(m);
+    mt_lowp_backward_begin(m, 1.0f);
     rf.seed = mt_lowp_backward_seed(m);
     mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
     mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);

@@ -35,4 +35,18 @@ tp2_ep4 4 $TP2 $EP4 $ETP1
 tp2_etp2_ep2_allgather 4 $TP2 $EP2 $AG
 tp2_etp2_ep2_dp4_zero1 8 $TP2 $EP2 $ETP2 $ZERO
 LAYOUTS
+# FP8 (doc/fp8.md, Parallel layouts): delayed scaling's amaxes are reduced (max) over
+# the world after each step, so every rank keeps the histories one process keeps;
+# data-parallel replicas with ZeRO-1, and 2 pipeline stages holding other layers' slots,
+# match one process. (Tensor, sequence and expert parallelism refuse FP8 at --check.)
+FP8="precision%fp8_format='hybrid' precision%fp8_amax_history_len=4 precision%fp8_amax_compute_algo='max'"
+# shellcheck disable=SC2086 # lists of overrides
+{
+    reference one_fp8 $SHORT $FP8
+    run dp2_zero1_fp8 2 $SHORT "$seed" $FP8 $ZERO
+    same_as one_fp8 dp2_zero1_fp8
+    run pp2_fp8 2 $SHORT "$seed" $FP8 parallel%pipeline_model_parallel_size=2 \
+        parallel%decoder_last_pipeline_num_layers=1
+    same_as one_fp8 pp2_fp8
+}
 echo "every layout matches one process"
