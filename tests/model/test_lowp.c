@@ -251,7 +251,7 @@ static void run(enum recipe r)
     reference(&rf, G, WGRAD, dy, N, dout, qa);
     reference(&rf, X, WGRAD, x, N, din, qb);
     worst[2] = check_gemm(dw, qa, 1, dout, qb, din, 1, dout, din, N, "wgrad");
-    printf("ok: %s: forward, dgrad, wgrad within %.2f, %.2f, %.2f of the fp32 accumulation bound\n",
+    printf("# %s: forward, dgrad, wgrad within %.2f, %.2f, %.2f of the fp32 accumulation bound\n",
            recipe_names[r], worst[0], worst[1], worst[2]);
     /* and the quantisation did something: the forward differs from the fp32 product */
     double moved = 0.0;
