@@ -27,6 +27,7 @@ TESTS += tests/model/test_model_offload
 tests_model_test_model_offload_SOURCES = tests/model/test_model_offload.c
 tests_model_test_model_offload_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_model_test_model_offload_LDADD = $(MODEL_TEST_LIBS)
+
 # one quantised linear of each FP8/FP4 recipe against cpu_quant.c's quantisers
 tests_model_test_lowp_SOURCES = tests/model/test_lowp.c
 tests_model_test_lowp_CPPFLAGS = $(TEST_CPPFLAGS)
