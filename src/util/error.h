@@ -9,6 +9,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" { /* C++ callers: the emulator and its tests */
+#endif
+
 enum {
     MT_OK = 0,
     MT_EINVAL = -1,      /* bad user input: namelist, CLI, layout */
@@ -55,5 +59,9 @@ const char *mt_err_code_name(int code);
         rc = (expr);                                                           \
         if (rc != MT_OK) goto label;                                           \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
