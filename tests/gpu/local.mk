@@ -113,6 +113,17 @@ tests_gpu_emu_libraries_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_libraries_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_libraries_LDADD = libmt_cuda_emu.la
 
+# The FP8/FP4 recipes on the GPU path: every device quantiser byte for byte against the
+# CPU's, the block scales in cuBLASLt's order, the emulated cuBLASLt's FP8/FP4 matmuls
+# against the CPU reference GEMM (H100 and GB200).
+check_PROGRAMS += tests/gpu/emu_quant
+TESTS += tests/gpu/emu_quant.sh
+EXTRA_DIST += tests/gpu/emu_quant.sh
+tests_gpu_emu_quant_SOURCES = tests/gpu/emu_quant.cc tests/gpu/emu_test.h
+tests_gpu_emu_quant_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_quant_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_quant_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
+
 # The CUDA backend's dense GEMMs: the fp32 fallback (forced by the emulated cuBLASLt's
 # test knob) reported once per shape and counted; the backend's teardown destroys every
 # cuBLASLt object it made, and a new backend works after it.
@@ -152,4 +163,5 @@ EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gp
 	tests/gpu/host_counts_emu.sh
 EXTRA_DIST += tests/gpu/offload_emu.sh
 EXTRA_DIST += tests/gpu/emu_gemm.sh tests/gpu/emu_gemm.cc
+EXTRA_DIST += tests/gpu/emu_quant.sh tests/gpu/emu_quant.cc
 endif

@@ -35,6 +35,7 @@
 // happen on purpose (tests/gpu/emu_gemm); 32F is never refused.
 #include "kernels/cuda/emu/emu_internal.h"
 #include "kernels/cuda/emu/emu_streams.h"
+#include "kernels/quant.h"
 
 #include <cublasLt.h>
 #include <stdarg.h>
@@ -51,6 +52,10 @@ struct matmul_desc {
     cublasComputeType_t compute;
     cudaDataType_t scale;
     cublasOperation_t ta, tb;
+    // narrow precision (FP8, FP4): the scale pointers and modes of A, B, C, D, amax of D
+    const void *scale_ptr[4];
+    int32_t scale_mode[4];
+    void *amax_d;
 };
 struct layout {
     cudaDataType_t type;
@@ -136,6 +141,179 @@ bool report(const char *fmt, ...)
 
 } // namespace
 
+// ---------------------------------------------------------------- narrow precision (FP8, FP4)
+
+static bool is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+static bool is_narrow(cudaDataType_t t) { return is_fp8(t) || t == CUDA_R_4F_E2M1; }
+static bool narrow_problem(const layout *ls[4]) { return is_narrow(ls[0]->type) || is_narrow(ls[1]->type); }
+static bool block_mode(int32_t v) { return v != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F; }
+// Bits of an element of the types this file knows.
+static uint64_t type_bits(cudaDataType_t t)
+{
+    return t == CUDA_R_4F_E2M1 ? 4 : is_fp8(t) ? 8 : t == CUDA_R_16BF ? 16 : 32;
+}
+static const char *mode_name(int32_t v)
+{
+    switch (v) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: return "SCALAR_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: return "VEC16_UE4M3";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: return "VEC32_UE8M0";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: return "VEC128_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: return "BLK128x128_32F";
+    }
+    return "?";
+}
+
+// The compute capability of the current device (10 * major + minor).
+static int device_cc(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return 10 * major + minor;
+}
+
+// A dense (bf16, fp32) problem given scales: cuBLASLt refuses it at cublasLtMatmul
+// ("If set for an unsupported matrix data, scale, and compute type combination"), except
+// C's tensorwide scale, which it allows for any C type.
+static cublasStatus_t dense_scales(const matmul_desc &m)
+{
+    if (m.scale_ptr[0] || m.scale_ptr[1] || m.scale_ptr[3] || m.amax_d)
+        return report("A, B or D scale or the amax of D given for a matmul of no FP8 or FP4 operand"),
+               CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < 4; i++)
+        if (block_mode(m.scale_mode[i]))
+            return report("scale mode %s for %c of a matmul of no FP8 or FP4 operand", mode_name(m.scale_mode[i]),
+                          "ABCD"[i]),
+                   CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Whether cuBLASLt runs this FP8 or FP4 problem on the current device, from its
+// documentation (cublasLtMatmul: the requirements of tensor- and block-scaled FP8 and of
+// block-scaled FP4 kernels and their type tables; "Scaling Mode Support Overview" and
+// the sections on each mode). What it lacks is CUBLAS_STATUS_NOT_SUPPORTED (the heuristic
+// has no algorithm for it), a scale given where it has no meaning CUBLAS_STATUS_INVALID_VALUE.
+static cublasStatus_t narrow_supported(const matmul_desc &m, const layout *ls[4], uint64_t M, uint64_t N)
+{
+    const cublasStatus_t no = CUBLAS_STATUS_NOT_SUPPORTED;
+    const cudaDataType_t a = ls[0]->type, b = ls[1]->type, c = ls[2]->type, d = ls[3]->type;
+    const int cc = device_cc();
+    const int32_t ma = m.scale_mode[0], mb = m.scale_mode[1];
+    if (m.compute != CUBLAS_COMPUTE_32F || m.scale != CUDA_R_32F)
+        return report("FP8 and FP4 matmuls take CUBLAS_COMPUTE_32F and scale type CUDA_R_32F (%d, %d given)",
+                      (int)m.compute, (int)m.scale),
+               no;
+    const bool fp4 = a == CUDA_R_4F_E2M1;
+    if (fp4 ? b != CUDA_R_4F_E2M1 : !(is_fp8(a) && is_fp8(b)) || (a == CUDA_R_8F_E5M2 && b == CUDA_R_8F_E5M2))
+        return report("A and B of types %d and %d: cuBLASLt multiplies E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3 "
+                      "or E2M1 x E2M1",
+                      (int)a, (int)b),
+               no;
+    const bool e5m2 = a == CUDA_R_8F_E5M2 || b == CUDA_R_8F_E5M2;
+    const bool cd_ok = (c == CUDA_R_32F && d == CUDA_R_32F) || (c == CUDA_R_16BF && d == CUDA_R_16BF) ||
+                       (!fp4 && c == CUDA_R_16BF && (d == CUDA_R_8F_E4M3 || (e5m2 && d == CUDA_R_8F_E5M2)));
+    if (!cd_ok)
+        return report("C and D of types %d and %d with %s A and B: not in cuBLASLt's table, or not emulated "
+                      "(32F/32F, 16BF/16BF, and for FP8 16BF with an FP8 D, are)",
+                      (int)c, (int)d, fp4 ? "FP4" : "FP8"),
+               no;
+    if (cc < (fp4 ? 100 : 89))
+        return report("%s matmuls need compute capability %s; the device has %d.%d", fp4 ? "FP4" : "FP8",
+                      fp4 ? "10.0" : "8.9", cc / 10, cc % 10),
+               no;
+    const bool tn_only = fp4 || cc == 89 || cc == 90 || cc / 10 == 12;
+    if (tn_only && (m.ta != CUBLAS_OP_T || m.tb != CUBLAS_OP_N))
+        return report("%s matmuls on compute capability %d.%d take the \"TN\" layout (A transposed, B not); "
+                      "%c%c given",
+                      fp4 ? "FP4" : "FP8", cc / 10, cc % 10, m.ta == CUBLAS_OP_T ? 'T' : 'N',
+                      m.tb == CUBLAS_OP_T ? 'T' : 'N'),
+               no;
+    if (block_mode(m.scale_mode[2]) || block_mode(m.scale_mode[3]))
+        return report("C and D take the scalar scale mode here (block-scaled outputs are not emulated)"), no;
+    const bool hopper_blocks = ma == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+                               ma == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    if (fp4) {
+        if (ma != CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 || mb != CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3)
+            return report("FP4 A and B take scale mode VEC16_UE4M3 (%s, %s given)", mode_name(ma), mode_name(mb)), no;
+    } else if (ma == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || mb == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+        if (ma != mb)
+            return report("scale modes %s and %s: a scalar mode is not mixed with a block mode", mode_name(ma),
+                          mode_name(mb)),
+                   no;
+    } else if (ma == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 || mb == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0) {
+        if (ma != mb)
+            return report("scale modes %s and %s: VEC32_UE8M0 is for both FP8 operands", mode_name(ma), mode_name(mb)),
+                   no;
+        if (cc < 100)
+            return report("scale mode VEC32_UE8M0 needs compute capability 10.0 or later; the device has %d.%d",
+                          cc / 10, cc % 10),
+                   no;
+    } else if (hopper_blocks && (mb == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+                                 mb == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)) {
+        if (ma == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && mb == ma)
+            return report("scale modes BLK128x128_32F for both A and B: not a supported combination"), no;
+        if (cc != 90)
+            return report("scale modes %s and %s need compute capability 9.0; the device has %d.%d", mode_name(ma),
+                          mode_name(mb), cc / 10, cc % 10),
+                   no;
+        if (is_fp8(d)) return report("an FP8 D with scale modes VEC128_32F or BLK128x128_32F"), no;
+        if (M % 4 || N % 4)
+            return report("scale modes VEC128_32F and BLK128x128_32F need M and N multiples of 4 (%llu, %llu)",
+                          (unsigned long long)M, (unsigned long long)N),
+                   no;
+    } else {
+        return report("scale modes %s and %s for FP8 A and B", mode_name(ma), mode_name(mb)), no;
+    }
+    if (block_mode(ma) && m.amax_d)
+        return report("the amax of D with block scale modes is not emulated (the tensorwide mode's is)"), no;
+    if (m.scale_ptr[3] && !is_fp8(d))
+        return report("a D scale for a D of type %d: scales are for narrow-precision tensors", (int)d),
+               CUBLAS_STATUS_INVALID_VALUE;
+    if (block_mode(ma) && (!m.scale_ptr[0] || !m.scale_ptr[1]))
+        return report("scale mode %s without the %s scale pointer", mode_name(ma), m.scale_ptr[0] ? "B" : "A"),
+               CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// "All matrix dimensions must meet the optimal requirements listed in Tensor Core Usage
+// (i.e. pointers and matrix dimension must support 16-byte alignment)": each matrix's
+// rows (its contiguous extent) and leading dimension in bytes, and the preference's
+// pointer alignments, multiples of 16.
+static bool narrow_aligned(const layout *ls[4], const preference &pref)
+{
+    for (int i = 0; i < 4; i++) {
+        const uint64_t bits = type_bits(ls[i]->type);
+        if ((ls[i]->rows * bits) % 128 || ((uint64_t)ls[i]->ld * bits) % 128 || pref.align[i] % 16)
+            return report("FP8/FP4 matmul: matrix %c (%llu rows, leading dimension %lld, pointer alignment %u) is "
+                          "not 16-byte aligned in rows, leading dimension and pointer",
+                          "ABCD"[i], (unsigned long long)ls[i]->rows, (long long)ls[i]->ld, pref.align[i]);
+    }
+    return true;
+}
+
+// The scale tensors' starting addresses "must be 16B aligned" for the block modes.
+static cublasStatus_t narrow_scale_pointers(const matmul_desc &m)
+{
+    for (int i = 0; i < 2; i++)
+        if (block_mode(m.scale_mode[i]) && (uintptr_t)m.scale_ptr[i] % 16)
+            return report("the %c scale tensor at %p is not 16-byte aligned", "AB"[i], m.scale_ptr[i]),
+                   CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+struct narrow_problem_args {
+    matmul_desc m;
+    cudaDataType_t type[4];
+    int64_t ld[4];
+    uint64_t M, N, K;
+    float alpha, beta;
+    const void *A, *B, *C;
+    void *D;
+};
+static void narrow_matmul(const narrow_problem_args &p);
+
 extern "C" {
 
 const char *cublasLtGetStatusString(cublasStatus_t s)
@@ -175,7 +353,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
 {
     *d = new (std::nothrow) cublasLtMatmulDescOpaque_t();
     if (!*d) return CUBLAS_STATUS_ALLOC_FAILED;
-    *as<matmul_desc>(*d) = matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
+    *as<matmul_desc>(*d) = matmul_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, {}, {}, nullptr};
     live_descs++;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -194,6 +372,26 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         memcpy(&v, buf, sizeof v);
         if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
         (attr == CUBLASLT_MATMUL_DESC_TRANSA ? m->ta : m->tb) = (cublasOperation_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr >= CUBLASLT_MATMUL_DESC_A_SCALE_POINTER && attr <= CUBLASLT_MATMUL_DESC_AMAX_D_POINTER &&
+        n == sizeof(void *)) {
+        const void *p;
+        memcpy(&p, buf, sizeof p);
+        if (attr == CUBLASLT_MATMUL_DESC_AMAX_D_POINTER) m->amax_d = const_cast<void *>(p);
+        else m->scale_ptr[attr - CUBLASLT_MATMUL_DESC_A_SCALE_POINTER] = p;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr >= CUBLASLT_MATMUL_DESC_A_SCALE_MODE && attr <= CUBLASLT_MATMUL_DESC_D_SCALE_MODE &&
+        n == sizeof(int32_t)) {
+        int32_t v;
+        memcpy(&v, buf, sizeof v);
+        if (v < 0 || v >= CUBLASLT_MATMUL_MATRIX_SCALE_END) return CUBLAS_STATUS_INVALID_VALUE;
+        if (v == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F || v > CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+            return report("scale mode %d is not emulated (SCALAR_32F, VEC16_UE4M3, VEC32_UE8M0, VEC128_32F and "
+                          "BLK128x128_32F are)", (int)v),
+                   CUBLAS_STATUS_NOT_SUPPORTED;
+        m->scale_mode[attr - CUBLASLT_MATMUL_DESC_A_SCALE_MODE] = v;
         return CUBLAS_STATUS_SUCCESS;
     }
     report("matmul descriptor attribute %d is not emulated", (int)attr);
@@ -338,9 +536,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     const layout *ls[4] = {as<layout>(A), as<layout>(B), as<layout>(C), as<layout>(D)};
     uint64_t M, N, K;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
-    if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
-    if (!tensor_core_knob_allows(m, ls, *as<preference>(pref))) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (narrow_problem(ls)) {
+        if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+        const cublasStatus_t st = narrow_supported(m, ls, M, N);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+        if (!narrow_aligned(ls, *as<preference>(pref))) return CUBLAS_STATUS_NOT_SUPPORTED;
+    } else {
+        if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+        const cublasStatus_t st = dense_scales(m);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+        if (!tensor_core_knob_allows(m, ls, *as<preference>(pref))) return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     memset(res, 0, sizeof *res);
     algo *g = reinterpret_cast<algo *>(res->algo.data);
     g->magic = algo_magic;
@@ -364,8 +571,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     const matmul_desc &m = *as<matmul_desc>(op);
     const layout *ls[4] = {as<layout>(Adesc), as<layout>(Bdesc), as<layout>(Cdesc), as<layout>(Ddesc)};
     uint64_t M, N, K;
-    if (!supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const bool narrow = narrow_problem(ls);
+    if (!narrow && !supported(m, ls)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!shapes(m, ls, &M, &N, &K)) return CUBLAS_STATUS_INVALID_VALUE;
+    const cublasStatus_t st = narrow ? narrow_supported(m, ls, M, N) : dense_scales(m);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (narrow && narrow_scale_pointers(m) != CUBLAS_STATUS_SUCCESS) return CUBLAS_STATUS_INVALID_VALUE;
     if (!algo_p) return report("no algorithm given (the emulator does not pick one)"), CUBLAS_STATUS_INVALID_VALUE;
     const algo *g = reinterpret_cast<const algo *>(algo_p->data);
     if (g->magic != algo_magic) return report("the algorithm does not come from the heuristic"), CUBLAS_STATUS_INVALID_VALUE;
@@ -377,6 +588,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                    CUBLAS_STATUS_INVALID_VALUE;
     // alpha and beta are read now (host pointer mode); the operands when the work runs
     const float alpha = *static_cast<const float *>(alpha_p), beta = *static_cast<const float *>(beta_p);
+    if (narrow) {
+        const narrow_problem_args p{m, {ls[0]->type, ls[1]->type, ls[2]->type, ls[3]->type},
+                                    {ls[0]->ld, ls[1]->ld, ls[2]->ld, ls[3]->ld}, M, N, K, alpha, beta, A_p, B_p,
+                                    C_p, D_p};
+        const mt_emu::mem_access nacc[9] = {{A_p, 0, false},          {B_p, 0, false},
+                                            {beta != 0.0f ? C_p : nullptr, 0, false}, {D_p, 0, true},
+                                            {m.scale_ptr[0], 0, false}, {m.scale_ptr[1], 0, false},
+                                            {m.scale_ptr[2], 0, false}, {m.scale_ptr[3], 0, false},
+                                            {m.amax_d, 0, true}};
+        mt_emu::stream_work(stream, "cublasLtMatmul", nullptr, 0, nacc, 9, [=] { narrow_matmul(p); });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     const mt_emu::mem_access acc[4] = {{A_p, 0, false}, {B_p, 0, false}, {beta != 0.0f ? C_p : nullptr, 0, false},
                                    {D_p, 0, true}};
     const matmul_desc md = m;
@@ -431,4 +654,103 @@ static void matmul(const matmul_desc &m, cudaDataType_t ab, cudaDataType_t cd, f
             if (cd == CUDA_R_16BF) static_cast<uint16_t *>(D_p)[i + j * ldd] = bf16_bits(d);
             else static_cast<float *>(D_p)[i + j * ldd] = d;
         }
+}
+
+// ---------------------------------------------------------------- narrow-precision matmul
+
+// The code value (unscaled) of element i of an FP8 or FP4 matrix; FP4 packs two elements
+// a byte, the lower index in the low nibble.
+static double narrow_element(const void *p, cudaDataType_t t, uint64_t i)
+{
+    const uint8_t *b = static_cast<const uint8_t *>(p);
+    if (t == CUDA_R_4F_E2M1) return mt_e2m1_to_float((uint8_t)(b[i / 2] >> (4 * (i & 1))));
+    return t == CUDA_R_8F_E4M3 ? mt_e4m3_to_float(b[i]) : mt_e5m2_to_float(b[i]);
+}
+
+// Elements of K that share one block scale under the operands' mode (all K: scalar).
+static uint64_t narrow_block(const narrow_problem_args &p)
+{
+    switch (p.m.scale_mode[0]) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: return 16;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: return 32;
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: return 128;
+    }
+    return p.K;
+}
+
+// The block scale of operand x (0: A, 1: B) at outer index o (A's row m, B's column n)
+// and reduction index k, read where the documented layout of its mode puts it:
+//   VEC32_UE8M0, VEC16_UE4M3  tiles of 128 outer x 4 blocks (512 bytes), row-major over
+//       the tiles, sf_inner_dim = the blocks along K rounded up to 4 scales a row; in a
+//       tile, (outer % 32) * 16 + (outer % 128 / 32) * 4 + inner % 4
+//   VEC128_32F                outer-major: o + (k / 128) * M (or N)
+//   BLK128x128_32F            K-major, the column stride L4 = ceil(K / 128) rounded up to 4:
+//                             k / 128 + (o / 128) * L4
+// UE4M3 scales ignore their sign bit.
+static double narrow_scale(const narrow_problem_args &p, int x, uint64_t o, uint64_t k)
+{
+    const void *s = p.m.scale_ptr[x];
+    const uint64_t outer_n = x ? p.N : p.M;
+    switch (p.m.scale_mode[x]) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3:
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: {
+        const bool mx = p.m.scale_mode[x] == CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+        const uint64_t blk = mx ? 32 : 16, inner = k / blk, sf_inner_dim = ((p.K + blk - 1) / blk + 3) / 4 * 4;
+        const uint64_t off = (inner / 4 * 4 + o / 128 * sf_inner_dim) * 128 + (o % 32) * 16 + (o % 128) / 32 * 4 +
+                             inner % 4;
+        const uint8_t c = static_cast<const uint8_t *>(s)[off];
+        return mx ? mt_e8m0_to_float(c) : mt_e4m3_to_float(c & 0x7fu);
+    }
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: return static_cast<const float *>(s)[o + k / 128 * outer_n];
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: {
+        const uint64_t l4 = ((p.K + 127) / 128 + 3) / 4 * 4;
+        return static_cast<const float *>(s)[k / 128 + o / 128 * l4];
+    }
+    }
+    return s ? *static_cast<const float *>(s) : 1.0; // SCALAR_32F; no pointer: 1
+}
+
+// D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C C) for the tensorwide mode,
+// D = alpha sum over K-blocks of (scale_A scale_B sum of the block's products) + beta C
+// for the block modes. Each block's products of code values are summed exactly in fp64
+// (FP8 and FP4 products have few significant bits), times the two block scales, and the
+// total rounded once to fp32 with alpha (and the scalar scales); then beta C in fp32. The
+// amax of D is that of the fp32 values before scale_D. An FP8 D is rounded to nearest
+// even and saturated to the format's largest finite value (cuBLASLt does not document
+// its overflow behaviour; saturation is what PTX's cvt.rn.satfinite gives).
+static void narrow_matmul(const narrow_problem_args &p)
+{
+    const matmul_desc &m = p.m;
+    const uint64_t blk = narrow_block(p);
+    const bool scalar = !block_mode(m.scale_mode[0]);
+    const double sab = scalar ? narrow_scale(p, 0, 0, 0) * narrow_scale(p, 1, 0, 0) : 1.0;
+    const float sc = m.scale_ptr[2] ? *static_cast<const float *>(m.scale_ptr[2]) : 1.0f;
+    const float sd = m.scale_ptr[3] ? *static_cast<const float *>(m.scale_ptr[3]) : 1.0f;
+    float amax = 0.0f;
+    for (uint64_t j = 0; j < p.N; j++)
+        for (uint64_t i = 0; i < p.M; i++) {
+            double total = 0.0;
+            for (uint64_t k0 = 0; k0 < p.K; k0 += blk) {
+                double part = 0.0;
+                for (uint64_t k = k0; k < k0 + blk && k < p.K; k++) {
+                    const uint64_t ia = m.ta == CUBLAS_OP_T ? k + i * p.ld[0] : i + k * p.ld[0];
+                    const uint64_t ib = m.tb == CUBLAS_OP_N ? k + j * p.ld[1] : j + k * p.ld[1];
+                    part += narrow_element(p.A, p.type[0], ia) * narrow_element(p.B, p.type[1], ib);
+                }
+                total += scalar ? part : part * (narrow_scale(p, 0, i, k0) * narrow_scale(p, 1, j, k0));
+            }
+            float d = (float)((double)p.alpha * sab * total);
+            if (p.beta != 0.0f) d += p.beta * (sc * element(p.C, p.type[2], i + j * p.ld[2]));
+            const float mag = fabsf(d);
+            amax = (mag != mag || amax != amax) ? mt_q_float(MT_Q_NAN) : mag > amax ? mag : amax;
+            const uint64_t o = i + j * p.ld[3];
+            switch (p.type[3]) {
+            case CUDA_R_16BF: static_cast<uint16_t *>(p.D)[o] = bf16_bits(d); break;
+            case CUDA_R_8F_E4M3: static_cast<uint8_t *>(p.D)[o] = mt_e4m3_from_float(d * sd, 1, MT_Q_RN, 0); break;
+            case CUDA_R_8F_E5M2: static_cast<uint8_t *>(p.D)[o] = mt_e5m2_from_float(d * sd, 1, MT_Q_RN, 0); break;
+            default: static_cast<float *>(p.D)[o] = d;
+            }
+        }
+    if (m.amax_d) *static_cast<float *>(m.amax_d) = amax;
 }

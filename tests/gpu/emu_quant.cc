@@ -1,0 +1,798 @@
+// The FP8/FP4 recipes on the GPU path, under the CUDA emulator (doc/fp8.md, "On the GPU"):
+//
+//   quant   every device quantiser of kernels/cuda/cuda_quant.cu against its CPU
+//           reference (kernels/cpu/cpu_quant.c) byte for byte: data, scales, the
+//           per-tensor scales, amax, the delayed-scaling history, the random Hadamard
+//           transform; random tensors with edge values (zeros, fp32 subnormals, values
+//           past every format's range, infinities, NaN), shapes with partial blocks.
+//   order   the block scales arranged for cuBLASLt against a host re-implementation of
+//           the layouts cuBLASLt documents (indices to offset; the kernel goes from the
+//           offset back to the indices), padding included.
+//   gemm    the emulated cuBLASLt's FP8 and FP4 matmuls (each recipe's scale modes) on the
+//           device quantisers' output against mt_q_gemm, the CPU reference GEMM, within
+//           (K + 4) 2^-24 sum_k |a_k b_k| (the two sum in different orders and precisions:
+//           fp32 in K order on the CPU, fp64 rounded once in the emulator), and what the
+//           library refuses, with its status. Run twice: on the emulated H100 (tensorwide
+//           and blockwise) and, with MT_EMU_DEVICE=gb200, on the GB200 (MXFP8, NVFP4).
+//
+// Usage: emu_quant quant|order|gemm-h100|gemm-gb200
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "kernels/cuda/cuda_quant.h"
+#include "tests/gpu/emu_test.h"
+
+static int checks, failures;
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...)
+{
+    checks++;
+    if (!ok) failures++;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+static void must(int rc, const struct mt_err &err, const char *what)
+{
+    if (rc) {
+        fprintf(stderr, "emu_quant: %s: %s\n", what, err.msg);
+        exit(1);
+    }
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+template <typename T>
+static T *dev_copy(const T *h, size_t n)
+{
+    T *p = static_cast<T *>(dev_alloc(n * sizeof(T)));
+    CHECK_CUDA(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+template <typename T>
+static std::vector<T> host_copy(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    CHECK_CUDA(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+static uint32_t bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+// ---------------------------------------------------------------- inputs
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd_u64(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static double rnd_unit(void) { return (double)(rnd_u64() >> 11) / 9007199254740992.0; }
+
+// What a tensor holds besides random values of spread magnitudes.
+enum edges { PLAIN, EDGES, WITH_INF, WITH_NAN, ZEROS };
+static const char *edges_name[] = {"plain", "edges", "inf", "nan", "zeros"};
+
+// A (rows, cols) tensor with row stride ld (the padding NaN, never to be read).
+static std::vector<float> make_tensor(int64_t rows, int64_t cols, int64_t ld, enum edges e)
+{
+    std::vector<float> x((size_t)(rows * ld), NAN);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float v;
+            if (e == ZEROS) {
+                v = (rnd_u64() & 1) ? 0.0f : -0.0f;
+            } else {
+                // magnitudes from 2^-24 to 2^24 around a per-row level, both signs
+                const int level = (int)(r % 7) * 4 - 12;
+                v = (float)ldexp(1.0 + rnd_unit(), level + (int)(rnd_u64() % 9) - 4);
+                if (rnd_u64() & 1) v = -v;
+                if (e != PLAIN) {
+                    const uint64_t k = rnd_u64() % 64;
+                    if (k == 0) v = 0.0f;
+                    else if (k == 1) v = -0.0f;
+                    else if (k == 2) v = 1e-40f;               // fp32 subnormal
+                    else if (k == 3) v = -3e38f;               // past every format's range
+                    else if (k == 4) v = 464.0f;               // E4M3's overflow tie
+                    else if (k == 5 && e == WITH_INF) v = -INFINITY;
+                    else if (k == 6 && e == WITH_NAN) v = NAN;
+                }
+            }
+            x[(size_t)(r * ld + c)] = v;
+        }
+    return x;
+}
+
+struct shape {
+    int64_t rows, cols;
+};
+static const shape shapes[] = {{1, 1}, {3, 5}, {40, 96}, {33, 64}, {130, 300}, {17, 160}};
+
+// ---------------------------------------------------------------- quantisers
+
+// A CPU tensor and its device twin of one layout.
+struct pair {
+    struct mt_qtensor h;
+    struct mt_cuda_qtensor d;
+};
+static pair make_pair(enum mt_q_scaling s, enum mt_q_elem e, enum mt_q_dim along, int64_t rows, int64_t cols)
+{
+    pair p;
+    struct mt_err err;
+    must(mt_qtensor_init(&p.h, s, e, along, rows, cols, &err), err, "mt_qtensor_init");
+    must(mt_cuda_qtensor_layout(&p.d, s, e, along, rows, cols, &err), err, "mt_cuda_qtensor_layout");
+    p.d.data = static_cast<uint8_t *>(dev_alloc(p.d.data_bytes));
+    if (s == MT_Q_MX || s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D)
+        p.d.scale8 = static_cast<uint8_t *>(dev_alloc(p.d.scale_bytes));
+    else
+        p.d.scale = static_cast<float *>(dev_alloc(p.d.scale_bytes));
+    if (s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D) p.d.global = static_cast<float *>(dev_alloc(sizeof(float)));
+    return p;
+}
+static void free_pair(pair &p)
+{
+    mt_qtensor_free(&p.h);
+    CHECK_CUDA(cudaFree(p.d.data));
+    if (p.d.scale) CHECK_CUDA(cudaFree(p.d.scale));
+    if (p.d.scale8) CHECK_CUDA(cudaFree(p.d.scale8));
+    if (p.d.global) CHECK_CUDA(cudaFree(p.d.global));
+}
+
+// Whether the device tensor holds the CPU tensor's bytes: data, scales, global. Names
+// the first difference.
+static bool same_bytes(const pair &p, char *why, size_t n)
+{
+    const std::vector<uint8_t> data = host_copy(p.d.data, p.d.data_bytes);
+    for (size_t i = 0; i < p.d.data_bytes; i++)
+        if (data[i] != p.h.data[i]) {
+            snprintf(why, n, "data byte %zu: device 0x%02x, CPU 0x%02x", i, data[i], p.h.data[i]);
+            return false;
+        }
+    const size_t ns = (size_t)(p.h.srows * p.h.scols);
+    if (p.d.scale8) {
+        const std::vector<uint8_t> s = host_copy(p.d.scale8, ns);
+        for (size_t i = 0; i < ns; i++)
+            if (s[i] != p.h.scale8[i]) {
+                snprintf(why, n, "scale8 %zu: device 0x%02x, CPU 0x%02x", i, s[i], p.h.scale8[i]);
+                return false;
+            }
+    } else {
+        const std::vector<float> s = host_copy(p.d.scale, ns);
+        for (size_t i = 0; i < ns; i++)
+            if (bits(s[i]) != bits(p.h.scale[i])) {
+                snprintf(why, n, "scale %zu: device %a, CPU %a", i, (double)s[i], (double)p.h.scale[i]);
+                return false;
+            }
+    }
+    if (p.d.global) {
+        const float g = host_copy(p.d.global, 1)[0];
+        if (bits(g) != bits(p.h.global)) {
+            snprintf(why, n, "global: device %a, CPU %a", (double)g, (double)p.h.global);
+            return false;
+        }
+    }
+    snprintf(why, n, "identical");
+    return true;
+}
+
+static void quant_one_tensor(const shape &sh, enum edges e)
+{
+    struct mt_err err;
+    const int64_t rows = sh.rows, cols = sh.cols, ld = cols + 3;
+    const std::vector<float> x = make_tensor(rows, cols, ld, e);
+    float *dx = dev_copy(x.data(), x.size());
+    char why[160];
+    const char *en = edges_name[e];
+
+    // amax and the tensorwise scale
+    float *damax = static_cast<float *>(dev_alloc(sizeof(float))), *dscale = static_cast<float *>(dev_alloc(4));
+    must(mt_cuda_q_amax(damax, dx, rows, cols, ld, nullptr, &err), err, "mt_cuda_q_amax");
+    const float amax = mt_q_amax(x.data(), rows, cols, ld), gamax = host_copy(damax, 1)[0];
+    check(bits(gamax) == bits(amax), "amax %lldx%lld %s: device %a, CPU %a", (long long)rows, (long long)cols, en,
+          (double)gamax, (double)amax);
+    for (int fmt = 0; fmt < 2; fmt++) {
+        const enum mt_q_elem el = fmt ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
+        const float fmax = fmt ? MT_E5M2_MAX : MT_E4M3_MAX;
+        for (int margin = 0; margin < 2; margin++) {
+            must(mt_cuda_q_tensor_scale(dscale, damax, fmax, margin, nullptr, &err), err, "tensor scale");
+            const float s = mt_q_tensor_scale(amax, fmax, margin), gs = host_copy(dscale, 1)[0];
+            check(bits(gs) == bits(s), "tensorwise scale %s %s margin %d: device %a, CPU %a", en,
+                  fmt ? "E5M2" : "E4M3", margin, (double)gs, (double)s);
+            for (int sr = 0; sr < 2; sr++) {
+                pair p = make_pair(MT_Q_TENSOR, el, MT_Q_ALONG_ROW, rows, cols);
+                const enum mt_q_round rnd = sr ? MT_Q_SR : MT_Q_RN;
+                must(mt_quant_tensorwise(&p.h, x.data(), ld, s, rnd, 77, 5, &err), err, "mt_quant_tensorwise");
+                must(mt_cuda_quant_tensorwise(&p.d, dx, ld, dscale, rnd, 77, 5, nullptr, &err), err, "tensorwise");
+                const bool ok = same_bytes(p, why, sizeof why);
+                check(ok, "tensorwise %lldx%lld %s %s margin %d %s: %s", (long long)rows, (long long)cols, en,
+                      fmt ? "E5M2" : "E4M3", margin, sr ? "SR" : "RN", why);
+                free_pair(p);
+            }
+        }
+        for (int s = 0; s < 2; s++)
+            for (int pow2 = 0; pow2 < 2; pow2++) {
+                pair p = make_pair(s ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128, el, MT_Q_ALONG_ROW, rows, cols);
+                must(mt_quant_blockwise(&p.h, x.data(), ld, pow2, &err), err, "mt_quant_blockwise");
+                must(mt_cuda_quant_blockwise(&p.d, dx, ld, pow2, nullptr, &err), err, "blockwise");
+                const bool ok = same_bytes(p, why, sizeof why);
+                check(ok, "blockwise %s %lldx%lld %s %s pow2 %d: %s", s ? "128x128" : "1x128", (long long)rows,
+                      (long long)cols, en, fmt ? "E5M2" : "E4M3", pow2, why);
+                free_pair(p);
+            }
+    }
+    for (int col = 0; col < 2; col++) {
+        pair p = make_pair(MT_Q_MX, MT_Q_ELEM_E4M3, col ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW, rows, cols);
+        must(mt_quant_mxfp8(&p.h, x.data(), ld, &err), err, "mt_quant_mxfp8");
+        must(mt_cuda_quant_mxfp8(&p.d, dx, ld, nullptr, &err), err, "mxfp8");
+        const bool ok = same_bytes(p, why, sizeof why);
+        check(ok, "mxfp8 along %s %lldx%lld %s: %s", col ? "columns" : "rows", (long long)rows, (long long)cols, en,
+              why);
+        free_pair(p);
+    }
+    for (int two = 0; two < 2; two++)
+        for (int sr = 0; sr < 2; sr++) {
+            pair p = make_pair(two ? MT_Q_NVFP4_2D : MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, rows, cols);
+            const enum mt_q_round rnd = sr ? MT_Q_SR : MT_Q_RN;
+            must(mt_quant_nvfp4(&p.h, x.data(), ld, rnd, 0x1234567890ull, 9, &err), err, "mt_quant_nvfp4");
+            must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, 0x1234567890ull, 9, nullptr, &err), err, "nvfp4");
+            const bool ok = same_bytes(p, why, sizeof why);
+            check(ok, "nvfp4 %s %lldx%lld %s %s: %s", two ? "16x16" : "1x16", (long long)rows, (long long)cols, en,
+                  sr ? "SR" : "RN", why);
+            free_pair(p);
+        }
+    CHECK_CUDA(cudaFree(damax));
+    CHECK_CUDA(cudaFree(dscale));
+    CHECK_CUDA(cudaFree(dx));
+}
+
+// The delayed-scaling history: each update's scale, bit for bit, for amaxes that
+// include zero, NaN and infinity (which keep the scale) and a window that forgets.
+static void quant_history(void)
+{
+    const float amaxes[] = {3.0f, 0.0f, 100.0f, NAN, 0.5f, INFINITY, 2.0f, 7.0f, 1e-30f};
+    for (int algo = 0; algo < 2; algo++)
+        for (int len = 1; len <= 3; len += 2) {
+            struct mt_err err;
+            struct mt_amax_history h;
+            struct mt_cuda_amax_history g;
+            const enum mt_amax_algo a = algo ? MT_AMAX_MOST_RECENT : MT_AMAX_MAX;
+            must(mt_amax_history_init(&h, len, a, MT_E4M3_MAX, 1, &err), err, "mt_amax_history_init");
+            must(mt_cuda_amax_history_init(&g, len, a, MT_E4M3_MAX, 1, nullptr, &err), err, "history init");
+            float *dv = static_cast<float *>(dev_alloc(sizeof(float)));
+            int bad = 0;
+            for (float v : amaxes) {
+                CHECK_CUDA(cudaMemcpy(dv, &v, sizeof v, cudaMemcpyHostToDevice));
+                mt_amax_history_update(&h, v);
+                must(mt_cuda_amax_history_update(&g, dv, nullptr, &err), err, "history update");
+                bad += bits(host_copy(g.scale, 1)[0]) != bits(mt_amax_history_scale(&h));
+            }
+            check(!bad, "delayed history %s len %d: 9 updates, every scale as on the CPU (%d differ)",
+                  algo ? "most_recent" : "max", len, bad);
+            CHECK_CUDA(cudaFree(dv));
+            mt_cuda_amax_history_free(&g);
+            mt_amax_history_free(&h);
+        }
+}
+
+static void quant_rht(void)
+{
+    const shape rs[] = {{16, 48}, {48, 16}, {32, 64}};
+    for (const shape &sh : rs)
+        for (int col = 0; col < 2; col++) {
+            struct mt_err err;
+            const int64_t ld = sh.cols + 1;
+            std::vector<float> x = make_tensor(sh.rows, sh.cols, ld, EDGES);
+            float *dx = dev_copy(x.data(), x.size());
+            const enum mt_q_dim dim = col ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW;
+            must(mt_q_rht(x.data(), sh.rows, sh.cols, ld, dim, 42, 3, &err), err, "mt_q_rht");
+            must(mt_cuda_q_rht(dx, sh.rows, sh.cols, ld, dim, 42, 3, nullptr, &err), err, "rht");
+            const std::vector<float> g = host_copy(dx, x.size());
+            int bad = 0;
+            for (size_t i = 0; i < x.size(); i++) bad += bits(g[i]) != bits(x[i]);
+            check(!bad, "random Hadamard transform %lldx%lld along %s: every element as on the CPU (%d differ)",
+                  (long long)sh.rows, (long long)sh.cols, col ? "columns" : "rows", bad);
+            CHECK_CUDA(cudaFree(dx));
+        }
+    struct mt_err err;
+    float *dx = static_cast<float *>(dev_alloc(4 * 20 * sizeof(float)));
+    check(mt_cuda_q_rht(dx, 4, 20, 20, MT_Q_ALONG_ROW, 1, 1, nullptr, &err) == MT_EINVAL && strstr(err.msg, "20"),
+          "random Hadamard transform refuses 20 columns: %s", err.msg);
+    CHECK_CUDA(cudaFree(dx));
+}
+
+static void run_quant(void)
+{
+    for (const shape &sh : shapes)
+        for (int e = PLAIN; e <= ZEROS; e++) quant_one_tensor(sh, (enum edges)e);
+    quant_history();
+    quant_rht();
+}
+
+// ---------------------------------------------------------------- scale order
+
+// The offset cuBLASLt's documentation gives the 1-D block scale (outer, inner) of a
+// tensor with sf_inner_dim scales a row: the tile's (128 x 4 scales, row-major over the
+// tiles) and the place in it.
+static size_t doc_tiled_offset(int64_t outer, int64_t inner, int64_t sf_inner_dim)
+{
+    const int64_t tile = (inner / 4 * 4 + outer / 128 * sf_inner_dim) * 128;
+    return (size_t)(tile + (outer % 32) * 16 + (outer % 128) / 32 * 4 + inner % 4);
+}
+
+static void order_one(enum mt_q_scaling s, enum mt_q_dim along, int64_t rows, int64_t cols)
+{
+    struct mt_err err;
+    const enum mt_q_elem el = s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D ? MT_Q_ELEM_E2M1 : MT_Q_ELEM_E4M3;
+    pair p = make_pair(s, el, along, rows, cols);
+    const int64_t ld = cols;
+    const std::vector<float> x = make_tensor(rows, cols, ld, PLAIN);
+    float *dx = dev_copy(x.data(), x.size());
+    if (s == MT_Q_MX) must(mt_cuda_quant_mxfp8(&p.d, dx, ld, nullptr, &err), err, "mxfp8");
+    else if (el == MT_Q_ELEM_E2M1) must(mt_cuda_quant_nvfp4(&p.d, dx, ld, MT_Q_RN, 0, 0, nullptr, &err), err, "nvfp4");
+    else must(mt_cuda_quant_blockwise(&p.d, dx, ld, 0, nullptr, &err), err, "blockwise");
+    int32_t mode;
+    size_t bytes;
+    must(mt_cuda_q_cublaslt_scale_mode(&p.d, &mode, &bytes, &err), err, "scale mode");
+    void *out = dev_alloc(bytes);
+    CHECK_CUDA(cudaMemset(out, 0x5a, bytes)); // padding must be written as zero
+    must(mt_cuda_q_cublaslt_scales(out, &p.d, nullptr, &err), err, "cublaslt scales");
+    const std::vector<uint8_t> got = host_copy(static_cast<const uint8_t *>(out), bytes);
+    std::vector<uint8_t> want(bytes, 0);
+    const char *name = "";
+    int want_mode = -1;
+    if (s == MT_Q_BLOCK_1X128) {
+        name = "VEC128_32F";
+        want_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        const std::vector<float> sc = host_copy(p.d.scale, (size_t)(p.d.srows * p.d.scols));
+        float *w = reinterpret_cast<float *>(want.data());
+        for (int64_t o = 0; o < rows; o++) // M-major: o + b * M
+            for (int64_t b = 0; b < p.d.scols; b++) w[o + b * rows] = sc[(size_t)(o * p.d.scols + b)];
+    } else if (s == MT_Q_BLOCK_128X128) {
+        name = "BLK128x128_32F";
+        want_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        const std::vector<float> sc = host_copy(p.d.scale, (size_t)(p.d.srows * p.d.scols));
+        const int64_t l4 = (p.d.scols + 3) / 4 * 4;
+        float *w = reinterpret_cast<float *>(want.data());
+        for (int64_t o = 0; o < p.d.srows; o++) // K-major, column stride L4
+            for (int64_t b = 0; b < p.d.scols; b++) w[b + o * l4] = sc[(size_t)(o * p.d.scols + b)];
+    } else {
+        name = s == MT_Q_MX ? "VEC32_UE8M0" : "VEC16_UE4M3";
+        want_mode = s == MT_Q_MX ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+        const std::vector<uint8_t> sc = host_copy(p.d.scale8, (size_t)(p.d.srows * p.d.scols));
+        const bool col = along == MT_Q_ALONG_COL;
+        const int64_t outer_n = col ? cols : rows, inner_n = col ? p.d.srows : p.d.scols;
+        const int64_t dim = (inner_n + 3) / 4 * 4;
+        check(bytes == (size_t)((outer_n + 127) / 128 * 128 * dim), "%s %lldx%lld: %zu bytes, whole 128x4 tiles",
+              name, (long long)rows, (long long)cols, bytes);
+        for (int64_t o = 0; o < outer_n; o++)
+            for (int64_t b = 0; b < inner_n; b++)
+                want[doc_tiled_offset(o, b, dim)] = col ? sc[(size_t)(b * cols + o)] : sc[(size_t)(o * inner_n + b)];
+    }
+    size_t diff = bytes;
+    for (size_t i = 0; i < bytes && diff == bytes; i++)
+        if (got[i] != want[i]) diff = i;
+    check(mode == want_mode && diff == bytes, "%s scales of a %lldx%lld %s tensor%s, %zu bytes: %s", name,
+          (long long)rows, (long long)cols, s == MT_Q_MX ? "mxfp8" : el == MT_Q_ELEM_E2M1 ? "nvfp4" : "blockwise",
+          along == MT_Q_ALONG_COL ? " (along columns)" : "", bytes,
+          diff == bytes ? "every byte where the documented layout puts it, padding zero" : "they differ");
+    if (diff != bytes) printf("     first difference at byte %zu: 0x%02x, want 0x%02x\n", diff, got[diff], want[diff]);
+    CHECK_CUDA(cudaFree(out));
+    CHECK_CUDA(cudaFree(dx));
+    free_pair(p);
+}
+
+static void run_order(void)
+{
+    order_one(MT_Q_MX, MT_Q_ALONG_ROW, 300, 416);  // 3 tile rows, 13 blocks: 4 tiles a row
+    order_one(MT_Q_MX, MT_Q_ALONG_ROW, 5, 64);     // one partial tile
+    order_one(MT_Q_MX, MT_Q_ALONG_COL, 96, 200);   // 3 blocks along the rows, 200 outer
+    order_one(MT_Q_NVFP4, MT_Q_ALONG_ROW, 130, 272);
+    order_one(MT_Q_NVFP4_2D, MT_Q_ALONG_ROW, 260, 96);
+    order_one(MT_Q_BLOCK_1X128, MT_Q_ALONG_ROW, 36, 300);
+    order_one(MT_Q_BLOCK_128X128, MT_Q_ALONG_ROW, 300, 700);
+    struct mt_err err;
+    struct mt_cuda_qtensor q;
+    int32_t mode;
+    size_t bytes;
+    must(mt_cuda_qtensor_layout(&q, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 30, 128, &err), err, "layout");
+    check(mt_cuda_q_cublaslt_scale_mode(&q, &mode, &bytes, &err) == MT_EINVAL && strstr(err.msg, "multiple of 4"),
+          "VEC128_32F scales of 30 rows refused: %s", err.msg);
+}
+
+// ---------------------------------------------------------------- cuBLASLt
+
+static cublasLtHandle_t lt;
+
+// One quantised operand on the device, with its CPU twin and the scales cuBLASLt reads.
+struct operand {
+    pair p;
+    void *scales; // arranged block scales, or the device scalar (tensorwise)
+    int32_t mode;
+};
+
+static operand quantise(enum mt_q_scaling s, enum mt_q_elem el, enum mt_q_dim along, int64_t rows, int64_t cols,
+                        enum mt_q_round rnd)
+{
+    struct mt_err err;
+    operand o;
+    o.p = make_pair(s, el, along, rows, cols);
+    const std::vector<float> x = make_tensor(rows, cols, cols, PLAIN);
+    float *dx = dev_copy(x.data(), x.size());
+    switch (s) {
+    case MT_Q_TENSOR: {
+        float *amax = static_cast<float *>(dev_alloc(4)), *sc = static_cast<float *>(dev_alloc(4));
+        must(mt_cuda_q_amax(amax, dx, rows, cols, cols, nullptr, &err), err, "amax");
+        must(mt_cuda_q_tensor_scale(sc, amax, el == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX, 0, nullptr, &err), err,
+             "tensor scale");
+        must(mt_cuda_quant_tensorwise(&o.p.d, dx, cols, sc, rnd, 1, 2, nullptr, &err), err, "tensorwise");
+        must(mt_quant_tensorwise(&o.p.h, x.data(), cols, host_copy(sc, 1)[0], rnd, 1, 2, &err), err, "tensorwise");
+        CHECK_CUDA(cudaFree(amax));
+        CHECK_CUDA(cudaFree(sc));
+        break;
+    }
+    case MT_Q_BLOCK_1X128:
+    case MT_Q_BLOCK_128X128:
+        must(mt_cuda_quant_blockwise(&o.p.d, dx, cols, 1, nullptr, &err), err, "blockwise");
+        must(mt_quant_blockwise(&o.p.h, x.data(), cols, 1, &err), err, "blockwise");
+        break;
+    case MT_Q_MX:
+        must(mt_cuda_quant_mxfp8(&o.p.d, dx, cols, nullptr, &err), err, "mxfp8");
+        must(mt_quant_mxfp8(&o.p.h, x.data(), cols, &err), err, "mxfp8");
+        break;
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D:
+        must(mt_cuda_quant_nvfp4(&o.p.d, dx, cols, rnd, 5, 6, nullptr, &err), err, "nvfp4");
+        must(mt_quant_nvfp4(&o.p.h, x.data(), cols, rnd, 5, 6, &err), err, "nvfp4");
+        break;
+    }
+    CHECK_CUDA(cudaFree(dx));
+    if (s == MT_Q_TENSOR) {
+        o.mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+        o.scales = o.p.d.scale; // the decode scale the quantiser stored
+    } else {
+        size_t bytes;
+        must(mt_cuda_q_cublaslt_scale_mode(&o.p.d, &o.mode, &bytes, &err), err, "scale mode");
+        o.scales = dev_alloc(bytes);
+        must(mt_cuda_q_cublaslt_scales(o.scales, &o.p.d, nullptr, &err), err, "cublaslt scales");
+    }
+    return o;
+}
+static void free_operand(operand &o)
+{
+    if (o.scales != o.p.d.scale) CHECK_CUDA(cudaFree(o.scales));
+    free_pair(o.p);
+}
+
+static cudaDataType_t lt_type(enum mt_q_elem e)
+{
+    return e == MT_Q_ELEM_E4M3 ? CUDA_R_8F_E4M3 : e == MT_Q_ELEM_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_4F_E2M1;
+}
+
+// A matmul request: op(A) is (M, K), op(B) (K, N), D (M, N) column-major, ld M.
+struct request {
+    const operand *a, *b;
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb;
+    cudaDataType_t d_type;
+    float alpha;
+    const float *d_scale; // device, or NULL
+    float *amax_d;        // device, or NULL
+    int32_t mode_a, mode_b;
+};
+
+// Returns the status of the heuristic, or of cublasLtMatmul when the heuristic found one;
+// D (as fp32 values, or FP8 codes in d8) in d.
+static cublasStatus_t lt_matmul(const request &r, std::vector<float> *d, std::vector<uint8_t> *d8)
+{
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasOperation_t opa = r.ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = r.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &r.mode_a, sizeof r.mode_a);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &r.mode_b, sizeof r.mode_b);
+    const void *sa = r.a->scales, *sb = r.b->scales;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    if (r.d_scale) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &r.d_scale, sizeof(void *));
+    if (r.amax_d) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &r.amax_d, sizeof(void *));
+    const cudaDataType_t ta = lt_type(r.a->p.h.elem), tb = lt_type(r.b->p.h.elem);
+    const cudaDataType_t c_type = r.d_type == CUDA_R_32F ? CUDA_R_32F : CUDA_R_16BF;
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    cublasLtMatrixLayoutCreate(&la, ta, r.ta ? r.K : r.M, r.ta ? r.M : r.K, r.lda);
+    cublasLtMatrixLayoutCreate(&lb, tb, r.tb ? r.N : r.K, r.tb ? r.K : r.N, r.ldb);
+    cublasLtMatrixLayoutCreate(&lc, c_type, r.M, r.N, r.M);
+    cublasLtMatrixLayoutCreate(&ld, r.d_type, r.M, r.N, r.M);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, ld, pref, 1, &res, &found);
+    const size_t esz = r.d_type == CUDA_R_32F ? 4 : r.d_type == CUDA_R_16BF ? 2 : 1;
+    void *dd = dev_alloc((size_t)(r.M * r.N) * esz);
+    if (st == CUBLAS_STATUS_SUCCESS && found) {
+        const float beta = 0.0f;
+        st = cublasLtMatmul(lt, desc, &r.alpha, r.a->p.d.data, la, r.b->p.d.data, lb, &beta, dd, lc, dd, ld,
+                            &res.algo, nullptr, 0, nullptr);
+        if (st == CUBLAS_STATUS_SUCCESS && d) *d = host_copy(static_cast<const float *>(dd), (size_t)(r.M * r.N));
+        if (st == CUBLAS_STATUS_SUCCESS && d8) *d8 = host_copy(static_cast<const uint8_t *>(dd), (size_t)(r.M * r.N));
+    }
+    CHECK_CUDA(cudaFree(dd));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    return st;
+}
+
+// The reference of D (column-major, ld M): C (row-major) = op(a) op(b) of the CPU twins,
+// and sum_k |a_k b_k| of the dequantised operands for the bound. ref_ta/ref_tb: how
+// mt_q_gemm reads the CPU tensors to give D's transpose or D itself (below).
+struct reference {
+    std::vector<float> d;
+    std::vector<double> mag;
+};
+static reference cpu_reference(const request &r, int ref_ta, int ref_tb, bool swap, int split)
+{
+    // mt_q_gemm(x, ref_ta, y, ref_tb) is (rows, cols) row-major; swap: it is D^T's
+    // column-major (the GEMM of the TN layout computed as row-major C = B^T A^T).
+    const struct mt_qtensor *x = swap ? &r.b->p.h : &r.a->p.h, *y = swap ? &r.a->p.h : &r.b->p.h;
+    const int64_t rows = swap ? r.N : r.M, cols = swap ? r.M : r.N;
+    std::vector<float> c((size_t)(rows * cols));
+    struct mt_err err;
+    must(mt_q_gemm(x, ref_ta, y, ref_tb, c.data(), cols, split, &err), err, "mt_q_gemm");
+    std::vector<float> dx((size_t)(x->rows * x->cols)), dy((size_t)(y->rows * y->cols));
+    must(mt_dequant(x, dx.data(), x->cols, &err), err, "mt_dequant");
+    must(mt_dequant(y, dy.data(), y->cols, &err), err, "mt_dequant");
+    reference ref;
+    ref.d.resize((size_t)(r.M * r.N));
+    ref.mag.resize((size_t)(r.M * r.N));
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) {
+            double m = 0;
+            for (int64_t k = 0; k < r.K; k++) {
+                const double xv = dx[(size_t)(ref_ta ? k * x->cols + i : i * x->cols + k)];
+                const double yv = dy[(size_t)(ref_tb ? j * y->cols + k : k * y->cols + j)];
+                m += fabs(xv * yv);
+            }
+            // D column-major (M, N): row-major C is D^T (swap) or D
+            const size_t o = swap ? (size_t)(i * r.M + j) : (size_t)(j * r.M + i);
+            ref.d[o] = c[(size_t)(i * cols + j)] * r.alpha;
+            ref.mag[o] = m * fabs((double)r.alpha);
+        }
+    return ref;
+}
+
+// D within (K + 4) 2^-24 sum|a b| of the reference everywhere.
+static void gemm_case(const char *what, const request &r, int ref_ta, int ref_tb, bool swap, int split)
+{
+    std::vector<float> d;
+    const cublasStatus_t st = lt_matmul(r, &d, nullptr);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        check(false, "%s: cuBLASLt status %d", what, (int)st);
+        return;
+    }
+    const reference ref = cpu_reference(r, ref_ta, ref_tb, swap, split);
+    double worst = 0;
+    int bad = 0;
+    for (size_t i = 0; i < d.size(); i++) {
+        const double bound = (double)(r.K + 4) * ldexp(ref.mag[i], -24), e = fabs((double)d[i] - ref.d[i]);
+        if (!(e <= bound)) bad++;
+        if (ref.mag[i] > 0 && e / ref.mag[i] > worst) worst = e / ref.mag[i];
+    }
+    check(!bad, "%s: M %lld N %lld K %lld, |D - mt_q_gemm| <= (K + 4) 2^-24 sum|ab| everywhere (%d outside; "
+          "largest error %.2g sum|ab|)", what, (long long)r.M, (long long)r.N, (long long)r.K, bad, worst);
+}
+
+static void refused(const char *what, const request &r, cublasStatus_t want)
+{
+    const cublasStatus_t st = lt_matmul(r, nullptr, nullptr);
+    check(st == want, "%s: refused with status %d (want %d)", what, (int)st, (int)want);
+}
+
+static request tn(const operand &a, const operand &b, int64_t M, int64_t N, int64_t K)
+{
+    return request{&a, &b, true, false, M, N, K, K, K, CUDA_R_32F, 1.0f, nullptr, nullptr, a.mode, b.mode};
+}
+
+// Hopper: tensorwide and blockwise, TN only; FP8 output with its scale and amax.
+static void run_gemm_h100(void)
+{
+    const int64_t T = 48, N = 64, K = 96;
+    // Y (T, N) = X (T, K) W^T, W (N, K): in cuBLASLt's column-major terms D (N, T) = W^T' X', A = W, B = X
+    operand x = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, K, MT_Q_RN);
+    operand w = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    operand g = quantise(MT_Q_TENSOR, MT_Q_ELEM_E5M2, MT_Q_ALONG_ROW, T, K, MT_Q_SR);
+    gemm_case("tensorwide E4M3 x E4M3 (TN, fp32 D)", tn(w, x, N, T, K), 0, 1, true, 0);
+    gemm_case("tensorwide E4M3 x E5M2 (TN, fp32 D, E5M2 stochastically rounded)", tn(w, g, N, T, K), 0, 1, true, 0);
+
+    // FP8 D with a D scale and the amax of D
+    {
+        request r = tn(w, x, N, T, K);
+        const reference ref = cpu_reference(r, 0, 1, true, 0);
+        double ref_amax = 0, amax_bound = 0;
+        for (size_t i = 0; i < ref.d.size(); i++)
+            if (fabs(ref.d[i]) > ref_amax) ref_amax = fabs(ref.d[i]), amax_bound = (K + 4) * ldexp(ref.mag[i], -24);
+        // a power of two that takes the amax to [256, 512): the largest values saturate
+        const float dscale_h = (float)ldexp(1.0, 8 - ilogb(ref_amax));
+        float *dscale = dev_copy(&dscale_h, 1), *amax = static_cast<float *>(dev_alloc(4));
+        r.d_type = CUDA_R_8F_E4M3;
+        r.d_scale = dscale;
+        r.amax_d = amax;
+        std::vector<uint8_t> d8;
+        const cublasStatus_t st = lt_matmul(r, nullptr, &d8);
+        int bad = 0;
+        for (size_t i = 0; st == CUBLAS_STATUS_SUCCESS && i < d8.size(); i++) {
+            const double bound = (double)(K + 4) * ldexp(ref.mag[i], -24);
+            const double v = mt_e4m3_to_float(d8[i]), want = fmax(-448.0, fmin(448.0, ref.d[i] * dscale_h));
+            // the code is the reference's value scaled and rounded to E4M3 (half an ulp:
+            // 2^-4 relative above 2^-6, 2^-10 absolute below), saturating at 448
+            const double tol = fmax(fabs(want) * 0.0625, ldexp(1.0, -10)) + bound * dscale_h;
+            if (!(fabs(v - want) <= tol)) bad++;
+        }
+        const float got_amax = host_copy(amax, 1)[0];
+        check(st == CUBLAS_STATUS_SUCCESS && !bad && fabs(got_amax - ref_amax) <= amax_bound,
+              "tensorwide, E4M3 D scaled by 2^%d with the amax of D: status %d, %d codes off, amax %g (reference %g)",
+              ilogb(dscale_h), (int)st, bad, (double)got_amax, ref_amax);
+        CHECK_CUDA(cudaFree(dscale));
+        CHECK_CUDA(cudaFree(amax));
+    }
+
+    // blockwise: 1 x 128 activations, 128 x 128 weights, K with a partial block, N a
+    // partial 128-row block of the weight; both operand orders (forward: weight as A)
+    const int64_t Tb = 36, Nb = 136, Kb = 320;
+    operand xb = quantise(MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, Tb, Kb, MT_Q_RN);
+    operand wb = quantise(MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, Nb, Kb, MT_Q_RN);
+    gemm_case("blockwise A BLK128x128_32F (weight) x B VEC128_32F (activation), split accumulation",
+              tn(wb, xb, Nb, Tb, Kb), 0, 1, true, 1);
+    gemm_case("blockwise A VEC128_32F (activation) x B BLK128x128_32F (weight), split accumulation",
+              tn(xb, wb, Tb, Nb, Kb), 0, 1, false, 1);
+    operand xb2 = quantise(MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 40, Kb, MT_Q_RN);
+    gemm_case("blockwise VEC128_32F x VEC128_32F", tn(xb, xb2, Tb, 40, Kb), 0, 1, false, 1);
+
+    // what the library refuses on Hopper
+    request nt = tn(w, x, N, T, K);
+    nt.ta = false;
+    nt.lda = N;
+    refused("FP8 in the NN layout on compute capability 9.0", nt, CUBLAS_STATUS_NOT_SUPPORTED);
+    operand wb2 = quantise(MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 128, Kb, MT_Q_RN);
+    refused("BLK128x128_32F for both A and B", tn(wb, wb2, Nb, 128, Kb), CUBLAS_STATUS_NOT_SUPPORTED);
+    operand g2 = quantise(MT_Q_TENSOR, MT_Q_ELEM_E5M2, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    refused("E5M2 x E5M2", tn(g2, g, N, T, K), CUBLAS_STATUS_NOT_SUPPORTED);
+    request mixed = tn(wb, x, Nb, T, Kb);
+    mixed.K = K;
+    mixed.lda = Kb;
+    refused("BLK128x128_32F with a scalar-scaled B", mixed, CUBLAS_STATUS_NOT_SUPPORTED);
+    operand mx = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    operand mx2 = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, K, MT_Q_RN);
+    refused("VEC32_UE8M0 (MXFP8) on compute capability 9.0", tn(mx, mx2, N, T, K), CUBLAS_STATUS_NOT_SUPPORTED);
+    operand f4 = quantise(MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    operand f4b = quantise(MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, T, K, MT_Q_RN);
+    refused("FP4 on compute capability 9.0", tn(f4, f4b, N, T, K), CUBLAS_STATUS_NOT_SUPPORTED);
+    operand odd = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, 40, MT_Q_RN);
+    operand odd2 = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, 40, MT_Q_RN);
+    refused("K = 40 (rows of A not a multiple of 16 bytes)", tn(odd, odd2, N, T, 40), CUBLAS_STATUS_NOT_SUPPORTED);
+    request bdscale = tn(w, x, N, T, K);
+    const float one = 1.0f;
+    float *dscale = dev_copy(&one, 1);
+    bdscale.d_scale = dscale;
+    refused("a D scale with an fp32 D", bdscale, CUBLAS_STATUS_INVALID_VALUE);
+    CHECK_CUDA(cudaFree(dscale));
+    for (operand *o : {&x, &w, &g, &xb, &wb, &xb2, &wb2, &g2, &mx, &mx2, &f4, &f4b, &odd, &odd2}) free_operand(*o);
+}
+
+// Blackwell: MXFP8 (including the NT layout of a weight gradient, whose operands are
+// quantised along their columns) and NVFP4 (TN only).
+static void run_gemm_gb200(void)
+{
+    const int64_t T = 64, N = 160, K = 96;
+    operand x = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, K, MT_Q_RN);
+    operand w = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    gemm_case("mxfp8 VEC32_UE8M0 forward (TN: weight as A), 160 rows: two 128-row scale tiles",
+              tn(w, x, N, T, K), 0, 1, true, 0);
+    // weight gradient dW (N, K) = dY^T X, the reduction over T: dY (T, N) and X (T, K)
+    // quantised along their columns; column-major dW^T (K, N) = X^T dY: A = X (op N,
+    // column-major K x T), B = dY (op T, column-major N x T)
+    operand xc = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_COL, T, K, MT_Q_RN);
+    operand dy = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_COL, T, N, MT_Q_RN);
+    request wg{&xc, &dy, false, true, K, N, T, K, N, CUDA_R_32F, 1.0f, nullptr, nullptr, xc.mode, dy.mode};
+    gemm_case("mxfp8 weight gradient (NT, operands quantised along their columns)", wg, 1, 0, false, 0);
+    // tensorwide FP8 is not TN-only on compute capability 10.0
+    operand xt = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, K, MT_Q_RN);
+    operand wt = quantise(MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, K, N, MT_Q_RN);
+    request nn{&wt, &xt, false, false, N, T, K, N, K, CUDA_R_32F, 1.0f, nullptr, nullptr, wt.mode, xt.mode};
+    gemm_case("tensorwide E4M3 in the NN layout on compute capability 10.0", nn, 0, 0, true, 0);
+
+    // NVFP4: 16 x 16 weight blocks, 1 x 16 activation blocks stochastically rounded; the
+    // per-tensor scales go in alpha
+    operand w4 = quantise(MT_Q_NVFP4_2D, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
+    operand x4 = quantise(MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, T, K, MT_Q_SR);
+    request r4 = tn(w4, x4, N, T, K);
+    r4.alpha = host_copy(w4.p.d.global, 1)[0] * host_copy(x4.p.d.global, 1)[0];
+    {
+        // mt_q_gemm applies the globals itself: compare with alpha folded out of the reference
+        std::vector<float> d;
+        const cublasStatus_t st = lt_matmul(r4, &d, nullptr);
+        request unit = r4;
+        unit.alpha = 1.0f;
+        const reference ref = cpu_reference(unit, 0, 1, true, 0);
+        int bad = 0;
+        for (size_t i = 0; st == CUBLAS_STATUS_SUCCESS && i < d.size(); i++) {
+            const double bound = (double)(K + 4) * ldexp(ref.mag[i], -24);
+            if (!(fabs((double)d[i] - ref.d[i]) <= bound + fabs(ref.d[i]) * ldexp(1.0, -23))) bad++;
+        }
+        check(st == CUBLAS_STATUS_SUCCESS && !bad,
+              "nvfp4 VEC16_UE4M3 (16x16 weight, stochastically rounded activation), per-tensor scales in alpha: "
+              "status %d, %d outside (K + 4) 2^-24 sum|ab| (+ alpha's rounding)", (int)st, bad);
+    }
+
+    // what the library refuses on Blackwell
+    request nt4 = r4;
+    nt4.ta = false;
+    nt4.lda = N;
+    refused("FP4 outside the TN layout", nt4, CUBLAS_STATUS_NOT_SUPPORTED);
+    operand xb = quantise(MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, 128, MT_Q_RN);
+    operand wb = quantise(MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, 128, MT_Q_RN);
+    refused("VEC128_32F x BLK128x128_32F on compute capability 10.0", tn(wb, xb, N, T, 128),
+            CUBLAS_STATUS_NOT_SUPPORTED);
+    request mixed = tn(w, xt, N, T, K);
+    refused("VEC32_UE8M0 with a scalar-scaled B", mixed, CUBLAS_STATUS_NOT_SUPPORTED);
+    request nosc = tn(w, x, N, T, K);
+    operand none = x;
+    none.scales = nullptr;
+    nosc.b = &none;
+    refused("VEC32_UE8M0 without B's scale pointer", nosc, CUBLAS_STATUS_INVALID_VALUE);
+    for (operand *o : {&x, &w, &xc, &dy, &xt, &wt, &w4, &x4, &xb, &wb}) free_operand(*o);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "quant")) run_quant();
+    else if (!strcmp(mode, "order")) run_order();
+    else if (!strncmp(mode, "gemm-", 5)) {
+        if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
+        int dev = 0;
+        cudaDeviceProp prop;
+        CHECK_CUDA(cudaGetDevice(&dev));
+        CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+        const bool h100 = !strcmp(mode, "gemm-h100");
+        if ((h100 ? 9 : 10) != prop.major) {
+            fprintf(stderr, "emu_quant: %s on a device of compute capability %d.%d (MT_EMU_DEVICE=%s)\n", mode,
+                    prop.major, prop.minor, h100 ? "h100" : "gb200");
+            return 1;
+        }
+        if (h100) run_gemm_h100();
+        else run_gemm_gb200();
+        cublasLtDestroy(lt);
+    } else {
+        fprintf(stderr, "usage: emu_quant quant|order|gemm-h100|gemm-gb200\n");
+        return 2;
+    }
+    printf("%d checks, %d failed\n", checks, failures);
+    return failures ? 1 : 0;
+}
