@@ -20,6 +20,26 @@
 // pointer alignment (256 bytes when unset, as documented); cublasLtMatmul refuses
 // pointers less aligned than that.
 //
+// Narrow precision (FP8, FP4; the documentation's "Narrow Precision Data Types Usage" and
+// the FP8 and FP4 requirements of cublasLtMatmul): A and B of CUDA_R_8F_E4M3 or _E5M2 (not
+// both E5M2) or both CUDA_R_4F_E2M1 (two a byte, the lower index in the low nibble), under
+// CUBLAS_COMPUTE_32F with scale type CUDA_R_32F; C and D both fp32, both bf16, or (FP8
+// only) a bf16 C with an E4M3 D (E5M2 when an operand is E5M2). The scale modes
+// (CUBLASLT_MATMUL_DESC_A/B/C/D_SCALE_MODE) and what each device takes: SCALAR_32F
+// (tensorwide, the default: D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C
+// C), with the amax of the result before scale_D on request), VEC128_32F and
+// BLK128x128_32F on compute capability 9.0 (A and B in any pair but BLK x BLK; M and N
+// multiples of 4; no FP8 D), VEC32_UE8M0 (FP8) and VEC16_UE4M3 (FP4) for both A and B on
+// 10.0 and later, the scales in the layouts the documentation gives (narrow_scale below).
+// FP8 on 8.9, 9.0 and 12.x and FP4 everywhere take the "TN" layout; every matrix's rows
+// and leading dimension in bytes and the pointer alignments must be multiples of 16.
+// What the library lacks is CUBLAS_STATUS_NOT_SUPPORTED from the heuristic (and from
+// cublasLtMatmul); a scale or amax pointer on a matmul of no narrow operand, a D scale
+// for a D that is not FP8, a block mode without its scale pointer, or a scale tensor not
+// 16-byte aligned is CUBLAS_STATUS_INVALID_VALUE. Not emulated (refused, naming it):
+// OUTER_VEC_32F, the per-batch and D_OUT modes, fp16 C and D, block-scaled outputs, the
+// amax of D with block modes. How the products are summed: narrow_matmul.
+//
 // Live objects. Handles, matmul descriptors, matrix layouts and preferences are each a
 // heap object, counted while alive (mt_emu::cublaslt_live_objects): a test of their
 // owner's teardown asserts the counts fall back to zero, and LeakSanitizer reports any
