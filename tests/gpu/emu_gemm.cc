@@ -12,7 +12,6 @@
 // A as given (32F) or with A rounded (32F_FAST_16BF), whatever the order of the sums.
 // emu_gemm.sh checks the warnings on stderr (one per fallback shape, not per call).
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,23 +21,11 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/emu/mt_emu.h"
+#include "tests/gpu/emu_test.h"
 extern "C" {
 #include "util/error.h" // a C header without its own extern "C"
 }
 
-static int checks, failures;
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...)
-{
-    checks++;
-    if (!ok) failures++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 // One GEMM shape in moetrain's row-major convention (kernels.h): op(A) (M,K), op(B)
 // (K,N), C (M,N); a_offset floats shift A's pointer (4: 4-byte aligned).
@@ -125,7 +112,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < 3; i++) {
         const bool on_fallback = fallback && i > 0;
-        check(run(k, shapes[i], calls, on_fallback), "%s, %d calls: %s", shapes[i].name, calls,
+        emu_check(run(k, shapes[i], calls, on_fallback), "%s, %d calls: %s", shapes[i].name, calls,
               on_fallback ? "computed in fp32 (A not rounded)" : "computed with A rounded to bf16");
     }
     struct mt_cuda_gemm_stats s;
@@ -133,36 +120,36 @@ int main(int argc, char **argv)
     printf("     stats: %lld shapes, %lld calls asking for %s; on %s: %lld shapes, %lld calls\n", s.shapes, s.calls,
            s.compute ? s.compute : "(null)", s.fallback_compute ? s.fallback_compute : "(null)", s.fallback_shapes,
            s.fallback_calls);
-    check(s.compute && !strcmp(s.compute, "CUBLAS_COMPUTE_32F_FAST_16BF") && s.fallback_compute &&
+    emu_check(s.compute && !strcmp(s.compute, "CUBLAS_COMPUTE_32F_FAST_16BF") && s.fallback_compute &&
               !strcmp(s.fallback_compute, "CUBLAS_COMPUTE_32F"),
           "stats name the compute type asked for and the fallback");
-    check(s.shapes == 3 && s.calls == 3 * calls, "stats: 3 shapes, %d calls", 3 * calls);
-    check(s.fallback_shapes == (fallback ? 2 : 0) && s.fallback_calls == (fallback ? 2 * calls : 0),
+    emu_check(s.shapes == 3 && s.calls == 3 * calls, "stats: 3 shapes, %d calls", 3 * calls);
+    emu_check(s.fallback_shapes == (fallback ? 2 : 0) && s.fallback_calls == (fallback ? 2 * calls : 0),
           "stats: %d shapes, %d calls on the fallback", fallback ? 2 : 0, fallback ? 2 * calls : 0);
     // one handle; per plan a matmul descriptor and three layouts (a refused attempt
     // destroyed its own); the heuristic's preferences are gone once it answered
-    check(live_objects_are(1, 3, 9, 0), "before teardown: 1 handle, 3 plans (3 descriptors, 9 layouts)");
+    emu_check(live_objects_are(1, 3, 9, 0), "before teardown: 1 handle, 3 plans (3 descriptors, 9 layouts)");
 
     void *held = k->op.alloc(k->ctx, 1000); // still handed out at teardown: released too
-    check(held != nullptr, "a block held across the teardown");
-    check(mt_kernels_cuda_destroy(&err) == MT_OK, "mt_kernels_cuda_destroy: %s", err.code ? err.msg : "MT_OK");
-    check(live_objects_are(0, 0, 0, 0), "after teardown: no cuBLASLt object alive (plans and handle destroyed)");
+    emu_check(held != nullptr, "a block held across the teardown");
+    emu_check(mt_kernels_cuda_destroy(&err) == MT_OK, "mt_kernels_cuda_destroy: %s", err.code ? err.msg : "MT_OK");
+    emu_check(live_objects_are(0, 0, 0, 0), "after teardown: no cuBLASLt object alive (plans and handle destroyed)");
     mt_cuda_gemm_stats(k, &s);
-    check(!s.compute && s.shapes == 0 && s.calls == 0, "stats of a destroyed backend: none");
-    check(mt_kernels_cuda_destroy(&err) == MT_OK, "a second teardown has nothing to do");
+    emu_check(!s.compute && s.shapes == 0 && s.calls == 0, "stats of a destroyed backend: none");
+    emu_check(mt_kernels_cuda_destroy(&err) == MT_OK, "a second teardown has nothing to do");
 
     // a backend built again after the teardown starts afresh
     const struct mt_kernels *k2 = mt_kernels_cuda(&err);
-    check(k2 != nullptr, "mt_kernels_cuda after the teardown: %s", k2 ? "a new backend" : err.msg);
+    emu_check(k2 != nullptr, "mt_kernels_cuda after the teardown: %s", k2 ? "a new backend" : err.msg);
     if (k2) {
-        check(run(k2, shapes[0], 1, false), "the new backend: %s, computed with A rounded to bf16", shapes[0].name);
+        emu_check(run(k2, shapes[0], 1, false), "the new backend: %s, computed with A rounded to bf16", shapes[0].name);
         mt_cuda_gemm_stats(k2, &s);
-        check(s.shapes == 1 && s.calls == 1 && s.fallback_shapes == 0, "the new backend's stats: 1 shape, 1 call");
-        check(live_objects_are(1, 1, 3, 0), "the new backend: 1 handle, 1 plan");
-        check(mt_kernels_cuda_destroy(&err) == MT_OK, "the new backend's teardown: %s",
+        emu_check(s.shapes == 1 && s.calls == 1 && s.fallback_shapes == 0, "the new backend's stats: 1 shape, 1 call");
+        emu_check(live_objects_are(1, 1, 3, 0), "the new backend: 1 handle, 1 plan");
+        emu_check(mt_kernels_cuda_destroy(&err) == MT_OK, "the new backend's teardown: %s",
               err.code ? err.msg : "MT_OK");
-        check(live_objects_are(0, 0, 0, 0), "after it: no cuBLASLt object alive");
+        emu_check(live_objects_are(0, 0, 0, 0), "after it: no cuBLASLt object alive");
     }
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("%d checks, %d failed\n", emu_checks, emu_failures);
+    return emu_failures ? 1 : 0;
 }

@@ -19,7 +19,6 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,19 +29,6 @@
 #include "kernels/cuda/cuda_quant.h"
 #include "tests/gpu/emu_test.h"
 
-static int checks, failures;
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...)
-{
-    checks++;
-    if (!ok) failures++;
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-}
 
 static void must(int rc, const struct mt_err &err, const char *what)
 {
@@ -210,7 +196,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
     float *damax = static_cast<float *>(dev_alloc(sizeof(float))), *dscale = static_cast<float *>(dev_alloc(4));
     must(mt_cuda_q_amax(damax, dx, rows, cols, ld, nullptr, &err), err, "mt_cuda_q_amax");
     const float amax = mt_q_amax(x.data(), rows, cols, ld), gamax = host_copy(damax, 1)[0];
-    check(bits(gamax) == bits(amax), "amax %lldx%lld %s: device %a, CPU %a", (long long)rows, (long long)cols, en,
+    emu_check(bits(gamax) == bits(amax), "amax %lldx%lld %s: device %a, CPU %a", (long long)rows, (long long)cols, en,
           (double)gamax, (double)amax);
     for (int fmt = 0; fmt < 2; fmt++) {
         const enum mt_q_elem el = fmt ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
@@ -218,7 +204,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
         for (int margin = 0; margin < 2; margin++) {
             must(mt_cuda_q_tensor_scale(dscale, damax, fmax, margin, nullptr, &err), err, "tensor scale");
             const float s = mt_q_tensor_scale(amax, fmax, margin), gs = host_copy(dscale, 1)[0];
-            check(bits(gs) == bits(s), "tensorwise scale %s %s margin %d: device %a, CPU %a", en,
+            emu_check(bits(gs) == bits(s), "tensorwise scale %s %s margin %d: device %a, CPU %a", en,
                   fmt ? "E5M2" : "E4M3", margin, (double)gs, (double)s);
             for (int sr = 0; sr < 2; sr++) {
                 pair p = make_pair(MT_Q_TENSOR, el, MT_Q_ALONG_ROW, rows, cols);
@@ -226,7 +212,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
                 must(mt_quant_tensorwise(&p.h, x.data(), ld, s, rnd, 77, 5, &err), err, "mt_quant_tensorwise");
                 must(mt_cuda_quant_tensorwise(&p.d, dx, ld, dscale, rnd, 77, 5, nullptr, &err), err, "tensorwise");
                 const bool ok = same_bytes(p, why, sizeof why);
-                check(ok, "tensorwise %lldx%lld %s %s margin %d %s: %s", (long long)rows, (long long)cols, en,
+                emu_check(ok, "tensorwise %lldx%lld %s %s margin %d %s: %s", (long long)rows, (long long)cols, en,
                       fmt ? "E5M2" : "E4M3", margin, sr ? "SR" : "RN", why);
                 free_pair(p);
             }
@@ -237,7 +223,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
                 must(mt_quant_blockwise(&p.h, x.data(), ld, pow2, &err), err, "mt_quant_blockwise");
                 must(mt_cuda_quant_blockwise(&p.d, dx, ld, pow2, nullptr, &err), err, "blockwise");
                 const bool ok = same_bytes(p, why, sizeof why);
-                check(ok, "blockwise %s %lldx%lld %s %s pow2 %d: %s", s ? "128x128" : "1x128", (long long)rows,
+                emu_check(ok, "blockwise %s %lldx%lld %s %s pow2 %d: %s", s ? "128x128" : "1x128", (long long)rows,
                       (long long)cols, en, fmt ? "E5M2" : "E4M3", pow2, why);
                 free_pair(p);
             }
@@ -247,7 +233,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
         must(mt_quant_mxfp8(&p.h, x.data(), ld, &err), err, "mt_quant_mxfp8");
         must(mt_cuda_quant_mxfp8(&p.d, dx, ld, nullptr, &err), err, "mxfp8");
         const bool ok = same_bytes(p, why, sizeof why);
-        check(ok, "mxfp8 along %s %lldx%lld %s: %s", col ? "columns" : "rows", (long long)rows, (long long)cols, en,
+        emu_check(ok, "mxfp8 along %s %lldx%lld %s: %s", col ? "columns" : "rows", (long long)rows, (long long)cols, en,
               why);
         free_pair(p);
     }
@@ -258,7 +244,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
             must(mt_quant_nvfp4(&p.h, x.data(), ld, rnd, 0x1234567890ull, 9, &err), err, "mt_quant_nvfp4");
             must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, 0x1234567890ull, 9, nullptr, &err), err, "nvfp4");
             const bool ok = same_bytes(p, why, sizeof why);
-            check(ok, "nvfp4 %s %lldx%lld %s %s: %s", two ? "16x16" : "1x16", (long long)rows, (long long)cols, en,
+            emu_check(ok, "nvfp4 %s %lldx%lld %s %s: %s", two ? "16x16" : "1x16", (long long)rows, (long long)cols, en,
                   sr ? "SR" : "RN", why);
             free_pair(p);
         }
@@ -289,7 +275,7 @@ static void quant_history(void)
                 must(mt_cuda_amax_history_update(&g, dv, nullptr, &err), err, "history update");
                 bad += bits(host_copy(g.scale, 1)[0]) != bits(mt_amax_history_scale(&h));
             }
-            check(!bad, "delayed history %s len %d: %zu updates, every scale as on the CPU (%d differ)",
+            emu_check(!bad, "delayed history %s len %d: %zu updates, every scale as on the CPU (%d differ)",
                   algo ? "most_recent" : "max", len, sizeof amaxes / sizeof amaxes[0], bad);
             CHECK_CUDA(cudaFree(dv));
             mt_cuda_amax_history_free(&g);
@@ -312,13 +298,13 @@ static void quant_rht(void)
             const std::vector<float> g = host_copy(dx, x.size());
             int bad = 0;
             for (size_t i = 0; i < x.size(); i++) bad += bits(g[i]) != bits(x[i]);
-            check(!bad, "random Hadamard transform %lldx%lld along %s: every element as on the CPU (%d differ)",
+            emu_check(!bad, "random Hadamard transform %lldx%lld along %s: every element as on the CPU (%d differ)",
                   (long long)sh.rows, (long long)sh.cols, col ? "columns" : "rows", bad);
             CHECK_CUDA(cudaFree(dx));
         }
     struct mt_err err;
     float *dx = static_cast<float *>(dev_alloc(4 * 20 * sizeof(float)));
-    check(mt_cuda_q_rht(dx, 4, 20, 20, MT_Q_ALONG_ROW, 1, 1, nullptr, &err) == MT_EINVAL && strstr(err.msg, "20"),
+    emu_check(mt_cuda_q_rht(dx, 4, 20, 20, MT_Q_ALONG_ROW, 1, 1, nullptr, &err) == MT_EINVAL && strstr(err.msg, "20"),
           "random Hadamard transform refuses 20 columns: %s", err.msg);
     CHECK_CUDA(cudaFree(dx));
 }
@@ -385,7 +371,7 @@ static void order_one(enum mt_q_scaling s, enum mt_q_dim along, int64_t rows, in
         const bool col = along == MT_Q_ALONG_COL;
         const int64_t outer_n = col ? cols : rows, inner_n = col ? p.d.srows : p.d.scols;
         const int64_t dim = (inner_n + 3) / 4 * 4;
-        check(bytes == (size_t)((outer_n + 127) / 128 * 128 * dim), "%s %lldx%lld: %zu bytes, whole 128x4 tiles",
+        emu_check(bytes == (size_t)((outer_n + 127) / 128 * 128 * dim), "%s %lldx%lld: %zu bytes, whole 128x4 tiles",
               name, (long long)rows, (long long)cols, bytes);
         for (int64_t o = 0; o < outer_n; o++)
             for (int64_t b = 0; b < inner_n; b++)
@@ -394,7 +380,7 @@ static void order_one(enum mt_q_scaling s, enum mt_q_dim along, int64_t rows, in
     size_t diff = bytes;
     for (size_t i = 0; i < bytes && diff == bytes; i++)
         if (got[i] != want[i]) diff = i;
-    check(mode == want_mode && diff == bytes, "%s scales of a %lldx%lld %s tensor%s, %zu bytes: %s", name,
+    emu_check(mode == want_mode && diff == bytes, "%s scales of a %lldx%lld %s tensor%s, %zu bytes: %s", name,
           (long long)rows, (long long)cols, s == MT_Q_MX ? "mxfp8" : el == MT_Q_ELEM_E2M1 ? "nvfp4" : "blockwise",
           along == MT_Q_ALONG_COL ? " (along columns)" : "", bytes,
           diff == bytes ? "every byte where the documented layout puts it, padding zero" : "they differ");
@@ -418,7 +404,7 @@ static void run_order(void)
     int32_t mode;
     size_t bytes;
     must(mt_cuda_qtensor_layout(&q, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 30, 128, &err), err, "layout");
-    check(mt_cuda_q_cublaslt_scale_mode(&q, &mode, &bytes, &err) == MT_EINVAL && strstr(err.msg, "multiple of 4"),
+    emu_check(mt_cuda_q_cublaslt_scale_mode(&q, &mode, &bytes, &err) == MT_EINVAL && strstr(err.msg, "multiple of 4"),
           "VEC128_32F scales of 30 rows refused: %s", err.msg);
 }
 
@@ -594,7 +580,7 @@ static void gemm_case(const char *what, const request &r, int ref_ta, int ref_tb
     std::vector<float> d;
     const cublasStatus_t st = lt_matmul(r, &d, nullptr);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        check(false, "%s: cuBLASLt status %d", what, (int)st);
+        emu_check(false, "%s: cuBLASLt status %d", what, (int)st);
         return;
     }
     const reference ref = cpu_reference(r, ref_ta, ref_tb, swap, split);
@@ -605,14 +591,14 @@ static void gemm_case(const char *what, const request &r, int ref_ta, int ref_tb
         if (!(e <= bound)) bad++;
         if (ref.mag[i] > 0 && e / ref.mag[i] > worst) worst = e / ref.mag[i];
     }
-    check(!bad, "%s: M %lld N %lld K %lld, |D - mt_q_gemm| <= (K + 4) 2^-24 sum|ab| everywhere (%d outside; "
+    emu_check(!bad, "%s: M %lld N %lld K %lld, |D - mt_q_gemm| <= (K + 4) 2^-24 sum|ab| everywhere (%d outside; "
           "largest error %.2g sum|ab|)", what, (long long)r.M, (long long)r.N, (long long)r.K, bad, worst);
 }
 
 static void refused(const char *what, const request &r, cublasStatus_t want)
 {
     const cublasStatus_t st = lt_matmul(r, nullptr, nullptr);
-    check(st == want, "%s: refused with status %d (want %d)", what, (int)st, (int)want);
+    emu_check(st == want, "%s: refused with status %d (want %d)", what, (int)st, (int)want);
 }
 
 static request tn(const operand &a, const operand &b, int64_t M, int64_t N, int64_t K)
@@ -656,7 +642,7 @@ static void run_gemm_h100(void)
             if (!(fabs(v - want) <= tol)) bad++;
         }
         const float got_amax = host_copy(amax, 1)[0];
-        check(st == CUBLAS_STATUS_SUCCESS && !bad && fabs(got_amax - ref_amax) <= amax_bound,
+        emu_check(st == CUBLAS_STATUS_SUCCESS && !bad && fabs(got_amax - ref_amax) <= amax_bound,
               "tensorwide, E4M3 D scaled by 2^%d with the amax of D: status %d, %d codes off, amax %g (reference %g)",
               ilogb(dscale_h), (int)st, bad, (double)got_amax, ref_amax);
         CHECK_CUDA(cudaFree(dscale));
@@ -746,7 +732,7 @@ static void run_gemm_gb200(void)
             const double bound = (double)(K + 4) * ldexp(ref.mag[i], -24);
             if (!(fabs((double)d[i] - ref.d[i]) <= bound + fabs(ref.d[i]) * ldexp(1.0, -23))) bad++;
         }
-        check(st == CUBLAS_STATUS_SUCCESS && !bad,
+        emu_check(st == CUBLAS_STATUS_SUCCESS && !bad,
               "nvfp4 VEC16_UE4M3 (16x16 weight, stochastically rounded activation), per-tensor scales in alpha: "
               "status %d, %d outside (K + 4) 2^-24 sum|ab| (+ alpha's rounding)", (int)st, bad);
     }
@@ -794,6 +780,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: emu_quant quant|order|gemm-h100|gemm-gb200\n");
         return 2;
     }
-    printf("%d checks, %d failed\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("%d checks, %d failed\n", emu_checks, emu_failures);
+    return emu_failures ? 1 : 0;
 }
