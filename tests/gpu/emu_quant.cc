@@ -487,6 +487,9 @@ struct request {
     const float *d_scale; // device, or NULL
     float *amax_d;        // device, or NULL
     int32_t mode_a, mode_b;
+    float beta = 0.0f;              // with C: fp32 (M, N) column-major, ld M, on the host
+    const float *c = nullptr;
+    const float *c_scale = nullptr; // device, or NULL
 };
 
 // Returns the status of the heuristic, or of cublasLtMatmul when the heuristic found one;
@@ -505,6 +508,7 @@ static cublasStatus_t lt_matmul(const request &r, std::vector<float> *d, std::ve
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
     if (r.d_scale) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &r.d_scale, sizeof(void *));
     if (r.amax_d) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &r.amax_d, sizeof(void *));
+    if (r.c_scale) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_C_SCALE_POINTER, &r.c_scale, sizeof(void *));
     const cudaDataType_t ta = lt_type(r.a->p.h.elem), tb = lt_type(r.b->p.h.elem);
     const cudaDataType_t c_type = r.d_type == CUDA_R_32F ? CUDA_R_32F : CUDA_R_16BF;
     cublasLtMatrixLayout_t la, lb, lc, ld;
@@ -518,14 +522,24 @@ static cublasStatus_t lt_matmul(const request &r, std::vector<float> *d, std::ve
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, ld, pref, 1, &res, &found);
     const size_t esz = r.d_type == CUDA_R_32F ? 4 : r.d_type == CUDA_R_16BF ? 2 : 1;
-    void *dd = dev_alloc((size_t)(r.M * r.N) * esz);
+    const size_t n = (size_t)(r.M * r.N);
+    void *dd = dev_alloc(n * esz), *dc = r.c ? dev_copy(r.c, n) : dd; // an fp32 C (only with an fp32 D)
     if (st == CUBLAS_STATUS_SUCCESS && found) {
-        const float beta = 0.0f;
-        st = cublasLtMatmul(lt, desc, &r.alpha, r.a->p.d.data, la, r.b->p.d.data, lb, &beta, dd, lc, dd, ld,
+        st = cublasLtMatmul(lt, desc, &r.alpha, r.a->p.d.data, la, r.b->p.d.data, lb, &r.beta, dc, lc, dd, ld,
                             &res.algo, nullptr, 0, nullptr);
-        if (st == CUBLAS_STATUS_SUCCESS && d) *d = host_copy(static_cast<const float *>(dd), (size_t)(r.M * r.N));
-        if (st == CUBLAS_STATUS_SUCCESS && d8) *d8 = host_copy(static_cast<const uint8_t *>(dd), (size_t)(r.M * r.N));
+        if (st == CUBLAS_STATUS_SUCCESS && d && r.d_type == CUDA_R_16BF) {
+            const std::vector<uint16_t> h = host_copy(static_cast<const uint16_t *>(dd), n);
+            d->resize(n);
+            for (size_t i = 0; i < n; i++) {
+                const uint32_t u = (uint32_t)h[i] << 16;
+                memcpy(&(*d)[i], &u, 4);
+            }
+        } else if (st == CUBLAS_STATUS_SUCCESS && d) {
+            *d = host_copy(static_cast<const float *>(dd), n);
+        }
+        if (st == CUBLAS_STATUS_SUCCESS && d8) *d8 = host_copy(static_cast<const uint8_t *>(dd), n);
     }
+    if (dc != dd) CHECK_CUDA(cudaFree(dc));
     CHECK_CUDA(cudaFree(dd));
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
@@ -587,12 +601,18 @@ static void gemm_case(const char *what, const request &r, int ref_ta, int ref_tb
     double worst = 0;
     int bad = 0;
     for (size_t i = 0; i < d.size(); i++) {
-        const double bound = (double)(r.K + 4) * ldexp(ref.mag[i], -24), e = fabs((double)d[i] - ref.d[i]);
+        // + beta scale_C C (exact here: small integers times 2 times 1/2), and a bf16 D's
+        // rounding: half an ulp, at most 2^-8 of the value
+        const double want = ref.d[i] + (r.c ? (double)r.beta * 2.0 * r.c[i] : 0.0);
+        const double bound = (double)(r.K + 4) * ldexp(ref.mag[i], -24) +
+                             (r.d_type == CUDA_R_16BF ? ldexp(fabs(want), -8) : 0.0);
+        const double e = fabs((double)d[i] - want);
         if (!(e <= bound)) bad++;
         if (ref.mag[i] > 0 && e / ref.mag[i] > worst) worst = e / ref.mag[i];
     }
-    emu_check(!bad, "%s: M %lld N %lld K %lld, |D - mt_q_gemm| <= (K + 4) 2^-24 sum|ab| everywhere (%d outside; "
-          "largest error %.2g sum|ab|)", what, (long long)r.M, (long long)r.N, (long long)r.K, bad, worst);
+    emu_check(!bad, "%s: M %lld N %lld K %lld, |D - mt_q_gemm| <= (K + 4) 2^-24 sum|ab|%s everywhere (%d outside; "
+              "largest error %.2g sum|ab|)", what, (long long)r.M, (long long)r.N, (long long)r.K,
+              r.d_type == CUDA_R_16BF ? " + bf16's half ulp" : "", bad, worst);
 }
 
 static void refused(const char *what, const request &r, cublasStatus_t want)
@@ -616,6 +636,19 @@ static void run_gemm_h100(void)
     operand g = quantise(MT_Q_TENSOR, MT_Q_ELEM_E5M2, MT_Q_ALONG_ROW, T, K, MT_Q_SR);
     gemm_case("tensorwide E4M3 x E4M3 (TN, fp32 D)", tn(w, x, N, T, K), 0, 1, true, 0);
     gemm_case("tensorwide E4M3 x E5M2 (TN, fp32 D, E5M2 stochastically rounded)", tn(w, g, N, T, K), 0, 1, true, 0);
+    {
+        // beta scale_C C: C small integers, scale_C 2, beta 1/2
+        request r = tn(w, x, N, T, K);
+        std::vector<float> c((size_t)(N * T));
+        for (size_t i = 0; i < c.size(); i++) c[i] = (float)((int)(rnd_u64() % 17) - 8);
+        const float two = 2.0f;
+        float *cs = dev_copy(&two, 1);
+        r.beta = 0.5f;
+        r.c = c.data();
+        r.c_scale = cs;
+        gemm_case("tensorwide with beta 1/2 and a C scale of 2", r, 0, 1, true, 0);
+        CHECK_CUDA(cudaFree(cs));
+    }
 
     // FP8 D with a D scale and the amax of D
     {
@@ -660,6 +693,9 @@ static void run_gemm_h100(void)
               tn(xb, wb, Tb, Nb, Kb), 0, 1, false, 1);
     operand xb2 = quantise(MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 40, Kb, MT_Q_RN);
     gemm_case("blockwise VEC128_32F x VEC128_32F", tn(xb, xb2, Tb, 40, Kb), 0, 1, false, 1);
+    request bf = tn(wb, xb, Nb, Tb, Kb);
+    bf.d_type = CUDA_R_16BF;
+    gemm_case("blockwise with a bf16 D", bf, 0, 1, true, 1);
 
     // what the library refuses on Hopper
     request nt = tn(w, x, N, T, K);

@@ -38,7 +38,7 @@
 // for a D that is not FP8, a block mode without its scale pointer, or a scale tensor not
 // 16-byte aligned is CUBLAS_STATUS_INVALID_VALUE. Not emulated (refused, naming it):
 // OUTER_VEC_32F, the per-batch and D_OUT modes, fp16 C and D, block-scaled outputs, the
-// amax of D with block modes. How the products are summed: narrow_matmul.
+// amax of D with block modes, a C scale on a dense (bf16, fp32) matmul. How the products are summed: narrow_matmul.
 //
 // Live objects. Handles, matmul descriptors, matrix layouts and preferences are each a
 // heap object, counted while alive (mt_emu::cublaslt_live_objects): a test of their
@@ -196,9 +196,11 @@ static int device_cc(void)
 
 // A dense (bf16, fp32) problem given scales: cuBLASLt refuses it at cublasLtMatmul
 // ("If set for an unsupported matrix data, scale, and compute type combination"), except
-// C's tensorwide scale, which it allows for any C type.
+// C's tensorwide scale, which it allows for any C type and this emulator does not.
 static cublasStatus_t dense_scales(const matmul_desc &m)
 {
+    if (m.scale_ptr[2])
+        return report("a C scale on a matmul of no FP8 or FP4 operand is not emulated"), CUBLAS_STATUS_NOT_SUPPORTED;
     if (m.scale_ptr[0] || m.scale_ptr[1] || m.scale_ptr[3] || m.amax_d)
         return report("A, B or D scale or the amax of D given for a matmul of no FP8 or FP4 operand"),
                CUBLAS_STATUS_INVALID_VALUE;
