@@ -70,19 +70,21 @@ torch_args() {
     name=$1; shift
     (cd "$top" && MOETRAIN_DATADIR="$build" "$moetrain" --print-config "$@") > "$tmp/$name.cfg"
     awk -v threads="$threads" '
-        { sub(/^ +/, ""); k = $1; sub(/^[^=]*= */, ""); v[k] = $0 }
+        /^&/ { g = substr($1, 2); next }
+        /^\// { next }
+        { sub(/^ +/, ""); k = $1; sub(/^[^=]*= */, ""); v[g "." k] = $0 }
         END {
-            lf = v["layer_freq"]; gsub(/ /, "", lf)
+            lf = v["moe.layer_freq"]; gsub(/ /, "", lf)
             printf "--layers %s --hidden %s --heads %s --groups %s --head-dim %s --ffn %s ",
-                v["num_layers"], v["hidden_size"], v["num_attention_heads"],
-                v["num_query_groups"], v["kv_channels"], v["ffn_hidden_size"]
+                v["model.num_layers"], v["model.hidden_size"], v["model.num_attention_heads"],
+                v["model.num_query_groups"], v["model.kv_channels"], v["model.ffn_hidden_size"]
             printf "--experts %s --expert-ffn %s --topk %s --vocab %s --seq %s ",
-                v["num_experts"], v["moe_ffn_hidden_size"], v["router_topk"], v["vocab_size"],
-                v["seq_length"]
+                v["moe.num_experts"], v["moe.moe_ffn_hidden_size"], v["moe.router_topk"], v["model.vocab_size"],
+                v["training.seq_length"]
             printf "--micro-batch %s --global-batch %s --moe-layers %s --aux-coeff %s ",
-                v["micro_batch_size"], v["global_batch_size"], lf, v["aux_loss_coeff"]
+                v["training.micro_batch_size"], v["training.global_batch_size"], lf, v["moe.aux_loss_coeff"]
             printf "--rope-theta %s --eps %s --lr %s --weight-decay %s --clip-grad %s --threads %s\n",
-                v["rotary_base"], v["norm_epsilon"], v["lr"], v["weight_decay"], v["clip_grad"], threads
+                v["model.rotary_base"], v["model.norm_epsilon"], v["optimizer.lr"], v["optimizer.weight_decay"], v["optimizer.clip_grad"], threads
         }' "$tmp/$name.cfg"
 }
 
