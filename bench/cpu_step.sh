@@ -4,7 +4,8 @@
 #
 # For tiny_moe (the embedded default), bench/cpu_large.nml and bench/cpu_h512.nml:
 # - tokens/s: the median over ROUNDS runs (default 3) of each run's median logged
-#   interval after the first (warm-up);
+#   interval after the first (warm-up); the same with params_dtype='bf16' (bf16 storage,
+#   fp32 arithmetic) in each round, and its cost per step over fp32;
 # - model GFLOP/s (Megatron's MoE FLOP count, as moetrain logs it) and that rate as a
 #   fraction of the sgemm rate bench/sgemm_peak.c measures through the same BLAS;
 # - the share of the step outside BLAS, from a perf profile of the first run (the BLAS
@@ -108,10 +109,12 @@ bench() {
     name=$1; shift
     : > "$tmp/$name.mt"
     : > "$tmp/$name.pt"
+    : > "$tmp/$name.bf16.mt"
     [ $have_torch = yes ] && torch_args "$name" "$@" > "$tmp/$name.targs"
     r=1
     while [ $r -le "$rounds" ]; do
         moetrain_run "$name" $r "$@" || return 1
+        moetrain_run "$name.bf16" - "$@" "precision%params_dtype='bf16'" || return 1
         [ $have_torch = yes ] && torch_run "$name"
         r=$((r + 1))
     done
@@ -124,6 +127,9 @@ bench() {
         printf " | outside BLAS %s%% (OpenMP runtime %s%%)" "$(($2 + $3))" "$2"
     fi
     echo
+    btok=$(awk '{print $1}' "$tmp/$name.bf16.mt" | median)
+    printf "%-10s bf16     tokens/s %8.0f | params_dtype='bf16' costs %+.1f%% per step over fp32\n" \
+        "$name" "$btok" "$(echo "$tok $btok" | awk '{print 100 * ($1 / $2 - 1)}')"
     if [ -s "$tmp/$name.pt" ]; then
         ttok=$(awk '{print $1}' "$tmp/$name.pt" | median)
         tgf=$(awk '{print $2}' "$tmp/$name.pt" | median)
@@ -131,8 +137,9 @@ bench() {
             "$name" "$ttok" "$tgf" "$(echo "$tgf $peak" | awk '{print 100 * $1 / $2}')" \
             "$(echo "$tok $ttok" | awk '{print $1 / $2}')"
     fi
-    printf "%-10s per run (moetrain | pytorch tokens/s): %s | %s\n" "$name" \
+    printf "%-10s per run (moetrain | bf16 | pytorch tokens/s): %s | %s | %s\n" "$name" \
         "$(awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}' "$tmp/$name.mt")" \
+        "$(awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}' "$tmp/$name.bf16.mt")" \
         "$(awk '{printf "%s%.0f", (NR > 1 ? " " : ""), $1}' "$tmp/$name.pt")"
 }
 

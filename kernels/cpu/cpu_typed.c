@@ -168,10 +168,12 @@ static void convert_rows(struct mt_tensor dst, struct mt_tensor src, size_t r0, 
         if (src.dtype == MT_F32 && dst.dtype == MT_BF16) {
             const float *s = (const float *)src.data + si;
             uint16_t *d = (uint16_t *)dst.data + di;
+#pragma omp simd
             for (size_t c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
         } else if (src.dtype == MT_BF16 && dst.dtype == MT_F32) {
             const uint16_t *s = (const uint16_t *)src.data + si;
             float *d = (float *)dst.data + di;
+#pragma omp simd
             for (size_t c = 0; c < cols; c++) d[c] = bf16_to_f32(s[c]);
         } else {
             const size_t e = mt_dtype_size(dst.dtype);
