@@ -84,6 +84,16 @@ tests_gpu_emu_streams_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_streams_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_streams_LDADD = libmt_cuda_emu.la
 
+# Stream capture and graphs: replay equals direct issue, bit for bit; the calls a
+# capture cannot hold are refused as CUDA refuses them, with the reason.
+check_PROGRAMS += tests/gpu/emu_graphs
+TESTS += tests/gpu/emu_graphs.sh
+EXTRA_DIST += tests/gpu/emu_graphs.sh
+tests_gpu_emu_graphs_SOURCES = tests/gpu/emu_graphs.cc tests/gpu/emu_test.h
+tests_gpu_emu_graphs_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_graphs_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_graphs_LDADD = libmt_cuda_emu.la
+
 # Exact extents: copies past the bytes requested, or of a block in the allocator's
 # cache, are errors; kernels doing so are reported under AddressSanitizer.
 check_PROGRAMS += tests/gpu/emu_memory

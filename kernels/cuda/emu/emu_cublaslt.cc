@@ -587,7 +587,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo_p, void *ws, size_t ws_bytes,
                               cudaStream_t stream)
 {
-    mt_emu::note_launch();
+    if (!mt_emu::capturing(stream)) mt_emu::note_launch(); // captured: launched with its graph
     (void)ws;
     (void)ws_bytes;
     const matmul_desc &m = *as<matmul_desc>(op);

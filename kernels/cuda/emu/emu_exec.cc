@@ -777,7 +777,7 @@ static void run_grid(const launch_site &site, void (*body)(void *), void *args, 
 void launch(const launch_site &site, const void *func, void (*body)(void *), std::shared_ptr<void> args, dim3 grid,
             dim3 block, size_t smem, cudaStream_t stream, const std::vector<mem_access> &acc)
 {
-    note_launch();
+    if (!capturing(stream)) note_launch(); // captured: a node of a graph, launched with it
     const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     const char *bad = nullptr;
     if (nthreads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) bad = "an empty grid or block";

@@ -317,6 +317,9 @@ static void set_extent(const void *p, size_t bytes, bool cached, cudaStream_t st
     unsigned char *b = static_cast<unsigned char *>(const_cast<void *>(p));
     const size_t rounded = r.rounded;
     lock.unlock();
+    // inside a capture the allocator's bookkeeping is the host's, not the graph's: the
+    // tail is not poisoned there
+    if (capturing(stream)) return;
     stream_work(stream, cached ? "the caching allocator's free" : "the caching allocator's allocation", nullptr, 0,
                 nullptr, 0, [b, bytes, rounded] { poison_tail(b, bytes, rounded); });
 }
@@ -375,6 +378,15 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     default: return "unknown error (emulator)";
     }
 }
@@ -452,6 +464,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int dev)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     *p = nullptr;
+    if (cudaError_t e = capture_refuses_unsafe("cudaMalloc")) return e;
     if (n == 0) return cudaSuccess;
     *p = map_region(n, false);
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
@@ -461,6 +474,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    if (cudaError_t e = capture_refuses_device_wait("cudaFree")) return e;
     note_host_sync();
     host_waits_device();
     forget_allocation(p);
@@ -469,6 +483,10 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaMallocHost(void **p, size_t n)
 {
+    if (cudaError_t e = capture_refuses_unsafe("cudaMallocHost")) {
+        *p = nullptr;
+        return e;
+    }
     *p = map_region(n ? n : 1, true);
     return *p ? cudaSuccess : ret(cudaErrorMemoryAllocation);
 }
@@ -476,6 +494,7 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 cudaError_t cudaFreeHost(void *p)
 {
     if (!p) return cudaSuccess;
+    if (cudaError_t e = capture_refuses_device_wait("cudaFreeHost")) return e;
     note_host_sync();
     host_waits_device();
     forget_allocation(p);
@@ -501,14 +520,19 @@ static cudaError_t copy(void *dst, const void *src, size_t n, enum cudaMemcpyKin
     const bool src_pageable = classify(src, n, why, sizeof why) == MEM_UNREGISTERED;
     const bool dst_pageable = classify(dst, n, why, sizeof why) == MEM_UNREGISTERED;
     const mem_access acc[2] = {{src, n, false}, {dst, n, true}};
+    if (src_pageable || dst_pageable)
+        if (cudaError_t e = capture_refuses_pageable(stream, api)) return e;
+    bool issued;
     if (src_pageable) {
         host_waits_stream(stream);
         auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                    (const unsigned char *)src + n);
-        stream_work(stream, api, nullptr, 0, acc, 2, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+        issued = stream_work(stream, api, nullptr, 0, acc, 2,
+                             [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
     } else {
-        stream_work(stream, api, nullptr, 0, acc, 2, [dst, src, n] { memmove(dst, src, n); });
+        issued = stream_work(stream, api, nullptr, 0, acc, 2, [dst, src, n] { memmove(dst, src, n); });
     }
+    if (!issued) return cudaPeekAtLastError();
     if (dst_pageable) host_waits_stream(stream);
     return cudaSuccess;
 }
@@ -521,7 +545,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 // On the legacy default stream, and the host waits for it.
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
+    if (cudaError_t e = capture_refuses_unsafe("cudaMemcpy")) return e;
     const cudaError_t r = copy(dst, src, n, kind, nullptr, "cudaMemcpy");
+    if (r != cudaSuccess) return r;
     note_host_sync();
     host_waits_stream(nullptr);
     return r;
@@ -532,7 +558,8 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t stream)
     if (n == 0) return cudaSuccess;
     check_range("cudaMemset", p, n, true);
     const mem_access acc = {p, n, true};
-    stream_work(stream, "cudaMemset", nullptr, 0, &acc, 1, [p, v, n] { memset(p, v, n); });
+    if (!stream_work(stream, "cudaMemset", nullptr, 0, &acc, 1, [p, v, n] { memset(p, v, n); }))
+        return cudaPeekAtLastError();
     return cudaSuccess;
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/cuda/emu/emu_internal.h"
 #include "kernels/cuda/emu/emu_streams.h"
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -64,6 +66,7 @@ struct stream_rec {
     vclock vc; // after the last piece of work issued
     std::deque<item> queue;
     bool polled; // a query has answered "not ready" since the last work
+    struct capture_rec *cap; // the capture sequence it belongs to, or null
 };
 
 struct event_rec {
@@ -72,6 +75,7 @@ struct event_rec {
     uint64_t seq;
     vclock vc;
     bool polled;
+    unsigned long long cap_id; // last recorded inside this capture sequence (0: outside)
 };
 
 struct touch {
@@ -88,6 +92,42 @@ struct alloc_state {
     std::map<unsigned, touch> readers; // the last on each stream since the last write
 };
 
+// A piece of device work as a graph holds it: what it is, what it touches, and the
+// work itself, with the arguments it was issued with (a kernel's parameters are copied
+// when it is captured, as CUDA copies a kernel node's).
+struct graph_node {
+    const char *what, *file;
+    int line;
+    std::vector<mem_access> acc;
+    std::function<void()> work;
+};
+using node_list = std::vector<graph_node>;
+
+// A stream capture sequence (cudaStreamBeginCapture .. cudaStreamEndCapture): the
+// streams it has drawn in (the origin, and those that waited on an event recorded in
+// it), the work captured in issue order (an order every dependency of the graph
+// respects), the first rule broken (then the sequence is invalidated), and the
+// last writer and readers of each allocation inside the graph, so that work the graph
+// leaves unordered is reported when captured, as it would be when issued.
+struct capture_rec {
+    unsigned long long id;
+    enum cudaStreamCaptureMode mode;
+    unsigned origin;
+    cudaError_t invalid;
+    std::set<unsigned> streams;
+    std::map<unsigned, uint64_t> last; // per stream: its last piece of captured work
+    std::shared_ptr<node_list> nodes;
+    std::map<uintptr_t, alloc_state> allocs;
+};
+
+// cudaGraph_t and cudaGraphExec_t: the captured work (an executable graph shares it).
+struct graph_rec {
+    std::shared_ptr<const node_list> nodes;
+};
+struct exec_rec {
+    std::shared_ptr<const node_list> nodes;
+};
+
 // Never destroyed (work may be issued from other objects' destructors at exit); handles
 // are looked up before use, so a destroyed stream or event is refused, never read.
 std::recursive_mutex &mu = *new std::recursive_mutex;
@@ -96,6 +136,11 @@ std::set<const void *> &live_handles = *new std::set<const void *>;
 vclock &host = *new vclock;
 std::map<uintptr_t, alloc_state> &allocs = *new std::map<uintptr_t, alloc_state>;
 int mode = -1; // 0 immediate, 1 deferred
+std::map<unsigned long long, capture_rec *> &captures = *new std::map<unsigned long long, capture_rec *>;
+unsigned long long capture_ids;
+// cudaThreadExchangeStreamCaptureMode's mode (the emulated program's CUDA calls come
+// from one host thread)
+enum cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal;
 
 bool deferred()
 {
@@ -193,6 +238,51 @@ const char *stream_name(unsigned id, char *buf, size_t n)
     return buf;
 }
 
+const char *capture_error_name(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    default: return "an error";
+    }
+}
+
+// A rule of stream capture broken: the message (what the CUDA runtime would refuse, and
+// why), the call's error as the last error, and the capture sequence invalidated (its
+// cudaStreamEndCapture then returns no graph), as CUDA does.
+__attribute__((format(printf, 3, 4))) void capture_violation(capture_rec *c, cudaError_t e, const char *fmt, ...)
+{
+    char msg[512], o[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr,
+            "moetrain CUDA emulator: stream capture: %s: %s; the capture begun on %s is invalidated "
+            "(cudaStreamEndCapture returns no graph)\n",
+            capture_error_name(e), msg, stream_name(c->origin, o, sizeof o));
+    if (c->invalid == cudaSuccess) c->invalid = e;
+    set_last_error(e);
+}
+
+// Whether a potentially unsafe call (one stream capture cannot observe: cudaMalloc,
+// cudaMallocHost, a synchronous cudaMemcpy) is prohibited now: a capture sequence not
+// begun in relaxed mode is under way and the thread's mode is not relaxed
+// (cudaThreadExchangeStreamCaptureMode).
+bool unsafe_prohibited()
+{
+    if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return false;
+    for (const auto &c : captures)
+        if (c.second->mode != cudaStreamCaptureModeRelaxed) return true;
+    return false;
+}
+
 [[noreturn]] void unordered(const touch &now, bool now_writes, const touch &then, bool then_wrote, uintptr_t base,
                             size_t bytes)
 {
@@ -205,7 +295,8 @@ const char *stream_name(unsigned id, char *buf, size_t n)
          then.what, stream_name(then.stream, b, sizeof b), then.file, then.line, then_wrote ? "writes" : "reads");
 }
 
-void check_and_note(const touch &now, const vclock &v, const mem_access *acc, size_t nacc)
+void check_and_note(std::map<uintptr_t, alloc_state> &allocs, const touch &now, const vclock &v,
+                    const mem_access *acc, size_t nacc)
 {
     for (size_t i = 0; i < nacc; i++) {
         uintptr_t base;
@@ -246,21 +337,92 @@ void host_waits(stream_rec *s)
 
 } // namespace
 
-void stream_work(cudaStream_t stream, const char *what, const char *file, int line, const mem_access *acc, size_t nacc,
+bool stream_work(cudaStream_t stream, const char *what, const char *file, int line, const mem_access *acc, size_t nacc,
                  std::function<void()> work)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
     stream_rec *s = stream_of(stream, what);
     if (!s) fail(file, line, "%s issued on an invalid stream %p", what, (void *)stream);
+    if (s->cap) {
+        capture_rec *c = s->cap;
+        if (c->invalid != cudaSuccess) {
+            set_last_error(cudaErrorStreamCaptureInvalidated);
+            return false;
+        }
+        // captured, not run: a no-op in the stream's own order, a node of the graph
+        vclock v;
+        const uint64_t seq = next_clock(s, &v);
+        check_and_note(c->allocs, touch{s->id, seq, what, file, line}, v, acc, nacc);
+        c->nodes->push_back(graph_node{what, file, line, std::vector<mem_access>(acc, acc + nacc), std::move(work)});
+        c->last[s->id] = seq;
+        if (deferred()) s->queue.push_back(item{seq, std::move(v), nullptr});
+        else s->done = seq;
+        return true;
+    }
+    if (s->id == 0)
+        for (stream_rec *b : streams)
+            if (b->cap && b->blocking) {
+                char n[64];
+                capture_violation(b->cap, cudaErrorStreamCaptureImplicit, "%s on the legacy default stream while %s "
+                                  "(a blocking stream) captures: the legacy stream would wait for the capture",
+                                  what, stream_name(b->id, n, sizeof n));
+                return false;
+            }
     vclock v;
     const uint64_t seq = next_clock(s, &v);
-    check_and_note(touch{s->id, seq, what, file, line}, v, acc, nacc);
+    check_and_note(allocs, touch{s->id, seq, what, file, line}, v, acc, nacc);
     if (deferred()) {
         s->queue.push_back(item{seq, std::move(v), std::move(work)});
     } else {
         work();
         s->done = seq;
     }
+    return true;
+}
+
+bool capturing(cudaStream_t stream)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    stream_rec *s = stream_of(stream, "a capture query");
+    return s && s->cap;
+}
+
+cudaError_t capture_refuses_unsafe(const char *api)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!unsafe_prohibited()) return cudaSuccess;
+    for (const auto &c : captures)
+        if (c.second->mode != cudaStreamCaptureModeRelaxed)
+            capture_violation(c.second, cudaErrorStreamCaptureUnsupported,
+                              "%s during stream capture (it is not stream work, so the graph cannot hold it; "
+                              "allocate before capturing, or capture in relaxed mode)",
+                              api);
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+cudaError_t capture_refuses_device_wait(const char *api)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (captures.empty()) return cudaSuccess;
+    for (const auto &c : captures)
+        capture_violation(c.second, cudaErrorStreamCaptureUnsupported,
+                          "%s waits for the whole device, the capturing streams included, whose work is captured, "
+                          "not run",
+                          api);
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+cudaError_t capture_refuses_pageable(cudaStream_t stream, const char *api)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    stream_rec *s = stream_of(stream, api);
+    if (!s || !s->cap) return cudaSuccess;
+    capture_violation(s->cap, cudaErrorStreamCaptureUnsupported,
+                      "%s with pageable host memory (not from cudaMallocHost) on a capturing stream: such a copy "
+                      "makes the host wait, which a graph cannot hold (a host read of device memory inside a "
+                      "graph scope)",
+                      api);
+    return cudaErrorStreamCaptureUnsupported;
 }
 
 void scan_pointers(const void *block, size_t bytes, bool write, std::vector<mem_access> &out)
@@ -324,6 +486,9 @@ cudaError_t mt_emu_stream_wait(cudaStream_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
+    if (s->cap)
+        fail(nullptr, 0, "an emulated NCCL call on a capturing stream: NCCL calls inside stream capture are not "
+                         "emulated (the emulated NCCL runs a call on the host when it is issued)");
     host_waits(s);
     return cudaSuccess;
 }
@@ -355,6 +520,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
+    if (s->cap) {
+        capture_violation(s->cap, cudaErrorStreamCaptureUnsupported,
+                          "cudaStreamSynchronize of a capturing stream (its work is captured, not run)");
+        return cudaErrorStreamCaptureUnsupported;
+    }
     note_host_sync();
     host_waits(s);
     return cudaSuccess;
@@ -362,6 +532,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    if (cudaError_t e = capture_refuses_device_wait("cudaDeviceSynchronize")) return e;
     note_host_sync();
     host_waits_device();
     return cudaSuccess;
@@ -374,6 +545,11 @@ cudaError_t cudaStreamQuery(cudaStream_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     stream_rec *s = stream_of(h, "cudaStreamQuery");
     if (!s) return bad_handle();
+    if (s->cap) {
+        capture_violation(s->cap, cudaErrorStreamCaptureUnsupported,
+                          "cudaStreamQuery of a capturing stream (its work is captured, not run)");
+        return cudaErrorStreamCaptureUnsupported;
+    }
     if (s->issued > host.at(s->id) && !s->polled) {
         s->polled = true;
         return cudaErrorNotReady;
@@ -385,7 +561,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h)
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *h, unsigned)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
-    *h = reinterpret_cast<cudaEvent_t>(new event_rec{false, 0, 0, vclock{}, false});
+    *h = reinterpret_cast<cudaEvent_t>(new event_rec{false, 0, 0, vclock{}, false, 0});
     live_handles.insert(*h);
     return cudaSuccess;
 }
@@ -404,6 +580,8 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
     e->stream = s->id;
     e->recorded = true;
     e->polled = false;
+    e->cap_id = s->cap ? s->cap->id : 0;
+    if (s->cap) s->cap->last[s->id] = e->seq;
     if (deferred()) s->queue.push_back(item{e->seq, std::move(v), nullptr});
     else s->done = e->seq;
     return cudaSuccess;
@@ -415,6 +593,35 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned)
     event_rec *e = event_of(h, "cudaStreamWaitEvent");
     stream_rec *s = e ? stream_of(sh, "cudaStreamWaitEvent") : nullptr;
     if (!s) return bad_handle();
+    if (e->cap_id) {
+        auto it = captures.find(e->cap_id);
+        if (it == captures.end()) {
+            // the event's capture is over: the graph holds that record, nothing to wait for here
+            if (s->cap)
+                capture_violation(s->cap, cudaErrorCapturedEvent,
+                                  "cudaStreamWaitEvent on an event last recorded in a capture that has ended");
+            set_last_error(cudaErrorCapturedEvent);
+            return cudaErrorCapturedEvent;
+        }
+        capture_rec *c = it->second;
+        if (s->cap && s->cap != c) {
+            capture_violation(c, cudaErrorStreamCaptureMerge,
+                              "cudaStreamWaitEvent would merge two capture sequences (the event was recorded in "
+                              "one, the waiting stream captures another)");
+            capture_violation(s->cap, cudaErrorStreamCaptureMerge, "the same cudaStreamWaitEvent");
+            return cudaErrorStreamCaptureMerge;
+        }
+        if (!s->cap) { // a fork: the stream joins the capture
+            s->cap = c;
+            c->streams.insert(s->id);
+        }
+    } else if (s->cap && e->recorded && s->cap->invalid == cudaSuccess) {
+        capture_violation(s->cap, cudaErrorStreamCaptureIsolation,
+                          "cudaStreamWaitEvent of a capturing stream on an event recorded outside the capture (a "
+                          "dependency across the capture's boundary; record the event inside the capture, or "
+                          "order the work before cudaStreamBeginCapture)");
+        return cudaErrorStreamCaptureIsolation;
+    }
     if (e->recorded) s->vc.join(e->vc); // an event never recorded is complete: nothing to wait for
     return cudaSuccess;
 }
@@ -424,6 +631,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     event_rec *e = event_of(h, "cudaEventSynchronize");
     if (!e) return bad_handle();
+    if (e->cap_id) {
+        auto it = captures.find(e->cap_id);
+        if (it != captures.end())
+            capture_violation(it->second, cudaErrorCapturedEvent,
+                              "cudaEventSynchronize or cudaEventQuery of an event recorded in the capture (the "
+                              "host would wait for work that is captured, not run)");
+        set_last_error(cudaErrorCapturedEvent);
+        return cudaErrorCapturedEvent;
+    }
     note_host_sync();
     if (e->recorded) {
         run_until(streams[e->stream], e->seq);
@@ -437,6 +653,7 @@ cudaError_t cudaEventQuery(cudaEvent_t h)
     std::lock_guard<std::recursive_mutex> lock(mu);
     event_rec *e = event_of(h, "cudaEventQuery");
     if (!e) return bad_handle();
+    if (e->cap_id) return cudaEventSynchronize(h);
     if (e->recorded && host.at(e->stream) < e->seq && !e->polled) {
         e->polled = true;
         return cudaErrorNotReady;
@@ -451,6 +668,165 @@ cudaError_t cudaEventDestroy(cudaEvent_t h)
     if (!e) return bad_handle();
     live_handles.erase(h);
     delete e;
+    return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- stream capture and graphs
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!m || (*m != cudaStreamCaptureModeGlobal && *m != cudaStreamCaptureModeThreadLocal &&
+               *m != cudaStreamCaptureModeRelaxed)) {
+        set_last_error(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    std::swap(*m, thread_capture_mode);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode m)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    stream_rec *s = stream_of(h, "cudaStreamBeginCapture");
+    if (!s) return bad_handle();
+    if (m != cudaStreamCaptureModeGlobal && m != cudaStreamCaptureModeThreadLocal && m != cudaStreamCaptureModeRelaxed) {
+        set_last_error(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    if (s->id < 2) { // the legacy and per-thread default streams
+        fprintf(stderr, "moetrain CUDA emulator: cudaStreamBeginCapture: the default streams cannot capture "
+                        "(capture on a stream of cudaStreamCreate)\n");
+        set_last_error(cudaErrorStreamCaptureUnsupported);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    if (s->cap) {
+        fprintf(stderr, "moetrain CUDA emulator: cudaStreamBeginCapture: the stream already captures\n");
+        set_last_error(cudaErrorIllegalState);
+        return cudaErrorIllegalState;
+    }
+    capture_rec *c = new capture_rec{};
+    c->id = ++capture_ids;
+    c->mode = m;
+    c->origin = s->id;
+    c->invalid = cudaSuccess;
+    c->streams.insert(s->id);
+    c->nodes = std::make_shared<node_list>();
+    captures[c->id] = c;
+    s->cap = c;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t h, enum cudaStreamCaptureStatus *st)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    stream_rec *s = stream_of(h, "cudaStreamIsCapturing");
+    if (!s) return bad_handle();
+    *st = !s->cap                           ? cudaStreamCaptureStatusNone
+          : s->cap->invalid == cudaSuccess ? cudaStreamCaptureStatusActive
+                                           : cudaStreamCaptureStatusInvalidated;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *graph)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    *graph = nullptr;
+    stream_rec *s = stream_of(h, "cudaStreamEndCapture");
+    if (!s) return bad_handle();
+    capture_rec *c = s->cap;
+    if (!c) {
+        set_last_error(cudaErrorIllegalState);
+        return cudaErrorIllegalState;
+    }
+    if (c->origin != s->id) {
+        capture_violation(c, cudaErrorStreamCaptureUnmatched,
+                          "cudaStreamEndCapture on a stream that joined the capture, not the one that began it");
+        return cudaErrorStreamCaptureUnmatched;
+    }
+    cudaError_t r = c->invalid == cudaSuccess ? cudaSuccess : cudaErrorStreamCaptureInvalidated;
+    for (unsigned j : c->streams) {
+        auto l = c->last.find(j);
+        if (r == cudaSuccess && j != s->id && l != c->last.end() && s->vc.at(j) < l->second) {
+            char n[64];
+            capture_violation(c, cudaErrorStreamCaptureUnjoined,
+                              "%s joined the capture and its last captured work is not joined back into the "
+                              "origin stream (record an event on it and make the origin wait for it before "
+                              "cudaStreamEndCapture)",
+                              stream_name(j, n, sizeof n));
+            r = cudaErrorStreamCaptureUnjoined;
+        }
+        streams[j]->cap = nullptr;
+    }
+    captures.erase(c->id);
+    if (r == cudaSuccess) {
+        graph_rec *g = new graph_rec{c->nodes};
+        live_handles.insert(g);
+        *graph = reinterpret_cast<cudaGraph_t>(g);
+    } else {
+        set_last_error(r);
+    }
+    delete c;
+    return r;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t h, cudaGraphNode_t *nodes, size_t *n)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!h || !live_handles.count(h)) return bad_handle();
+    const node_list &l = *reinterpret_cast<graph_rec *>(h)->nodes;
+    if (!nodes) {
+        *n = l.size();
+        return cudaSuccess;
+    }
+    const size_t k = *n < l.size() ? *n : l.size();
+    for (size_t i = 0; i < k; i++) nodes[i] = reinterpret_cast<cudaGraphNode_t>(const_cast<graph_node *>(&l[i]));
+    *n = k;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t h, unsigned long long)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!h || !live_handles.count(h)) return bad_handle();
+    exec_rec *e = new exec_rec{reinterpret_cast<graph_rec *>(h)->nodes};
+    live_handles.insert(e);
+    *x = reinterpret_cast<cudaGraphExec_t>(e);
+    return cudaSuccess;
+}
+
+// The graph's work issued on the stream in capture order (an order its dependencies
+// allow), each piece checked against the stream's other work as when issued directly;
+// one launch for the host (mt_emu_counts), however many kernels it holds.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!x || !live_handles.count(x)) return bad_handle();
+    stream_rec *s = stream_of(h, "cudaGraphLaunch");
+    if (!s) return bad_handle();
+    if (!s->cap) note_launch();
+    const std::shared_ptr<const node_list> nodes = reinterpret_cast<exec_rec *>(x)->nodes;
+    for (const graph_node &n : *nodes)
+        if (!stream_work(h, n.what, n.file, n.line, n.acc.data(), n.acc.size(), n.work))
+            return cudaPeekAtLastError();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!x || !live_handles.count(x)) return bad_handle();
+    live_handles.erase(x);
+    delete reinterpret_cast<exec_rec *>(x);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t h)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!h || !live_handles.count(h)) return bad_handle();
+    live_handles.erase(h);
+    delete reinterpret_cast<graph_rec *>(h);
     return cudaSuccess;
 }
 

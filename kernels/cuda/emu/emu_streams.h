@@ -36,8 +36,11 @@ struct mem_access {
 
 // Issues `work` on `stream`: runs it now or queues it (MT_EMU_STREAMS), after checking
 // that everything it touches is ordered after the work that touched it before. `what`
-// and file:line name it in reports.
-void stream_work(cudaStream_t stream, const char *what, const char *file, int line, const mem_access *acc, size_t nacc,
+// and file:line name it in reports. On a capturing stream the work becomes a node of
+// the capture's graph instead, checked against the graph's other nodes. False (the
+// error as the last error, with a message) when stream capture refuses it: the
+// capture is invalidated, or it is legacy-stream work while a blocking stream captures.
+bool stream_work(cudaStream_t stream, const char *what, const char *file, int line, const mem_access *acc, size_t nacc,
                  std::function<void()> work);
 
 // Appends an access for every aligned word of an argument block that points into a
@@ -47,8 +50,21 @@ void scan_pointers(const void *block, size_t bytes, bool write, std::vector<mem_
 // The host waits for `stream` (cudaStreamSynchronize semantics; null: the legacy stream).
 void host_waits_stream(cudaStream_t stream);
 
+// Stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture; doc/cuda-emulator.md,
+// "Stream capture and graphs"). Whether the stream belongs to a capture sequence now;
+// the refusals of calls a capture cannot hold, each returning cudaSuccess when the call
+// may go on, else the error (printed, the last error, the capture(s) invalidated):
+bool capturing(cudaStream_t stream);
+// a potentially unsafe call (cudaMalloc, cudaMallocHost, synchronous cudaMemcpy) while a
+// capture not begun in relaxed mode is under way and the thread's mode is not relaxed
+cudaError_t capture_refuses_unsafe(const char *api);
+// a call that waits for the whole device (cudaDeviceSynchronize, cudaFree, cudaFreeHost)
+cudaError_t capture_refuses_device_wait(const char *api);
+// a copy with pageable host memory (which makes the host wait) on a capturing stream
+cudaError_t capture_refuses_pageable(cudaStream_t stream, const char *api);
+
 // What the program made the host do, as the emulated device saw it: kernel launches and
-// cuBLASLt matmuls; the host's waits for the device through the runtime (stream, event
+// cuBLASLt matmuls (none while capturing; a graph launch is one); the host's waits for the device through the runtime (stream, event
 // and device synchronisations, cudaMemcpy, cudaFree, cudaFreeHost), not counting the
 // emulated NCCL's own waits for a call's stream (NCCL enqueues; a GPU's host does not
 // wait there). The CUDA backend counts the same by itself (struct mt_op_counts).
