@@ -443,6 +443,37 @@ struct mt_quant_ops {
                 struct mt_tensor x);
 };
 
+/* CUDA graphs (&cuda_graph, doc/host-overhead.md "CUDA graphs"): a scope of ops, named
+ * by a key the caller chooses (module, layer, micro-batch slot, pass), captured once
+ * into a graph and replayed after. The caller brackets the scope with begin and end and
+ * skips its ops when begin replayed the graph, so a replay costs the host one launch.
+ * A scope's signature is what its graph depends on that the key does not say (the
+ * pointers and shapes of its buffers, and any host value its kernels take): a scope
+ * begun with another signature than its graph's is captured again, never replayed. */
+struct mt_graph_stats {
+    long long graphs;          /* held now */
+    long long captures;        /* made, recaptures included */
+    long long recaptures;      /* of a key whose signature changed */
+    long long replays;
+    size_t bytes;              /* device memory the graphs hold (blocks allocated in them) */
+};
+struct mt_graph_ops {
+    /* Opens scope key. With its graph held under the same signature: launches it, sets
+     * *replayed, and the scope is closed (no end). Else, with capture: the ops up to end
+     * are captured, not run (end launches them); without: they run as they are (warm-up),
+     * and end only closes the scope. Scopes do not nest. */
+    int (*begin)(void *ctx, uint64_t key, uint64_t signature, bool capture, bool *replayed,
+                 struct mt_err *err);
+    /* Closes the scope; a capture becomes a graph, which is launched. MT_ERUNTIME when the
+     * capture was invalidated by a call a graph cannot hold (a synchronisation, a host
+     * read of device memory, an allocation outside the caching allocator), naming it, or
+     * when the scope freed a block it did not allocate. */
+    int (*end)(void *ctx, struct mt_err *err);
+    void (*stats)(void *ctx, struct mt_graph_stats *out);
+    /* Destroys every graph (their blocks go back to the caching allocator). */
+    void (*reset)(void *ctx);
+};
+
 struct mt_kernels {
     const char *name;          /* "cpu", "cuda" */
     void *ctx;                 /* backend state, passed to every op */
@@ -452,6 +483,8 @@ struct mt_kernels {
     void (*counts)(void *ctx, struct mt_op_counts *out);
     /* The FP8/FP4 recipes (struct mt_quant_ops), or NULL where they do not run. */
     const struct mt_quant_ops *quant;
+    /* CUDA graphs (struct mt_graph_ops), or NULL on a backend without them. */
+    const struct mt_graph_ops *graph;
 };
 
 /* Every op has exactly one slot, in enum order, and one name. */

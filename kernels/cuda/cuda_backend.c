@@ -12,6 +12,13 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "util/error.h"
 
+static const struct mt_graph_ops cuda_graph_ops = {
+    .begin = mt_cuda_graph_begin,
+    .end = mt_cuda_graph_end,
+    .stats = mt_cuda_graph_stats,
+    .reset = mt_cuda_graph_reset,
+};
+
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",
     .ctx = NULL,
@@ -62,6 +69,7 @@ static struct mt_kernels cuda_kernels = {
         .sumsq = mt_cuda_sumsq,
     },
     .counts = mt_cuda_counts,
+    .graph = &cuda_graph_ops,
 };
 
 const struct mt_kernel_ops *mt_kernels_cuda_ops(void) { return &cuda_kernels.op; }

@@ -81,9 +81,25 @@ struct mt_cuda_ctx {
     mt_op_counts counts;
     int op;
     long long emu_launches0, emu_syncs0; // the emulator's counts when the context was made
+
+    // CUDA graphs (cuda_graph.cu): the graphs by scope key, and the scope being captured
+    // (its blocks: allocated in it, held by its graph); launches made while capturing are
+    // not launches (capture_sink counts them away)
+    std::unordered_map<uint64_t, struct mt_cuda_graph *> graphs;
+    bool capturing;
+    uint64_t cap_key, cap_sig;
+    std::unordered_map<void *, size_t> cap_blocks; // allocated in the scope, not yet freed
+    std::unordered_map<void *, size_t> cap_freed;  // allocated and freed in it: the graph's
+    const char *cap_error; // a rule of scopes broken during the capture
+    long long capture_sink;
+    mt_graph_stats graph_stats;
 };
 
 static inline mt_cuda_ctx *mt_cuda(void *ctx) { return (mt_cuda_ctx *)ctx; }
+
+// Every graph destroyed, its blocks back in the caching allocator (cuda_graph.cu); the
+// context's teardown calls it first.
+void mt_cuda_graphs_destroy(mt_cuda_ctx *c);
 
 // Charges what the op does to it: MT_CUDA_OP(ctx, MT_OP_GEMM) at the top of the op's
 // entry point (an op that calls another keeps its own charge).
@@ -93,12 +109,12 @@ struct mt_cuda_op_scope {
     mt_cuda_op_scope(void *ctx, enum mt_op op) : c(mt_cuda(ctx)), prev(c->op)
     {
         if (prev == MT_OP_COUNT) c->op = op;
-        mt_cuda_launch_slot = &c->counts.launches[c->op];
+        mt_cuda_launch_slot = c->capturing ? &c->capture_sink : &c->counts.launches[c->op];
     }
     ~mt_cuda_op_scope()
     {
         c->op = prev;
-        mt_cuda_launch_slot = &c->counts.launches[c->op];
+        mt_cuda_launch_slot = c->capturing ? &c->capture_sink : &c->counts.launches[c->op];
     }
 };
 #define MT_CUDA_OP(ctx, op) mt_cuda_op_scope mt_cuda_op_scope_(ctx, op)
@@ -107,7 +123,10 @@ struct mt_cuda_op_scope {
 // free): counted, then the call is made.
 static inline void mt_cuda_note_sync(mt_cuda_ctx *c) { c->counts.syncs[c->op]++; }
 // A cuBLASLt call queued on the stream.
-static inline void mt_cuda_note_library_launch(mt_cuda_ctx *c) { c->counts.launches[c->op]++; }
+static inline void mt_cuda_note_library_launch(mt_cuda_ctx *c)
+{
+    if (!c->capturing) c->counts.launches[c->op]++;
+}
 
 // Destroys every cached GEMM plan's descriptor and layouts (cuda_gemm.cu); the context's
 // teardown calls it once the stream has drained.

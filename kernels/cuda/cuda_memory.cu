@@ -78,6 +78,20 @@ extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
         p = it->second;
         c->free_blocks.erase(it);
         c->cached -= sz;
+    } else if (c->capturing) {
+        // a graph scope's new block: cudaMalloc is not stream work, so the capture is told
+        // to let it through (the block then belongs to the graph); nothing cached is
+        // released (cudaFree waits for the device, which a capture cannot)
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        MT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        const cudaError_t r = cudaMalloc(&p, sz);
+        MT_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        if (r != cudaSuccess) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+        c->reserved += sz;
+        c->device_allocs++;
     } else {
         if (cudaMalloc(&p, sz) != cudaSuccess) {
             (void)cudaGetLastError(); // out of memory is not sticky: clear it
@@ -90,6 +104,7 @@ extern "C" void *mt_cuda_alloc(void *ctx, size_t bytes)
         c->reserved += sz;
         c->device_allocs++;
     }
+    if (c->capturing) c->cap_blocks[p] = sz;
     c->live[p] = sz;
 #ifdef MT_CUDA_EMU
     ::mt_emu::note_extent(p, bytes, c->stream); // the request, not the size class, is checked
@@ -109,6 +124,20 @@ extern "C" void mt_cuda_free(void *ctx, void *p)
     if (it == c->live.end())
         mt_cuda_fatal(__FILE__, __LINE__, "free", "pointer was not returned by alloc (or freed twice)");
     const size_t sz = it->second;
+    if (c->capturing) {
+        // a block allocated in the scope stays with its graph (each replay uses it, and
+        // nothing else may); one allocated before it would be freed at capture only, and
+        // never again by the replays
+        auto b = c->cap_blocks.find(p);
+        if (b == c->cap_blocks.end()) {
+            if (!c->cap_error)
+                c->cap_error = "the scope freed a block allocated before it (its replays would not free it)";
+        } else {
+            c->cap_freed.emplace(p, sz);
+            c->cap_blocks.erase(b);
+        }
+        return;
+    }
     c->live.erase(it);
 #ifdef MT_CUDA_EMU
     ::mt_emu::note_cached(p, c->stream); // a use before the block is handed out again is a use after free
@@ -384,6 +413,7 @@ extern "C" int mt_cuda_ctx_destroy(void *ctx, char *msg, size_t msg_len)
     // work still queued reads the plans, the workspace and the blocks
     if (c->stream) cuda("cudaStreamSynchronize", cudaStreamSynchronize(c->stream));
     if (c->copy_stream) cuda("cudaStreamSynchronize", cudaStreamSynchronize(c->copy_stream));
+    mt_cuda_graphs_destroy(c);
     mt_cuda_gemm_plans_destroy(c);
     if (c->lt) {
         const cublasStatus_t s = cublasLtDestroy(c->lt);

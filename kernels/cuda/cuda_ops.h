@@ -40,6 +40,13 @@ void mt_cuda_event_wait(void *ctx, enum mt_stream s, void *ev);
 void mt_cuda_copy_async(void *ctx, void *dst, const void *src, size_t bytes);
 void mt_cuda_counts(void *ctx, struct mt_op_counts *out);
 
+/* cuda_graph.cu: CUDA graphs (struct mt_graph_ops) */
+int mt_cuda_graph_begin(void *ctx, uint64_t key, uint64_t signature, bool capture, bool *replayed,
+                        struct mt_err *err);
+int mt_cuda_graph_end(void *ctx, struct mt_err *err);
+void mt_cuda_graph_stats(void *ctx, struct mt_graph_stats *out);
+void mt_cuda_graph_reset(void *ctx);
+
 /* cuda_gemm.cu (cuBLASLt), cuda_grouped_gemm.cu (own tensor-core kernel) */
 void mt_cuda_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                   struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C);

@@ -94,6 +94,16 @@ tests_gpu_emu_graphs_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
 tests_gpu_emu_graphs_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
 tests_gpu_emu_graphs_LDADD = libmt_cuda_emu.la
 
+# The CUDA backend's graphs: a scope of ops captured once and replayed, bit-identical to
+# the ops run directly; the rules of scopes enforced.
+check_PROGRAMS += tests/gpu/emu_cuda_graph
+TESTS += tests/gpu/emu_cuda_graph.sh
+EXTRA_DIST += tests/gpu/emu_cuda_graph.sh
+tests_gpu_emu_cuda_graph_SOURCES = tests/gpu/emu_cuda_graph.cc tests/gpu/emu_test.h
+tests_gpu_emu_cuda_graph_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_gpu_emu_cuda_graph_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_gpu_emu_cuda_graph_LDADD = libmt_cuda_emu.la libmt_kernels.la libmt_util.la $(MT_LIBS)
+
 # Exact extents: copies past the bytes requested, or of a block in the allocator's
 # cache, are errors; kernels doing so are reported under AddressSanitizer.
 check_PROGRAMS += tests/gpu/emu_memory
