@@ -4,7 +4,7 @@
 set -eu
 PKGS="build-essential autoconf automake libtool pkg-config
       libhwloc-dev hwloc libnuma-dev libpmix-dev libopenmpi-dev openmpi-bin
-      libopenblas-dev libcmocka-dev gfortran clang libclang-rt-14-dev
+      libopenblas-dev libblis-dev libcmocka-dev gfortran clang libclang-rt-14-dev
       python3 python3-pip python3-venv munge slurmctld slurmd slurm-client lmod tcl"
 export DEBIAN_FRONTEND=noninteractive
 if [ "$(id -u)" -ne 0 ]; then
