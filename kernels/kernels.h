@@ -430,6 +430,15 @@ struct mt_quant_spec {
     /* backend memory, one fp32, or NULL: *amax = max(*amax, amax of x) (delayed
      * scaling's history records the largest over the step's micro-batches) */
     float *amax;
+    /* x as a shard of a logical tensor that other ranks hold the rest of (doc/fp8.md,
+     * "Parallel layouts"); lrows = 0: x is the whole tensor. The shard is rows
+     * row0.. and columns col0.. of a logical (lrows, lcols) tensor, whole blocks of its
+     * scaling. tensor_amax, backend memory, one fp32, or NULL: the logical tensor's
+     * amax (the shards' amaxes max-reduced), which the per-tensor scales (MT_Q_TENSOR
+     * current scaling, NVFP4's fp32 scale) then come from instead of x's; stochastic
+     * rounding draws the random byte of each element's index in the logical tensor. */
+    int64_t lrows, lcols, row0, col0;
+    const float *tensor_amax;
 };
 
 /* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the

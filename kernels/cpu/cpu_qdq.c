@@ -3,6 +3,7 @@
  * and the values they keep written back in fp32 for the ordinary GEMM. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -44,6 +45,58 @@ static void quantise(const struct mt_quant_spec *s, struct mt_qtensor *q, const 
     if (rc) die("quantise", err);
 }
 
+/* Quantises the (R, C) fp32 tensor w in place to the values its quantisation holds;
+ * amax: what the per-tensor scales come from. */
+static void qdq_dense(const struct mt_quant_spec *s, float *w, int64_t R, int64_t C, float amax)
+{
+    struct mt_err err = { 0 };
+    const bool tr = via_transpose(s);
+    const size_t n = (size_t)R * (size_t)C;
+    float *t = NULL, *src = w;
+    int64_t qr = R, qc = C;
+    if (tr) {
+        t = mt_cpu_scratch("qdq", sizeof(float) * n);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) t[c * R + r] = w[r * C + c];
+        src = t;
+        qr = C;
+        qc = R;
+    }
+    struct mt_qtensor q;
+    if (mt_qtensor_init(&q, s->scaling, s->elem, s->scaling == MT_Q_MX ? s->along : MT_Q_ALONG_ROW,
+                        qr, qc, &err))
+        die("quantised tensor", &err);
+    quantise(s, &q, src, amax, &err);
+    if (mt_dequant(&q, src, qc, &err)) die("dequantise", &err);
+    mt_qtensor_free(&q);
+    if (tr) {
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) w[r * C + c] = t[c * R + r];
+        mt_cpu_scratch_give(t);
+    }
+}
+
+/* NVFP4 on a shard: quantised inside a zero tensor of the logical shape, so that
+ * stochastic rounding draws each element's logical index; the per-tensor scale comes
+ * from the tensor's amax (mt_quant_nvfp4 takes it from what it quantises), planted in
+ * an element outside the shard: a block of its own, since the shard is whole blocks. */
+static void qdq_nvfp4_shard(const struct mt_quant_spec *s, float *w, int64_t R, int64_t C)
+{
+    const int64_t LR = s->lrows, LC = s->lcols;
+    float *L = mt_cpu_scratch("qdq", sizeof(float) * (size_t)LR * (size_t)LC);
+    memset(L, 0, sizeof(float) * (size_t)LR * (size_t)LC);
+    for (int64_t r = 0; r < R; r++)
+        memcpy(L + (s->row0 + r) * LC + s->col0, w + r * C, sizeof(float) * (size_t)C);
+    if (s->tensor_amax) {
+        const int64_t pr = LR > R ? (s->row0 ? 0 : R) : 0, pc = LR > R ? 0 : (s->col0 ? 0 : C);
+        L[pr * LC + pc] = *s->tensor_amax;
+    }
+    qdq_dense(s, L, LR, LC, 0.0f);
+    for (int64_t r = 0; r < R; r++)
+        memcpy(w + r * C, L + (s->row0 + r) * LC + s->col0, sizeof(float) * (size_t)C);
+    mt_cpu_scratch_give(L);
+}
+
 void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
 {
     (void)ctx;
@@ -54,6 +107,19 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
         mt_err_set(&err, MT_EINVAL, "out (%lld,%lld) must be dense fp32 of x's shape (%lld,%lld), "
                    "x dense fp32 or bf16", (long long)out.rows, (long long)out.cols,
                    (long long)R, (long long)C);
+        die("arguments", &err);
+    }
+    const bool shard = s->lrows > 0 && (s->lrows > R || s->lcols > C);
+    if (s->lrows > 0 && (s->lrows < s->row0 + R || s->lcols < s->col0 + C || s->row0 < 0 ||
+                         s->col0 < 0 || (shard && s->lrows > R && s->lcols > C))) {
+        mt_err_set(&err, MT_EINVAL, "the shard (%lld,%lld) at (%lld,%lld) does not lie along one "
+                   "dimension of the logical (%lld,%lld) tensor", (long long)R, (long long)C,
+                   (long long)s->row0, (long long)s->col0, (long long)s->lrows,
+                   (long long)s->lcols);
+        die("arguments", &err);
+    }
+    if (s->tensor_amax && !shard && (s->scaling == MT_Q_NVFP4 || s->scaling == MT_Q_NVFP4_2D)) {
+        mt_err_set(&err, MT_EINVAL, "an NVFP4 tensor amax needs the shard's place in its tensor");
         die("arguments", &err);
     }
     if (R <= 0 || C <= 0) return;
@@ -70,29 +136,10 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
     }
     if (s->rht && R >= 16 && mt_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, s->seed, s->rht_stream, &err))
         die("Hadamard transform", &err);
-    const bool tr = via_transpose(s);
-    float *t = NULL, *src = w;
-    int64_t qr = R, qc = C;
-    if (tr) {
-        t = mt_cpu_scratch("qdq", sizeof(float) * n);
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++) t[c * R + r] = w[r * C + c];
-        src = t;
-        qr = C;
-        qc = R;
-    }
-    const float amax = mt_q_amax(src, qr, qc, qc);
+    const float amax = mt_q_amax(w, R, C, C);
     if (s->amax && !(amax <= *s->amax)) *s->amax = amax; /* a NaN is recorded */
-    struct mt_qtensor q;
-    if (mt_qtensor_init(&q, s->scaling, s->elem, s->scaling == MT_Q_MX ? s->along : MT_Q_ALONG_ROW,
-                        qr, qc, &err))
-        die("quantised tensor", &err);
-    quantise(s, &q, src, amax, &err);
-    if (mt_dequant(&q, src, qc, &err)) die("dequantise", &err);
-    mt_qtensor_free(&q);
-    if (tr) {
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++) w[r * C + c] = t[c * R + r];
-        mt_cpu_scratch_give(t);
-    }
+    if (shard && (s->scaling == MT_Q_NVFP4 || s->scaling == MT_Q_NVFP4_2D))
+        qdq_nvfp4_shard(s, w, R, C);
+    else
+        qdq_dense(s, w, R, C, s->tensor_amax ? *s->tensor_amax : amax);
 }

@@ -382,14 +382,14 @@ void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *
                         int d_out, int d_in);
 /* The SwiGLU part of mt_pass_mlp_fwd: gate, up and act (N,F) from x (N,H); wg, wu, wd
  * are parameter tensor ids (their linears quantised as mt_pass_qlinear_fwd says). */
-void mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, int wg, int wu, void *gate,
-                         void *up, void *act, int N, int F);
-void mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x, int wg, int wu,
-                     int wd, void *gate, void *up, void *act, int N, int F);
+int mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, int wg, int wu, void *gate,
+                        void *up, void *act, int N, int F);
+int mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x, int wg, int wu,
+                    int wd, void *gate, void *up, void *act, int N, int F);
 /* Weight gradients into the tensors' gradients (+=). */
-void mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
-                     const void *x, const void *gate, const void *up, const void *act, int N,
-                     int F, int wg, int wu, int wd);
+int mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
+                    const void *x, const void *gate, const void *up, const void *act, int N,
+                    int F, int wg, int wu, int wd);
 /* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
  * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
 int mt_pass_sp_gather(const struct mt_pass *p, void *full, const void *local, int C,
@@ -434,19 +434,19 @@ void mt_lowp_load(struct mt_model *m, const float *in);
 void mt_lowp_backward_begin(struct mt_model *m, float loss_scale);
 uint64_t mt_lowp_backward_seed(const struct mt_model *m);
 /* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
- * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). */
-void mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
-                         struct mt_tensor in, int N, int dout, int din);
-void mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
-                         const float *dout, struct mt_tensor in, int N, int d_out, int d_in);
+ * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). Errors: the amax
+ * reduction of a shard's current scaling (p->err). */
+int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
+                        struct mt_tensor in, int N, int dout, int din);
+int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
+                        const float *dout, struct mt_tensor in, int N, int d_out, int d_in);
 /* Routed experts: whether tensor's grouped GEMMs are quantised, and those GEMMs (offs
- * the device offsets, h_offs the host copy, E_l + 1 of them). */
+ * the device offsets of the expert-side rows, E_l + 1 of them). */
 bool mt_lowp_grouped(const struct mt_pass *p, int tensor);
-void mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
-                          const long long *h_offs, struct mt_tensor x, int rows, int dout,
-                          int din, struct mt_tensor out);
-void mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
-                          const long long *h_offs, const float *dy, struct mt_tensor x, int rows,
-                          int dout, int din, float *dx, float beta);
+int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                         struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out);
+int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                         const float *dy, struct mt_tensor x, int rows, int dout, int din,
+                         float *dx, float beta);
 
 #endif

@@ -47,6 +47,10 @@ struct mt_lowp {
      * a checkpoint of them, do not depend on the layout */
     float grad_unit;
     struct mt_comm *world;      /* amaxes are reduced (max) over every rank */
+    /* current scaling of a shard (TP, ETP): the logical tensor's amax, backend memory,
+     * reduced (max) over the group holding the shards */
+    float *tamax;
+    int32_t *hoffs;             /* (E_l + 1): the expert-side row offsets, on the host */
     /* randomness of stochastic rounding and of the Hadamard signs (NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
     uint64_t seed;
@@ -111,9 +115,6 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
                           "recipes yet; --backend cpu runs every recipe today",
                           fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
                           m->k->name);
-    if (m->dispatch != MT_DISPATCH_LOCAL || m->sc.tp > 1)
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "model: FP8/FP4 with tensor or expert parallelism is not implemented");
     struct mt_lowp *lp = calloc(1, sizeof *lp);
     if (!lp) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     m->lp = lp;
@@ -151,9 +152,10 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         map_tensor(lp, t->sh_gate, slot(lp, l, K_SH_GATE, 0));
         map_tensor(lp, t->sh_up, slot(lp, l, K_SH_UP, 0));
         map_tensor(lp, t->sh_down, slot(lp, l, K_SH_DOWN, 0));
-        map_tensor(lp, t->exp_gate, slot(lp, l, K_EXP, 0));
-        map_tensor(lp, t->exp_up, slot(lp, l, K_EXP + 1, 0));
-        map_tensor(lp, t->exp_down, slot(lp, l, K_EXP + 2, 0));
+        /* the slots of the global experts this rank holds (e0..) */
+        map_tensor(lp, t->exp_gate, slot(lp, l, K_EXP, m->e0));
+        map_tensor(lp, t->exp_up, slot(lp, l, K_EXP + 1, m->e0));
+        map_tensor(lp, t->exp_down, slot(lp, l, K_EXP + 2, m->e0));
     }
     for (int i = 0; i < m->ntensors; i++)
         if (lp->slot_of[i] >= 0) MOST(m->tensors[i].numel);
@@ -166,6 +168,10 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     const struct mt_kernels *k = m->k;
     lp->qa = k->op.alloc(k->ctx, lp->qbytes);
     lp->qb = k->op.alloc(k->ctx, lp->qbytes);
+    lp->tamax = k->op.alloc(k->ctx, sizeof(float));
+    lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
+    if (!lp->tamax || !lp->hoffs)
+        return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     if (!lp->qa || !lp->qb)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
                           "(2 x %zu bytes)", lp->qbytes);
@@ -199,6 +205,8 @@ void mt_lowp_destroy(struct mt_model *m)
     const struct mt_kernels *k = m->k;
     if (lp->qa) k->op.free(k->ctx, lp->qa);
     if (lp->qb) k->op.free(k->ctx, lp->qb);
+    if (lp->tamax) k->op.free(k->ctx, lp->tamax);
+    free(lp->hoffs);
     if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
     if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
     if (lp->hist)
@@ -363,10 +371,61 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
     return q;
 }
 
-static void qdq(const struct mt_pass *p, const struct mt_quant_spec *q, float *out,
-                struct mt_tensor x)
+/* How the operand role of slot s's linear is split over ranks (doc/fp8.md, "Parallel
+ * layouts"): column-parallel linears (q, k, v, gate, up, the experts' gate and up)
+ * split W's rows and dy's columns, row-parallel ones (o, down) W's and x's columns;
+ * over TP, the routed experts over ETP. The other operands are whole on every rank
+ * (x gathered over the sequence-parallel shards, dy of a row-parallel linear gathered
+ * likewise); an expert is whole on the EP rank that holds it. */
+struct shard {
+    struct mt_comm *comm;
+    int n, rank;
+    bool rows; /* split along the rows, else the columns */
+};
+
+static struct shard shard_of(const struct mt_pass *p, int s, int role)
 {
-    p->m->k->quant->qdq(p->ctx, q, mt_f32(out, x.rows, x.cols), x);
+    const struct mt_model *m = p->m;
+    const int kind = s % m->lp->per_layer;
+    const bool expert = kind >= K_EXP;
+    const bool column = expert ? (kind - K_EXP) % 3 != 2
+                               : kind != K_WO && kind != K_DOWN && kind != K_SH_DOWN;
+    struct shard sh = { expert ? m->etp_comm : m->tp_comm, expert ? m->sc.etp : m->sc.tp,
+                        expert ? m->sc.etp_rank : m->sc.tp_rank, role == R_W && column };
+    if ((role == R_X && column) || (role == R_G && !column)) sh.n = 1;
+    return sh;
+}
+
+/* out = the quantisation of x, operand role of slot s. A shard of a tensor split over
+ * ranks quantises as the whole tensor would: its place in the tensor goes to the op
+ * (the random bits of stochastic rounding), and the per-tensor scales of current
+ * scaling come from the tensor's amax, the shards' amaxes reduced (max) over the group
+ * holding them (one all-reduce of one float). */
+static int qdq(const struct mt_pass *p, struct mt_quant_spec q, int s, int role, float *out,
+               struct mt_tensor x)
+{
+    const struct mt_kernels *k = p->m->k;
+    const struct mt_tensor o = mt_f32(out, x.rows, x.cols);
+    const struct shard sh = shard_of(p, s, role);
+    if (sh.n > 1) {
+        q.lrows = sh.rows ? x.rows * sh.n : x.rows;
+        q.lcols = sh.rows ? x.cols : x.cols * sh.n;
+        q.row0 = sh.rows ? x.rows * sh.rank : 0;
+        q.col0 = sh.rows ? 0 : x.cols * sh.rank;
+        const bool nvfp4 = q.scaling == MT_Q_NVFP4 || q.scaling == MT_Q_NVFP4_2D;
+        if (nvfp4 || (q.scaling == MT_Q_TENSOR && !q.scale)) {
+            float *tamax = p->m->lp->tamax;
+            struct mt_quant_spec probe = q; /* the shard's amax, as quantising records it */
+            probe.lrows = 0;
+            probe.amax = tamax;
+            k->op.memset(k->ctx, tamax, 0, sizeof(float));
+            k->quant->qdq(p->ctx, &probe, o, x);
+            MT_CHECK(mt_all_reduce(sh.comm, tamax, 1, MT_DT_F32, MT_OP_MAX, p->err));
+            q.tensor_amax = tamax;
+        }
+    }
+    k->quant->qdq(p->ctx, &q, o, x);
+    return MT_OK;
 }
 
 static int slot_of(const struct mt_pass *p, int tensor)
@@ -377,26 +436,26 @@ static int slot_of(const struct mt_pass *p, int tensor)
 /* ------------------------------------------------------------ linears */
 
 // out (N,dout) = in (N,din) W^T, W = tensor (dout,din)
-void mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
-                         struct mt_tensor in, int N, int dout, int din)
+int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
+                        struct mt_tensor in, int N, int dout, int din)
 {
     const struct mt_tensor w = mt_model_weight(p->m, tensor);
     const int s = slot_of(p, tensor);
     if (s < 0) {
         mt_pass_linear_fwd(p, out, in, w, N, dout, din);
-        return;
+        return MT_OK;
     }
     const struct mt_lowp *lp = p->m->lp;
-    const struct mt_quant_spec qx = spec(p, s, R_X, U_FWD), qw = spec(p, s, R_W, U_FWD);
-    qdq(p, &qx, lp->qa, in);
-    qdq(p, &qw, lp->qb, w);
+    MT_CHECK(qdq(p, spec(p, s, R_X, U_FWD), s, R_X, lp->qa, in));
+    MT_CHECK(qdq(p, spec(p, s, R_W, U_FWD), s, R_W, lp->qb, w));
     p->o->gemm(p->ctx, false, true, N, dout, din, 1.0f, mt_f32(lp->qa, N, din),
                mt_f32(lp->qb, dout, din), 0.0f, out);
+    return MT_OK;
 }
 
 // din (N,din) = beta din + dout W; dW (dout,din) += dout^T in
-void mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
-                         const float *dout, struct mt_tensor in, int N, int d_out, int d_in)
+int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
+                        const float *dout, struct mt_tensor in, int N, int d_out, int d_in)
 {
     struct mt_model *m = p->m;
     const struct mt_tensor w = mt_model_weight(m, tensor);
@@ -404,86 +463,96 @@ void mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float 
     const int s = slot_of(p, tensor);
     if (s < 0) {
         mt_pass_linear_bwd(p, din, beta, dw, dout, in, w, N, d_out, d_in);
-        return;
+        return MT_OK;
     }
     const struct mt_lowp *lp = m->lp;
     const struct mt_tensor dy = mt_f32(dout, N, d_out);
-    struct mt_quant_spec qg = spec(p, s, R_G, U_DGRAD), qw = spec(p, s, R_W, U_DGRAD);
-    qdq(p, &qg, lp->qa, dy);
-    qdq(p, &qw, lp->qb, w);
+    MT_CHECK(qdq(p, spec(p, s, R_G, U_DGRAD), s, R_G, lp->qa, dy));
+    MT_CHECK(qdq(p, spec(p, s, R_W, U_DGRAD), s, R_W, lp->qb, w));
     p->o->gemm(p->ctx, false, false, N, d_in, d_out, 1.0f, mt_f32(lp->qa, N, d_out),
                mt_f32(lp->qb, d_out, d_in), beta, mt_f32(din, N, d_in));
-    struct mt_quant_spec qg2 = spec(p, s, R_G, U_WGRAD), qx = spec(p, s, R_X, U_WGRAD);
-    qdq(p, &qg2, lp->qa, dy);
-    qdq(p, &qx, lp->qb, in);
+    MT_CHECK(qdq(p, spec(p, s, R_G, U_WGRAD), s, R_G, lp->qa, dy));
+    MT_CHECK(qdq(p, spec(p, s, R_X, U_WGRAD), s, R_X, lp->qb, in));
     p->o->gemm(p->ctx, true, false, d_out, d_in, N, 1.0f, mt_f32(lp->qa, N, d_out),
                mt_f32(lp->qb, N, d_in), 1.0f, mt_f32(dw, d_out, d_in));
+    return MT_OK;
 }
 
 /* ------------------------------------------------------------ routed experts */
 
+/* The expert-side row offsets of this rank's experts (offs, backend memory) on the
+ * host: every expert's rows are quantised on their own. */
+static const int32_t *host_offsets(const struct mt_pass *p, const int32_t *offs)
+{
+    int32_t *h = p->m->lp->hoffs;
+    p->m->k->op.copy(p->m->k->ctx, h, offs, sizeof(int32_t) * ((size_t)p->m->E_l + 1));
+    return h;
+}
+
 /* Per expert e of a layer's routed experts (rows h_offs[e]..h_offs[e+1] of x), the
  * quantisation of rows of x (width cols) into out at the same rows. */
-static void qdq_rows(const struct mt_pass *p, int s, int role, enum use u,
-                     const long long *h_offs, struct mt_tensor x, int cols, float *out)
+static int qdq_rows(const struct mt_pass *p, int s, int role, enum use u, const int32_t *h_offs,
+                    struct mt_tensor x, int cols, float *out)
 {
     const size_t esz = mt_dtype_size(x.dtype);
     for (int e = 0; e < p->m->E_l; e++) {
         const long long r0 = h_offs[e], r1 = h_offs[e + 1];
         if (r1 <= r0) continue;
-        const struct mt_quant_spec q = spec(p, s + 3 * e, role, u);
         struct mt_tensor xe = mt_tview((const char *)x.data + esz * (size_t)r0 * cols, x.dtype,
                                        r1 - r0, cols);
-        qdq(p, &q, out + (size_t)r0 * cols, xe);
+        MT_CHECK(qdq(p, spec(p, s + 3 * e, role, u), s + 3 * e, role, out + (size_t)r0 * cols, xe));
     }
+    return MT_OK;
 }
 
 /* The per-expert weight slabs (E_l, dout, din) of tensor quantised for use u. */
-static void qdq_slabs(const struct mt_pass *p, int s, int tensor, enum use u, int dout, int din,
-                      float *out)
+static int qdq_slabs(const struct mt_pass *p, int s, int tensor, enum use u, int dout, int din,
+                     float *out)
 {
     const struct mt_tensor w = mt_model_weight(p->m, tensor);
     const size_t esz = mt_dtype_size(w.dtype), slab = (size_t)dout * din;
-    for (int e = 0; e < p->m->E_l; e++) {
-        const struct mt_quant_spec q = spec(p, s + 3 * e, R_W, u);
-        qdq(p, &q, out + slab * e,
-            mt_tview((const char *)w.data + esz * slab * e, w.dtype, dout, din));
-    }
+    for (int e = 0; e < p->m->E_l; e++)
+        MT_CHECK(qdq(p, spec(p, s + 3 * e, R_W, u), s + 3 * e, R_W, out + slab * e,
+                     mt_tview((const char *)w.data + esz * slab * e, w.dtype, dout, din)));
+    return MT_OK;
 }
 
 bool mt_lowp_grouped(const struct mt_pass *p, int tensor) { return slot_of(p, tensor) >= 0; }
 
 // out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
-void mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
-                          const long long *h_offs, struct mt_tensor x, int rows, int dout,
-                          int din, struct mt_tensor out)
+int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                         struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out)
 {
     const struct mt_lowp *lp = p->m->lp;
     const int s = slot_of(p, tensor);
-    qdq_rows(p, s, R_X, U_FWD, h_offs, x, din, lp->qa);
-    qdq_slabs(p, s, tensor, U_FWD, dout, din, lp->qb);
+    const int32_t *ho = host_offsets(p, offs);
+    MT_CHECK(qdq_rows(p, s, R_X, U_FWD, ho, x, din, lp->qa));
+    MT_CHECK(qdq_slabs(p, s, tensor, U_FWD, dout, din, lp->qb));
     p->o->grouped_gemm(p->ctx, false, true, p->m->E_l, offs, 0, dout, din, 1.0f,
                        mt_f32(lp->qa, rows, din), mt_f32(lp->qb, (int64_t)p->m->E_l * dout, din),
                        0.0f, out);
+    return MT_OK;
 }
 
 // dx (rows,din) = beta dx + per expert dy_e W_e; dW_e (dout,din) += dy_e^T x_e
-void mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
-                          const long long *h_offs, const float *dy, struct mt_tensor x, int rows,
-                          int dout, int din, float *dx, float beta)
+int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+                         const float *dy, struct mt_tensor x, int rows, int dout, int din,
+                         float *dx, float beta)
 {
     struct mt_model *m = p->m;
     const struct mt_lowp *lp = m->lp;
     const int s = slot_of(p, tensor), El = m->E_l;
+    const int32_t *ho = host_offsets(p, offs);
     const struct mt_tensor dyt = mt_f32(dy, rows, dout);
-    qdq_rows(p, s, R_G, U_DGRAD, h_offs, dyt, dout, lp->qa);
-    qdq_slabs(p, s, tensor, U_DGRAD, dout, din, lp->qb);
+    MT_CHECK(qdq_rows(p, s, R_G, U_DGRAD, ho, dyt, dout, lp->qa));
+    MT_CHECK(qdq_slabs(p, s, tensor, U_DGRAD, dout, din, lp->qb));
     p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, din, dout, 1.0f,
                        mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, (int64_t)El * dout, din), beta,
                        mt_f32(dx, rows, din));
-    qdq_rows(p, s, R_G, U_WGRAD, h_offs, dyt, dout, lp->qa);
-    qdq_rows(p, s, R_X, U_WGRAD, h_offs, x, din, lp->qb);
+    MT_CHECK(qdq_rows(p, s, R_G, U_WGRAD, ho, dyt, dout, lp->qa));
+    MT_CHECK(qdq_rows(p, s, R_X, U_WGRAD, ho, x, din, lp->qb));
     p->o->grouped_gemm(p->ctx, true, false, El, offs, dout, din, 0, 1.0f,
                        mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, rows, din), 1.0f,
                        mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)El * dout, din));
+    return MT_OK;
 }

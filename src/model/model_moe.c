@@ -335,23 +335,22 @@ int mt_moe_route_stats(const pass_t *p)
 
 /* ey (rows,H) = SwiGLU of this rank's experts (its FFN slice) on xs (rows,H), grouped by
  * local expert at offs (E_l+1); ey is a partial sum over the ETP group. */
-static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
-                        const struct mt_layer_tensors *t, const int32_t *offs, int rows,
-                        struct mt_tensor ey)
+static int experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
+                       const struct mt_layer_tensors *t, const int32_t *offs, int rows,
+                       struct mt_tensor ey)
 {
     const struct mt_model *m = p->m;
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
     const struct mt_tensor xs = ACT(p, a->xs, rows, H), eg = ACT(p, a->eg, rows, Fe);
     const struct mt_tensor eu = ACT(p, a->eu, rows, Fe), ea = ACT(p, a->ea, rows, Fe);
-    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4: dispatch is local (h_offsets) */
-        mt_pass_qgrouped_fwd(p, t->exp_gate, offs, a->h_offsets, xs, rows, Fe, H, eg);
+    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4 */
+        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_gate, offs, xs, rows, Fe, H, eg));
         mt_pass_round(p, a->eg, (size_t)rows * Fe);
-        mt_pass_qgrouped_fwd(p, t->exp_up, offs, a->h_offsets, xs, rows, Fe, H, eu);
+        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_up, offs, xs, rows, Fe, H, eu));
         mt_pass_round(p, a->eu, (size_t)rows * Fe);
         p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
         mt_pass_round(p, a->ea, (size_t)rows * Fe);
-        mt_pass_qgrouped_fwd(p, t->exp_down, offs, a->h_offsets, ea, rows, H, Fe, ey);
-        return;
+        return mt_pass_qgrouped_fwd(p, t->exp_down, offs, ea, rows, H, Fe, ey);
     }
     p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_gate), 0.0f, eg);
     mt_pass_round(p, a->eg, (size_t)rows * Fe);
@@ -360,12 +359,13 @@ static void experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
     p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
     mt_pass_round(p, a->ea, (size_t)rows * Fe);
     p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, H, Fe, 1.0f, ea, W(p, t->exp_down), 0.0f, ey);
+    return MT_OK;
 }
 
 /* dxs (rows,H) = the input gradient (partial over ETP) from dys (rows,H); weight grads +=. */
-static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
-                        const struct mt_layer_tensors *t, const int32_t *offs, int rows,
-                        const float *dys, float *dxs)
+static int experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
+                       const struct mt_layer_tensors *t, const int32_t *offs, int rows,
+                       const float *dys, float *dxs)
 {
     struct mt_model *m = p->m;
     const int El = m->E_l, H = m->H, Fe = m->Fe_l;
@@ -374,14 +374,12 @@ static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
     const struct mt_tensor xs = ACT(p, a->xs, rows, H), ea = ACT(p, a->ea, rows, Fe);
     const struct mt_tensor dy = F32(dys, rows, H), dx = F32(dxs, rows, H);
     const struct mt_tensor dg = F32(deg, rows, Fe), du = F32(deu, rows, Fe);
-    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4: dispatch is local (h_offsets) */
-        const long long *ho = a->h_offsets;
-        mt_pass_qgrouped_bwd(p, t->exp_down, offs, ho, dys, ea, rows, H, Fe, dea, 0.0f);
+    if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4 */
+        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_down, offs, dys, ea, rows, H, Fe, dea, 0.0f));
         p->o->swiglu_bwd(p->ctx, deg, deu, dea, ACT(p, a->eg, rows, Fe), ACT(p, a->eu, rows, Fe),
                          rows, Fe);
-        mt_pass_qgrouped_bwd(p, t->exp_gate, offs, ho, deg, xs, rows, Fe, H, dxs, 0.0f);
-        mt_pass_qgrouped_bwd(p, t->exp_up, offs, ho, deu, xs, rows, Fe, H, dxs, 1.0f);
-        return;
+        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_gate, offs, deg, xs, rows, Fe, H, dxs, 0.0f));
+        return mt_pass_qgrouped_bwd(p, t->exp_up, offs, deu, xs, rows, Fe, H, dxs, 1.0f);
     }
     p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dy, W(p, t->exp_down), 0.0f,
                        F32(dea, rows, Fe));
@@ -395,6 +393,7 @@ static void experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
                        F32(G(p, t->exp_gate), (int64_t)El * Fe, H));
     p->o->grouped_gemm(p->ctx, true, false, El, offs, Fe, H, 0, 1.0f, du, xs, 1.0f,
                        F32(G(p, t->exp_up), (int64_t)El * Fe, H));
+    return MT_OK;
 }
 
 /* ------------------------------------------------------------ all-to-all dispatcher */
@@ -597,14 +596,14 @@ int mt_moe_fwd(const pass_t *p, int l)
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
         a->x_rows = a->rows;
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, ACT(p, a->ey, a->rows, H));
+        MT_CHECK(experts_fwd(p, a, t, a->x_offsets, a->x_rows, ACT(p, a->ey, a->rows, H)));
         break;
     case MT_DISPATCH_ALLTOALL:
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
         MT_CHECK(a2a_prepare(p, l, a));
         MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs, m->adt));
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, F32(m->d_x, a->x_rows, H));
+        MT_CHECK(experts_fwd(p, a, t, a->x_offsets, a->x_rows, F32(m->d_x, a->x_rows, H)));
         /* partial sums over ETP, summed in fp32, then stored in adt */
         MT_CHECK(a2a_combine(p, a, m->d_x, m->d_rows));
         p->o->convert(p->ctx, ACT(p, a->ey, a->rows, H), F32(m->d_rows, a->rows, H));
@@ -615,7 +614,7 @@ int mt_moe_fwd(const pass_t *p, int l)
         p->o->permute_fwd(p->ctx, ACT(p, a->xs, a->x_rows, H), ACT(p, m->stage, (int64_t)NG, H),
                           a->sort_map, a->x_rows, k, H);
         const struct mt_tensor eys = mt_tview(a->eys, m->eys_dt, a->x_rows, H);
-        experts_fwd(p, a, t, a->x_offsets, a->x_rows, eys);
+        MT_CHECK(experts_fwd(p, a, t, a->x_offsets, a->x_rows, eys));
         if (m->sc.etp == 1) mt_pass_round(p, a->eys, (size_t)a->x_rows * H);
         p->o->unpermute_fwd(p->ctx, F32(m->stage2, (int64_t)NG, H), eys, a->g_slot_row, a->g_prob,
                             (int)NG, k, H);
@@ -635,8 +634,8 @@ int mt_moe_fwd(const pass_t *p, int l)
     mt_pass_round(p, out, (size_t)Nl * H);
     if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
-        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, t->sh_gate,
-                        t->sh_up, t->sh_down, a->sg, a->su, a->sa, p->N, m->Fs_l);
+        MT_CHECK(mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, t->sh_gate,
+                        t->sh_up, t->sh_down, a->sg, a->su, a->sa, p->N, m->Fs_l));
         MT_CHECK(mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b));
         const int64_t n = (int64_t)Nl * H;
         p->o->add(p->ctx, ACT(p, out, 1, n), ACT(p, out, 1, n), ACT(p, m->tmp2b, 1, n), (size_t)n);
@@ -670,8 +669,8 @@ int mt_moe_bwd(const pass_t *p, int l)
         float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
         MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
         float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
-        mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
-                        t->sh_gate, t->sh_up, t->sh_down);
+        MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
+                        t->sh_gate, t->sh_up, t->sh_down));
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     } else {
         p->o->memset(p->ctx, m->d_ln, 0, sizeof(float) * (size_t)Nl * H);
@@ -681,14 +680,14 @@ int mt_moe_bwd(const pass_t *p, int l)
     case MT_DISPATCH_LOCAL:
         p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
-        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_rows, m->d_rows2);
+        MT_CHECK(experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_rows, m->d_rows2));
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
     case MT_DISPATCH_ALLTOALL:
         p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
         MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x, MT_F32));
-        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
+        MT_CHECK(experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2));
         MT_CHECK(a2a_combine(p, a, m->d_x2, m->d_rows2));
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
@@ -700,7 +699,7 @@ int mt_moe_bwd(const pass_t *p, int l)
                             (int)NG, k, H, a->x_rows);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->g_dprob, m->d_prob, (size_t)Nl * k, MT_DT_F32,
                                    MT_OP_SUM, p->err));
-        experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2);
+        MT_CHECK(experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2));
         p->o->memset(p->ctx, m->stage2, 0, sizeof(float) * NG * H);
         p->o->permute_bwd(p->ctx, m->stage2, m->d_x2, a->g_slot_row, (int)NG, k, H);
         MT_CHECK(mt_reduce_scatter(m->xg_comm, m->stage2, m->tmp, (size_t)Nl * H, MT_DT_F32,

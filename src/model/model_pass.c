@@ -54,37 +54,38 @@ void mt_pass_linear_bwd(const pass_t *p, float *din, float beta, float *dw, cons
 
 /* SwiGLU MLP on N rows: act = silu(x Wg^T) * (x Wu^T); out = act Wd^T (not rounded:
  * with TP it is a partial sum, rounded by the caller once reduced). */
-void mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, void *gate, void *up,
-                         void *act, int N, int F)
+int mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, void *gate, void *up,
+                        void *act, int N, int F)
 {
     const int H = p->m->H;
-    mt_pass_qlinear_fwd(p, wg, ACT(p, gate, N, F), ACT(p, x, N, H), N, F, H);
+    MT_CHECK(mt_pass_qlinear_fwd(p, wg, ACT(p, gate, N, F), ACT(p, x, N, H), N, F, H));
     mt_pass_round(p, gate, (size_t)N * F);
-    mt_pass_qlinear_fwd(p, wu, ACT(p, up, N, F), ACT(p, x, N, H), N, F, H);
+    MT_CHECK(mt_pass_qlinear_fwd(p, wu, ACT(p, up, N, F), ACT(p, x, N, H), N, F, H));
     mt_pass_round(p, up, (size_t)N * F);
     p->o->swiglu_fwd(p->ctx, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
     mt_pass_round(p, act, (size_t)N * F);
+    return MT_OK;
 }
 
-void mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, int wg, int wu, int wd,
-                     void *gate, void *up, void *act, int N, int F)
+int mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, int wg, int wu, int wd,
+                    void *gate, void *up, void *act, int N, int F)
 {
-    mt_pass_mlp_act_fwd(p, x, wg, wu, gate, up, act, N, F);
-    mt_pass_qlinear_fwd(p, wd, out, ACT(p, act, N, F), N, p->m->H, F);
+    MT_CHECK(mt_pass_mlp_act_fwd(p, x, wg, wu, gate, up, act, N, F));
+    return mt_pass_qlinear_fwd(p, wd, out, ACT(p, act, N, F), N, p->m->H, F);
 }
 
 // dx (N,H) = beta dx + d(x); weight grads +=; dout (N,H)
-void mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const void *x,
-                     const void *gate, const void *up, const void *act, int N, int F, int wg,
-                     int wu, int wd)
+int mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const void *x,
+                    const void *gate, const void *up, const void *act, int N, int F, int wg,
+                    int wu, int wd)
 {
     struct mt_model *m = p->m;
     const int H = m->H;
     float *dact = m->d_f1, *dgate = m->d_f2, *dup = m->d_f3;
-    mt_pass_qlinear_bwd(p, wd, dact, 0.0f, dout, ACT(p, act, N, F), N, H, F);
+    MT_CHECK(mt_pass_qlinear_bwd(p, wd, dact, 0.0f, dout, ACT(p, act, N, F), N, H, F));
     p->o->swiglu_bwd(p->ctx, dgate, dup, dact, ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
-    mt_pass_qlinear_bwd(p, wg, dx, beta, dgate, ACT(p, x, N, H), N, F, H);
-    mt_pass_qlinear_bwd(p, wu, dx, 1.0f, dup, ACT(p, x, N, H), N, F, H);
+    MT_CHECK(mt_pass_qlinear_bwd(p, wg, dx, beta, dgate, ACT(p, x, N, H), N, F, H));
+    return mt_pass_qlinear_bwd(p, wu, dx, 1.0f, dup, ACT(p, x, N, H), N, F, H);
 }
 
 int mt_pass_sp_gather(const pass_t *p, void *full, const void *local, int C, enum mt_dt dt)
@@ -170,11 +171,11 @@ static int attention_fwd(const pass_t *p, int l)
     const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
     if (!p->recompute) mt_offload_acquire(p, l);
     MT_CHECK(ln1_fwd(p, l));
-    mt_pass_qlinear_fwd(p, t->wq, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), N, Q, H);
+    MT_CHECK(mt_pass_qlinear_fwd(p, t->wq, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), N, Q, H));
     mt_pass_round(p, a->q, (size_t)N * Q);
-    mt_pass_qlinear_fwd(p, t->wk, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), N, KV, H);
+    MT_CHECK(mt_pass_qlinear_fwd(p, t->wk, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), N, KV, H));
     mt_pass_round(p, a->k, (size_t)N * KV);
-    mt_pass_qlinear_fwd(p, t->wv, ACT(p, a->v, N, KV), ACT(p, a->ln1_full, N, H), N, KV, H);
+    MT_CHECK(mt_pass_qlinear_fwd(p, t->wv, ACT(p, a->v, N, KV), ACT(p, a->ln1_full, N, H), N, KV, H));
     mt_pass_round(p, a->v, (size_t)N * KV);
     if (m->qk_norm) { /* per-head RMSNorm over head_dim, before RoPE */
         const int nq = N * m->nh_l, nk = N * m->ng_l, hd = m->hd;
@@ -195,8 +196,8 @@ static int attention_fwd(const pass_t *p, int l)
                    m->theta);
     mt_pass_round(p, a->kr, (size_t)N * KV);
     core_attn_fwd(p, a);
-    mt_pass_qlinear_fwd(p, t->wo, mt_pass_rowpar_dst(p, m->full, m->tmpb), ACT(p, a->y, N, Q), N,
-                        H, Q); /* row-parallel */
+    MT_CHECK(mt_pass_qlinear_fwd(p, t->wo, mt_pass_rowpar_dst(p, m->full, m->tmpb), ACT(p, a->y, N, Q), N,
+                        H, Q)); /* row-parallel */
     MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
     const int64_t n = (int64_t)Nl * H;
     p->o->add(p->ctx, ACT(p, a->res_mid, 1, n), ACT(p, m->res[l], 1, n), ACT(p, m->tmpb, 1, n),
@@ -218,7 +219,7 @@ static int attention_bwd(const pass_t *p, int l)
     if (m->drop[l] & MT_RC_CORE_ATTN) core_attn_fwd(&rp, a);
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
-    mt_pass_qlinear_bwd(p, t->wo, m->dy, 0.0f, d_out, ACT(p, a->y, N, Q), N, H, Q);
+    MT_CHECK(mt_pass_qlinear_bwd(p, t->wo, m->dy, 0.0f, d_out, ACT(p, a->y, N, Q), N, H, Q));
     p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
                         ACT(p, a->v, N, KV), a->att_out, a->att_lse, p->B, m->T, m->nh_l, m->ng_l,
                         m->hd);
@@ -238,9 +239,9 @@ static int attention_bwd(const pass_t *p, int l)
     }
     float *d_ln = full_or(p, m->full, m->d_ln); /* partial sums over the TP group */
     const struct mt_tensor ln1_full = ACT(p, a->ln1_full, N, H);
-    mt_pass_qlinear_bwd(p, t->wq, d_ln, 0.0f, dq, ln1_full, N, Q, H);
-    mt_pass_qlinear_bwd(p, t->wk, d_ln, 1.0f, dk, ln1_full, N, KV, H);
-    mt_pass_qlinear_bwd(p, t->wv, d_ln, 1.0f, m->dv, ln1_full, N, KV, H);
+    MT_CHECK(mt_pass_qlinear_bwd(p, t->wq, d_ln, 0.0f, dq, ln1_full, N, Q, H));
+    MT_CHECK(mt_pass_qlinear_bwd(p, t->wk, d_ln, 1.0f, dk, ln1_full, N, KV, H));
+    MT_CHECK(mt_pass_qlinear_bwd(p, t->wv, d_ln, 1.0f, m->dv, ln1_full, N, KV, H));
     MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln1), m->d_ln, ACT(p, m->res[l], Nl, H), W(p, t->ln1),
                       a->ln1_rstd, Nl, H);
@@ -271,8 +272,8 @@ static int mlp_block_fwd(const pass_t *p, int l)
         MT_CHECK(mt_moe_fwd(p, l)); /* into tmpb */
     } else {
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
-        mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), a->ln2_full, t->gate, t->up,
-                        t->down, a->gate, a->up, a->act, N, m->F_l);
+        MT_CHECK(mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), a->ln2_full, t->gate, t->up,
+                        t->down, a->gate, a->up, a->act, N, m->F_l));
         MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
     }
     const int64_t n = (int64_t)Nl * H;
@@ -299,10 +300,10 @@ static int mlp_block_rebuild(const pass_t *p, int l)
     if (a->ln2_full != a->ln2 && (drop & (MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED)))
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, m->H, mt_pass_act_dt(p)));
     if (!moe && (drop & MT_RC_MLP))
-        mt_pass_mlp_act_fwd(p, a->ln2_full, t->gate, t->up, a->gate, a->up, a->act, p->N, m->F_l);
+        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->gate, t->up, a->gate, a->up, a->act, p->N, m->F_l));
     if (moe && (drop & MT_RC_SHARED))
-        mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, a->sg, a->su, a->sa, p->N,
-                            m->Fs_l);
+        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, a->sg, a->su, a->sa, p->N,
+                            m->Fs_l));
     if (moe && (drop & MT_RC_MOE_ACT)) mt_moe_act_rebuild(p, l);
     return MT_OK;
 }
@@ -324,8 +325,8 @@ static int mlp_block_bwd(const pass_t *p, int l)
         float *d_out = full_or(p, m->full2, m->d_res);
         MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
         float *d_ln = full_or(p, m->full, m->d_ln);
-        mt_pass_mlp_bwd(p, d_ln, 0.0f, d_out, a->ln2_full, a->gate, a->up, a->act, N, m->F_l,
-                        t->gate, t->up, t->down);
+        MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_out, a->ln2_full, a->gate, a->up, a->act, N, m->F_l,
+                        t->gate, t->up, t->down));
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     }
     p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln2), m->d_ln, ACT(p, a->res_mid, Nl, H), W(p, t->ln2),
