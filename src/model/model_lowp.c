@@ -519,12 +519,33 @@ static int qdq_slabs(const struct mt_pass *p, int s, int tensor, enum use u, int
 
 bool mt_lowp_grouped(const struct mt_pass *p, int tensor) { return slot_of(p, tensor) >= 0; }
 
+/* The operand buffers hold at least `rows` expert-side rows of width `width`: routing
+ * can bring a rank more rows than planned (mt_model_expert_rows grows the activations
+ * then), and these grow with them. */
+static int fit_rows(const struct mt_pass *p, int rows, int width)
+{
+    struct mt_lowp *lp = p->m->lp;
+    const struct mt_kernels *k = p->m->k;
+    const size_t bytes = sizeof(float) * (size_t)rows * (size_t)width;
+    if (bytes <= lp->qbytes) return MT_OK;
+    k->op.free(k->ctx, lp->qa);
+    k->op.free(k->ctx, lp->qb);
+    lp->qa = k->op.alloc(k->ctx, bytes);
+    lp->qb = k->op.alloc(k->ctx, bytes);
+    lp->qbytes = bytes;
+    if (!lp->qa || !lp->qb)
+        return mt_err_set(p->err, MT_ENOMEM, "model: out of memory for the quantised GEMM "
+                          "operands of %d expert rows (2 x %zu bytes)", rows, bytes);
+    return MT_OK;
+}
+
 // out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
 int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
                          struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out)
 {
     const struct mt_lowp *lp = p->m->lp;
     const int s = slot_of(p, tensor);
+    MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
     const int32_t *ho = host_offsets(p, offs);
     MT_CHECK(qdq_rows(p, s, R_X, U_FWD, ho, x, din, lp->qa));
     MT_CHECK(qdq_slabs(p, s, tensor, U_FWD, dout, din, lp->qb));
@@ -542,6 +563,7 @@ int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *off
     struct mt_model *m = p->m;
     const struct mt_lowp *lp = m->lp;
     const int s = slot_of(p, tensor), El = m->E_l;
+    MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
     const int32_t *ho = host_offsets(p, offs);
     const struct mt_tensor dyt = mt_f32(dy, rows, dout);
     MT_CHECK(qdq_rows(p, s, R_G, U_DGRAD, ho, dyt, dout, lp->qa));
