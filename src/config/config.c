@@ -605,6 +605,55 @@ int mt_config_check_backend(const struct mt_config *c, const char *backend, stru
 
 /* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
  * would change nothing in the configuration given is refused, never ignored. */
+/* The block recipes on tensor-parallel shards (doc/fp8.md, "Parallel layouts"): a
+ * block scale is local to its block, so a rank's shard quantises as one process's
+ * tensor does only when the shard boundaries fall on block boundaries, i.e. every
+ * width split over TP (ETP for the routed experts) is a multiple of the block per
+ * rank: 128 for blockwise (1 x 128 tiles, 128 x 128 weight blocks), 32 for MXFP8, 16
+ * for NVFP4 (1 x 16 and 16 x 16). */
+static int check_low_precision_blocks(const struct mt_config *c, struct mt_err *err)
+{
+    const struct mt_config_precision *q = &c->precision;
+    const struct mt_config_model *m = &c->model;
+    const struct mt_config_parallel *p = &c->parallel;
+    const char *recipe = q->fp4_format[0] ? "nvfp4" : q->fp8_format[0] ? q->fp8_recipe : "";
+    const int block = strcmp(recipe, "blockwise") == 0 ? 128
+                      : strcmp(recipe, "mxfp8") == 0   ? 32
+                      : strcmp(recipe, "nvfp4") == 0   ? 16
+                                                       : 0;
+    if (!block) return MT_OK;
+    const int tp = p->tensor_model_parallel_size, etp = p->expert_tensor_parallel_size;
+    const int hd = m->kv_channels ? m->kv_channels : m->num_attention_heads
+                                                         ? m->hidden_size / m->num_attention_heads
+                                                         : 0;
+    bool dense = c->moe.num_experts == 0;
+    for (int i = 0; i < c->moe.layer_freq_len && i < m->num_layers; i++) dense |= !c->moe.layer_freq[i];
+    static const char *const TP = "tensor_model_parallel_size", *const ETP = "expert_tensor_parallel_size";
+    const struct { const char *key; int width, split; const char *by; bool on; } w[] = {
+        {"&model num_attention_heads x kv_channels", m->num_attention_heads * hd, tp, TP, true},
+        {"&model num_query_groups x kv_channels", m->num_query_groups * hd, tp, TP, true},
+        {"&model ffn_hidden_size", m->ffn_hidden_size, tp, TP, dense},
+        {"&moe shared_expert_intermediate_size", c->moe.shared_expert_intermediate_size, tp, TP,
+         c->moe.num_experts > 0 && c->moe.shared_expert_intermediate_size > 0},
+        {"&moe moe_ffn_hidden_size", c->moe.moe_ffn_hidden_size, etp, ETP, c->moe.num_experts > 0},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        if (!w[i].on || w[i].split <= 1 || w[i].width % w[i].split) continue;
+        const int per = w[i].width / w[i].split;
+        if (per % block)
+            return mt_err_set(err, MT_EINVAL,
+                              "&precision %s = '%s' with %s = %d split over %s = %d: %d per rank "
+                              "is not a multiple of the recipe's %d-element blocks, so a rank's "
+                              "blocks would not be those of the whole tensor (nor its result one "
+                              "process's); make %s / %s a multiple of %d, or use fp8_recipe = "
+                              "'tensorwise' or 'delayed'",
+                              q->fp4_format[0] ? "fp4_recipe" : "fp8_recipe", recipe, w[i].key,
+                              w[i].width, w[i].by, w[i].split, per, block, w[i].key, w[i].by,
+                              block);
+    }
+    return MT_OK;
+}
+
 static int check_low_precision(const struct mt_config *c, struct mt_err *err)
 {
     const struct mt_config_precision *q = &c->precision;
@@ -656,18 +705,13 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
                           "today) takes any number of rows per expert, so there is nothing to "
                           "pad; remove it");
     const struct mt_config_parallel *p = &c->parallel;
-    if ((fp8 || fp4) && (p->tensor_model_parallel_size > 1 || p->expert_model_parallel_size > 1 ||
-                         p->expert_tensor_parallel_size > 1 || p->context_parallel_size > 1))
+    if ((fp8 || fp4) && p->context_parallel_size > 1)
         return mt_err_set(err, MT_EINVAL,
-                          "&precision %s: tensor, expert and context parallelism do not match "
-                          "one process yet (the shards' scales are agreed, but the TP x EP runs "
-                          "part from step 3, doc/fp8.md); FP8/FP4 needs "
-                          "tensor_model_parallel_size (%d), expert_model_parallel_size (%d), "
-                          "expert_tensor_parallel_size (%d) and context_parallel_size (%d) "
-                          "all 1 (data and pipeline parallelism are supported)",
-                          fp8 ? "fp8_format" : "fp4_format", p->tensor_model_parallel_size,
-                          p->expert_model_parallel_size, p->expert_tensor_parallel_size,
-                          p->context_parallel_size);
+                          "&precision %s: with context_parallel_size = %d the linears run on "
+                          "token shards whose amaxes and blocks along the tokens are not "
+                          "agreed yet; FP8/FP4 needs context_parallel_size = 1",
+                          fp8 ? "fp8_format" : "fp4_format", p->context_parallel_size);
+    MT_CHECK(check_low_precision_blocks(c, err));
     return MT_OK;
 }
 
