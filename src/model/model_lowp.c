@@ -56,6 +56,9 @@ struct mt_lowp {
     uint64_t seed;
     long long iter;             /* optimizer steps taken (restored with the buffers) */
     int nbwd;                   /* backward passes in this iteration */
+    /* data parallelism: this rank's micro-batch j of a step is the step's micro-batch
+     * j dp + dp_rank (the trainer's sample order), whose random bits it draws */
+    int dp, dp_rank;
     uint64_t bwd_seed;
     /* the state as mt_model_buffers stores it */
     size_t nbuf;
@@ -128,6 +131,8 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     lp->nslots = m->L * lp->per_layer;
     lp->hist_len = q->fp8_amax_history_len;
     lp->world = par ? par->world_comm : NULL;
+    lp->dp = par ? par->dp : 1;
+    lp->dp_rank = par ? par->dp_rank : 0;
     lp->seed = mt_rng_key((uint64_t)m->cfg.training.seed, 0x66703871ull);
     lp->slot_of = malloc(sizeof(int) * (size_t)m->ntensors);
     if (!lp->slot_of) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
@@ -310,7 +315,8 @@ void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
         lp->grad_unit = loss_scale;
         upload_scales(m);
     }
-    lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + (uint64_t)lp->nbwd++);
+    const uint64_t mb = (uint64_t)lp->nbwd++ * (uint64_t)lp->dp + (uint64_t)lp->dp_rank;
+    lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + mb);
 }
 
 uint64_t mt_lowp_backward_seed(const struct mt_model *m) { return m->lp ? m->lp->bwd_seed : 0; }
