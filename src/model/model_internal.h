@@ -421,7 +421,9 @@ void mt_moe_act_rebuild(const struct mt_pass *p, int l);
 int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
                    struct mt_err *err);
 void mt_lowp_destroy(struct mt_model *m);
-/* Bytes of delayed scaling's state (host and backend), *device the backend's part. */
+/* Bytes of the recipes' state (host and backend): the amax a shard's current scaling
+ * reduces, the experts' host offsets, delayed scaling's scales, amaxes and histories;
+ * *device the backend's part. */
 size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device);
 /* The checkpointed state (floats), its save into and load from mt_model_buffers. */
 size_t mt_lowp_nbuffers(const struct mt_model *m);

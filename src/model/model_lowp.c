@@ -228,10 +228,13 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
 {
     const struct mt_lowp *lp = m->lp;
     *device = 0;
-    if (!lp || lp->recipe != DELAYED) return 0;
+    if (!lp) return 0;
+    *device = sizeof(float); /* tamax */
+    const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
+    if (lp->recipe != DELAYED) return *device + hoffs;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
-    *device = 2 * sizeof(float) * ns;
-    return *device + 2 * sizeof(float) * ns + ns * sizeof(float) * (size_t)lp->hist_len;
+    *device += 2 * sizeof(float) * ns;
+    return *device + hoffs + 2 * sizeof(float) * ns + ns * sizeof(float) * (size_t)lp->hist_len;
 }
 
 size_t mt_lowp_nbuffers(const struct mt_model *m) { return m->lp ? m->lp->nbuf : 0; }

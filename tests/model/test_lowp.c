@@ -223,8 +223,8 @@ static void run(enum recipe r)
     struct ref rf = {r, {1, 1, 1}, 0};
     if (r == DELAYED) { /* one recorded step: the next scales come from its amaxes */
         mt_lowp_backward_begin(m, 1.0f);
-        mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
-        mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);
+        assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
+        assert_int_equal(mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din), MT_OK);
         assert_int_equal(mt_model_lowp_step(m, &err), MT_OK);
         rf.scale[X] = mt_q_tensor_scale(mt_q_amax(x, N, din, din), MT_E4M3_MAX, 1);
         rf.scale[W] = mt_q_tensor_scale(mt_q_amax(w, dout, din, din), MT_E4M3_MAX, 1);
@@ -233,8 +233,8 @@ static void run(enum recipe r)
     mt_model_zero_grad(m);
     mt_lowp_backward_begin(m, 1.0f);
     rf.seed = mt_lowp_backward_seed(m);
-    mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
-    mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din);
+    assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
+    assert_int_equal(mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din), MT_OK);
 
     const size_t most = (size_t)(N > dout ? N : dout) * din;
     float *qa = malloc(sizeof(float) * most), *qb = malloc(sizeof(float) * most);
@@ -290,7 +290,7 @@ static void test_first_last_bf16(void **s)
     float *x = malloc(sizeof(float) * N * din), *out = malloc(sizeof(float) * N * dout);
     fill(x, N, din, 11, 1.0f);
     const float *w = mt_model_weight(m, tensor).data;
-    mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din);
+    assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
     check_gemm(out, x, din, 1, w, 1, din, N, dout, din, "high-precision forward");
     free(x), free(out);
     mt_model_destroy(m);

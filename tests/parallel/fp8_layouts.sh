@@ -7,15 +7,18 @@
 # delayed scaling's first step) come from the amax of the whole tensor, reduced over
 # the TP group for the shards of the column- and row-parallel linears; the block
 # recipes run at widths whose halves are whole blocks (128, 32, 16 elements; config.c
-# refuses others); NVFP4's stochastic rounding draws each element's index in the
-# whole tensor; the experts' slots are numbered by global expert. One step, and the
-# validation after it (delayed scaling's history scales): TP sums in another order, so
-# an operand element within an fp32 rounding of a midpoint between two FP8 codes is
-# quantised the other way, and from the second step the runs part by what that does
-# through Adam (gradient norm 8e-6 to 1.3e-4 at step 2, 1e-3 at step 4); one process
-# under two OpenBLAS kernels parts alike (1e-3 at step 4; 3e-8 without FP8). Measured
-# at step 1: loss 5e-9, gradient norm 4e-8, parameters 1.4e-5 (tensorwise); without the
-# amax reduction, gradient norm 4.7e-4 and parameters 8.6e-2.
+# refuses others); NVFP4 quantises a shard in its place in the whole tensor (its
+# stochastic rounding draws each element's index there) and a data-parallel rank draws
+# the random bits of the step's micro-batch it runs; the experts' slots are numbered
+# by global expert. One step, and the validation after it (delayed scaling's history
+# scales): TP sums in another order, so an operand element within an fp32 rounding of
+# a midpoint between two FP8 codes is quantised the other way, and from the second
+# step the runs part by what that does through Adam (gradient norm 8e-6 to 1.3e-4 at
+# step 2, 1e-3 at step 4); one process under two OpenBLAS kernels parts alike (1e-3 at
+# step 4, 3e-8 without FP8). Measured at step 1: loss within 1.1e-8, gradient norm
+# 1.2e-6 (NVFP4; the others 2.5e-8 or equal), parameters 1.2e-5. Broken on purpose
+# (tried, not committed): tensorwise without the amax reduction, gradient norm 1.6e-3
+# and parameters 0.16; NVFP4 shards quantised as tensors of their own, 4.8e-3 and 0.21.
 #
 # PP 2: every stage quantises its layers' operands as one process does; four steps,
 # every value equal (delayed scaling in PP 2 is equivalence.sh's FP8 leg).

@@ -68,8 +68,16 @@ expect_refused "fp8_format = 'e4m3' and fp4_format = 'e2m1': choose one" \
     --check "$small" "precision%fp8_format='e4m3'" "$NVFP4"
 expect_refused "moe_router_padding_for_fp8 = .true.: the quantised grouped GEMM" \
     --check "$small" moe%moe_router_padding_for_fp8=T
-expect_refused "FP8/FP4 needs tensor_model_parallel_size (2), expert_model_parallel_size (1)" \
-    --check --world-size 2 "$small" "precision%fp8_format='e4m3'" parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T
-expect_refused "expert_model_parallel_size (2)" \
-    --check --world-size 2 "$small" "$NVFP4" parallel%expert_model_parallel_size=2
+TP2="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
+# shellcheck disable=SC2086 # a list of overrides
+expect_refused "fp8_recipe = 'blockwise' with &model num_attention_heads x kv_channels = 32 split over tensor_model_parallel_size = 2: 16 per rank is not a multiple of the recipe's 128-element blocks" \
+    --check --world-size 2 "$small" "precision%fp8_format='e4m3'" "precision%fp8_recipe='blockwise'" $TP2
+expect_refused "fp4_recipe = 'nvfp4' with &moe moe_ffn_hidden_size = 40 split over expert_tensor_parallel_size = 2: 20 per rank" \
+    --check --world-size 2 "$small" "$NVFP4" moe%moe_ffn_hidden_size=40 parallel%expert_tensor_parallel_size=2
+expect_refused "fp8_format: with context_parallel_size = 2 the linears run on token shards" \
+    --check --world-size 2 "$small" "precision%fp8_format='e4m3'" parallel%context_parallel_size=2
+# per-tensor scaling takes any width (tests/parallel/fp8_layouts.sh trains each recipe in TP 2 x EP 2)
+# shellcheck disable=SC2086 # a list of overrides
+"$MOETRAIN" --check --world-size 4 "$small" "precision%fp8_format='hybrid'" "precision%fp8_recipe='tensorwise'" \
+    $TP2 parallel%expert_model_parallel_size=2 > ok.log 2>&1 || { cat ok.log; fail "tensorwise in TP 2 x EP 2 refused"; }
 echo "refusals ok"
