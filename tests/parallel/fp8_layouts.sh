@@ -16,9 +16,9 @@
 # step the runs part by what that does through Adam (gradient norm 8e-6 to 1.3e-4 at
 # step 2, 1e-3 at step 4); one process under two OpenBLAS kernels parts alike (1e-3 at
 # step 4, 3e-8 without FP8). Measured at step 1: loss within 1.1e-8, gradient norm
-# 1.2e-6 (NVFP4; the others 2.5e-8 or equal), parameters 1.2e-5. Broken on purpose
-# (tried, not committed): tensorwise without the amax reduction, gradient norm 1.6e-3
-# and parameters 0.16; NVFP4 shards quantised as tensors of their own, 4.8e-3 and 0.21.
+# 1.2e-6 (NVFP4; the others 2.5e-8 or equal), parameters 2.7e-5 (Nehalem kernel).
+# Broken on purpose (tried, not committed): tensorwise without the amax reduction,
+# gradient norm 1.6e-3 and parameters 0.16; NVFP4 shards quantised as tensors of their own, 4.8e-3 and 0.21.
 #
 # PP 2: every stage quantises its layers' operands as one process does; four steps,
 # every value equal (delayed scaling in PP 2 is equivalence.sh's FP8 leg).
