@@ -214,6 +214,73 @@ int mt_barrier(struct mt_comm *c, struct mt_err *err)
     return c->ops->barrier(c, err);
 }
 
+/* ---- nonblocking collectives ------------------------------------------------------------ */
+
+/* Refuses a request that still holds a collective (it would be lost), and readies it. */
+static int take_request(struct mt_comm *c, const char *op, struct mt_comm_req *req,
+                        struct mt_err *err)
+{
+    if (!req) return mt_err_set(err, MT_EINVAL, "%s on %s: no request", op, c->name);
+    if (mt_comm_pending(req))
+        return mt_err_set(err, MT_EINVAL,
+                          "%s on %s: the request still holds a %s on %s that was not waited "
+                          "for (an internal error: wait before reusing a request)",
+                          op, c->name, req->op, req->comm->name);
+    memset(req, 0, sizeof *req);
+    req->op = op;
+    return MT_OK;
+}
+
+/* After a backend's start, which leaves req->comm set to the comm that completes the
+ * collective (NULL when done already): a start that failed holds nothing. */
+static int started(struct mt_comm_req *req, int rc)
+{
+    if (rc != MT_OK) req->comm = NULL;
+    return rc;
+}
+
+int mt_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                        enum mt_redop op, struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "all_reduce", dt, err));
+    MT_CHECK(check_reducible(c, "all_reduce", dt, err));
+    MT_CHECK(take_request(c, "all_reduce", req, err));
+    if (!c->ops->all_reduce_start) return c->ops->all_reduce(c, buf, count, dt, op, err);
+    return started(req, c->ops->all_reduce_start(c, buf, count, dt, op, req, err));
+}
+
+int mt_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                            enum mt_dt dt, enum mt_redop op, struct mt_comm_req *req,
+                            struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "reduce_scatter", dt, err));
+    MT_CHECK(check_reducible(c, "reduce_scatter", dt, err));
+    MT_CHECK(take_request(c, "reduce_scatter", req, err));
+    if (!c->ops->reduce_scatter_start)
+        return c->ops->reduce_scatter(c, send, recv, count, dt, op, err);
+    return started(req,
+                   c->ops->reduce_scatter_start(c, send, recv, count, dt, op, req, err));
+}
+
+int mt_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                        enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "all_gather", dt, err));
+    MT_CHECK(take_request(c, "all_gather", req, err));
+    if (!c->ops->all_gather_start) return c->ops->all_gather(c, send, recv, count, dt, err);
+    return started(req, c->ops->all_gather_start(c, send, recv, count, dt, req, err));
+}
+
+int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err)
+{
+    if (!req || !mt_comm_pending(req)) return MT_OK;
+    struct mt_comm *c = req->comm;
+    int rc = mt_comm_check_usable(c, req->op, err);
+    if (rc == MT_OK) rc = c->ops->wait(c, req, err);
+    req->comm = NULL;
+    return rc;
+}
+
 void mt_comm_destroy(struct mt_comm *c)
 {
     if (c) c->ops->destroy(c);
@@ -326,6 +393,31 @@ static int self_barrier(struct mt_comm *c, struct mt_err *err)
     return MT_OK;
 }
 
+/* One process: a collective is done when it starts; nothing is left for the wait. */
+static int self_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                                 enum mt_redop op, struct mt_comm_req *req, struct mt_err *err)
+{
+    return self_all_reduce(c, buf, count, dt, op, err);
+}
+
+static int self_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv,
+                                     size_t count, enum mt_dt dt, enum mt_redop op,
+                                     struct mt_comm_req *req, struct mt_err *err)
+{
+    return self_reduce_scatter(c, send, recv, count, dt, op, err);
+}
+
+static int self_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                 enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    return self_all_gather(c, send, recv, count, dt, err);
+}
+
+static int self_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
+{
+    return MT_OK;
+}
+
 static void self_destroy(struct mt_comm *c)
 {
     struct self_impl *s = c->impl;
@@ -347,6 +439,10 @@ static const struct mt_comm_ops self_ops = {
     .recv = self_recv,
     .barrier = self_barrier,
     .destroy = self_destroy,
+    .all_reduce_start = self_all_reduce_start,
+    .reduce_scatter_start = self_reduce_scatter_start,
+    .all_gather_start = self_all_gather_start,
+    .wait = self_wait,
 };
 
 int mt_comm_self_create_at(const char *name, double timeout_s, int world_rank,

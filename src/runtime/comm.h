@@ -31,6 +31,20 @@ struct mt_p2p {
     int peer, tag;
 };
 
+/* A collective started and not yet waited for (mt_all_reduce_start and the others
+ * below). The caller owns the storage and keeps it, and the buffers the collective
+ * reads and writes, untouched until mt_comm_wait; a request is reused after its wait.
+ * Zero-initialise it before the first use. */
+struct mt_comm_req {
+    struct mt_comm *comm;  /* the comm that completes it; NULL: nothing pending */
+    const char *op;        /* the collective, for messages */
+    union {                /* the backend's handle: an MPI_Request, an event's slot */
+        void *p;
+        long long i;
+        unsigned char bytes[16];
+    } h;
+};
+
 struct mt_comm_ops {
     /* In place on buf (count elements), every rank ends with the reduction. */
     int (*all_reduce)(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
@@ -58,6 +72,19 @@ struct mt_comm_ops {
      * first): n sends and receives posted together, complete together. */
     int (*p2p_batch)(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
                      struct mt_err *err);
+    /* Optional, the three starts or none (NULL: the start runs the blocking call above
+     * and nothing is left to wait for): the collectives above started without waiting;
+     * a start leaves req->comm set to the comm whose wait completes the collective
+     * (bounded by its timeout), or NULL when it completed it already. wait is NULL
+     * only for a comm whose starts hand every request to another comm (dual). */
+    int (*all_reduce_start)(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                            enum mt_redop op, struct mt_comm_req *req, struct mt_err *err);
+    int (*reduce_scatter_start)(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                enum mt_dt dt, enum mt_redop op, struct mt_comm_req *req,
+                                struct mt_err *err);
+    int (*all_gather_start)(struct mt_comm *c, const void *send, void *recv, size_t count,
+                            enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err);
+    int (*wait)(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err);
 };
 
 struct mt_comm {
@@ -91,6 +118,31 @@ int mt_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt 
                  struct mt_err *err);
 int mt_barrier(struct mt_comm *c, struct mt_err *err);
 void mt_comm_destroy(struct mt_comm *c);
+
+/* Nonblocking collectives (Megatron's async_op=True): the same arguments and results
+ * as the blocking calls, started now and completed by mt_comm_wait(req). Every rank of
+ * c starts the collectives of c in the same order (as with blocking calls); several
+ * may be pending at once, on one comm or several, and be waited for in any order.
+ * MPI: MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather, tested until done
+ * within the comm's timeout, counted from the wait's start (the timeout message
+ * names the collective, the group and the seconds). Self: done at once. NCCL:
+ * enqueued on the comm's stream after the compute work queued so far (an event, no
+ * host synchronisation); the wait makes the compute stream wait for the collective
+ * (another event): it returns at once, later compute work follows the collective on
+ * the device (without a compute stream set, the wait polls the event within the
+ * timeout). all_reduce_start takes at most INT_MAX elements. A request that fails to
+ * start holds nothing to wait for. */
+int mt_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                        enum mt_redop op, struct mt_comm_req *req, struct mt_err *err);
+int mt_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                            enum mt_dt dt, enum mt_redop op, struct mt_comm_req *req,
+                            struct mt_err *err);
+int mt_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                        enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err);
+/* Completes req (nothing to do when nothing is pending); req is free again after. */
+int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err);
+/* Whether req holds a started collective not yet waited for. */
+static inline bool mt_comm_pending(const struct mt_comm_req *req) { return req->comm != NULL; }
 
 /* A group of one process: reductions leave buf as it is, gathers and scatters
  * copy, a send to oneself waits for the matching recv (a recv with nothing

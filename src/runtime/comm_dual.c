@@ -131,6 +131,46 @@ static int d_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum 
     return rc;
 }
 
+/* A start on device memory goes to the device comm, whose request it becomes; where
+ * the device transport needs dm.enter/leave around it (the host comm moving the guard
+ * backend's emulated device memory, mapped only during a call), the collective cannot
+ * stay in flight after the call: it completes at the start. Host memory: the host
+ * comm's start. */
+#define STARTED(call, start, blocking, ...)                                                \
+    do {                                                                                   \
+        const void *b_[] = { __VA_ARGS__ };                                                \
+        struct mt_comm *to = route(c, call, b_, (int)(sizeof b_ / sizeof b_[0]), err);    \
+        if (!to) return err->code;                                                         \
+        struct dual_impl *d_ = dual(c);                                                    \
+        if (to != d_->device || !d_->dm.enter) return (start);                             \
+        d_->dm.enter(d_->dm.arg);                                                          \
+        int rc_ = (blocking);                                                              \
+        if (d_->dm.leave) d_->dm.leave(d_->dm.arg);                                        \
+        return rc_;                                                                        \
+    } while (0)
+
+static int d_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                              enum mt_redop op, struct mt_comm_req *req, struct mt_err *err)
+{
+    STARTED("all_reduce", mt_all_reduce_start(to, buf, count, dt, op, req, err),
+            mt_all_reduce(to, buf, count, dt, op, err), buf);
+}
+
+static int d_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                  enum mt_dt dt, enum mt_redop op, struct mt_comm_req *req,
+                                  struct mt_err *err)
+{
+    STARTED("reduce_scatter", mt_reduce_scatter_start(to, send, recv, count, dt, op, req, err),
+            mt_reduce_scatter(to, send, recv, count, dt, op, err), send, recv);
+}
+
+static int d_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                              enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    STARTED("all_gather", mt_all_gather_start(to, send, recv, count, dt, req, err),
+            mt_all_gather(to, send, recv, count, dt, err), send, recv);
+}
+
 static int d_barrier(struct mt_comm *c, struct mt_err *err)
 {
     return mt_barrier(dual(c)->host, err);
@@ -154,6 +194,10 @@ static const struct mt_comm_ops dual_ops = {
     .barrier = d_barrier,
     .destroy = d_destroy,
     .p2p_batch = d_p2p_batch,
+    .all_reduce_start = d_all_reduce_start,
+    .reduce_scatter_start = d_reduce_scatter_start,
+    .all_gather_start = d_all_gather_start,
+    .wait = NULL, /* requests belong to the comm a start routed to */
 };
 
 int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_device,

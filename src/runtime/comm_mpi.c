@@ -6,7 +6,10 @@
  * rank and the wait; the request stays pending (MPI cannot cancel a
  * collective), so the comm is marked broken and the caller must abort.
  * MPI counts are ints: all_reduce, broadcast, send and recv go in pieces of
- * 2^30 elements; the other calls refuse counts or displacements past INT_MAX. */
+ * 2^30 elements; the other calls refuse counts or displacements past INT_MAX.
+ * The nonblocking starts (mt_all_reduce_start, ...) keep the MPI_Request in the
+ * caller's struct mt_comm_req; the wait tests it as above, the timeout counted from
+ * the wait's start. */
 #include "runtime/comm_internal.h"
 
 #include <limits.h>
@@ -274,6 +277,63 @@ static int mpi_barrier(struct mt_comm *c, struct mt_err *err)
     return finish(c, "barrier", rc, &req, NULL, &d, err);
 }
 
+/* ---- nonblocking: the request's MPI_Request lives in req->h --------------------------- */
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((struct mt_comm_req *)0)->h),
+               "an MPI_Request must fit in struct mt_comm_req's handle");
+
+static MPI_Request *request_of(struct mt_comm_req *req)
+{
+    return (MPI_Request *)(void *)req->h.bytes;
+}
+
+/* After an MPI start returned rc: pending on c, or failed (the comm is then broken). */
+static int pending(struct mt_comm *c, struct mt_comm_req *req, int rc, struct mt_err *err)
+{
+    if (rc != MPI_SUCCESS) return call_error(c, req->op, rc, err);
+    req->comm = c;
+    return MT_OK;
+}
+
+static int mpi_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                                enum mt_redop op, struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(check_int(c, "all_reduce", "count", 0, count, err));
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), mpi_op(op), handle(c),
+                            request_of(req));
+    return pending(c, req, rc, err);
+}
+
+static int mpi_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                    enum mt_dt dt, enum mt_redop op, struct mt_comm_req *req,
+                                    struct mt_err *err)
+{
+    MT_CHECK(check_int(c, "reduce_scatter", "count", 0, count, err));
+    const void *in = send == recv ? MPI_IN_PLACE : send; /* as mpi_reduce_scatter */
+    int rc = MPI_Ireduce_scatter_block(in, recv, (int)count, mpi_type(dt), mpi_op(op), handle(c),
+                                       request_of(req));
+    return pending(c, req, rc, err);
+}
+
+static int mpi_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(check_int(c, "all_gather", "count", 0, count, err));
+    size_t sz = mt_dt_size(dt);
+    const void *in = send == (char *)recv + (size_t)c->rank * count * sz ? MPI_IN_PLACE : send;
+    int rc = MPI_Iallgather(in, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt),
+                            handle(c), request_of(req));
+    return pending(c, req, rc, err);
+}
+
+/* Tests the request until done, bounded by the timeout from now (the collective may
+ * have been started long before: the bound is on how long the caller blocks). */
+static int mpi_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    return finish(c, req->op, MPI_SUCCESS, request_of(req), NULL, &d, err);
+}
+
 static void mpi_destroy(struct mt_comm *c)
 {
     int finalized = 0;
@@ -295,6 +355,10 @@ static const struct mt_comm_ops mpi_ops = {
     .barrier = mpi_barrier,
     .destroy = mpi_destroy,
     .p2p_batch = mpi_p2p_batch,
+    .all_reduce_start = mpi_all_reduce_start,
+    .reduce_scatter_start = mpi_reduce_scatter_start,
+    .all_gather_start = mpi_all_gather_start,
+    .wait = mpi_wait,
 };
 
 int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int world_rank,

@@ -10,7 +10,11 @@
  * caller's compute stream, and each call is then ordered after the compute work
  * queued so far (an event the comm stream waits for) and before the compute work
  * queued after it (an event the compute stream waits for), without a host-side
- * synchronisation of the compute stream. all_to_all_v and p2p_batch are
+ * synchronisation of the compute stream. The nonblocking starts (mt_all_reduce_start,
+ * ...) return once the collective is enqueued, with an event recorded after it on the
+ * comm stream; the wait makes the compute stream wait for that event, so compute work
+ * queued between start and wait runs beside the collective and nothing waits on the
+ * host. all_to_all_v and p2p_batch are
  * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int.
  *
  * Communicators of parallel groups are split from one parent (mt_comm_nccl_split,
@@ -28,6 +32,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* nccl.h declares a few functions as f() rather than f(void). */
@@ -43,6 +48,11 @@ struct nccl_impl {
     cudaStream_t order;       /* the compute stream calls are ordered with, or NULL */
     cudaEvent_t ready, done;  /* compute -> comm, comm -> compute */
     int *scratch;             /* one device int for barrier */
+    /* Nonblocking collectives: one event per pending request, recorded on the comm
+     * stream after its collective; made when more are pending than ever before. */
+    cudaEvent_t *events;
+    bool *busy;
+    int nevents;
 };
 
 static struct nccl_impl *impl_of(struct mt_comm *c)
@@ -288,9 +298,134 @@ static int nccl_barrier(struct mt_comm *c, struct mt_err *err)
                   &d, err);
 }
 
+/* ---- nonblocking collectives ------------------------------------------------------------ */
+
+/* A free event slot for a request (a new event when all are busy). */
+static int take_event(struct mt_comm *c, const char *op, int *slot, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    for (int i = 0; i < n->nevents; i++)
+        if (!n->busy[i]) {
+            n->busy[i] = true;
+            *slot = i;
+            return MT_OK;
+        }
+    cudaEvent_t *ev = realloc(n->events, sizeof *ev * (size_t)(n->nevents + 1));
+    if (ev) n->events = ev;
+    bool *busy = ev ? realloc(n->busy, sizeof *busy * (size_t)(n->nevents + 1)) : NULL;
+    if (busy) n->busy = busy;
+    if (!ev || !busy)
+        return mt_err_set(err, MT_ENOMEM, "%s on %s: out of memory for a request", op, c->name);
+    cudaError_t e = cudaEventCreateWithFlags(&n->events[n->nevents], cudaEventDisableTiming);
+    if (e != cudaSuccess) return cuda_error(c, op, e, err);
+    n->busy[n->nevents] = true;
+    *slot = n->nevents++;
+    return MT_OK;
+}
+
+/* After the enqueue of a started collective: the enqueue is complete (host side,
+ * ncclInProgress left), the request's event marks its end on the comm stream. */
+static int start_finish(struct mt_comm *c, struct mt_comm_req *req, ncclResult_t started,
+                        struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    const char *op = req->op;
+    if (started != ncclSuccess && started != ncclInProgress) return nccl_error(c, op, started, err);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(wait_comm(c, op, &d, err));
+    int slot = -1;
+    MT_CHECK(take_event(c, op, &slot, err));
+    cudaError_t e = cudaEventRecord(n->events[slot], n->stream);
+    if (e != cudaSuccess) {
+        n->busy[slot] = false;
+        return cuda_error(c, op, e, err);
+    }
+    req->h.i = slot;
+    req->comm = c;
+    return MT_OK;
+}
+
+static int nccl_all_reduce_start(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt,
+                                 enum mt_redop op, struct mt_comm_req *req, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    MT_CHECK(order_before(c, req->op, err));
+    return start_finish(c, req,
+                        ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), n->comm,
+                                      n->stream),
+                        err);
+}
+
+static int nccl_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv,
+                                     size_t count, enum mt_dt dt, enum mt_redop op,
+                                     struct mt_comm_req *req, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    MT_CHECK(order_before(c, req->op, err));
+    return start_finish(c, req,
+                        ncclReduceScatter(send, recv, count, nccl_type(dt), nccl_op(op), n->comm,
+                                          n->stream),
+                        err);
+}
+
+static int nccl_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
+                                 enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    MT_CHECK(order_before(c, req->op, err));
+    return start_finish(c, req,
+                        ncclAllGather(send, recv, count, nccl_type(dt), n->comm, n->stream), err);
+}
+
+/* With a compute stream: it waits for the request's event on the device, and the host
+ * goes on at once (an error NCCL already knows of is reported; a hang shows at the next
+ * call that waits on the host). Without: the host polls the event within the timeout. */
+static int nccl_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
+{
+    struct nccl_impl *n = impl_of(c);
+    const char *op = req->op;
+    const int slot = (int)req->h.i;
+    cudaEvent_t ev = n->events[slot];
+    int rc = MT_OK;
+    ncclResult_t state;
+    if (n->order) {
+        cudaError_t e = cudaStreamWaitEvent(n->order, ev, 0);
+        if (e != cudaSuccess) rc = cuda_error(c, op, e, err);
+        else if (ncclCommGetAsyncError(n->comm, &state) == ncclSuccess && state != ncclSuccess &&
+                 state != ncclInProgress)
+            rc = nccl_error(c, op, state, err);
+        n->busy[slot] = false;
+        return rc;
+    }
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            rc = cuda_error(c, op, e, err);
+            break;
+        }
+        if (ncclCommGetAsyncError(n->comm, &state) == ncclSuccess && state != ncclSuccess &&
+            state != ncclInProgress) {
+            rc = nccl_error(c, op, state, err);
+            break;
+        }
+        if (mt_deadline_passed(&d)) {
+            rc = expire(c, op, &d, err);
+            break;
+        }
+        mt_deadline_pause(&d);
+    }
+    n->busy[slot] = false;
+    return rc;
+}
+
 static void nccl_destroy(struct mt_comm *c)
 {
     struct nccl_impl *n = impl_of(c);
+    for (int i = 0; i < n->nevents; i++) cudaEventDestroy(n->events[i]);
+    free(n->events);
+    free(n->busy);
     if (n->comm) {
         if (n->common.broken)
             ncclCommAbort(n->comm);
@@ -315,6 +450,10 @@ static const struct mt_comm_ops nccl_ops = {
     .barrier = nccl_barrier,
     .destroy = nccl_destroy,
     .p2p_batch = nccl_p2p_batch,
+    .all_reduce_start = nccl_all_reduce_start,
+    .reduce_scatter_start = nccl_reduce_scatter_start,
+    .all_gather_start = nccl_all_gather_start,
+    .wait = nccl_wait,
 };
 
 /* A comm of rank of size, named name, with its own stream and barrier scratch; its NCCL

@@ -13,6 +13,9 @@
  *                              2i, 2i+1): the others must fail naming it, and
  *                              abort the job.
  *   comm_check kill R S        the same, but rank R dies of SIGKILL.
+ *   comm_check hang-nb R S     as hang, with a reduce_scatter started
+ *                              (mt_reduce_scatter_start) whose wait must time out.
+ *   (collectives also checks the nonblocking starts and their waits.)
  *
  * Exit status: 0 when every check passed on every process, else 1 (through
  * mt_world_abort after a runtime error). */
@@ -174,8 +177,51 @@ static void check_send_recv(struct mt_comm *c)
     CHECK(!bad, "recv on %s from %d: %d wrong", c->name, prev, bad);
 }
 
+/* Nonblocking collectives: several started at once, on one comm, waited for in the
+ * reverse order of their starts, give what the blocking calls give; a request reused
+ * before its wait is refused; a wait on an empty request does nothing. */
+static void check_nonblocking(struct mt_comm *c)
+{
+    int n = c->size, r = c->rank;
+    enum { CNT = 6 };
+    double ar[CNT], rs_send[CNT * 8], rs_recv[CNT], rs_inplace[CNT * 8];
+    int32_t ag_recv[CNT * 8], mine[CNT];
+    if (n > 8) return;
+    for (int i = 0; i < CNT; i++) {
+        ar[i] = (double)(r + 1) * (i + 1);
+        mine[i] = r * 100 + i;
+    }
+    for (int j = 0; j < n * CNT; j++)
+        rs_send[j] = rs_inplace[j] = (double)(r + 1) * (double)(j + 1);
+    struct mt_comm_req q[4] = { 0 };
+    CALL(mt_all_reduce_start(c, ar, CNT, MT_DT_F64, MT_OP_SUM, &q[0], &g_err));
+    CALL(mt_reduce_scatter_start(c, rs_send, rs_recv, CNT, MT_DT_F64, MT_OP_SUM, &q[1], &g_err));
+    CALL(mt_reduce_scatter_start(c, rs_inplace, rs_inplace, CNT, MT_DT_F64, MT_OP_SUM, &q[2],
+                                 &g_err));
+    CALL(mt_all_gather_start(c, mine, ag_recv, CNT, MT_DT_I32, &q[3], &g_err));
+    /* a pending request is not started over */
+    double x = 1;
+    int rc = n > 1 ? mt_all_reduce_start(c, &x, 1, MT_DT_F64, MT_OP_SUM, &q[0], &g_err) : MT_OK;
+    CHECK(n == 1 || (rc == MT_EINVAL && strstr(g_err.msg, "not waited for")),
+          "a pending request started again on %s: rc %d, %s", c->name, rc, g_err.msg);
+    for (int i = 3; i >= 0; i--) CALL(mt_comm_wait(&q[i], &g_err));
+    for (int i = 0; i < 4; i++) CHECK(!mt_comm_pending(&q[i]), "request %d still pending", i);
+    CALL(mt_comm_wait(&q[0], &g_err)); /* nothing pending: nothing to do */
+    int bad = 0;
+    for (int i = 0; i < CNT; i++) {
+        bad += ar[i] != (double)n * (n + 1) / 2 * (i + 1);
+        double want = (double)n * (n + 1) / 2 * (double)(r * CNT + i + 1);
+        bad += rs_recv[i] != want;
+        bad += rs_inplace[i] != want;
+    }
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < CNT; i++) bad += ag_recv[b * CNT + i] != b * 100 + i;
+    CHECK(!bad, "nonblocking collectives on %s: %d wrong values", c->name, bad);
+}
+
 static void check_comm(struct mt_comm *c)
 {
+    check_nonblocking(c);
     check_all_reduce(c);
     check_reduce_scatter(c);
     check_all_gather(c);
@@ -349,7 +395,7 @@ static _Noreturn void die(struct mt_world *w)
     mt_world_abort(w);
 }
 
-static int fault(struct mt_world *w, int victim, int kill_it)
+static int fault(struct mt_world *w, int victim, int kill_it, bool nonblocking)
 {
     struct mt_comm *pair;
     char name[32];
@@ -362,8 +408,15 @@ static int fault(struct mt_world *w, int victim, int kill_it)
         if (kill_it) raise(SIGKILL);
         for (;;) pause();
     }
-    double x = 1;
-    if (mt_all_reduce(pair, &x, 1, MT_DT_F64, MT_OP_SUM, &g_err)) die(w);
+    double x[2] = { 1, 1 }, y = 0;
+    if (nonblocking) { /* started, then waited for: the wait times out */
+        struct mt_comm_req q = { 0 };
+        if (mt_reduce_scatter_start(pair, x, &y, 1, MT_DT_F64, MT_OP_SUM, &q, &g_err) ||
+            mt_comm_wait(&q, &g_err))
+            die(w);
+    } else if (mt_all_reduce(pair, x, 1, MT_DT_F64, MT_OP_SUM, &g_err)) {
+        die(w);
+    }
     if (mt_barrier(w->comm, &g_err)) die(w);
     printf("comm_check: rank %d: the collectives completed although rank %d stopped\n", g_rank,
            victim);
@@ -380,8 +433,9 @@ int main(int argc, char **argv)
         return 1;
     }
     g_rank = w->rank;
-    if (!strcmp(mode, "hang") || !strcmp(mode, "kill"))
-        return fault(w, argc > 2 ? atoi(argv[2]) : 1, !strcmp(mode, "kill"));
+    if (!strcmp(mode, "hang") || !strcmp(mode, "kill") || !strcmp(mode, "hang-nb"))
+        return fault(w, argc > 2 ? atoi(argv[2]) : 1, !strcmp(mode, "kill"),
+                     !strcmp(mode, "hang-nb"));
     if (strcmp(mode, "collectives")) {
         fprintf(stderr, "comm_check: unknown mode '%s'\n", mode);
         return 2;

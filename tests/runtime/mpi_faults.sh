@@ -28,5 +28,10 @@ grep -Eq 'rank 0: all_reduce on tp\[0\] timed out: rank 0 of 2 \(world rank 0\) 
 run_fault hang 2
 grep -Eq 'rank 3: all_reduce on tp\[1\] timed out: rank 1 of 2 \(world rank 3\)|rank [01]: barrier on world timed out' err ||
     { cat err; fail "hang: no timeout message naming all_reduce on tp[1] (or the world barrier)"; }
+# Rank 1 hangs while its partner waits for a started reduce_scatter: the wait times
+# out within the timeout, naming the collective and the group.
+run_fault hang-nb 1
+grep -Eq 'rank 0: reduce_scatter on tp\[0\] timed out: rank 0 of 2 \(world rank 0\) waited 2\.[0-9] s|rank [23]: barrier on world timed out' err ||
+    { cat err; fail "hang-nb: no timeout message naming reduce_scatter on tp[0] (or the world barrier)"; }
 # Rank 1 is killed: mpirun or the timeout ends the job.
 run_fault kill 1

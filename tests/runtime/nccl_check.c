@@ -72,6 +72,46 @@ static void check_scatter_gather(struct mt_comm *c)
     free(h);
 }
 
+/* Nonblocking collectives ordered with a compute stream s (NULL: none set): the input
+ * written on s before the start (the collective follows it), a reduce_scatter and an
+ * all_gather pending at once, work queued on s between the start and the wait that
+ * touches other memory, and the result read on s after the wait (it follows the
+ * collective) give what the blocking calls give. */
+static void check_nonblocking(struct mt_comm *c, cudaStream_t s)
+{
+    int n = c->size, r = c->rank;
+    enum { C = 6 };
+    if (n > 8) return;
+    int32_t *in = dev(sizeof(int32_t) * C * n), *out = dev(sizeof(int32_t) * C);
+    int32_t *gin = dev(sizeof(int32_t) * C), *gout = dev(sizeof(int32_t) * C * n);
+    int32_t *other = dev(sizeof(int32_t) * C);
+    CUDA(cudaMemsetAsync(in, 1 + r, sizeof(int32_t) * C * n, s)); /* each int 0x0R0R0R0R */
+    CUDA(cudaMemsetAsync(gin, 1 + r, sizeof(int32_t) * C, s));
+    if (!s) CUDA(cudaStreamSynchronize(s)); /* no compute stream: nothing orders them */
+    struct mt_comm_req q[2] = { { 0 } };
+    CALL(mt_reduce_scatter_start(c, in, out, C, MT_DT_I32, MT_OP_SUM, &q[0], &g_err));
+    CALL(mt_all_gather_start(c, gin, gout, C, MT_DT_I32, &q[1], &g_err));
+    CHECK(mt_comm_pending(&q[0]) && mt_comm_pending(&q[1]), "requests not pending");
+    CUDA(cudaMemsetAsync(other, 0, sizeof(int32_t) * C, s)); /* beside the collectives */
+    CALL(mt_comm_wait(&q[1], &g_err));
+    CALL(mt_comm_wait(&q[0], &g_err));
+    int32_t h[C * 8], g[C * 8];
+    CUDA(cudaMemcpyAsync(h, out, sizeof(int32_t) * C, cudaMemcpyDeviceToHost, s));
+    CUDA(cudaMemcpyAsync(g, gout, sizeof(int32_t) * C * n, cudaMemcpyDeviceToHost, s));
+    CUDA(cudaStreamSynchronize(s));
+    int bad = 0;
+    for (int i = 0; i < C; i++) bad += h[i] != n * (n + 1) / 2 * 0x01010101;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < C; i++) bad += g[b * C + i] != (b + 1) * 0x01010101;
+    CHECK(!bad, "nonblocking reduce_scatter and all_gather%s: %d wrong",
+          s ? " ordered with a compute stream" : "", bad);
+    cudaFree(in);
+    cudaFree(out);
+    cudaFree(gin);
+    cudaFree(gout);
+    cudaFree(other);
+}
+
 /* The pattern of check.h, blocks packed. */
 static void check_all_to_all_v(struct mt_comm *c)
 {
@@ -235,7 +275,9 @@ int main(int argc, char **argv)
         CUDA(cudaStreamCreate(&s));
         CALL(mt_comm_nccl_set_stream(c, s, &g_err));
         check_all_reduce_and_broadcast(c);
+        check_nonblocking(c, s);
         CALL(mt_comm_nccl_set_stream(c, NULL, &g_err));
+        check_nonblocking(c, NULL);
         cudaStreamDestroy(s);
         mt_comm_destroy(c);
     }
