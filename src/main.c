@@ -122,6 +122,22 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
            c->training.global_batch_size, c->training.micro_batch_size, l->dp,
            l->num_micro_batches,
            (long long)c->training.global_batch_size * c->training.seq_length);
+    if (l->dp > 1 || l->edp > 1) {
+        const struct mt_config_parallel *p = &c->parallel;
+        char bucket[64] = "max(40M, 1M x the group's size)";
+        if (p->ddp_bucket_size) snprintf(bucket, sizeof bucket, "%d", p->ddp_bucket_size);
+        printf("data parallel: %s, buckets of %s elements%s; parameter all-gather %s\n",
+               p->use_distributed_optimizer ? "ZeRO-1 (gradients reduce-scattered)"
+                                            : "gradients all-reduced",
+               bucket,
+               p->overlap_grad_reduce ? ", each started as backward finishes it "
+                                        "(overlap_grad_reduce)"
+                                      : " after backward",
+               !p->use_distributed_optimizer ? "none (every rank updates everything)"
+               : p->overlap_param_gather ? "waited for at each bucket's first use in forward "
+                                           "(overlap_param_gather)"
+                                         : "after the step");
+    }
     if (l->pp > 1) {
         const int nmb = l->num_micro_batches;
         printf("pipeline: PP %d x VPP %d, %s schedule, %d micro-batches; bubble fraction "

@@ -882,6 +882,17 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&model ffn_hidden_size = %d is not divisible by "
                           "tensor_model_parallel_size = %d",
                           m->ffn_hidden_size, l->tp);
+    if (p->overlap_param_gather && !p->use_distributed_optimizer)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel overlap_param_gather = .true. needs "
+                          "use_distributed_optimizer = .true. (only the distributed optimizer "
+                          "gathers parameters; Megatron: --overlap-param-gather only supported "
+                          "with distributed optimizer)");
+    if (p->overlap_param_gather && !p->overlap_grad_reduce)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel overlap_param_gather = .true. needs overlap_grad_reduce = "
+                          ".true. (as Megatron: must use --overlap-param-gather with "
+                          "--overlap-grad-reduce)");
     if (l->tp > 1) {
         if (!p->sequence_parallel)
             return mt_err_set(err, MT_EINVAL,

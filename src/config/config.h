@@ -78,6 +78,9 @@ struct mt_config_parallel {
     bool sequence_parallel;
     bool use_distributed_optimizer;
     double distributed_timeout_minutes; /* bound on every collective */
+    bool overlap_grad_reduce;        /* each gradient bucket reduced as backward finishes it */
+    bool overlap_param_gather;       /* each bucket's all-gather waited for at first use */
+    int ddp_bucket_size;             /* gradient bucket, elements; 0: max(40M, 1M x DP) */
 };
 
 struct mt_config_training {

@@ -106,8 +106,9 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     S("--use-distributed-optimizer", "parallel%use_distributed_optimizer"),
     V("--distributed-timeout-minutes", "parallel%distributed_timeout_minutes"),
     NA("--distributed-backend", "NCCL on the GPU, MPI on the CPU, chosen by the backend"),
-    NA("--overlap-grad-reduce", "communication scheduling is moetrain's"),
-    NA("--overlap-param-gather", "communication scheduling is moetrain's"),
+    S("--overlap-grad-reduce", "parallel%overlap_grad_reduce"),
+    S("--overlap-param-gather", "parallel%overlap_param_gather"),
+    V("--ddp-bucket-size", "parallel%ddp_bucket_size"),
     NA("--accumulate-allreduce-grads-in-fp32", "gradients are always reduced in fp32"),
     NI("--tp-comm-overlap", "TP communication overlap"),
     /* activation recompute */

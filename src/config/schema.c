@@ -129,6 +129,18 @@ const struct mt_key mt_schema[] = {
     KREAL(parallel, distributed_timeout_minutes, 10.0, 0.0, RMAX,
           "a collective waiting longer than this fails the job with a message naming it; 0 = "
           "wait forever"),
+    KBOOL(parallel, overlap_grad_reduce, 0,
+          "start each gradient bucket's data-parallel reduction (reduce-scatter with ZeRO-1, "
+          "else all-reduce) as soon as the last micro-batch's backward has finished every "
+          "gradient in it, while backward goes on; all are waited for before the optimizer "
+          "step. Results are the same, bit for bit (doc/host-overhead.md, Overlap)"),
+    KBOOL(parallel, overlap_param_gather, 0,
+          "with ZeRO-1: start the all-gather of the updated parameters after the step and wait "
+          "for each bucket only before the next forward first uses its parameters; needs "
+          "use_distributed_optimizer and overlap_grad_reduce (as Megatron)"),
+    KINT(parallel, ddp_bucket_size, 0, 0, IMAX,
+         "elements per gradient bucket of the data-parallel reduction (Megatron's "
+         "--ddp-bucket-size); 0 = max(40000000, 1000000 x data-parallel size)"),
 
     /* &training */
     KINT(training, micro_batch_size, 1, 1, IMAX, "sequences per micro-batch"),

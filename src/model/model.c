@@ -1399,6 +1399,21 @@ int mt_model_pp_tied_embedding(const struct mt_model *m)
     return m->embed;
 }
 
+int mt_model_tensor_position(const struct mt_model *m, int i)
+{
+    const struct mt_param_info *t = &m->tensors[i];
+    if (t->layer >= 0) return t->layer;
+    /* the embedding is finished last, unless held as the last stage's LM head */
+    if (i == m->embed && !t->pp_replica) return -1;
+    return m->L;
+}
+
+void mt_model_set_grad_hook(struct mt_model *m, mt_model_grad_hook hook, void *ctx)
+{
+    m->grad_hook = hook;
+    m->grad_hook_ctx = ctx;
+}
+
 static void use_chunk(struct mt_model *m, int chunk)
 {
     m->l0 = m->chunk_l0[chunk];

@@ -58,6 +58,9 @@
 
 struct mt_model;
 
+/* Called by backward as it finishes a position (mt_model_set_grad_hook). */
+typedef int (*mt_model_grad_hook)(void *ctx, int position, struct mt_err *err);
+
 /* Which parallel dimension splits a dimension of a parameter tensor. */
 enum mt_split_dim { MT_SPLIT_NONE = 0, MT_SPLIT_TP, MT_SPLIT_EP, MT_SPLIT_ETP };
 
@@ -222,6 +225,17 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
  * gradients. */
 int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,
                             float *dx, struct mt_model_stats *st, struct mt_err *err);
+
+/* ---- gradient readiness, for communication that overlaps backward (the trainer's
+ * &parallel overlap_grad_reduce). A backward pass visits positions in descending order:
+ * the final norm and LM head (position num_layers), each layer l it runs (l), the
+ * embedding (-1); once it has finished position p, this pass adds nothing more to the
+ * gradients of the tensors at p (mt_model_tensor_position). hook(ctx, p, err) is then
+ * called (a non-zero return fails the pass with err). The model knows nothing of what
+ * the hook does; it is called in every backward pass (every micro-batch), the caller
+ * knows which pass is the last. NULL removes it. */
+int mt_model_tensor_position(const struct mt_model *m, int i);
+void mt_model_set_grad_hook(struct mt_model *m, mt_model_grad_hook hook, void *ctx);
 
 int mt_model_num_moe_layers(const struct mt_model *m);
 /* Per MoE layer, tokens routed to each expert since the last reset ([nmoe][num_experts],

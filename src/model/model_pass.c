@@ -446,6 +446,13 @@ static int head_fwd(const pass_t *p, long long valid)
     return MT_OK;
 }
 
+/* Tells the grad hook that this pass has finished position pos (model.h). */
+static int grads_done(const pass_t *p, int pos)
+{
+    struct mt_model *m = p->m;
+    return m->grad_hook ? m->grad_hook(m->grad_hook_ctx, pos, p->err) : MT_OK;
+}
+
 /* Backward of the layers [l0, l1) (descending). Full recompute: each group of layers
  * rebuilt by running its forward again from the group's kept input just before the
  * group's backward. Offloading: each layer's offloaded tensors copied back while the
@@ -468,6 +475,7 @@ static int layers_bwd(const pass_t *p, int l0, int l1)
         }
         MT_CHECK(mlp_block_bwd(p, l));
         MT_CHECK(attention_bwd(p, l));
+        MT_CHECK(grads_done(p, l));
     }
     return MT_OK;
 }
@@ -520,11 +528,12 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
     p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, ACT(&p, m->res[m->L], Nl, H),
                      W(&p, m->final_norm), m->lnf_rstd, Nl, H);
+    MT_CHECK(grads_done(&p, m->L));
     MT_CHECK(layers_bwd(&p, 0, m->L));
     float *d_emb = full_or(&p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H, MT_DT_F32));
     p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
-    return MT_OK;
+    return grads_done(&p, -1);
 }
 
 /* ------------------------------------------------------------ one pipeline stage */
@@ -613,6 +622,7 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
         p.o->memset(p.ctx, m->d_res, 0, sizeof(float) * (size_t)Nl * H);
         p.o->rmsnorm_bwd(p.ctx, m->d_res, G(&p, m->final_norm), m->d_ln, ACT(&p, m->res[m->L], Nl, H),
                          W(&p, m->final_norm), m->lnf_rstd, Nl, H);
+        MT_CHECK(grads_done(&p, m->L));
     } else {
         p.o->copy(p.ctx, m->d_res, dy, sizeof(float) * (size_t)Nl * H);
     }
@@ -624,5 +634,5 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
     float *d_emb = full_or(&p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(&p, d_emb, m->d_res, H, MT_DT_F32));
     p.o->embedding_bwd(p.ctx, G(&p, m->embed), d_emb, m->inputs_v, N, H);
-    return MT_OK;
+    return grads_done(&p, -1);
 }

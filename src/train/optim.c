@@ -9,6 +9,11 @@
  * owns [begin + r*shard, begin + (r+1)*shard) of it (clipped to end). */
 struct bucket {
     size_t begin, end, padded, shard, at; /* at: where its slice starts in the slice arrays */
+    int j0, j1;              /* the class's tensors [j0, j1) it holds a part of */
+    size_t packed_at;        /* overlap: where its own staging starts in o->packed */
+    int unready;             /* this step: its tensors (with elements) not yet final */
+    bool started;            /* this step: its reduction was started */
+    struct mt_comm_req req;
 };
 
 /* The parameters reduced over one data-parallel group, packed in table order. */
@@ -38,6 +43,15 @@ struct mt_optim {
     float *tp_stage;         /* TP-replicated gradients, packed */
     size_t tp_n;
     double *sumsq;           /* (1) backend memory: the squared norm being summed */
+    /* Readiness (see mt_optim_grads_ready): backward positions -1 .. npos-2 */
+    bool overlap;            /* &parallel overlap_grad_reduce: buckets start when ready */
+    int tied;                /* the embedding tied across pipeline stages, or -1 */
+    int npos;
+    bool *final;             /* per tensor: complete for this step */
+    bool *pos_done;          /* per position + 1: its tensors are final */
+    float *packed;           /* overlap: every bucket's own staging, padded */
+    size_t packed_n;
+    int early, last_early;   /* buckets started during backward: this step, the last */
 };
 
 /* ---- packed ranges ---------------------------------------------------------------------- */
@@ -109,22 +123,53 @@ static int build_class(struct mt_optim *o, struct klass *c, bool expert, struct 
     }
     size_t cap = bucket_elems ? bucket_elems : MT_OPTIM_BUCKET_ELEMS;
     if (!bucket_elems && cap < (size_t)1000000 * c->size) cap = (size_t)1000000 * c->size;
-    c->nbuckets = c->total ? (int)((c->total + cap - 1) / cap) : 0;
+    /* Cut points: every cap elements of the packed class, restarting at the two ends of
+     * an embedding tied across pipeline stages, which gets buckets of its own (as
+     * Megatron's shared_embedding): the rest need not wait for its sum over the
+     * embedding group. */
+    size_t seg[4] = {0, c->total, c->total, c->total};
+    int nseg = 1;
+    for (int j = 0; j < c->n; j++)
+        if (c->tensor[j] == o->tied && mt_model_tensor(o->model, o->tied)->numel) {
+            size_t a = c->at[j], e = a + mt_model_tensor(o->model, o->tied)->numel;
+            nseg = 0;
+            if (a > 0) seg[++nseg] = a;
+            seg[++nseg] = e;
+            if (e < c->total) seg[++nseg] = c->total;
+        }
+    c->nbuckets = 0;
+    for (int k = 0; k < nseg; k++)
+        c->nbuckets += (int)((seg[k + 1] - seg[k] + cap - 1) / cap);
     c->b = calloc((size_t)c->nbuckets + 1, sizeof *c->b);
     if (!c->b) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
-    for (int i = 0; i < c->nbuckets; i++) {
-        struct bucket *b = &c->b[i];
-        b->begin = (size_t)i * cap;
-        b->end = b->begin + cap < c->total ? b->begin + cap : c->total;
-        b->shard = (b->end - b->begin + (size_t)c->size - 1) / (size_t)c->size;
-        b->padded = b->shard * (size_t)c->size;
-        b->at = c->slices;
-        c->slices += b->shard;
-        if (b->padded > o->stage_n) o->stage_n = b->padded;
-        if (b->shard > o->slice_n) o->slice_n = b->shard;
-    }
+    int i = 0;
+    for (int k = 0; k < nseg; k++)
+        for (size_t at = seg[k]; at < seg[k + 1]; at += cap, i++) {
+            struct bucket *b = &c->b[i];
+            b->begin = at;
+            b->end = at + cap < seg[k + 1] ? at + cap : seg[k + 1];
+            b->shard = (b->end - b->begin + (size_t)c->size - 1) / (size_t)c->size;
+            b->padded = b->shard * (size_t)c->size;
+            b->at = c->slices;
+            c->slices += b->shard;
+            b->packed_at = o->packed_n;
+            o->packed_n += b->padded;
+            b->j0 = c->n;
+            b->j1 = 0;
+            for (int j = 0; j < c->n; j++) {
+                size_t ta = c->at[j], te = ta + mt_model_tensor(o->model, c->tensor[j])->numel;
+                if (ta < b->end && te > b->begin) {
+                    if (j < b->j0) b->j0 = j;
+                    b->j1 = j + 1;
+                }
+            }
+            if (b->padded > o->stage_n) o->stage_n = b->padded;
+            if (b->shard > o->slice_n) o->slice_n = b->shard;
+        }
     return MT_OK;
 }
+
+static void reset_readiness(struct mt_optim *o);
 
 static float *alloc_zero(const struct mt_kernels *k, size_t n)
 {
@@ -134,19 +179,32 @@ static float *alloc_zero(const struct mt_kernels *k, size_t n)
 }
 
 int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct mt_parallel *par,
-                    bool distributed, size_t bucket_elems, struct mt_optim **out,
-                    struct mt_err *err)
+                    const struct mt_optim_opts *opts, struct mt_optim **out, struct mt_err *err)
 {
     *out = NULL;
     struct mt_optim *o = calloc(1, sizeof *o);
     if (!o) return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+    const struct mt_optim_opts none = {0};
+    if (!opts) opts = &none;
+    const size_t bucket_elems = opts->bucket_elems;
     o->model = m;
     o->k = k;
     o->par = par;
-    o->zero = par && distributed;
+    o->zero = par && opts->distributed;
+    o->overlap = par && opts->overlap_grad_reduce;
     o->grad_scale = par ? 1.0 / par->dp : 1.0;
+    o->tied = mt_model_pp_tied_embedding(m);
     int rc = MT_OK;
     const size_t n = mt_model_num_params(m);
+    const int nt = mt_model_num_tensors(m);
+    for (int i = 0; i < nt; i++)
+        if (mt_model_tensor_position(m, i) + 2 > o->npos) o->npos = mt_model_tensor_position(m, i) + 2;
+    o->final = calloc((size_t)nt + 1, sizeof *o->final);
+    o->pos_done = calloc((size_t)o->npos + 1, sizeof *o->pos_done);
+    if (!o->final || !o->pos_done) {
+        rc = mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
+        goto fail;
+    }
     o->sumsq = k->op.alloc(k->ctx, sizeof(double));
     if (!o->sumsq) goto oom;
     if (par) {
@@ -158,6 +216,8 @@ int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct
         o->slice = alloc_zero(k, o->slice_n);
         o->tp_stage = par->tp > 1 ? alloc_zero(k, o->tp_n) : NULL;
         if (!o->stage || !o->slice || (par->tp > 1 && !o->tp_stage)) goto oom;
+        if (o->overlap && !(o->packed = alloc_zero(k, o->packed_n))) goto oom;
+        reset_readiness(o);
     }
     if (o->zero) {
         for (int i = 0; i < 2; i++) {
@@ -197,6 +257,9 @@ void mt_optim_destroy(struct mt_optim *o)
     if (o->stage) k->op.free(k->ctx, o->stage);
     if (o->slice) k->op.free(k->ctx, o->slice);
     if (o->tp_stage) k->op.free(k->ctx, o->tp_stage);
+    if (o->packed) k->op.free(k->ctx, o->packed);
+    free(o->final);
+    free(o->pos_done);
     if (o->m_full) k->op.free(k->ctx, o->m_full);
     if (o->v_full) k->op.free(k->ctx, o->v_full);
     if (o->sumsq) k->op.free(k->ctx, o->sumsq);
@@ -205,28 +268,33 @@ void mt_optim_destroy(struct mt_optim *o)
 
 /* ---- gradients -------------------------------------------------------------------------- */
 
-/* tp_stage <-> the gradients of the TP-replicated tensors, in table order. */
-static void tp_pack(struct mt_optim *o, float *g, bool to_packed)
+/* Sums over the TP group the gradients of the TP-replicated tensors at backward
+ * position pos (each TP rank computed the part of its tokens or heads), packed in table
+ * order into tp_stage. One reduction per position, overlapped or not, so that the sums
+ * are the same whichever way. */
+static int reduce_over_tp(struct mt_optim *o, int pos, struct mt_err *err)
 {
-    size_t at = 0;
-    for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
-        const struct mt_param_info *t = mt_model_tensor(o->model, i);
-        if (!t->tp_replicated) continue;
-        float *mine = g + t->offset, *packed = o->tp_stage + at;
-        o->k->op.copy(o->k->ctx, to_packed ? packed : mine, to_packed ? mine : packed,
-                      sizeof(float) * t->numel);
-        at += t->numel;
-    }
-}
-
-/* Sums the gradients of TP-replicated tensors over the TP group. */
-static int reduce_over_tp(struct mt_optim *o, struct mt_err *err)
-{
+    const struct mt_kernels *k = o->k;
     float *g = mt_model_grads(o->model);
-    tp_pack(o, g, true);
-    MT_CHECK(mt_all_reduce(o->par->comm[MT_GROUP_TP], o->tp_stage, o->tp_n, MT_DT_F32, MT_OP_SUM,
-                           err));
-    tp_pack(o, g, false);
+    size_t at = 0;
+    for (int pass = 0; pass < 3; pass++) { /* pack, (reduce), unpack */
+        if (pass == 1) {
+            if (!at) return MT_OK;
+            MT_CHECK(mt_all_reduce(o->par->comm[MT_GROUP_TP], o->tp_stage, at, MT_DT_F32,
+                                   MT_OP_SUM, err));
+            at = 0;
+            continue;
+        }
+        for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
+            const struct mt_param_info *t = mt_model_tensor(o->model, i);
+            if (!t->tp_replicated || !t->numel || mt_model_tensor_position(o->model, i) != pos)
+                continue;
+            float *mine = g + t->offset, *packed = o->tp_stage + at;
+            k->op.copy(k->ctx, pass == 0 ? packed : mine, pass == 0 ? mine : packed,
+                       sizeof(float) * t->numel);
+            at += t->numel;
+        }
+    }
     return MT_OK;
 }
 
@@ -254,6 +322,123 @@ static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
     c->o->k->op.sumsq(c->o->k->ctx, c->o->sumsq, c->g + in_range, n);
 }
 
+/* Where bucket b's reduction stages its gradients: its own part of o->packed when
+ * buckets are in flight together (overlap), else the one staging buffer. */
+static float *staging_of(const struct mt_optim *o, const struct bucket *b)
+{
+    return o->overlap ? o->packed + b->packed_at : o->stage;
+}
+
+/* Packs bucket b of class c and starts its reduction over c's group: a reduce-scatter
+ * into this rank's slice (ZeRO) or an all-reduce in place. */
+static int start_bucket(struct mt_optim *o, struct klass *c, struct bucket *b,
+                        struct mt_err *err)
+{
+    const struct mt_kernels *k = o->k;
+    float *st = staging_of(o, b);
+    b->started = true;
+    k->op.memset(k->ctx, st, 0, sizeof(float) * b->padded);
+    pack(o, c, mt_model_grads(o->model), b->begin, b->end, st, true);
+    if (c->size == 1) return MT_OK;
+    if (o->zero)
+        return mt_reduce_scatter_start(c->comm, st, c->grad + b->at, b->shard, MT_DT_F32,
+                                       MT_OP_SUM, &b->req, err);
+    return mt_all_reduce_start(c->comm, st, b->end - b->begin, MT_DT_F32, MT_OP_SUM, &b->req,
+                               err);
+}
+
+/* After bucket b's reduction: scaled to the global-batch mean; with ZeRO its slice's
+ * squares added to the norm, else the sum unpacked into the gradients. Run in bucket
+ * order, overlapped or not, so that the norm is summed in one order. */
+static int finish_bucket(struct mt_optim *o, struct klass *c, struct bucket *b,
+                         struct mt_err *err)
+{
+    const struct mt_kernels *k = o->k;
+    float *st = staging_of(o, b);
+    MT_CHECK(mt_comm_wait(&b->req, err));
+    if (o->zero) {
+        float *mine = c->grad + b->at;
+        if (c->size == 1) k->op.copy(k->ctx, mine, st, sizeof(float) * b->shard);
+        k->op.scale(k->ctx, mine, (float)o->grad_scale, b->shard);
+        size_t lo, hi;
+        slice_of(c, b, &lo, &hi);
+        struct norm_ctx nc = {o, mine};
+        for_each_segment(o, c, lo, hi, norm_seg, &nc);
+    } else {
+        k->op.scale(k->ctx, st, (float)o->grad_scale, b->end - b->begin);
+        pack(o, c, mt_model_grads(o->model), b->begin, b->end, st, false);
+    }
+    return MT_OK;
+}
+
+/* Tensor i is complete: the buckets holding part of it have one tensor less to wait for. */
+static void mark_final(struct mt_optim *o, int i)
+{
+    o->final[i] = true;
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            struct bucket *b = &c->b[bi];
+            for (int j = b->j0; j < b->j1; j++)
+                if (c->tensor[j] == i) b->unready--;
+        }
+    }
+}
+
+/* Every bucket's count of tensors to wait for, at the start of a step. */
+static void reset_readiness(struct mt_optim *o)
+{
+    memset(o->final, 0, sizeof *o->final * (size_t)mt_model_num_tensors(o->model));
+    memset(o->pos_done, 0, sizeof *o->pos_done * (size_t)o->npos);
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            struct bucket *b = &c->b[bi];
+            b->unready = 0;
+            b->started = false;
+            for (int j = b->j0; j < b->j1; j++)
+                b->unready += mt_model_tensor(o->model, c->tensor[j])->numel > 0;
+        }
+    }
+}
+
+/* Starts, last bucket first (the order backward completes them), every bucket whose
+ * tensors are all final. */
+static int start_ready(struct mt_optim *o, struct mt_err *err)
+{
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = c->nbuckets - 1; bi >= 0; bi--)
+            if (!c->b[bi].started && c->b[bi].unready == 0) {
+                MT_CHECK(start_bucket(o, c, &c->b[bi], err));
+                o->early++;
+            }
+    }
+    return MT_OK;
+}
+
+/* Position pos is complete: the TP sum of its replicated tensors, then they are final
+ * (the embedding tied across stages waits for its sum over the embedding group, after
+ * backward). */
+static int position_done(struct mt_optim *o, int pos, struct mt_err *err)
+{
+    if (pos < -1 || pos + 1 >= o->npos || o->pos_done[pos + 1]) return MT_OK;
+    o->pos_done[pos + 1] = true;
+    if (o->par->tp > 1) MT_CHECK(reduce_over_tp(o, pos, err));
+    for (int i = 0; i < mt_model_num_tensors(o->model); i++)
+        if (i != o->tied && mt_model_tensor_position(o->model, i) == pos &&
+            mt_model_tensor(o->model, i)->numel)
+            mark_final(o, i);
+    return MT_OK;
+}
+
+int mt_optim_grads_ready(struct mt_optim *o, int position, struct mt_err *err)
+{
+    if (!o->par || !o->overlap) return MT_OK;
+    MT_CHECK(position_done(o, position, err));
+    return start_ready(o, err);
+}
+
 /* The global gradient norm is summed on the backend (o->sumsq), reduced over the world
  * there, and read once. */
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
@@ -268,43 +453,33 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
         *norm = sqrt(s);
         return MT_OK;
     }
+    /* What backward did not report (all of it without overlap), position by position
+     * as backward finishes them. */
+    for (int pos = o->npos - 2; pos >= -1; pos--) MT_CHECK(position_done(o, pos, err));
     /* Pipeline parallelism with tied embeddings: the first stage's embedding and the
      * last stage's copy (its LM head) each got their part of the gradient; the sum
      * over the embedding group gives both the whole, so their updates stay equal. */
-    int tied = mt_model_pp_tied_embedding(o->model);
-    if (tied >= 0) {
-        const struct mt_param_info *t = mt_model_tensor(o->model, tied);
+    if (o->tied >= 0) {
+        const struct mt_param_info *t = mt_model_tensor(o->model, o->tied);
         MT_CHECK(mt_all_reduce(o->par->comm[MT_GROUP_EMBD], g + t->offset, t->numel, MT_DT_F32,
                                MT_OP_SUM, err));
+        if (t->numel) mark_final(o, o->tied);
     }
-    if (o->par->tp > 1) MT_CHECK(reduce_over_tp(o, err));
+    /* Overlapped: the buckets not started yet, then every one waited for and finished in
+     * bucket order. Not: each started, waited for and finished in turn (one staging). */
     for (int ci = 0; ci < 2; ci++) {
         struct klass *c = &o->c[ci];
         for (int bi = 0; bi < c->nbuckets; bi++) {
-            const struct bucket *b = &c->b[bi];
-            k->op.memset(k->ctx, o->stage, 0, sizeof(float) * b->padded);
-            pack(o, c, g, b->begin, b->end, o->stage, true);
-            if (o->zero) {
-                float *mine = c->grad + b->at;
-                if (c->size > 1)
-                    MT_CHECK(mt_reduce_scatter(c->comm, o->stage, mine, b->shard, MT_DT_F32,
-                                               MT_OP_SUM, err));
-                else
-                    k->op.copy(k->ctx, mine, o->stage, sizeof(float) * b->shard);
-                k->op.scale(k->ctx, mine, (float)o->grad_scale, b->shard);
-                size_t lo, hi;
-                slice_of(c, b, &lo, &hi);
-                struct norm_ctx nc = {o, mine};
-                for_each_segment(o, c, lo, hi, norm_seg, &nc);
-            } else {
-                if (c->size > 1)
-                    MT_CHECK(mt_all_reduce(c->comm, o->stage, b->end - b->begin, MT_DT_F32,
-                                           MT_OP_SUM, err));
-                k->op.scale(k->ctx, o->stage, (float)o->grad_scale, b->end - b->begin);
-                pack(o, c, g, b->begin, b->end, o->stage, false);
-            }
+            if (!c->b[bi].started) MT_CHECK(start_bucket(o, c, &c->b[bi], err));
+            if (!o->overlap) MT_CHECK(finish_bucket(o, c, &c->b[bi], err));
         }
     }
+    for (int ci = 0; o->overlap && ci < 2; ci++)
+        for (int bi = 0; bi < o->c[ci].nbuckets; bi++)
+            MT_CHECK(finish_bucket(o, &o->c[ci], &o->c[ci].b[bi], err));
+    o->last_early = o->early;
+    o->early = 0;
+    reset_readiness(o);
     if (!o->zero) {
         for (int i = 0; i < mt_model_num_tensors(o->model); i++) {
             const struct mt_param_info *t = mt_model_tensor(o->model, i);
@@ -473,12 +648,19 @@ int mt_optim_pieces(const struct mt_optim *o, struct mt_optim_piece **out, int *
 
 bool mt_optim_zero(const struct mt_optim *o) { return o->zero; }
 
+void mt_optim_overlap_counts(const struct mt_optim *o, int *early, int *total)
+{
+    *early = o->last_early;
+    *total = o->c[0].nbuckets + o->c[1].nbuckets;
+}
+
 void mt_optim_bytes(const struct mt_optim *o, struct mt_optim_bytes *b)
 {
     /* what mt_optim_create allocated (alloc_zero takes 1 value for an empty buffer) */
     size_t staging = 0;
     if (o->par) staging = (o->stage_n ? o->stage_n : 1) + (o->slice_n ? o->slice_n : 1) +
-                          (o->tp_stage ? (o->tp_n ? o->tp_n : 1) : 0);
+                          (o->tp_stage ? (o->tp_n ? o->tp_n : 1) : 0) +
+                          (o->packed ? (o->packed_n ? o->packed_n : 1) : 0);
     size_t slices = 0;
     for (int i = 0; o->zero && i < 2; i++) slices += o->c[i].slices ? o->c[i].slices : 1;
     b->moments = sizeof(float) * (o->zero ? 2 * slices : 2 * mt_model_num_params(o->model));

@@ -34,6 +34,9 @@ struct trainer {
     struct mt_model *model;
     struct mt_data *data;
     struct mt_optim *optim;
+    bool overlap_logged;          /* the first step's overlap said */
+    bool last_pass;               /* the backward running is its chunk's last of the step:
+                                     the gradients it finishes are complete (overlap) */
     int32_t *tokens;              /* (micro_batch, seq_length+1) */
     FILE *metrics;
     struct mt_ckpt_dir *save_dir; /* world rank 0's, with &checkpoint save set */
@@ -364,7 +367,10 @@ static int pp_bwd(struct trainer *t, struct pp_acc *a, int chunk, const float *d
 {
     const int mb = a->bwd[chunk]++;
     struct mt_model_stats s = { 0 };
-    MT_CHECK(mt_model_stage_backward(t->model, chunk, mb % t->nslots, dy, dx, &s, err));
+    t->last_pass = mb == t->layout->num_micro_batches - 1;
+    int rc = mt_model_stage_backward(t->model, chunk, mb % t->nslots, dy, dx, &s, err);
+    t->last_pass = false;
+    MT_CHECK(rc);
     a->offload[1] += s.offload_h2d_bytes;
     pp_track(t, chunk, -1);
     return MT_OK;
@@ -1074,6 +1080,22 @@ static int check_vpp(const struct mt_layout *l, struct mt_err *err)
                       l->vpp, MT_MAX_VPP);
 }
 
+/* The optimizer as &parallel configures it. */
+static struct mt_optim_opts optim_opts(const struct mt_config *c)
+{
+    return (struct mt_optim_opts){.distributed = c->parallel.use_distributed_optimizer,
+                                  .bucket_elems = (size_t)c->parallel.ddp_bucket_size,
+                                  .overlap_grad_reduce = c->parallel.overlap_grad_reduce};
+}
+
+/* The model's grad hook: in the last backward pass of a chunk, the gradients at the
+ * position it finished are complete. */
+static int grads_ready(void *ctx, int position, struct mt_err *err)
+{
+    struct trainer *t = ctx;
+    return t->last_pass ? mt_optim_grads_ready(t->optim, position, err) : MT_OK;
+}
+
 int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, int rank,
                         const struct mt_kernels *k, bool init,
                         size_t (*live)(const struct mt_kernels *k), struct mt_rank_memory *r,
@@ -1097,9 +1119,8 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
         rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
     if (rc == MT_OK && t.pp_comm) rc = setup_stage(&t, err);
     if (rc == MT_OK && init) mt_model_init(t.model, (unsigned long long)cfg->training.seed);
-    if (rc == MT_OK)
-        rc = mt_optim_create(t.model, k, t.par, cfg->parallel.use_distributed_optimizer, 0,
-                             &t.optim, err);
+    const struct mt_optim_opts oo = optim_opts(cfg);
+    if (rc == MT_OK) rc = mt_optim_create(t.model, k, t.par, &oo, &t.optim, err);
     if (rc == MT_OK) {
         memory_of(&t, r);
         /* the categories account for every byte held */
@@ -1323,8 +1344,12 @@ static int setup(struct trainer *t, struct mt_err *err)
     MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, t->par, &t->model, err));
     if (t->pp_comm) MT_CHECK(setup_stage(t, err));
     mt_model_init(t->model, (unsigned long long)c->training.seed);
-    MT_CHECK(mt_optim_create(t->model, t->k, t->par, c->parallel.use_distributed_optimizer, 0,
-                             &t->optim, err));
+    const struct mt_optim_opts oo = optim_opts(c);
+    MT_CHECK(mt_optim_create(t->model, t->k, t->par, &oo, &t->optim, err));
+    /* overlap_grad_reduce: the model tells, position by position, which gradients the
+     * last backward of a step has finished; the optimizer starts their buckets */
+    if (t->par && c->parallel.overlap_grad_reduce)
+        mt_model_set_grad_hook(t->model, grads_ready, t);
     t->tokens = malloc(sizeof(int32_t) * (size_t)c->training.micro_batch_size *
                        (size_t)(c->training.seq_length + 1));
     t->ncounts = (size_t)mt_model_num_moe_layers(t->model) * (size_t)c->moe.num_experts;
@@ -1418,8 +1443,10 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
                             micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
         struct mt_model_stats s = { 0 };
-        MT_CHECK(mt_model_forward_backward(t->model, t->tokens, mbs, 1.0f / (float)nmb, &s,
-                                           err));
+        t->last_pass = mb == nmb - 1;
+        int rc = mt_model_forward_backward(t->model, t->tokens, mbs, 1.0f / (float)nmb, &s, err);
+        t->last_pass = false;
+        MT_CHECK(rc);
         loss += s.lm_loss / all;
         auxz[0] += s.aux_loss / all;
         auxz[1] += s.z_loss / all;
@@ -1433,6 +1460,14 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     t->st.iteration++;
     double gnorm;
     MT_CHECK(mt_optim_reduce_grads(t->optim, &gnorm, err));
+    if (!t->overlap_logged && t->par && c->parallel.overlap_grad_reduce) {
+        int early, total;
+        mt_optim_overlap_counts(t->optim, &early, &total);
+        say(t, "overlap_grad_reduce: %d of %d gradient buckets were started during the "
+               "backward of the first step (rank 0), the rest after it\n",
+            early, total);
+        t->overlap_logged = true;
+    }
     double lr = mt_lr_at(&c->optimizer, t->st.iteration - 1);
     *lr_out = lr;
     if (!isfinite(loss) || !isfinite(gnorm)) {

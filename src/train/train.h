@@ -213,7 +213,8 @@ int mt_ckpt_cli(int argc, char **argv);
  *      the embedding group (MT_GROUP_EMBD), and only the first stage's copy counts in
  *      the norm and in checkpoints;
  *   1. the gradients of TP-replicated parameters (norms, router) are summed over the
- *      TP group (each TP rank computed the part of its tokens or heads);
+ *      TP group (each TP rank computed the part of its tokens or heads), one reduction
+ *      per backward position (a layer; the head; the embedding);
  *   2. each class's gradients are packed in table order into contiguous buckets and
  *      summed over its DP group: all-reduced, or, with the distributed optimizer
  *      (ZeRO-1, Megatron's use_distributed_optimizer), reduce-scattered so that each
@@ -232,13 +233,34 @@ int mt_ckpt_cli(int argc, char **argv);
 
 struct mt_optim;
 
-/* bucket_elems: the bucket size (0: the default above). */
+/* How the optimizer reduces and updates (NULL: all zero). */
+struct mt_optim_opts {
+    bool distributed;          /* ZeRO-1 (&parallel use_distributed_optimizer) */
+    size_t bucket_elems;       /* the bucket size (0: the default above) */
+    bool overlap_grad_reduce;  /* buckets started by mt_optim_grads_ready (see there) */
+};
+
+/* Buckets: each class is packed in table order and cut every bucket_elems elements
+ * (through tensors), except that an embedding tied across pipeline stages has buckets
+ * of its own (Megatron's shared_embedding rule). */
 int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct mt_parallel *par,
-                    bool distributed, size_t bucket_elems, struct mt_optim **out,
-                    struct mt_err *err);
+                    const struct mt_optim_opts *opts, struct mt_optim **out, struct mt_err *err);
 void mt_optim_destroy(struct mt_optim *o);
 
-/* Steps 1-3 above on the model's gradients; *norm is the global gradient norm. */
+/* &parallel overlap_grad_reduce: the last micro-batch's backward has finished position
+ * `position` (mt_model_set_grad_hook: num_layers for the final norm and LM head, a
+ * layer, -1 for the embedding): step 1 for the TP-replicated tensors there, then step
+ * 2 is started (not waited for) for every bucket whose tensors are all complete, last
+ * bucket first. Every rank of a group reports the same positions in the same order
+ * (they run the same schedule). Does nothing without overlap_grad_reduce or with one
+ * process. A step's buffers then stay in use until mt_optim_reduce_grads. */
+int mt_optim_grads_ready(struct mt_optim *o, int position, struct mt_err *err);
+
+/* Steps 0-3 above on the model's gradients, for what mt_optim_grads_ready has not
+ * started (everything without overlap), then every bucket waited for and finished in
+ * bucket order; *norm is the global gradient norm. Each bucket's reduction and the
+ * norm's order of summation are the same with and without overlap: the results are
+ * the same, bit for bit. */
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
 
 /* AdamW step number t (>= 1) with learning rate lr, gradients scaled by clip_coeff;
@@ -266,6 +288,9 @@ int mt_optim_pieces(const struct mt_optim *o, struct mt_optim_piece **out, int *
                     struct mt_err *err);
 /* Whether the moments are sharded over data parallelism (ZeRO-1). */
 bool mt_optim_zero(const struct mt_optim *o);
+/* The buckets of the last mt_optim_reduce_grads that mt_optim_grads_ready had started
+ * during backward, and all the buckets (of both classes). */
+void mt_optim_overlap_counts(const struct mt_optim *o, int *early, int *total);
 
 /* Bytes of backend memory the optimizer holds: moments (with ZeRO, gradient and moment
  * slices), its staging buffers and the norm accumulator. */

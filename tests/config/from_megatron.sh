@@ -79,13 +79,24 @@ grep -q 'layout: world 32 = TP 1 x CP 1 x PP 4 x DP 8; experts: ETP 1 x EP 8 x E
 from_megatron mixtral64 --world-size 64 -- "${MIXTRAL[@]}" --vocab-size 32000
 noted mixtral64 "valid for 64 processes (--world-size)"
 expect_error "pipeline_model_parallel_size" --world-size 16 -- "${MIXTRAL[@]}" --vocab-size 32000
+# Megatron's rules on the overlap flags, by moetrain's key names
+M1=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 256 --seq-length 32
+    --max-position-embeddings 32 --micro-batch-size 1 --mock-data)
+expect_error "overlap_param_gather = .true. needs use_distributed_optimizer" -- "${M1[@]}" \
+    --overlap-grad-reduce --overlap-param-gather
+expect_error "overlap_param_gather = .true. needs overlap_grad_reduce" -- "${M1[@]}" \
+    --use-distributed-optimizer --overlap-param-gather
+from_megatron buckets "${M1[@]}" --overlap-grad-reduce --ddp-bucket-size 1000
+has buckets 'ddp_bucket_size = 1000'
+has buckets 'overlap_grad_reduce = .true.'
 for kv in 'num_layers = 32' 'hidden_size = 4096' 'num_attention_heads = 32' 'num_query_groups = 8' \
     'ffn_hidden_size = 14336' 'vocab_size = 32000' 'max_position_embeddings = 32768' \
     'untie_embeddings_and_output_weights = .true.' 'init_method_std = 0.01' 'num_experts = 8' \
     'router_topk = 2' 'aux_loss_coeff = 0.01' "router_load_balancing_type = 'aux_loss'" \
     "token_dispatcher_type = 'allgather'" 'pipeline_model_parallel_size = 4' \
     'virtual_pipeline_model_parallel_size = 1' 'expert_model_parallel_size = 8' \
-    'sequence_parallel = .true.' 'use_distributed_optimizer = .true.' 'micro_batch_size = 1' \
+    'sequence_parallel = .true.' 'use_distributed_optimizer = .true.' \
+    'overlap_grad_reduce = .true.' 'overlap_param_gather = .true.' 'micro_batch_size = 1' \
     'global_batch_size = 128' 'seq_length = 4096' 'train_iters = 500000' 'lr = 0.0001' \
     'min_lr = 1e-05' "lr_decay_style = 'cosine'" 'lr_warmup_iters = 500' 'lr_decay_iters = 320000' \
     'weight_decay = 0.1' "params_dtype = 'bf16'" "data_path = '/data/mixtral_text_document'" \
@@ -97,7 +108,6 @@ noted mixtral "--num-layers-per-virtual-pipeline-stage 8: converted: parallel%vi
 noted mixtral "--moe-token-dispatcher-type (not given): default: Megatron's default allgather"
 noted mixtral "--moe-grouped-gemm: not applicable"
 noted mixtral "--tokenizer-type Llama2Tokenizer: not applicable: tokenize with moetrain-preprocess"
-noted mixtral "--overlap-grad-reduce: not applicable"
 noted mixtral "--no-load-optim: not implemented: loading a model without its optimizer state"
 noted mixtral "--tensorboard-dir /ckpt/mixtral/tensorboard: not applicable"
 grep -q 'unknown' mixtral.err && { cat mixtral.err; fail "a flag of the README's example is unknown to the table"; }
@@ -111,7 +121,8 @@ for f in "${MIXTRAL[@]}"; do
     --moe-aux-loss-coeff|--data-path|--split|--micro-batch-size|--global-batch-size|--lr|\
     --train-iters|--lr-decay-iters|--lr-decay-style|--min-lr|--weight-decay|--lr-warmup-iters|\
     --clip-grad|--bf16|--tensor-model-parallel-size|--pipeline-model-parallel-size|\
-    --sequence-parallel|--use-distributed-optimizer|--log-interval|--save-interval|\
+    --sequence-parallel|--use-distributed-optimizer|--overlap-grad-reduce|\
+    --overlap-param-gather|--log-interval|--save-interval|\
     --eval-interval|--eval-iters|--save|--load|--seq-length) ;;
     *) noted mixtral "  $f" ;;
     esac

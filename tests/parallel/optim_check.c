@@ -39,7 +39,8 @@ static void update(struct mt_model *model, const struct mt_parallel *par, bool z
 {
     const size_t n = mt_model_num_params(model);
     struct mt_optim *o;
-    CALL(mt_optim_create(model, mt_kernels_cpu(), par, zero, bucket, &o, &g_err));
+    const struct mt_optim_opts opts = {.distributed = zero, .bucket_elems = bucket};
+    CALL(mt_optim_create(model, mt_kernels_cpu(), par, &opts, &o, &g_err));
     memcpy(mt_model_params(model), p0, sizeof(float) * n);
     mt_model_params_updated(model);
     struct mt_config_optimizer c = {.lr = 1e-2, .weight_decay = 0.1, .adam_beta1 = 0.9,
@@ -56,7 +57,7 @@ static void update(struct mt_model *model, const struct mt_parallel *par, bool z
     CALL(mt_optim_export(o, r->m, r->v, &g_err));
     if (zero) {
         struct mt_optim *plain;
-        CALL(mt_optim_create(model, mt_kernels_cpu(), par, false, 0, &plain, &g_err));
+        CALL(mt_optim_create(model, mt_kernels_cpu(), par, NULL, &plain, &g_err));
         if (par->dp > 1 && !(mt_optim_memory(o) < mt_optim_memory(plain))) {
             fprintf(stderr, "optim_check: ZeRO holds %zu bytes, the plain optimizer %zu\n",
                     mt_optim_memory(o), mt_optim_memory(plain));
