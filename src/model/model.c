@@ -1408,10 +1408,9 @@ int mt_model_tensor_position(const struct mt_model *m, int i)
     return m->L;
 }
 
-void mt_model_set_grad_hook(struct mt_model *m, mt_model_grad_hook hook, void *ctx)
+void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *hooks)
 {
-    m->grad_hook = hook;
-    m->grad_hook_ctx = ctx;
+    m->hooks = hooks ? *hooks : (struct mt_model_hooks){0};
 }
 
 static void use_chunk(struct mt_model *m, int chunk)
@@ -1675,6 +1674,15 @@ void mt_model_params_updated(struct mt_model *m)
     if (m->bf16)
         m->k->op.convert(m->k->ctx, mt_tview(m->work, m->wdt, 1, (int64_t)m->nparams),
                          mt_f32(m->params, 1, (int64_t)m->nparams));
+}
+
+void mt_model_params_updated_range(struct mt_model *m, size_t offset, size_t n)
+{
+    if (m->bf16 && n)
+        m->k->op.convert(m->k->ctx,
+                         mt_tview((char *)m->work + offset * mt_dtype_size(m->wdt), m->wdt, 1,
+                                  (int64_t)n),
+                         mt_f32(m->params + offset, 1, (int64_t)n));
 }
 
 void mt_model_zero_grad(struct mt_model *m)

@@ -58,8 +58,15 @@
 
 struct mt_model;
 
-/* Called by backward as it finishes a position (mt_model_set_grad_hook). */
-typedef int (*mt_model_grad_hook)(void *ctx, int position, struct mt_err *err);
+/* What the passes tell the trainer as they go (mt_model_set_hooks); either may be NULL.
+ * A non-zero return fails the pass with err. */
+struct mt_model_hooks {
+    /* backward has finished `position`: it adds nothing more to the gradients there */
+    int (*grads_done)(void *ctx, int position, struct mt_err *err);
+    /* forward is about to read the weights at `position` (also in evaluation) */
+    int (*weights_needed)(void *ctx, int position, struct mt_err *err);
+    void *ctx;
+};
 
 /* Which parallel dimension splits a dimension of a parameter tensor. */
 enum mt_split_dim { MT_SPLIT_NONE = 0, MT_SPLIT_TP, MT_SPLIT_EP, MT_SPLIT_ETP };
@@ -226,16 +233,21 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
 int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,
                             float *dx, struct mt_model_stats *st, struct mt_err *err);
 
-/* ---- gradient readiness, for communication that overlaps backward (the trainer's
- * &parallel overlap_grad_reduce). A backward pass visits positions in descending order:
- * the final norm and LM head (position num_layers), each layer l it runs (l), the
- * embedding (-1); once it has finished position p, this pass adds nothing more to the
- * gradients of the tensors at p (mt_model_tensor_position). hook(ctx, p, err) is then
- * called (a non-zero return fails the pass with err). The model knows nothing of what
- * the hook does; it is called in every backward pass (every micro-batch), the caller
- * knows which pass is the last. NULL removes it. */
+/* ---- positions, for communication that overlaps the passes (the trainer's &parallel
+ * overlap_grad_reduce and overlap_param_gather). Every tensor has a position
+ * (mt_model_tensor_position): its layer, -1 for the embedding, num_layers for the
+ * final norm and the LM head (and the tied embedding's copy on the last pipeline
+ * stage). A forward pass visits the positions it runs in ascending order and calls
+ * hooks->weights_needed(p) before it first reads the weights at p; a backward pass
+ * visits them in descending order and calls hooks->grads_done(p) once it adds nothing
+ * more to the gradients at p. The model knows nothing of what the hooks do; they are
+ * called in every pass (every micro-batch; the caller knows which one is the last).
+ * hooks NULL removes them. */
 int mt_model_tensor_position(const struct mt_model *m, int i);
-void mt_model_set_grad_hook(struct mt_model *m, mt_model_grad_hook hook, void *ctx);
+void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *hooks);
+/* After params[offset, offset + n) changed: refresh that part of the bf16 working copy
+ * (mt_model_params_updated for a part, with the same values). */
+void mt_model_params_updated_range(struct mt_model *m, size_t offset, size_t n);
 
 int mt_model_num_moe_layers(const struct mt_model *m);
 /* Per MoE layer, tokens routed to each expert since the last reset ([nmoe][num_experts],

@@ -216,8 +216,7 @@ struct mt_model {
     unsigned *drop;
     int *rc_first;
     struct mt_offload off;      /* activation offloading (model_offload.c) */
-    mt_model_grad_hook grad_hook; /* told as backward finishes each position (may be NULL) */
-    void *grad_hook_ctx;
+    struct mt_model_hooks hooks; /* told as the passes go (mt_model_set_hooks) */
     void *rc_mem;               /* the recompute buffer: one per rank, shared by every
                                    layer, slot and chunk (backward rebuilds one group at
                                    a time) */

@@ -446,11 +446,18 @@ static int head_fwd(const pass_t *p, long long valid)
     return MT_OK;
 }
 
-/* Tells the grad hook that this pass has finished position pos (model.h). */
+/* Tells the hooks that this pass has finished position pos (model.h). */
 static int grads_done(const pass_t *p, int pos)
 {
     struct mt_model *m = p->m;
-    return m->grad_hook ? m->grad_hook(m->grad_hook_ctx, pos, p->err) : MT_OK;
+    return m->hooks.grads_done ? m->hooks.grads_done(m->hooks.ctx, pos, p->err) : MT_OK;
+}
+
+/* Tells the hooks that this pass is about to read the weights at position pos. */
+static int weights_needed(const pass_t *p, int pos)
+{
+    struct mt_model *m = p->m;
+    return m->hooks.weights_needed ? m->hooks.weights_needed(m->hooks.ctx, pos, p->err) : MT_OK;
 }
 
 /* Backward of the layers [l0, l1) (descending). Full recompute: each group of layers
@@ -507,12 +514,15 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
     const int H = m->H, V = m->V_l;
 
     /* forward */
+    MT_CHECK(weights_needed(&p, -1));
     MT_CHECK(embed(&p));
     for (int l = 0; l < m->L; l++) {
+        MT_CHECK(weights_needed(&p, l));
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
     MT_CHECK(mt_moe_route_stats(&p));
+    MT_CHECK(weights_needed(&p, m->L));
     MT_CHECK(head_fwd(&p, valid));
     if (!backward) return MT_OK;
 
@@ -580,11 +590,14 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
     sl->valid = valid;
     sl->loss_scale = loss_scale;
     const size_t act_bytes = mt_dtype_size(m->adt) * (size_t)Nl * H;
-    if (m->first)
+    if (m->first) {
+        MT_CHECK(weights_needed(&p, -1));
         MT_CHECK(embed(&p));
-    else
+    } else {
         p.o->copy(p.ctx, m->res[m->l0], x_in, act_bytes);
+    }
     for (int l = m->l0; l < m->l1; l++) {
+        MT_CHECK(weights_needed(&p, l));
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
@@ -593,6 +606,7 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
         p.o->copy(p.ctx, x_out, m->res[m->l1], act_bytes);
         return MT_OK;
     }
+    MT_CHECK(weights_needed(&p, m->L));
     return head_fwd(&p, valid);
 }
 

@@ -13,6 +13,7 @@ struct bucket {
     size_t packed_at;        /* overlap: where its own staging starts in o->packed */
     int unready;             /* this step: its tensors (with elements) not yet final */
     bool started;            /* this step: its reduction was started */
+    bool gathering;          /* overlap_param_gather: its updated parameters in flight */
     struct mt_comm_req req;
 };
 
@@ -45,6 +46,8 @@ struct mt_optim {
     double *sumsq;           /* (1) backend memory: the squared norm being summed */
     /* Readiness (see mt_optim_grads_ready): backward positions -1 .. npos-2 */
     bool overlap;            /* &parallel overlap_grad_reduce: buckets start when ready */
+    bool overlap_params;     /* &parallel overlap_param_gather: gathers waited at first use */
+    int gathers;             /* buckets gathering */
     int tied;                /* the embedding tied across pipeline stages, or -1 */
     int npos;
     bool *final;             /* per tensor: complete for this step */
@@ -192,6 +195,7 @@ int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct
     o->par = par;
     o->zero = par && opts->distributed;
     o->overlap = par && opts->overlap_grad_reduce;
+    o->overlap_params = o->overlap && o->zero && opts->overlap_param_gather;
     o->grad_scale = par ? 1.0 / par->dp : 1.0;
     o->tied = mt_model_pp_tied_embedding(m);
     int rc = MT_OK;
@@ -322,6 +326,9 @@ static void norm_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
     c->o->k->op.sumsq(c->o->k->ctx, c->o->sumsq, c->g + in_range, n);
 }
 
+static int finish_gather(struct mt_optim *o, struct klass *c, struct bucket *b,
+                         struct mt_err *err);
+
 /* Where bucket b's reduction stages its gradients: its own part of o->packed when
  * buckets are in flight together (overlap), else the one staging buffer. */
 static float *staging_of(const struct mt_optim *o, const struct bucket *b)
@@ -336,6 +343,7 @@ static int start_bucket(struct mt_optim *o, struct klass *c, struct bucket *b,
 {
     const struct mt_kernels *k = o->k;
     float *st = staging_of(o, b);
+    if (b->gathering) MT_CHECK(finish_gather(o, c, b, err)); /* the staging is shared */
     b->started = true;
     k->op.memset(k->ctx, st, 0, sizeof(float) * b->padded);
     pack(o, c, mt_model_grads(o->model), b->begin, b->end, st, true);
@@ -515,6 +523,86 @@ static void adam_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
                       (float)c->adam_eps, wd, a->clip, a->t);
 }
 
+/* overlap_param_gather: each bucket's slice updated in place in its block of the
+ * bucket's staging (the same AdamW on the same values as mt_optim_step's other path),
+ * whose all-gather is started and left in flight: mt_optim_params_needed or
+ * mt_optim_params_wait completes it, unpacks and refreshes the working copy. */
+static int step_gathers_started(struct mt_optim *o, const struct mt_config_optimizer *c,
+                                double lr, double clip_coeff, long long t, struct mt_err *err)
+{
+    float *params = mt_model_params(o->model);
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *cl = &o->c[ci];
+        for (int bi = 0; bi < cl->nbuckets; bi++) {
+            struct bucket *b = &cl->b[bi];
+            float *st = staging_of(o, b), *mine = st + (size_t)cl->rank * b->shard;
+            size_t lo, hi;
+            slice_of(cl, b, &lo, &hi);
+            o->k->op.memset(o->k->ctx, mine, 0, sizeof(float) * b->shard);
+            pack(o, cl, params, lo, hi, mine, true);
+            struct adam_ctx a = {o, c, mine, cl->grad + b->at, cl->m + b->at, cl->v + b->at,
+                                 (float)lr, (float)clip_coeff, t};
+            for_each_segment(o, cl, lo, hi, adam_seg, &a);
+            if (cl->size > 1)
+                MT_CHECK(mt_all_gather_start(cl->comm, mine, st, b->shard, MT_DT_F32, &b->req,
+                                             err));
+            b->gathering = true;
+            o->gathers++;
+        }
+    }
+    return MT_OK;
+}
+
+struct refresh_ctx {
+    struct mt_model *m;
+};
+
+static void refresh_seg(void *p, const struct mt_param_info *t, size_t in_tensor,
+                        size_t in_range, size_t n)
+{
+    (void)in_range;
+    mt_model_params_updated_range(((struct refresh_ctx *)p)->m, t->offset + in_tensor, n);
+}
+
+/* Bucket b's gathered parameters into the model, and their working copy refreshed. */
+static int finish_gather(struct mt_optim *o, struct klass *c, struct bucket *b,
+                         struct mt_err *err)
+{
+    MT_CHECK(mt_comm_wait(&b->req, err));
+    b->gathering = false;
+    o->gathers--;
+    pack(o, c, mt_model_params(o->model), b->begin, b->end, staging_of(o, b), false);
+    struct refresh_ctx rc = {o->model};
+    for_each_segment(o, c, b->begin, b->end, refresh_seg, &rc);
+    return MT_OK;
+}
+
+int mt_optim_params_needed(struct mt_optim *o, int position, struct mt_err *err)
+{
+    for (int ci = 0; o->gathers && ci < 2; ci++) {
+        struct klass *c = &o->c[ci];
+        for (int bi = 0; bi < c->nbuckets; bi++) {
+            struct bucket *b = &c->b[bi];
+            if (!b->gathering) continue;
+            for (int j = b->j0; j < b->j1; j++)
+                if (mt_model_tensor_position(o->model, c->tensor[j]) == position &&
+                    mt_model_tensor(o->model, c->tensor[j])->numel) {
+                    MT_CHECK(finish_gather(o, c, b, err));
+                    break;
+                }
+        }
+    }
+    return MT_OK;
+}
+
+int mt_optim_params_wait(struct mt_optim *o, struct mt_err *err)
+{
+    for (int ci = 0; o->gathers && ci < 2; ci++)
+        for (int bi = 0; bi < o->c[ci].nbuckets; bi++)
+            if (o->c[ci].b[bi].gathering) MT_CHECK(finish_gather(o, &o->c[ci], &o->c[ci].b[bi], err));
+    return MT_OK;
+}
+
 int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                   double clip_coeff, long long t, struct mt_err *err)
 {
@@ -531,6 +619,7 @@ int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, doubl
         mt_model_params_updated(m);
         return MT_OK;
     }
+    if (o->overlap_params) return step_gathers_started(o, c, lr, clip_coeff, t, err);
     /* ZeRO: update this rank's slices of the master weights, then gather every slice */
     for (int ci = 0; ci < 2; ci++) {
         struct klass *cl = &o->c[ci];

@@ -255,6 +255,7 @@ static int finish_save(struct trainer *t, struct mt_err *err)
 static int save_checkpoint(struct trainer *t, struct mt_err *err)
 {
     MT_CHECK(finish_save(t, err));
+    MT_CHECK(mt_optim_params_wait(t->optim, err)); /* never the parameters before the step */
     const struct mt_config_checkpoint *ck = &t->cfg->checkpoint;
     MT_CHECK(mt_ckpt_save_start(t->save_dir, t->model, t->optim, t->par, t->cfg, &t->st,
                                 t->config_text, ck->async_save ? &t->staging : NULL,
@@ -726,6 +727,7 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
                         : 0;
     double sum[2] = {0.0, 0.0}; /* loss x tokens, tokens */
     double t0 = now_ms();
+    MT_CHECK(mt_optim_params_wait(t->optim, err)); /* the step's parameters, whole */
     for (int it = 0; it < tr->eval_iters; it++) {
         for (int mb = 0; mb < t->layout->num_micro_batches; mb++) {
             uint64_t first = micro_batch_start(t, base + (uint64_t)it * gbs, mb);
@@ -1085,7 +1087,16 @@ static struct mt_optim_opts optim_opts(const struct mt_config *c)
 {
     return (struct mt_optim_opts){.distributed = c->parallel.use_distributed_optimizer,
                                   .bucket_elems = (size_t)c->parallel.ddp_bucket_size,
-                                  .overlap_grad_reduce = c->parallel.overlap_grad_reduce};
+                                  .overlap_grad_reduce = c->parallel.overlap_grad_reduce,
+                                  .overlap_param_gather = c->parallel.overlap_param_gather};
+}
+
+/* The model's hook before forward reads the weights at a position: their all-gather
+ * (overlap_param_gather) is complete. */
+static int weights_needed(void *ctx, int position, struct mt_err *err)
+{
+    struct trainer *t = ctx;
+    return mt_optim_params_needed(t->optim, position, err);
 }
 
 /* The model's grad hook: in the last backward pass of a chunk, the gradients at the
@@ -1346,10 +1357,16 @@ static int setup(struct trainer *t, struct mt_err *err)
     mt_model_init(t->model, (unsigned long long)c->training.seed);
     const struct mt_optim_opts oo = optim_opts(c);
     MT_CHECK(mt_optim_create(t->model, t->k, t->par, &oo, &t->optim, err));
-    /* overlap_grad_reduce: the model tells, position by position, which gradients the
-     * last backward of a step has finished; the optimizer starts their buckets */
+    /* overlap: the model tells, position by position, which gradients the last
+     * backward of a step has finished (the optimizer starts their buckets) and which
+     * weights forward is about to read (the optimizer completes their all-gathers) */
     if (t->par && c->parallel.overlap_grad_reduce)
-        mt_model_set_grad_hook(t->model, grads_ready, t);
+        mt_model_set_hooks(t->model, &(struct mt_model_hooks){
+                                         .grads_done = grads_ready,
+                                         .weights_needed = c->parallel.overlap_param_gather
+                                                               ? weights_needed
+                                                               : NULL,
+                                         .ctx = t});
     t->tokens = malloc(sizeof(int32_t) * (size_t)c->training.micro_batch_size *
                        (size_t)(c->training.seq_length + 1));
     t->ncounts = (size_t)mt_model_num_moe_layers(t->model) * (size_t)c->moe.num_experts;
@@ -1596,6 +1613,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
             if (ck->save[0] && last_saved != it) rc = save_checkpoint_gc(&t, err);
             if (rc == MT_OK) rc = finish_save(&t, err);
             say(&t, "exiting at iteration %lld (exit_interval = %d)\n", it, tr->exit_interval);
+            if (rc == MT_OK) rc = mt_optim_params_wait(t.optim, err);
             teardown(&t);
             return rc;
         }
@@ -1612,6 +1630,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         say(&t, "stopping at iteration %lld on signal %d (%s)%s\n", t.st.iteration, *stopped_by,
             strsignal(*stopped_by),
             !ck->save[0] ? ": no checkpoint%save is set, nothing saved" : "");
+        if (rc == MT_OK) rc = mt_optim_params_wait(t.optim, err);
         teardown(&t);
         return rc;
     }
@@ -1625,6 +1644,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
     if (rc == MT_OK && do_eval_end) rc = evaluate_gc(&t, MT_SPLIT_VALID, "validation", err);
     if (rc == MT_OK) rc = evaluate_gc(&t, MT_SPLIT_TEST, "test", err);
     if (rc == MT_OK) rc = finish_save(&t, err); /* an async save written during evaluation */
+    if (rc == MT_OK) rc = mt_optim_params_wait(t.optim, err); /* none left in flight */
     teardown(&t);
     return rc;
 }

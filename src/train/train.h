@@ -238,6 +238,9 @@ struct mt_optim_opts {
     bool distributed;          /* ZeRO-1 (&parallel use_distributed_optimizer) */
     size_t bucket_elems;       /* the bucket size (0: the default above) */
     bool overlap_grad_reduce;  /* buckets started by mt_optim_grads_ready (see there) */
+    bool overlap_param_gather; /* with ZeRO and overlap_grad_reduce: mt_optim_step leaves
+                                  each bucket's all-gather in flight (see
+                                  mt_optim_params_needed) */
 };
 
 /* Buckets: each class is packed in table order and cut every bucket_elems elements
@@ -264,9 +267,19 @@ int mt_optim_grads_ready(struct mt_optim *o, int position, struct mt_err *err);
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
 
 /* AdamW step number t (>= 1) with learning rate lr, gradients scaled by clip_coeff;
- * then the model's working copy is refreshed. */
+ * then the model's working copy is refreshed. With overlap_param_gather the updated
+ * slices' all-gathers are started, bucket by bucket, and left in flight: the model's
+ * parameters (and working copy) are not current until mt_optim_params_needed has seen
+ * their position or mt_optim_params_wait has run. */
 int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                   double clip_coeff, long long t, struct mt_err *err);
+/* overlap_param_gather: forward is about to read the weights at `position`
+ * (mt_model_set_hooks): every bucket in flight that holds a part of them is waited for,
+ * unpacked and refreshed. Nothing to do otherwise. */
+int mt_optim_params_needed(struct mt_optim *o, int position, struct mt_err *err);
+/* Every all-gather in flight completed: the parameters are current (before a checkpoint
+ * is saved, an evaluation, the end of a run). */
+int mt_optim_params_wait(struct mt_optim *o, struct mt_err *err);
 
 /* The moments of every parameter this rank holds, in the model's layout (m, v have
  * mt_model_num_params values); with ZeRO gathered from the slices (a collective over
