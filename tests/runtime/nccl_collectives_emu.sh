@@ -10,7 +10,11 @@
 #     first, ungrouped; found by NCCL's timeout, or by comm_nccl.c's, which aborts the
 #     communicator), ranks that all-reduce different counts, a peer that leaves;
 #   - moetrain-emu --backend cuda on 2 processes (data parallel, device buffers through
-#     the emulated NCCL): 2 iterations' loss and gradient norm as one process's.
+#     the emulated NCCL): 2 iterations' loss and gradient norm as one process's;
+#   - the same with ZeRO-1, without and with overlap_grad_reduce and overlap_param_gather
+#     (nonblocking NCCL collectives ordered by events, device work deferred per stream
+#     so that a missing event shows): the same figures, bit for bit, and not one host
+#     synchronisation more.
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
@@ -83,3 +87,27 @@ for key in loss grad_norm; do
         fail "$key differs by more than 1e-5 relative between 1 and 2 processes"
 done
 echo "ok: moetrain-emu --backend=cuda on 2 processes (data parallel over the emulated NCCL)"
+
+# Overlap over the emulated NCCL: ZeRO-1 with buckets of 20000 elements, without and with
+# both overlap keys, the overlapped run's device work deferred per stream (it runs only
+# when an event or a synchronisation asks for it).
+mkdir zero overlap
+(cd zero && mpirun_np 2 "$emu" "$@" parallel%distributed_timeout_minutes=1 \
+    parallel%use_distributed_optimizer=T parallel%ddp_bucket_size=20000 > out.log 2>&1 < /dev/null) ||
+    { cat zero/out.log; fail "moetrain-emu on two processes (ZeRO-1)"; }
+(cd overlap && MT_EMU_STREAMS=deferred mpirun_np 2 "$emu" "$@" parallel%distributed_timeout_minutes=1 \
+    parallel%use_distributed_optimizer=T parallel%ddp_bucket_size=20000 \
+    parallel%overlap_grad_reduce=T parallel%overlap_param_gather=T > out.log 2>&1 < /dev/null) ||
+    { cat overlap/out.log; fail "moetrain-emu on two processes (ZeRO-1, overlapped)"; }
+grep -q 'overlap_grad_reduce: [1-9][0-9]* of [0-9]* gradient buckets were started during the backward' overlap/out.log ||
+    { cat overlap/out.log; fail "overlapped run: no bucket started during backward"; }
+for key in loss grad_norm; do
+    values $key zero > a; values $key overlap > b
+    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the overlapped run differs from the ZeRO-1 run"; }
+done
+syncs() { sed -n 's/^moetrain: host costs of the cuda backend since it started: [0-9]* kernel launches, \([0-9]*\) host synchronisations.*/\1/p' "$1/out.log" | sort -u; }
+[ -n "$(syncs zero)" ] && [ "$(syncs zero)" = "$(syncs overlap)" ] ||
+    { grep -h 'host costs' zero/out.log overlap/out.log; fail "the overlapped run's host synchronisations differ"; }
+grep -q 'host synchronisations (the same)' overlap/out.log ||
+    { cat overlap/out.log; fail "overlapped run: the emulator did not see the backend's count"; }
+echo "ok: ZeRO-1 overlapped over the emulated NCCL: the same losses and norms, $(syncs overlap) host synchronisations as without"
