@@ -7,7 +7,7 @@
 # after every step (saved and evaluated right after the step, while the all-gathers are
 # in flight: a save or an evaluation that did not wait would see the old parameters).
 # Once more saved and evaluated only at the end: the next step's forward waits for
-# each bucket just before it reads its weights.
+# each bucket just before it reads its weights. And on the guard backend.
 # Over DP 2 with ZeRO-1 (also bf16) and without, TP 2 x DP 2 (TP-replicated gradients
 # summed over TP before their bucket's DP reduction) with EP 2 (the experts' buckets
 # over the expert-DP group), PP 2 x DP 2 with tied embeddings (the embedding group's
@@ -92,6 +92,12 @@ pp2_dp2_tied_zero1 4 $L4 $TIED $PP2 $ZERO
 pp2_vpp2_dp2 4 $L4 $PP2 $VPP2
 pp2_vpp2_dp2_zero1 4 $L4 $PP2 $VPP2 $ZERO
 LAYOUTS
+
+# The guard backend (device memory that host code cannot touch; the collectives on it
+# complete where they start, doc/host-overhead.md): the same, bit for bit
+# shellcheck disable=SC2086
+run dp2_zero1_guard 2 --backend=guard $SHORT $ZERO $GATHER
+same_bits dp2_zero1 dp2_zero1_guard
 
 # Megatron's rules, by moetrain's key names
 "$MOETRAIN" "$nml" --check --world-size 2 parallel%overlap_param_gather=T $ON > err.out 2>&1 &&
