@@ -7,7 +7,9 @@
 #include "runtime/comm_internal.h"
 
 /* Communicators of a plan know their rank and size and carry nothing: setting a model
- * and optimizer up communicates nothing, and a call would be a bug to report. */
+ * and optimizer up communicates nothing, and a call would be a bug to report. They have
+ * no nonblocking starts: mt_all_reduce_start and the others run the blocking calls
+ * below, which refuse alike. */
 static int refuse(struct mt_comm *c, struct mt_err *err)
 {
     return mt_err_set(err, MT_ERUNTIME, "communicator %s of a memory plan was asked to "

@@ -118,6 +118,75 @@ static void test_self_collectives(void **state)
     mt_comm_destroy(c);
 }
 
+/* Nonblocking collectives on a group of one: done at the start, nothing pending; a
+ * pending request is not started over. */
+static void test_self_nonblocking(void **state)
+{
+    (void)state;
+    struct mt_comm *c;
+    struct mt_err err = { 0 };
+    assert_int_equal(mt_comm_self_create("self", 0, &c, &err), MT_OK);
+    struct mt_comm_req q = { 0 };
+    int32_t in[4] = { 5, 6, 7, 8 }, out[4] = { 0 };
+    assert_int_equal(mt_reduce_scatter_start(c, in, out, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_memory_equal(in, out, sizeof in);
+    memset(out, 0, sizeof out);
+    assert_int_equal(mt_all_gather_start(c, in, out, 4, MT_DT_I32, &q, &err), MT_OK);
+    assert_memory_equal(in, out, sizeof in);
+    assert_int_equal(mt_all_reduce_start(c, in, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
+    assert_int_equal(mt_comm_wait(&q, &err), MT_OK);
+    assert_int_equal(mt_all_reduce_start(c, in, 4, MT_DT_BF16, MT_OP_SUM, &q, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "bf16"));
+    assert_int_equal(mt_reduce_scatter_start(c, in, out, 4, MT_DT_I32, MT_OP_SUM, NULL, &err),
+                     MT_EINVAL);
+    /* a request that still holds a collective is refused */
+    q.comm = c;
+    q.op = "all_gather";
+    assert_int_equal(mt_all_reduce_start(c, in, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "not waited for"));
+    mt_comm_destroy(c);
+}
+
+/* The dual comm: a start on host memory goes to the host comm; on device memory to the
+ * device comm, or, when the transport needs enter/leave around a call (the guard
+ * backend's memory, mapped only during a call), completed at the start between them. */
+static int fake_device[8], entered, left;
+static bool is_fake_device(void *arg, const void *p)
+{
+    (void)arg;
+    return (const int *)p >= fake_device && (const int *)p < fake_device + 8;
+}
+static void enter(void *arg) { (void)arg; entered++; }
+static void leave(void *arg) { (void)arg; left++; }
+
+static void test_dual_nonblocking(void **state)
+{
+    (void)state;
+    struct mt_err err = { 0 };
+    struct mt_comm *host, *dev, *d;
+    assert_int_equal(mt_comm_self_create("host", 0, &host, &err), MT_OK);
+    assert_int_equal(mt_comm_self_create("dev", 0, &dev, &err), MT_OK);
+    const struct mt_device_memory guarded = { NULL, is_fake_device, enter, leave };
+    assert_int_equal(mt_comm_dual_create(host, dev, true, &guarded, &d, &err), MT_OK);
+    struct mt_comm_req q = { 0 };
+    int32_t h[4] = { 1, 2, 3, 4 };
+    for (int i = 0; i < 4; i++) fake_device[i] = 10 + i;
+    assert_int_equal(mt_all_gather_start(d, fake_device, fake_device + 4, 4, MT_DT_I32, &q, &err),
+                     MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_true(entered == 1 && left == 1);
+    assert_int_equal(fake_device[4], 10);
+    assert_int_equal(mt_all_reduce_start(d, h, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
+    assert_true(entered == 1 && left == 1); /* host memory: the host comm's */
+    assert_int_equal(mt_all_reduce_start(d, h, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
+    assert_int_equal(mt_reduce_scatter_start(d, h, fake_device, 4, MT_DT_I32, MT_OP_SUM, &q, &err),
+                     MT_EINVAL); /* both sides */
+    assert_non_null(strstr(err.msg, "host and device"));
+    mt_comm_destroy(d);
+    mt_comm_destroy(host);
+}
+
 /* A send to oneself waits for its recv; tags pick the message. */
 static void test_self_send_recv(void **state)
 {
@@ -229,6 +298,8 @@ int main(void)
         cmocka_unit_test(test_dt_size),
         cmocka_unit_test(test_world_of_one),
         cmocka_unit_test(test_self_collectives),
+        cmocka_unit_test(test_self_nonblocking),
+        cmocka_unit_test(test_dual_nonblocking),
         cmocka_unit_test(test_self_send_recv),
         cmocka_unit_test(test_parallel_one_process),
         cmocka_unit_test(test_launch_without_pmix),
