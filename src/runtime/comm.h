@@ -153,7 +153,7 @@ int mt_comm_self_create(const char *name, double timeout_s, struct mt_comm **out
 /* NCCL over the processes of host (an MPI or self comm of one group: rank 0
  * makes the unique id, host broadcasts it); collective over host. Uses the
  * current CUDA device (cudaSetDevice first). Buffers are device memory; each
- * call is enqueued on the comm's stream and waited for, bounded by
+ * blocking call is enqueued on the comm's stream and waited for, bounded by
  * host->timeout_s: on expiry the NCCL comm is aborted (ncclCommAbort) and the
  * call fails like any timeout. send/recv ignore tag (NCCL matches in order);
  * mt_p2p_batch matches by tag within a batch (posted in tag order).
