@@ -50,7 +50,6 @@ struct mt_optim {
     int gathers;             /* buckets gathering */
     int tied;                /* the embedding tied across pipeline stages, or -1 */
     int npos;
-    bool *final;             /* per tensor: complete for this step */
     bool *pos_done;          /* per position + 1: its tensors are final */
     float *packed;           /* overlap: every bucket's own staging, padded */
     size_t packed_n;
@@ -203,9 +202,8 @@ int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct
     const int nt = mt_model_num_tensors(m);
     for (int i = 0; i < nt; i++)
         if (mt_model_tensor_position(m, i) + 2 > o->npos) o->npos = mt_model_tensor_position(m, i) + 2;
-    o->final = calloc((size_t)nt + 1, sizeof *o->final);
     o->pos_done = calloc((size_t)o->npos + 1, sizeof *o->pos_done);
-    if (!o->final || !o->pos_done) {
+    if (!o->pos_done) {
         rc = mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
         goto fail;
     }
@@ -262,7 +260,6 @@ void mt_optim_destroy(struct mt_optim *o)
     if (o->slice) k->op.free(k->ctx, o->slice);
     if (o->tp_stage) k->op.free(k->ctx, o->tp_stage);
     if (o->packed) k->op.free(k->ctx, o->packed);
-    free(o->final);
     free(o->pos_done);
     if (o->m_full) k->op.free(k->ctx, o->m_full);
     if (o->v_full) k->op.free(k->ctx, o->v_full);
@@ -382,7 +379,6 @@ static int finish_bucket(struct mt_optim *o, struct klass *c, struct bucket *b,
 /* Tensor i is complete: the buckets holding part of it have one tensor less to wait for. */
 static void mark_final(struct mt_optim *o, int i)
 {
-    o->final[i] = true;
     for (int ci = 0; ci < 2; ci++) {
         struct klass *c = &o->c[ci];
         for (int bi = 0; bi < c->nbuckets; bi++) {
@@ -396,7 +392,6 @@ static void mark_final(struct mt_optim *o, int i)
 /* Every bucket's count of tensors to wait for, at the start of a step. */
 static void reset_readiness(struct mt_optim *o)
 {
-    memset(o->final, 0, sizeof *o->final * (size_t)mt_model_num_tensors(o->model));
     memset(o->pos_done, 0, sizeof *o->pos_done * (size_t)o->npos);
     for (int ci = 0; ci < 2; ci++) {
         struct klass *c = &o->c[ci];

@@ -98,6 +98,14 @@ LAYOUTS
 # shellcheck disable=SC2086
 run dp2_zero1_guard 2 --backend=guard $SHORT $ZERO $GATHER
 same_bits dp2_zero1 dp2_zero1_guard
+# and its count of what made the host wait for the device is that of the same run
+# without overlap: the overlapped path adds no host synchronisation
+# shellcheck disable=SC2086
+run dp2_zero1_guard_off 2 --backend=guard $SHORT $ZERO
+syncs() { sed -n 's/^moetrain: host costs of the guard backend since it started: .*, \([0-9]*\) host synchronisations.*/\1/p' "$1.log"; }
+[ -n "$(syncs dp2_zero1_guard_off)" ] && [ "$(syncs dp2_zero1_guard)" = "$(syncs dp2_zero1_guard_off)" ] ||
+    { grep -h 'host costs' dp2_zero1_guard.log dp2_zero1_guard_off.log; fail "the overlapped guard run's host synchronisations differ"; }
+echo "guard backend: $(syncs dp2_zero1_guard) host synchronisations with and without overlap"
 
 # Megatron's rules, by moetrain's key names
 "$MOETRAIN" "$nml" --check --world-size 2 parallel%overlap_param_gather=T $ON > err.out 2>&1 &&
