@@ -74,6 +74,24 @@ struct mt_qtensor {
     float global;    /* NVFP4: the per-tensor decode scale */
 };
 
+/* The scaling's name in messages ("blockwise 1x128", "nvfp4 16x16", ...). */
+static inline const char *mt_q_scaling_name(enum mt_q_scaling s)
+{
+    switch (s) {
+    case MT_Q_TENSOR: return "tensorwise";
+    case MT_Q_BLOCK_1X128: return "blockwise 1x128";
+    case MT_Q_BLOCK_128X128: return "blockwise 128x128";
+    case MT_Q_MX: return "mxfp8";
+    case MT_Q_NVFP4: return "nvfp4";
+    case MT_Q_NVFP4_2D: return "nvfp4 16x16";
+    }
+    return "?";
+}
+
+/* NVFP4's two scalings (1 x 16 and 16 x 16 blocks): E2M1 data, UE4M3 block scales and
+ * a per-tensor scale. */
+static inline int mt_q_is_nvfp4(enum mt_q_scaling s) { return s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D; }
+
 /* Allocates q's data and scales for a (rows, cols) tensor: E4M3 or E5M2 for
  * MT_Q_TENSOR and the blockwise scalings, E4M3 for MT_Q_MX, E2M1 for NVFP4. along
  * matters for MT_Q_MX only (the others take MT_Q_ALONG_ROW). */
@@ -138,11 +156,14 @@ int mt_quant_nvfp4(struct mt_qtensor *q, const float *x, int64_t ld, enum mt_q_r
 int mt_dequant(const struct mt_qtensor *q, float *out, int64_t ld, struct mt_err *err);
 
 /* The random Hadamard transform of NVFP4's weight-gradient GEMM: every 16 consecutive
- * elements v along dim (a row's or a column's) become v Q, Q = (1/4) H diag(s), H the
+ * elements v along dim (a row's or a column's) become v Q, Q = (1/4) diag(s) H, H the
  * 16 x 16 Sylvester Hadamard matrix (H[i][j] = (-1)^popcount(i & j)) and s the signs
- * mt_q_hadamard_signs(seed, stream). Q is orthogonal, so applying it to both operands
- * along the reduction dimension leaves their product unchanged (to rounding). In place
- * on a (rows, cols) fp32 view; the dimension's extent must be a multiple of 16. */
+ * mt_q_hadamard_signs(seed, stream), bit i the sign of input i: the signs flip the
+ * inputs before the Hadamard mixing. (On the outputs, H diag(s), they would cancel in
+ * the product of two transformed operands, every quantiser here being symmetric in
+ * sign, leaving the fixed Hadamard transform.) Q is orthogonal, so applying it to both
+ * operands along the reduction dimension leaves their product unchanged (to rounding).
+ * In place on a (rows, cols) fp32 view; the dimension's extent must be a multiple of 16. */
 int mt_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim,
              uint64_t seed, uint32_t stream, struct mt_err *err);
 /* Q itself, row-major 16 x 16. */

@@ -7,20 +7,6 @@
 
 #include "kernels/quant_recipe.h"
 
-static const char *scaling_name(enum mt_q_scaling s)
-{
-    switch (s) {
-    case MT_Q_TENSOR: return "tensorwise";
-    case MT_Q_BLOCK_1X128: return "blockwise 1x128";
-    case MT_Q_BLOCK_128X128: return "blockwise 128x128";
-    case MT_Q_MX: return "mxfp8";
-    case MT_Q_NVFP4: return "nvfp4";
-    case MT_Q_NVFP4_2D: return "nvfp4 16x16";
-    }
-    return "?";
-}
-
-static int is_nvfp4(enum mt_q_scaling s) { return s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D; }
 static int is_blockwise(enum mt_q_scaling s)
 {
     return s == MT_Q_BLOCK_1X128 || s == MT_Q_BLOCK_128X128;
@@ -41,15 +27,15 @@ int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_e
         return mt_err_set(err, MT_EINVAL, "quantised tensor: shape (%lld, %lld) is empty",
                           (long long)rows, (long long)cols);
     int fp4 = elem == MT_Q_ELEM_E2M1;
-    if (is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
+    if (mt_q_is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
         return mt_err_set(err, MT_EINVAL,
                           "quantised tensor: %s scaling takes %s elements",
-                          scaling_name(scaling),
-                          is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
+                          mt_q_scaling_name(scaling),
+                          mt_q_is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
     if (along == MT_Q_ALONG_COL && scaling != MT_Q_MX)
         return mt_err_set(err, MT_EINVAL,
                           "quantised tensor: %s scaling has blocks along the row only; "
-                          "transpose the tensor first", scaling_name(scaling));
+                          "transpose the tensor first", mt_q_scaling_name(scaling));
     q->scaling = scaling;
     q->elem = elem;
     q->along = along;
@@ -69,7 +55,7 @@ int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_e
     }
     size_t nscale = (size_t)(q->srows * q->scols);
     q->data = calloc((size_t)(rows * row_bytes(q)), 1);
-    if (scaling == MT_Q_MX || is_nvfp4(scaling))
+    if (scaling == MT_Q_MX || mt_q_is_nvfp4(scaling))
         q->scale8 = calloc(nscale, 1);
     else
         q->scale = calloc(nscale, sizeof(float));
@@ -151,7 +137,7 @@ static float block_scale(const struct mt_qtensor *q, int64_t r, int64_t c)
 
 static float tensor_scale(const struct mt_qtensor *q)
 {
-    return q->scaling == MT_Q_TENSOR ? q->scale[0] : is_nvfp4(q->scaling) ? q->global : 1.0f;
+    return q->scaling == MT_Q_TENSOR ? q->scale[0] : mt_q_is_nvfp4(q->scaling) ? q->global : 1.0f;
 }
 
 /* Whether a quantiser of scalings a or b may fill q from a source with row stride ld. */
@@ -162,7 +148,7 @@ static int check_kind(const struct mt_qtensor *q, enum mt_q_scaling a, enum mt_q
         return mt_err_set(err, MT_EINVAL, "%s: the tensor has no storage (mt_qtensor_init)", fn);
     if (q->scaling != a && q->scaling != b)
         return mt_err_set(err, MT_EINVAL, "%s: the tensor was set up for %s scaling",
-                          fn, scaling_name(q->scaling));
+                          fn, mt_q_scaling_name(q->scaling));
     if (ld < q->cols)
         return mt_err_set(err, MT_EINVAL, "%s: row stride %lld is less than the %lld columns",
                           fn, (long long)ld, (long long)q->cols);
@@ -323,7 +309,7 @@ void mt_q_rht_matrix(float q[256], uint64_t seed, uint32_t stream)
     uint32_t signs = mt_q_hadamard_signs(seed, stream);
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 16; j++) {
-            int neg = __builtin_parity((unsigned)(i & j)) ^ (int)((signs >> j) & 1u);
+            int neg = __builtin_parity((unsigned)(i & j)) ^ (int)((signs >> i) & 1u);
             q[i * 16 + j] = neg ? -0.25f : 0.25f;
         }
 }
@@ -359,7 +345,7 @@ int mt_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim
 /* The family a scaling multiplies with. */
 static int family(enum mt_q_scaling s)
 {
-    return is_blockwise(s) ? 1 : s == MT_Q_MX ? 2 : is_nvfp4(s) ? 3 : 0;
+    return is_blockwise(s) ? 1 : s == MT_Q_MX ? 2 : mt_q_is_nvfp4(s) ? 3 : 0;
 }
 
 /* Whether the 1-D blocks of q lie along the reduction of a GEMM that reads q with the
@@ -388,16 +374,16 @@ int mt_q_gemm(const struct mt_qtensor *a, int trans_a, const struct mt_qtensor *
                           (long long)k, (long long)kb, (long long)n);
     if (family(a->scaling) != family(b->scaling))
         return mt_err_set(err, MT_EINVAL, "mt_q_gemm: a is %s and b is %s scaled; a GEMM "
-                          "takes two operands of one recipe", scaling_name(a->scaling),
-                          scaling_name(b->scaling));
+                          "takes two operands of one recipe", mt_q_scaling_name(a->scaling),
+                          mt_q_scaling_name(b->scaling));
     if (!blocks_along_k(a, trans_a) || !blocks_along_k(b, !trans_b))
         return mt_err_set(err, MT_EINVAL, "mt_q_gemm: the blocks of %s (%s) do not lie along "
                           "the reduction; quantise it along its other dimension",
                           !blocks_along_k(a, trans_a) ? "a" : "b",
-                          scaling_name(!blocks_along_k(a, trans_a) ? a->scaling : b->scaling));
+                          mt_q_scaling_name(!blocks_along_k(a, trans_a) ? a->scaling : b->scaling));
     if (split_accum && !is_blockwise(a->scaling))
         return mt_err_set(err, MT_EINVAL, "mt_q_gemm: split accumulation is the blockwise "
-                          "recipe's; a is %s scaled", scaling_name(a->scaling));
+                          "recipe's; a is %s scaled", mt_q_scaling_name(a->scaling));
     float ga = tensor_scale(a), gb = tensor_scale(b);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {

@@ -69,20 +69,6 @@ static unsigned q_cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b
 
 // ---------------------------------------------------------------- layout
 
-static const char *q_scaling_name(enum mt_q_scaling s)
-{
-    switch (s) {
-    case MT_Q_TENSOR: return "tensorwise";
-    case MT_Q_BLOCK_1X128: return "blockwise 1x128";
-    case MT_Q_BLOCK_128X128: return "blockwise 128x128";
-    case MT_Q_MX: return "mxfp8";
-    case MT_Q_NVFP4: return "nvfp4";
-    case MT_Q_NVFP4_2D: return "nvfp4 16x16";
-    }
-    return "?";
-}
-static bool q_is_nvfp4(enum mt_q_scaling s) { return s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D; }
-
 extern "C" int mt_cuda_qtensor_layout(struct mt_cuda_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
                                       enum mt_q_dim along, int64_t rows, int64_t cols, struct mt_err *err)
 {
@@ -91,15 +77,15 @@ extern "C" int mt_cuda_qtensor_layout(struct mt_cuda_qtensor *q, enum mt_q_scali
         return mt_err_set(err, MT_EINVAL, "quantised device tensor: shape (%lld, %lld) is empty", (long long)rows,
                           (long long)cols);
     const bool fp4 = elem == MT_Q_ELEM_E2M1;
-    if (q_is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
+    if (mt_q_is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
         return mt_err_set(err, MT_EINVAL, "quantised device tensor: %s scaling takes %s elements",
-                          q_scaling_name(scaling),
-                          q_is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
+                          mt_q_scaling_name(scaling),
+                          mt_q_is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
     if (along == MT_Q_ALONG_COL && scaling != MT_Q_MX)
         return mt_err_set(err, MT_EINVAL,
                           "quantised device tensor: %s scaling has blocks along the row only; transpose the "
                           "tensor first",
-                          q_scaling_name(scaling));
+                          mt_q_scaling_name(scaling));
     q->scaling = scaling;
     q->elem = elem;
     q->along = along;
@@ -118,7 +104,7 @@ extern "C" int mt_cuda_qtensor_layout(struct mt_cuda_qtensor *q, enum mt_q_scali
     }
     q->data_bytes = (size_t)(rows * (fp4 ? (cols + 1) / 2 : cols));
     const size_t n = (size_t)(q->srows * q->scols);
-    q->scale_bytes = scaling == MT_Q_MX || q_is_nvfp4(scaling) ? n : n * sizeof(float);
+    q->scale_bytes = scaling == MT_Q_MX || mt_q_is_nvfp4(scaling) ? n : n * sizeof(float);
     return MT_OK;
 }
 
@@ -128,12 +114,12 @@ static int q_check(const struct mt_cuda_qtensor *q, enum mt_q_scaling a, enum mt
 {
     if (q->scaling != a && q->scaling != b)
         return mt_err_set(err, MT_EINVAL, "%s: the tensor was laid out for %s scaling", fn,
-                          q_scaling_name(q->scaling));
+                          mt_q_scaling_name(q->scaling));
     const bool fp32_scales = q->scaling == MT_Q_TENSOR || q->scaling == MT_Q_BLOCK_1X128 ||
                              q->scaling == MT_Q_BLOCK_128X128;
-    if (!q->data || (fp32_scales ? !q->scale : !q->scale8) || (q_is_nvfp4(q->scaling) && !q->global))
+    if (!q->data || (fp32_scales ? !q->scale : !q->scale8) || (mt_q_is_nvfp4(q->scaling) && !q->global))
         return mt_err_set(err, MT_EINVAL, "%s: the tensor's device buffers are not all set (data, %s%s)", fn,
-                          fp32_scales ? "scale" : "scale8", q_is_nvfp4(q->scaling) ? ", global" : "");
+                          fp32_scales ? "scale" : "scale8", mt_q_is_nvfp4(q->scaling) ? ", global" : "");
     if (ld < q->cols)
         return mt_err_set(err, MT_EINVAL, "%s: row stride %lld is less than the %lld columns", fn, (long long)ld,
                           (long long)q->cols);
@@ -410,7 +396,7 @@ extern "C" int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float 
 
 // One thread per 16 consecutive elements along dim; out_j = sum_i in_i Q_ij in i order,
 // each product and sum rounded on its own as on the CPU. Q_ij = +-1/4: the sign is the
-// parity of i & j (Sylvester's H) flipped by bit j of signs.
+// parity of i & j (Sylvester's H) flipped by bit i of signs (the sign of input i).
 __global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int64_t ld, int along_row,
                                     uint32_t signs)
 {
@@ -426,7 +412,7 @@ __global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int
             uint32_t p = (uint32_t)(i & j);
             p ^= p >> 2;
             p ^= p >> 1;
-            const bool neg = ((p ^ (signs >> j)) & 1u) != 0;
+            const bool neg = ((p ^ (signs >> i)) & 1u) != 0;
             acc = __fadd_rn(acc, __fmul_rn(in[i], neg ? -0.25f : 0.25f));
         }
         v[j * step] = acc;

@@ -550,6 +550,52 @@ static void test_rht(void **state)
     assert_non_null(strstr(err.msg, "multiple of 16"));
 }
 
+/* The signs flip the transform's inputs, Q = diag(s) H / 4: the unit vector e_i becomes
+ * s_i times row i of H / 4, and the quantised product of two transformed operands
+ * depends on the signs. With the signs on the outputs (H diag(s)) they multiply both
+ * operands' elements alike and cancel in the product, every quantiser being symmetric
+ * in sign: the transform would be the fixed Hadamard one whatever the seed. */
+static void test_rht_signs(void **state)
+{
+    (void)state;
+    struct mt_err err;
+    const uint32_t signs = mt_q_hadamard_signs(99, 3);
+    assert_true(signs != 0 && signs != 0xffffu); /* both signs drawn */
+    for (int i = 0; i < 16; i++) {
+        float e[16] = {0};
+        e[i] = 1.0f;
+        assert_int_equal(mt_q_rht(e, 1, 16, 16, MT_Q_ALONG_ROW, 99, 3, &err), MT_OK);
+        const float s = (signs >> i) & 1u ? -0.25f : 0.25f;
+        for (int j = 0; j < 16; j++)
+            assert_true(e[j] == (__builtin_parity((unsigned)(i & j)) ? -s : s));
+    }
+    /* a (4, 32) and b (4, 32), transformed along their rows (the reduction), quantised
+     * to NVFP4 along it: q(a Q) q(b Q)^T under two seeds whose signs differ */
+    enum { R = 4, K = 32 };
+    float a[R * K], b[R * K], c[2][R * R];
+    for (int i = 0; i < R * K; i++) a[i] = rnd_unit(), b[i] = rnd_unit();
+    const uint64_t seeds[2] = {99, 100};
+    assert_true(mt_q_hadamard_signs(seeds[0], 3) != mt_q_hadamard_signs(seeds[1], 3));
+    for (int v = 0; v < 2; v++) {
+        float ta[R * K], tb[R * K];
+        memcpy(ta, a, sizeof a);
+        memcpy(tb, b, sizeof b);
+        assert_int_equal(mt_q_rht(ta, R, K, K, MT_Q_ALONG_ROW, seeds[v], 3, &err), MT_OK);
+        assert_int_equal(mt_q_rht(tb, R, K, K, MT_Q_ALONG_ROW, seeds[v], 3, &err), MT_OK);
+        struct mt_qtensor qa, qb;
+        assert_int_equal(mt_qtensor_init(&qa, MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, R, K, &err), MT_OK);
+        assert_int_equal(mt_qtensor_init(&qb, MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, R, K, &err), MT_OK);
+        assert_int_equal(mt_quant_nvfp4(&qa, ta, K, MT_Q_RN, 0, 0, &err), MT_OK);
+        assert_int_equal(mt_quant_nvfp4(&qb, tb, K, MT_Q_RN, 0, 0, &err), MT_OK);
+        assert_int_equal(mt_q_gemm(&qa, 0, &qb, 1, c[v], R, 0, &err), MT_OK);
+        mt_qtensor_free(&qa);
+        mt_qtensor_free(&qb);
+    }
+    int differ = 0;
+    for (int i = 0; i < R * R; i++) differ += c[0][i] != c[1][i];
+    assert_true(differ > 0);
+}
+
 /* The quantised GEMM against a double-precision GEMM of the dequantised operands. The
  * fp32 accumulation of K products errs by at most K u sum|a b| (u = 2^-24, to first
  * order); the dequantised values and the scale products add up to four roundings of u
@@ -689,6 +735,7 @@ int main(void)
         cmocka_unit_test(test_mxfp8_rows_vs_cols),
         cmocka_unit_test(test_nvfp4),
         cmocka_unit_test(test_rht),
+        cmocka_unit_test(test_rht_signs),
         cmocka_unit_test(test_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
