@@ -445,7 +445,10 @@ struct mt_quant_spec {
  * recipes yet (the model refuses fp8_format/fp4_format on it, naming the CPU backend). */
 struct mt_quant_ops {
     // out (rows,cols) fp32 = the values of x's quantisation under s (dequantised:
-    // code value x block scale x per-tensor scale); x (rows,cols) fp32 or bf16, dense.
+    // code value x block scale x per-tensor scale); x (rows,cols) fp32 or bf16, dense,
+    // not overlapping out. Every backend writes the CPU backend's bits. A device
+    // backend takes at most mt_quant_scratch_bytes(rows * cols) of scratch from its
+    // allocator for the call and does not wait for the device.
     // A GEMM on two such operands is the recipe's low-precision GEMM with fp32
     // accumulation (doc/fp8.md says how it relates to the GPU's scaled FP8 GEMMs).
     void (*qdq)(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,
@@ -482,6 +485,11 @@ struct mt_graph_ops {
     /* Destroys every graph (their blocks go back to the caching allocator). */
     void (*reset)(void *ctx);
 };
+
+/* A bound on the scratch one qdq call takes for an operand of elems elements: its
+ * codes (at most a byte an element), its scales (at most one fp32 an element, the
+ * bound of 1 x 128 tiles on a single column) and a few scalars, 16-byte aligned. */
+static inline size_t mt_quant_scratch_bytes(size_t elems) { return 5 * elems + 64; }
 
 struct mt_kernels {
     const char *name;          /* "cpu", "cuda" */

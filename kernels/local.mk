@@ -22,6 +22,7 @@ MT_CUDA_SRC = \
 	kernels/cuda/cuda_quant.h \
 	kernels/cuda/cuda_quant.cu \
 	kernels/cuda/cuda_graph.cu \
+	kernels/cuda/cuda_qdq.cu \
 	kernels/cuda/probe.cu
 
 if HAVE_CUDA
@@ -69,6 +70,7 @@ MT_CUDA_EMU_SRC = \
 	kernels/cuda/emu/tu_cuda_optim.cc \
 	kernels/cuda/emu/tu_cuda_quant.cc \
 	kernels/cuda/emu/tu_cuda_graph.cc \
+	kernels/cuda/emu/tu_cuda_qdq.cc \
 	kernels/cuda/emu/tu_probe.cc
 # Device code was written for nvcc: type punning through pointers (bf16 pairs), no
 # FMA contraction wanted where _rn intrinsics stand, #pragma unroll, and unsigned

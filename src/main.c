@@ -260,24 +260,6 @@ static const char *backend_name(const struct cli *cli, const struct mt_config *c
     return name;
 }
 
-/* The FP8/FP4 recipes run only on a backend whose table has the quantisation ops
- * (struct mt_kernels quant); the CUDA backend's are not wired yet. */
-static int check_low_precision_backend(const char *name, const struct mt_config *cfg,
-                                       const char *why, struct mt_err *err)
-{
-    const struct mt_config_precision *q = &cfg->precision;
-    if (!q->fp8_format[0] && !q->fp4_format[0]) return MT_OK;
-    const struct mt_kernels *k = !strcmp(name, "cpu")     ? mt_kernels_cpu()
-                                 : !strcmp(name, "guard") ? mt_kernels_guard()
-                                                          : NULL;
-    if (k && k->quant) return MT_OK;
-    return mt_err_set(err, MT_EUNSUPPORTED,
-                      "&precision %s = '%s': the '%s' backend (%s) does not run the FP8/FP4 "
-                      "recipes yet; --backend cpu runs every recipe today",
-                      q->fp8_format[0] ? "fp8_format" : "fp4_format",
-                      q->fp8_format[0] ? q->fp8_format : q->fp4_format, name, why);
-}
-
 /* The compute backend (--backend, else the default) on this process's GPU, and the
  * device transports of the communicators. why says how it was chosen. */
 static int select_backend(const struct cli *cli, const struct mt_config *cfg,
@@ -287,7 +269,6 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
 {
     const bool bf16 = !strcmp(cfg->precision.params_dtype, "bf16");
     const char *name = backend_name(cli, cfg, why, why_len);
-    MT_CHECK(check_low_precision_backend(name, cfg, why, err));
     if (!strcmp(name, "cpu")) {
         *out = mt_kernels_cpu();
         return MT_OK;
@@ -312,6 +293,9 @@ static int select_backend(const struct cli *cli, const struct mt_config *cfg,
         return mt_err_set(err, MT_EUNSUPPORTED, "--backend cuda: %s", msg);
     const struct mt_kernels *k = mt_kernels_cuda(err);
     if (!k) return err->code;
+    struct mt_cuda_device_info gpu;
+    if (mt_cuda_device_info(&gpu) == 0)
+        MT_CHECK(mt_config_check_recipe_gpu(cfg, gpu.name, gpu.cc_major, gpu.cc_minor, err));
     *out = k;
     if (par && par->world->size > 1) { /* one process trains without collectives */
 #ifdef HAVE_NCCL
@@ -650,9 +634,6 @@ static int check_or_print(struct mt_config *cfg, const struct cli *cli)
     if (load_config(cfg, cli, cli->world, &layout, &err)) return fail(&err);
     if (cli->action == PRINT) return mt_config_print(cfg, stdout) ? 1 : 0;
     if (cli->backend && mt_config_check_backend(cfg, cli->backend, &err)) return fail(&err);
-    char why[256];
-    const char *backend = backend_name(cli, cfg, why, sizeof why);
-    if (check_low_precision_backend(backend, cfg, why, &err)) return fail(&err);
     printf("moetrain: configuration is valid for %d process%s\n", cli->world,
            cli->world == 1 ? "" : "es");
     print_layout(cfg, &layout);

@@ -19,6 +19,7 @@
  * or free touches the copy's backend-memory side (a tensor read before its reload was
  * waited for is an error, naming the copy).
  *
+ * The FP8/FP4 recipes' qdq is the CPU's under the same checks.
  * Results are those of the CPU backend, bit for bit. Not thread-safe (one thread
  * calls the ops, as with a CUDA stream); OpenMP threads inside an op are fine. */
 #include "kernels/cpu/cpu_ops.h"
@@ -663,6 +664,26 @@ static void g_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
     RUN(MT_OP_CONVERT, cpu->op.convert(ctx, dst, src));
 }
 
+/* The FP8/FP4 recipes' qdq (struct mt_quant_ops), counted with convert's launches as
+ * the CUDA backend counts it. The spec is read on the host; its scale and amax are
+ * backend memory, as a device reads and writes them. */
+static void g_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
+{
+    host("qdq", "spec", s);
+    tensor("qdq", "x", x, -1, -1), tensor("qdq", "out", out, x.rows, x.cols);
+    if (out.dtype != MT_F32) misuse("qdq", "out", out.data, "is not fp32");
+    const size_t ob = mt_tensor_bytes(out), xb = mt_tensor_bytes(x);
+    if (ob && xb && (const char *)x.data < (const char *)out.data + ob &&
+        (const char *)out.data < (const char *)x.data + xb)
+        misuse("qdq", "out", out.data, "overlaps x");
+    dev("qdq", "spec->scale", s->scale), dev("qdq", "spec->amax", s->amax);
+    if (s->scale) range("qdq", "spec->scale", s->scale, sizeof(float));
+    if (s->amax) range("qdq", "spec->amax", s->amax, sizeof(float));
+    RUN(MT_OP_CONVERT, cpu->quant->qdq(ctx, s, out, x));
+}
+
+static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq };
+
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {
     dev("scale", "x", x);
@@ -725,6 +746,7 @@ static const struct mt_kernels guard_kernels = {
         .sumsq = g_sumsq,
     },
     .counts = g_counts,
+    .quant = &guard_quant_ops,
 };
 
 const struct mt_kernels *mt_kernels_guard(void)

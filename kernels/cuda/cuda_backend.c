@@ -19,6 +19,8 @@ static const struct mt_graph_ops cuda_graph_ops = {
     .reset = mt_cuda_graph_reset,
 };
 
+static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq };
+
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",
     .ctx = NULL,
@@ -70,6 +72,7 @@ static struct mt_kernels cuda_kernels = {
     },
     .counts = mt_cuda_counts,
     .graph = &cuda_graph_ops,
+    .quant = &cuda_quant_ops,
 };
 
 const struct mt_kernel_ops *mt_kernels_cuda_ops(void) { return &cuda_kernels.op; }

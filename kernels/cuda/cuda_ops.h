@@ -126,6 +126,9 @@ void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
 void mt_cuda_scale(void *ctx, float *x, float s, size_t n);
 void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n);
 
+/* cuda_qdq.cu: struct mt_quant_ops */
+void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x);
+
 #ifdef __cplusplus
 }
 #endif

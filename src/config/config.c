@@ -603,6 +603,55 @@ int mt_config_check_backend(const struct mt_config *c, const char *backend, stru
     return MT_OK;
 }
 
+/* The compute capability each recipe's GEMMs need, as Transformer Engine checks it
+ * (transformer_engine/pytorch/quantization.py, check_recipe_support): per-tensor FP8
+ * from 8.9 (Ada), blockwise from 9.0 (Hopper; Blackwell too), MXFP8 on 10.x and 11.x
+ * (not 12.x: its GEMMs lack layouts there), NVFP4 from 10.0. The recipe that fits a
+ * GPU is the first of the platform guidance the GPU runs. */
+static bool recipe_runs(const char *recipe, int cc)
+{
+    if (!strcmp(recipe, "nvfp4")) return cc >= 100;
+    if (!strcmp(recipe, "mxfp8")) return cc >= 100 && cc < 120;
+    if (!strcmp(recipe, "blockwise")) return cc >= 90;
+    return cc >= 89; /* delayed, tensorwise */
+}
+
+int mt_config_check_recipe_gpu(const struct mt_config *c, const char *gpu, int major, int minor,
+                               struct mt_err *err)
+{
+    const struct mt_config_precision *q = &c->precision;
+    const bool fp8 = q->fp8_format[0] != '\0', fp4 = q->fp4_format[0] != '\0';
+    if (!fp8 && !fp4) return MT_OK;
+    const char *recipe = fp4 ? "nvfp4" : q->fp8_recipe;
+    const int cc = 10 * major + minor;
+    if (recipe_runs(recipe, cc)) return MT_OK;
+    /* what the guidance would have this GPU run: Blackwell MXFP8, Hopper blockwise,
+     * Ada and Blackwell 12.x the per-tensor current scaling */
+    static const char *const fits[] = {"mxfp8", "blockwise", "tensorwise"};
+    const char *fit = NULL;
+    for (size_t i = 0; i < sizeof fits / sizeof fits[0] && !fit; i++)
+        if (recipe_runs(fits[i], cc)) fit = fits[i];
+    char key[96];
+    if (fp4) snprintf(key, sizeof key, "fp4_format = '%s' (nvfp4)", q->fp4_format);
+    else snprintf(key, sizeof key, "fp8_recipe = '%s'", q->fp8_recipe);
+    const char *needs = !strcmp(recipe, "nvfp4")   ? "compute capability 10.0 or newer (Blackwell)"
+                        : !strcmp(recipe, "mxfp8") ? "compute capability 10.x or 11.x (Blackwell data-center GPUs)"
+                        : !strcmp(recipe, "blockwise") ? "compute capability 9.0 or newer (Hopper)"
+                                                       : "compute capability 8.9 or newer (Ada)";
+    if (!fit)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&precision %s: the GPU (%s, compute capability %d.%d) runs no FP8/FP4 "
+                          "recipe (they need %s); train in bf16 (fp8_format = '', fp4_format = "
+                          "''), or run --backend cpu",
+                          key, gpu, major, minor, needs);
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "&precision %s: the GPU (%s, compute capability %d.%d) cannot run it (it "
+                      "needs %s); the recipe that fits this GPU is %sfp8_recipe = '%s'%s, or run "
+                      "--backend cpu",
+                      key, gpu, major, minor, needs, fp4 ? "fp4_format = '', fp8_format = 'e4m3', " : "",
+                      fit, fp8 && strcmp(q->fp8_format, "e4m3") && strcmp(fit, "tensorwise") ? " with fp8_format = 'e4m3'" : "");
+}
+
 /* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
  * would change nothing in the configuration given is refused, never ignored. */
 /* The block recipes on tensor-parallel shards (doc/fp8.md, "Parallel layouts"): a

@@ -233,6 +233,12 @@ int mt_config_load(struct mt_config *cfg, int nfiles, char *const files[],
  * host memory already (not "cpu"). */
 int mt_config_check_backend(const struct mt_config *cfg, const char *backend, struct mt_err *err);
 
+/* Whether the FP8/FP4 recipe configured runs on a GPU (its name, compute capability
+ * major.minor): MT_EUNSUPPORTED naming the GPU, the recipe, what it needs and the
+ * recipe that fits the GPU. MT_OK without a recipe. */
+int mt_config_check_recipe_gpu(const struct mt_config *cfg, const char *gpu, int major, int minor,
+                               struct mt_err *err);
+
 /* Resolves derived defaults and checks every cross-field rule for world_size
  * processes; fills layout. Errors name the keys and the numbers involved. */
 int mt_config_resolve(struct mt_config *cfg, int world_size, struct mt_layout *layout,

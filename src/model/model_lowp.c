@@ -180,7 +180,7 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     if (!lp->qa || !lp->qb)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
                           "(2 x %zu bytes)", lp->qbytes);
-    *scratch_bytes = 2 * lp->qbytes;
+    *scratch_bytes = 2 * lp->qbytes + mt_quant_scratch_bytes(most); /* + qdq's own */
     if (lp->recipe == DELAYED) {
         const size_t ns = (size_t)lp->nslots * R_COUNT;
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);

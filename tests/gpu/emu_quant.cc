@@ -8,6 +8,11 @@
 //   order   the block scales arranged for cuBLASLt against a host re-implementation of
 //           the layouts cuBLASLt documents (indices to offset; the kernel goes from the
 //           offset back to the indices), padding included.
+//   qdq     the CUDA backend's qdq op (kernels/cuda/cuda_qdq.cu, what the model's
+//           quantised linears call) against the CPU backend's (kernels/cpu/cpu_qdq.c)
+//           bit for bit: every recipe's operand specs, blocks along rows and columns,
+//           fp32 and bf16 inputs, delayed scaling's scale and amax record, NVFP4's
+//           stochastic rounding and Hadamard transform; shapes with partial blocks.
 //   gemm    the emulated cuBLASLt's FP8 and FP4 matmuls (each recipe's scale modes) on the
 //           device quantisers' output against mt_q_gemm, the CPU reference GEMM, within
 //           (K + 4) 2^-24 sum_k |a_k b_k| (the two sum in different orders and precisions:
@@ -15,7 +20,7 @@
 //           library refuses, with its status. Run twice: on the emulated H100 (tensorwide
 //           and blockwise) and, with MT_EMU_DEVICE=gb200, on the GB200 (MXFP8, NVFP4).
 //
-// Usage: emu_quant quant|order|gemm-h100|gemm-gb200
+// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -26,7 +31,16 @@
 
 #include <vector>
 
+// kernels.h is C (the CPU backend's qdq is called too): its declarations in extern "C",
+// its _Static_assert spelled as C++ does
+#define _Static_assert static_assert
+extern "C" {
+#include "kernels/kernels.h"
+}
+#undef _Static_assert
 #include "kernels/cuda/cuda_quant.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "tests/gpu/emu_test.h"
 
 
@@ -315,6 +329,139 @@ static void run_quant(void)
         for (int e = PLAIN; e <= ZEROS; e++) quant_one_tensor(sh, (enum edges)e);
     quant_history();
     quant_rht();
+}
+
+// ---------------------------------------------------------------- qdq
+
+// One operand spec of the model's recipes (model_lowp.c's spec()), with a name.
+struct qdq_case {
+    const char *name;
+    struct mt_quant_spec s;
+    bool delayed; // s.scale and s.amax set (device and host twins made per run)
+};
+
+static std::vector<qdq_case> qdq_cases(void)
+{
+    std::vector<qdq_case> v;
+    auto add = [&](const char *name, enum mt_q_scaling sc, enum mt_q_elem el, enum mt_q_dim along,
+                   enum mt_q_round rnd, bool rht, int margin, bool delayed) {
+        qdq_case c = {};
+        c.name = name;
+        c.s.scaling = sc;
+        c.s.elem = el;
+        c.s.along = along;
+        c.s.rnd = rnd;
+        c.s.seed = 0x1234567890abcdefull;
+        c.s.stream = 77;
+        c.s.rht = rht;
+        c.s.rht_stream = 5;
+        c.s.margin = margin;
+        c.delayed = delayed;
+        v.push_back(c);
+    };
+    add("tensorwise E4M3", MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    add("tensorwise E5M2 margin 1", MT_Q_TENSOR, MT_Q_ELEM_E5M2, MT_Q_ALONG_ROW, MT_Q_RN, false, 1, false);
+    add("delayed E4M3 (scale, amax record)", MT_Q_TENSOR, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, true);
+    add("delayed E5M2 (scale, amax record)", MT_Q_TENSOR, MT_Q_ELEM_E5M2, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, true);
+    add("blockwise 1x128 along rows", MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    add("blockwise 1x128 along columns", MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_COL, MT_Q_RN, false, 0, false);
+    add("blockwise 128x128", MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    add("mxfp8 along rows", MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    add("mxfp8 along columns", MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_COL, MT_Q_RN, false, 0, false);
+    add("nvfp4 1x16 along rows", MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    add("nvfp4 1x16 along rows, stochastic", MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, MT_Q_SR, false, 0, false);
+    add("nvfp4 along columns, Hadamard (wgrad x)", MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_COL, MT_Q_RN, true, 0, false);
+    add("nvfp4 along columns, Hadamard, stochastic (wgrad dy)", MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_COL, MT_Q_SR,
+        true, 0, false);
+    add("nvfp4 16x16 (weights)", MT_Q_NVFP4_2D, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, MT_Q_RN, false, 0, false);
+    return v;
+}
+
+// x as bf16 bits: the high halves, rounded to nearest even (NaN kept NaN)
+static std::vector<uint16_t> to_bf16(const std::vector<float> &x)
+{
+    std::vector<uint16_t> b(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        const uint32_t u = bits(x[i]);
+        b[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u | 0x00400000u) >> 16)
+                                               : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return b;
+}
+
+static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, const qdq_case &qc, const shape &sh,
+                    enum edges e, bool bf16)
+{
+    const int64_t R = sh.rows, C = sh.cols;
+    const size_t n = (size_t)(R * C);
+    const std::vector<float> x = make_tensor(R, C, C, e);
+    const std::vector<uint16_t> xb = to_bf16(x);
+    const enum mt_dtype dt = bf16 ? MT_BF16 : MT_F32;
+    const void *hx = bf16 ? (const void *)xb.data() : (const void *)x.data();
+    const size_t xbytes = n * (bf16 ? 2 : 4);
+    // CPU
+    std::vector<float> hout(n);
+    float hscale = 3.5f, hamax = 0.75f; // the delayed scale; an amax recorded before
+    struct mt_quant_spec hs = qc.s;
+    if (qc.delayed) hs.scale = &hscale, hs.amax = &hamax;
+    cpu->quant->qdq(cpu->ctx, &hs, mt_f32(hout.data(), R, C), mt_tview(hx, dt, R, C));
+    // GPU
+    void *dx = gpu->op.alloc(gpu->ctx, xbytes);
+    float *dout = static_cast<float *>(gpu->op.alloc(gpu->ctx, n * sizeof(float)));
+    float *dsa = static_cast<float *>(gpu->op.alloc(gpu->ctx, 2 * sizeof(float)));
+    const float sa[2] = {3.5f, 0.75f};
+    gpu->op.copy(gpu->ctx, dx, hx, xbytes); // the backend's copies: ordered on its stream
+    gpu->op.copy(gpu->ctx, dsa, sa, sizeof sa);
+    struct mt_quant_spec ds = qc.s;
+    if (qc.delayed) ds.scale = dsa, ds.amax = dsa + 1;
+    gpu->quant->qdq(gpu->ctx, &ds, mt_f32(dout, R, C), mt_tview(dx, dt, R, C));
+    std::vector<float> g(n), gsa(2);
+    gpu->op.copy(gpu->ctx, g.data(), dout, n * sizeof(float));
+    gpu->op.copy(gpu->ctx, gsa.data(), dsa, 2 * sizeof(float));
+    int bad = 0;
+    size_t first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (bits(g[i]) != bits(hout[i]) && !bad++) first = i;
+    if (qc.delayed && bits(gsa[1]) != bits(hamax)) bad++;
+    char why[160] = "";
+    if (bad && first < n)
+        snprintf(why, sizeof why, "; first at %zu: %a, the CPU %a", first, (double)g[first], (double)hout[first]);
+    emu_check(!bad, "qdq %s, %lldx%lld %s %s: every value%s as on the CPU (%d differ%s)", qc.name, (long long)R,
+              (long long)C, edges_name[e], bf16 ? "bf16" : "fp32", qc.delayed ? " and the amax recorded" : "", bad,
+              why);
+    gpu->op.free(gpu->ctx, dx);
+    gpu->op.free(gpu->ctx, dout);
+    gpu->op.free(gpu->ctx, dsa);
+}
+
+static void run_qdq(void)
+{
+    struct mt_err err;
+    mt_err_clear(&err);
+    const struct mt_kernels *gpu = mt_kernels_cuda(&err);
+    if (!gpu) {
+        fprintf(stderr, "emu_quant: %s\n", err.msg);
+        exit(1);
+    }
+    const struct mt_kernels *cpu = mt_kernels_cpu();
+    // shapes: a single element, partial 16-, 32- and 128-blocks along both dimensions,
+    // Hadamard groups of 16 rows with a tail (40 = 2 x 16 + 8)
+    static const shape qs[] = {{1, 1}, {3, 5}, {40, 96}, {130, 36}, {17, 160}};
+    const std::vector<qdq_case> cases = qdq_cases();
+    for (const qdq_case &qc : cases)
+        for (const shape &sh : qs) {
+            qdq_one(gpu, cpu, qc, sh, EDGES, false);
+            qdq_one(gpu, cpu, qc, sh, PLAIN, true);
+        }
+    // NaN and infinity reach the scales and the recorded amax
+    for (const qdq_case &qc : cases) {
+        qdq_one(gpu, cpu, qc, shapes[2], WITH_NAN, false);
+        qdq_one(gpu, cpu, qc, shapes[2], WITH_INF, false);
+    }
+    if (mt_kernels_cuda_destroy(&err)) {
+        fprintf(stderr, "emu_quant: %s\n", err.msg);
+        exit(1);
+    }
 }
 
 // ---------------------------------------------------------------- scale order
@@ -797,6 +944,7 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "quant")) run_quant();
     else if (!strcmp(mode, "order")) run_order();
+    else if (!strcmp(mode, "qdq")) run_qdq();
     else if (!strncmp(mode, "gemm-", 5)) {
         if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
         int dev = 0;
@@ -813,7 +961,7 @@ int main(int argc, char **argv)
         else run_gemm_gb200();
         cublasLtDestroy(lt);
     } else {
-        fprintf(stderr, "usage: emu_quant quant|order|gemm-h100|gemm-gb200\n");
+        fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200\n");
         return 2;
     }
     printf("%d checks, %d failed\n", emu_checks, emu_failures);

@@ -28,6 +28,7 @@ while read -r _ _ _ _ entries; do
 done <<END
 $list
 END
-# kernels/cuda: cuda_memory, gemm, grouped_gemm, layers, attention, moe, loss, optim, probe
-[ "$n" -ge 9 ] || fail "$n fat binaries in $moetrain; expected one for each of the 9 kernels/cuda/*.cu"
+# kernels/cuda: cuda_memory, gemm, grouped_gemm, layers, attention, moe, loss, optim, quant,
+# qdq, probe
+[ "$n" -ge 11 ] || fail "$n fat binaries in $moetrain; expected one for each of the 11 kernels/cuda/*.cu"
 echo "ok: $n fat binaries, each with $want"
