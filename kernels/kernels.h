@@ -439,6 +439,12 @@ struct mt_quant_spec {
      * rounding draws the random byte of each element's index in the logical tensor. */
     int64_t lrows, lcols, row0, col0;
     const float *tensor_amax;
+    /* backend memory of work_bytes, or NULL: a device backend's scratch for the codes
+     * and scales (mt_quant_scratch_bytes of the operand's elements suffice; with less
+     * or none it takes them from its allocator for the call). The CPU backend keeps
+     * its quantised copy in host memory and does not use it. */
+    void *work;
+    size_t work_bytes;
 };
 
 /* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the
@@ -447,8 +453,8 @@ struct mt_quant_ops {
     // out (rows,cols) fp32 = the values of x's quantisation under s (dequantised:
     // code value x block scale x per-tensor scale); x (rows,cols) fp32 or bf16, dense,
     // not overlapping out. Every backend writes the CPU backend's bits. A device
-    // backend takes at most mt_quant_scratch_bytes(rows * cols) of scratch from its
-    // allocator for the call and does not wait for the device.
+    // backend needs mt_quant_scratch_bytes(rows * cols) of scratch (s->work, else its
+    // allocator's) and does not wait for the device.
     // A GEMM on two such operands is the recipe's low-precision GEMM with fp32
     // accumulation (doc/fp8.md says how it relates to the GPU's scaled FP8 GEMMs).
     void (*qdq)(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,

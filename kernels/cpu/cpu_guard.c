@@ -679,6 +679,8 @@ static void g_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out
     dev("qdq", "spec->scale", s->scale), dev("qdq", "spec->amax", s->amax);
     if (s->scale) range("qdq", "spec->scale", s->scale, sizeof(float));
     if (s->amax) range("qdq", "spec->amax", s->amax, sizeof(float));
+    dev("qdq", "spec->work", s->work);
+    if (s->work) range("qdq", "spec->work", s->work, s->work_bytes);
     RUN(MT_OP_CONVERT, cpu->quant->qdq(ctx, s, out, x));
 }
 

@@ -13,9 +13,9 @@
 //   quantise  cuda_quant.cu's quantiser of the scaling, from out into scratch
 //   dequant   code x block scale x per-tensor scale, each product rounded as the CPU's
 //             mt_dequant rounds it, into out (transposed back where it was loaded so)
-// The codes, scales and scalars live in one block of scratch from the caching allocator
-// for the call, at most mt_quant_scratch_bytes(rows * cols) (kernels/kernels.h; the
-// model counts it as workspace). Launches are charged to MT_OP_CONVERT: qdq is a
+// The codes, scales and scalars live in one block of scratch, at most
+// mt_quant_scratch_bytes(rows * cols) (kernels/kernels.h): the spec's work buffer (the
+// model's, counted as workspace), else a block of the caching allocator for the call. Launches are charged to MT_OP_CONVERT: qdq is a
 // precision conversion and has no slot of its own in the op enum.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_quant.h"
@@ -122,7 +122,9 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
         qdq_fail("quantised tensor", &err);
     // scratch: codes, scales, then three floats (amax, the tensorwise scale, NVFP4's global)
     const size_t at_scale = qdq_align16(q.data_bytes), at_scalars = at_scale + qdq_align16(q.scale_bytes);
-    char *ws = (char *)mt_cuda_scratch(c, at_scalars + 16);
+    const size_t need = at_scalars + 16;
+    const bool own = !(s->work && s->work_bytes >= need);
+    char *ws = own ? (char *)mt_cuda_scratch(c, need) : (char *)s->work;
     q.data = (uint8_t *)ws;
     if (s->scaling == MT_Q_MX || mt_q_is_nvfp4(s->scaling)) q.scale8 = (uint8_t *)(ws + at_scale);
     else q.scale = (float *)(ws + at_scale);
@@ -157,5 +159,5 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
     MT_LAUNCH(mt_cdiv(n, QDQ_THREADS), QDQ_THREADS, 0, c->stream, qdq_dequant_kernel)(w, q, tr ? 1 : qc,
                                                                                       tr ? qr : 1);
     MT_CUDA_LAUNCHED();
-    mt_cuda_scratch_free(c, ws);
+    if (own) mt_cuda_scratch_free(c, ws);
 }

@@ -37,6 +37,8 @@ struct mt_lowp {
     int *slot_of;               /* (ntensors): the first slot of a tensor, -1 high precision */
     float *qa, *qb;             /* backend memory: the quantised operands, qbytes each */
     size_t qbytes;
+    void *qwork;                /* backend memory: qdq's codes and scales (spec work) */
+    size_t qwork_bytes;
     /* delayed scaling: per slot and operand (R_COUNT a slot) */
     float *scale_dev, *amax_dev; /* backend memory */
     float *scale_host, *amax_host;
@@ -171,16 +173,18 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
 #undef MOST
     lp->qbytes = sizeof(float) * most;
     const struct mt_kernels *k = m->k;
+    lp->qwork_bytes = mt_quant_scratch_bytes(most);
     lp->qa = k->op.alloc(k->ctx, lp->qbytes);
     lp->qb = k->op.alloc(k->ctx, lp->qbytes);
     lp->tamax = k->op.alloc(k->ctx, sizeof(float));
     lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
     if (!lp->tamax || !lp->hoffs)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
-    if (!lp->qa || !lp->qb)
+    lp->qwork = k->op.alloc(k->ctx, lp->qwork_bytes);
+    if (!lp->qa || !lp->qb || !lp->qwork)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
-                          "(2 x %zu bytes)", lp->qbytes);
-    *scratch_bytes = 2 * lp->qbytes + mt_quant_scratch_bytes(most); /* + qdq's own */
+                          "(2 x %zu bytes and %zu of codes)", lp->qbytes, lp->qwork_bytes);
+    *scratch_bytes = 2 * lp->qbytes + lp->qwork_bytes;
     if (lp->recipe == DELAYED) {
         const size_t ns = (size_t)lp->nslots * R_COUNT;
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
@@ -212,6 +216,7 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->qb) k->op.free(k->ctx, lp->qb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->hoffs);
+    if (lp->qwork) k->op.free(k->ctx, lp->qwork);
     if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
     if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
     if (lp->hist)
@@ -338,6 +343,8 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
     const enum mt_q_dim along = (weight && u == U_DGRAD) || u == U_WGRAD ? MT_Q_ALONG_COL
                                                                          : MT_Q_ALONG_ROW;
     struct mt_quant_spec q = { 0 };
+    q.work = lp->qwork;
+    q.work_bytes = lp->qwork_bytes;
     q.along = along;
     q.rnd = MT_Q_RN;
     switch (lp->recipe) {

@@ -414,6 +414,12 @@ static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, 
     gpu->op.copy(gpu->ctx, dsa, sa, sizeof sa);
     struct mt_quant_spec ds = qc.s;
     if (qc.delayed) ds.scale = dsa, ds.amax = dsa + 1;
+    // the bf16 runs pass a work buffer of the bound (as the model does); the fp32 ones
+    // leave the scratch to the backend's allocator
+    if (bf16) {
+        ds.work_bytes = mt_quant_scratch_bytes(n);
+        ds.work = gpu->op.alloc(gpu->ctx, ds.work_bytes);
+    }
     gpu->quant->qdq(gpu->ctx, &ds, mt_f32(dout, R, C), mt_tview(dx, dt, R, C));
     std::vector<float> g(n), gsa(2);
     gpu->op.copy(gpu->ctx, g.data(), dout, n * sizeof(float));
@@ -427,11 +433,12 @@ static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, 
     if (bad && first < n)
         snprintf(why, sizeof why, "; first at %zu: %a, the CPU %a", first, (double)g[first], (double)hout[first]);
     emu_check(!bad, "qdq %s, %lldx%lld %s %s: every value%s as on the CPU (%d differ%s)", qc.name, (long long)R,
-              (long long)C, edges_name[e], bf16 ? "bf16" : "fp32", qc.delayed ? " and the amax recorded" : "", bad,
+              (long long)C, edges_name[e], bf16 ? "bf16, work buffer" : "fp32", qc.delayed ? " and the amax recorded" : "", bad,
               why);
     gpu->op.free(gpu->ctx, dx);
     gpu->op.free(gpu->ctx, dout);
     gpu->op.free(gpu->ctx, dsa);
+    if (ds.work) gpu->op.free(gpu->ctx, ds.work);
 }
 
 static void run_qdq(void)

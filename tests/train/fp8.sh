@@ -3,7 +3,7 @@
 # a straight one with delayed scaling (amax histories of 4 steps, 'max') and with
 # NVFP4 (its random bits keyed by the iteration); --check and --log-memory agree on
 # the quantised path's memory, which --check shows beside bf16's; the keys that would
-# change nothing, and backends without the quantisation ops, are refused by name.
+# change nothing are refused by name; the guard backend runs them as the CPU does.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 cd "$tmp"
 DELAYED="precision%fp8_format='hybrid' precision%fp8_amax_history_len=4 precision%fp8_amax_compute_algo='max' precision%fp8_margin=1"
@@ -46,12 +46,20 @@ expect_refused() { # expect_refused NEEDLE ARGS...: --check exits 1 naming NEEDL
     "$MOETRAIN" "$@" > out.log 2> err.log && { cat out.log err.log; fail "accepted: $*"; }
     grep -q -- "$needle" err.log || { cat err.log; fail "message lacks '$needle'"; }
 }
-expect_refused "the 'guard' backend (--backend guard) does not run the FP8/FP4 recipes yet; --backend cpu runs every recipe" \
-    --backend guard "$small" "precision%fp8_format='e4m3'"
-expect_refused "the 'guard' backend (--backend guard) does not run the FP8/FP4 recipes yet" \
-    --check --backend guard "$small" "$NVFP4"
-expect_refused "the 'cuda' backend (--backend cuda) does not run the FP8/FP4 recipes yet" \
-    --check --backend cuda "$small" "precision%fp8_format='e4m3'"
+# the guard backend runs the recipes (the CPU's qdq under its checks of device memory):
+# the CPU's results, bit for bit
+for recipe in DELAYED NVFP4; do
+    eval "r=\$$recipe"
+    for b in cpu guard; do
+        # shellcheck disable=SC2086
+        "$MOETRAIN" --backend=$b "$small" $r training%train_iters=3 optimizer%lr_warmup_iters=1 \
+            logging%log_interval=1 "logging%metrics_file='$b.jsonl'" > $b.log 2>&1 || { cat $b.log; fail "$recipe: --backend $b"; }
+        grep '"loss": ' $b.jsonl | sed 's/.*\("loss": [^,]*\).*\("grad_norm": [^,]*\).*/\1 \2/' > $b.values
+    done
+    [ "$(wc -l < cpu.values)" -eq 3 ] && cmp -s cpu.values guard.values ||
+        { paste cpu.values guard.values; fail "$recipe: --backend guard differs from --backend cpu"; }
+    echo "$recipe: --backend guard = --backend cpu ($(tail -n 1 guard.values))"
+done
 expect_refused "fp8_recipe = 'mxfp8' quantises gradients to E4M3 as well" \
     --check "$small" "precision%fp8_format='hybrid'" "precision%fp8_recipe='mxfp8'"
 expect_refused "apply to fp8_recipe = 'delayed' only" \
