@@ -1,0 +1,81 @@
+#!/bin/sh
+# The FP8/FP4 recipes trained on the CUDA backend (kernels/cuda/cuda_qdq.cu, the model's
+# quantised linears) under the emulator, against the CPU backend: the tiny model
+# (namelists/tiny_moe.nml, bf16) cut to one 2 x 64-token micro-batch a step, 3
+# iterations, each recipe on the emulated GPU that runs it. MT_LOWP_DEVICE picks the
+# device and its recipes: h100 (delayed, tensorwise, blockwise; and MXFP8 and NVFP4
+# refused at start, naming the GPU and the recipe that fits) or gb200 (MXFP8, NVFP4).
+# tests/gpu/lowp_train_h100_emu.sh and lowp_train_gb200_emu.sh run it (about a minute
+# each). Never skipped.
+#
+# What differs between the backends is the GEMMs' accumulation: the emulated
+# cuBLASLt's bf16 tensor-core GEMM sums in another order than OpenBLAS, so the inputs
+# of the next quantisation differ in their last bits, and an element near a rounding
+# boundary of its format (or a block's amax near a power of two) can quantise one step
+# apart on the two (tests/parallel/equivalence.sh's FP8 leg meets the same ties
+# between layouts). The quantisation itself is the same bit for bit
+# (tests/gpu/emu_quant.sh qdq); at 128 tokens a step, one token whose top-2 experts
+# swap on a near-tie moves the loss by ~1e-3. Bounds: 5e-3 on the loss while the
+# weights are the initial ones (iterations 1 and 2: the first step's lr is 0) and 3e-2
+# after the first update; a recipe's quantisation itself moves the loss by more (MXFP8
+# and NVFP4 of the same weights and batch: 1.7e-2 apart at iteration 1). NVFP4 is the
+# most sensitive: its per-tensor scale comes from the tensor's amax, so a last-bit
+# difference there rescales every block. Measured (loss |cuda - cpu|, iterations 1..3):
+#   delayed 1.2e-4 7.4e-4 1.9e-3, tensorwise 1.2e-4 2.3e-4 7.4e-4,
+#   blockwise 3.1e-5 1.1e-3 1.0e-3, mxfp8 3.1e-5 1.1e-3 2.1e-4,
+#   nvfp4 9.1e-4 1.5e-3 1.1e-2.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+EMU="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
+device=${MT_LOWP_DEVICE:-h100}
+cd "$tmp" || exit 1
+DELAYED="precision%fp8_format='hybrid' precision%fp8_amax_history_len=2 precision%fp8_amax_compute_algo='max'"
+TENSORWISE="precision%fp8_format='hybrid' precision%fp8_recipe='tensorwise'"
+BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise'"
+MXFP8="precision%fp8_format='e4m3' precision%fp8_recipe='mxfp8'"
+NVFP4="precision%fp4_format='e2m1'"
+case $device in
+h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" ;;
+gb200) recipes="MXFP8 NVFP4" refused="" ;;
+*) fail "MT_LOWP_DEVICE='$device': h100 or gb200" ;;
+esac
+MT_EMU_DEVICE=$device
+export MT_EMU_DEVICE
+
+run() { # run NAME BACKEND OVERRIDES
+    # shellcheck disable=SC2086 # $3 is a list of overrides
+    "$EMU" --backend="$2" "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" training%train_iters=3 \
+        optimizer%lr_warmup_iters=1 logging%log_interval=1 training%eval_interval=100 training%eval_iters=1 \
+        training%micro_batch_size=2 training%global_batch_size=2 training%seq_length=64 \
+        "precision%params_dtype='bf16'" "logging%metrics_file='$1.jsonl'" $3 > "$1.log" 2>&1
+}
+
+for r in $recipes; do
+    eval "o=\$$r"
+    for b in cpu cuda; do
+        run "$r.$b" $b "$o" || { cat "$r.$b.log"; fail "$r: training with --backend $b failed"; }
+        grep -q '| low precision: fp' "$r.$b.log" || { cat "$r.$b.log"; fail "$r.$b: the log names no recipe"; }
+    done
+    json_field "$r.cpu.jsonl" loss > cpu.loss
+    json_field "$r.cuda.jsonl" loss > cuda.loss
+    paste cpu.loss cuda.loss | awk -v r="$r" '
+        function abs(x) { return x < 0 ? -x : x }
+        { d = abs($2 - $1); bound = NR <= 2 ? 5e-3 : 3e-2
+          printf "%s iteration %d: loss cpu %s cuda %s |difference| %.2e (bound %g)%s\n", r, NR, $1, $2, d, bound,
+                 (d > bound ? " FAIL" : "")
+          if (d > bound || $2 !~ /^[0-9.]+([eE][-+]?[0-9]+)?$/) bad = 1 }
+        END { if (NR != 3) { print r ": " NR " losses, expected 3"; bad = 1 } exit bad }' ||
+        fail "$r: --backend cuda is not within bounds of --backend cpu"
+    grep '^moetrain: the emulated device saw' "$r.cuda.log" | grep -q '(the same)$' ||
+        { cat "$r.cuda.log"; fail "$r: the backend's launch and sync counts are not what the emulated device saw"; }
+done
+
+for r in $refused; do
+    eval "o=\$$r"
+    run "$r.refused" cuda "$o" && { cat "$r.refused.log"; fail "$r: accepted on the emulated $device"; }
+    grep -q "the GPU (NVIDIA H100 80GB HBM3 (moetrain CUDA emulator), compute capability 9.0) cannot run it" \
+        "$r.refused.log" || { cat "$r.refused.log"; fail "$r: the refusal does not name the GPU"; }
+    grep -q "the recipe that fits this GPU is .*fp8_recipe = 'blockwise'" "$r.refused.log" ||
+        { cat "$r.refused.log"; fail "$r: the refusal does not name the recipe that fits"; }
+    grep 'moetrain: error' "$r.refused.log"
+done
+echo "PASS: the FP8/FP4 recipes on the emulated $device's CUDA backend are within bounds of the CPU's"
