@@ -750,9 +750,9 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
     if (c->moe.moe_router_padding_for_fp8)
         return mt_err_set(err, MT_EINVAL,
                           "&moe moe_router_padding_for_fp8 = .true.: the quantised grouped "
-                          "GEMM of the CPU backend (the one that runs the FP8/FP4 recipes "
-                          "today) takes any number of rows per expert, so there is nothing to "
-                          "pad; remove it");
+                          "GEMM (the operands quantised by the backend's qdq, then its grouped "
+                          "GEMM, on the CPU and CUDA backends alike) takes any number of rows "
+                          "per expert, so there is nothing to pad; remove it");
     const struct mt_config_parallel *p = &c->parallel;
     if ((fp8 || fp4) && p->context_parallel_size > 1)
         return mt_err_set(err, MT_EINVAL,
