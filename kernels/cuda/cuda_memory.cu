@@ -31,7 +31,7 @@ void mt_cuda_tensor_check(const char *op, const char *arg, struct mt_tensor t, b
     char msg[200];
     if (t.dtype == MT_E4M3 || t.dtype == MT_E5M2)
         snprintf(msg, sizeof msg, "%s is an fp8 tensor (%s): the CUDA backend takes fp32 and bf16 tensors; fp8 "
-                 "belongs to the FP8 recipes, which this backend does not run yet", arg,
+                 "belongs to the FP8 recipes, which quantise fp32 or bf16 operands through qdq", arg,
                  t.dtype == MT_E4M3 ? "E4M3" : "E5M2");
     else if (t.dtype != MT_F32 && t.dtype != MT_BF16)
         snprintf(msg, sizeof msg, "%s has dtype %d, which is not an enum mt_dtype", arg, (int)t.dtype);
