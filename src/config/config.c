@@ -626,11 +626,12 @@ int mt_config_check_recipe_gpu(const struct mt_config *c, const char *gpu, int m
     const int cc = 10 * major + minor;
     if (recipe_runs(recipe, cc)) return MT_OK;
     /* what the guidance would have this GPU run: Blackwell MXFP8, Hopper blockwise,
-     * Ada and Blackwell 12.x the per-tensor current scaling */
+     * Ada and Blackwell 12.x the per-tensor current scaling (Transformer Engine's
+     * default recipe there) */
     static const char *const fits[] = {"mxfp8", "blockwise", "tensorwise"};
     const char *fit = NULL;
     for (size_t i = 0; i < sizeof fits / sizeof fits[0] && !fit; i++)
-        if (recipe_runs(fits[i], cc)) fit = fits[i];
+        if (recipe_runs(fits[i], cc) && !(cc >= 100 && !strcmp(fits[i], "blockwise"))) fit = fits[i];
     char key[96];
     if (fp4) snprintf(key, sizeof key, "fp4_format = '%s' (nvfp4)", q->fp4_format);
     else snprintf(key, sizeof key, "fp8_recipe = '%s'", q->fp8_recipe);

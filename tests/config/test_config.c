@@ -586,6 +586,47 @@ static void test_pipeline_layout(void **state)
     free(c);
 }
 
+/* The recipe a GPU runs (mt_config_check_recipe_gpu, Transformer Engine's rules): each
+ * recipe at the compute capability below and at its threshold, and the recipe named as
+ * the one that fits. */
+static void expect_gpu(const char *text, int major, int minor, const char *needle)
+{
+    struct mt_config *c = malloc(sizeof *c);
+    struct mt_err err = { 0 };
+    assert_int_equal(load_text(c, text, 0, NULL, 1, &err), MT_OK);
+    const int rc = mt_config_check_recipe_gpu(c, "GPU X", major, minor, &err);
+    if (needle ? rc != MT_EUNSUPPORTED || !strstr(err.msg, needle) || !strstr(err.msg, "GPU X") : rc != MT_OK) {
+        print_error("%s on %d.%d: expected %s, got rc=%d: %s\n", text, major, minor,
+                    needle ? needle : "acceptance", rc, err.msg);
+        free(c);
+        fail();
+    }
+    free(c);
+}
+
+static void test_recipe_gpu(void **state)
+{
+    (void)state;
+    const char *mx = "&precision params_dtype = 'bf16', fp8_format = 'e4m3', fp8_recipe = 'mxfp8' /\n";
+    const char *nv = "&precision params_dtype = 'bf16', fp4_format = 'e2m1' /\n";
+    const char *bw = "&precision params_dtype = 'bf16', fp8_format = 'e4m3', fp8_recipe = 'blockwise' /\n";
+    const char *dl = "&precision params_dtype = 'bf16', fp8_format = 'hybrid' /\n";
+    const char *tw = "&precision params_dtype = 'bf16', fp8_format = 'hybrid', fp8_recipe = 'tensorwise' /\n";
+    expect_gpu("&precision params_dtype = 'bf16' /\n", 7, 0, NULL); /* no recipe: any GPU */
+    expect_gpu(mx, 9, 0, "fits this GPU is fp8_recipe = 'blockwise'");
+    expect_gpu(mx, 10, 0, NULL);
+    expect_gpu(mx, 12, 0, "fits this GPU is fp8_recipe = 'tensorwise'"); /* TE: not on 12.x */
+    expect_gpu(nv, 9, 0, "fp4_format = '', fp8_format = 'e4m3', fp8_recipe = 'blockwise'");
+    expect_gpu(nv, 10, 0, NULL);
+    expect_gpu(nv, 12, 0, NULL);
+    expect_gpu(bw, 8, 9, "fits this GPU is fp8_recipe = 'tensorwise'");
+    expect_gpu(bw, 9, 0, NULL);
+    expect_gpu(bw, 10, 0, NULL);
+    expect_gpu(dl, 8, 0, "runs no FP8/FP4 recipe");
+    expect_gpu(dl, 8, 9, NULL);
+    expect_gpu(tw, 8, 6, "compute capability 8.9 or newer");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -598,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_derived_sizes_overflow), cmocka_unit_test(test_data_rules),
         cmocka_unit_test(test_order_pp_last),      cmocka_unit_test(test_megatron_spellings),
         cmocka_unit_test(test_megatron_table),     cmocka_unit_test(test_recompute),
+        cmocka_unit_test(test_recipe_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
