@@ -459,6 +459,10 @@ struct mt_quant_ops {
     // accumulation (doc/fp8.md says how it relates to the GPU's scaled FP8 GEMMs).
     void (*qdq)(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,
                 struct mt_tensor x);
+    // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
+    // the tensor and the tensor's amax); false: only whole tensors, and the model refuses
+    // FP8/FP4 where tensor or expert-tensor parallelism would split one.
+    bool shards;
 };
 
 /* CUDA graphs (&cuda_graph, doc/host-overhead.md "CUDA graphs"): a scope of ops, named

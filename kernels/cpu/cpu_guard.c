@@ -684,7 +684,7 @@ static void g_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out
     RUN(MT_OP_CONVERT, cpu->quant->qdq(ctx, s, out, x));
 }
 
-static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq };
+static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {

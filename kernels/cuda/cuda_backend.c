@@ -19,7 +19,8 @@ static const struct mt_graph_ops cuda_graph_ops = {
     .reset = mt_cuda_graph_reset,
 };
 
-static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq };
+/* whole tensors only: the shards of tensor and expert-tensor parallelism are refused */
+static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq, .shards = false };
 
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",

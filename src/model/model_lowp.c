@@ -120,6 +120,16 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
                           "recipes yet; --backend cpu runs every recipe today",
                           fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
                           m->k->name);
+    if (!m->k->quant->shards && (m->sc.tp > 1 || m->sc.etp > 1))
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&precision %s = '%s' with tensor_model_parallel_size = %d and "
+                          "expert_tensor_parallel_size = %d: the '%s' backend quantises whole "
+                          "tensors only, and these layouts split them over ranks (each shard must "
+                          "be quantised in its place in the tensor, with the tensor's amax); use "
+                          "tensor and expert-tensor parallelism 1 with FP8/FP4 on this backend "
+                          "(data, pipeline and expert parallelism run it), or --backend cpu",
+                          fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
+                          m->sc.tp, m->sc.etp, m->k->name);
     struct mt_lowp *lp = calloc(1, sizeof *lp);
     if (!lp) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     m->lp = lp;

@@ -12,7 +12,8 @@
 #     within 1e-5 relative (one micro-batch per data-parallel rank, so the gradient sums
 #     differ from one process's only in the norm's order: measured 2e-8), and the startup
 #     line's count. (TP's sums in bf16 differ from one process's by more than the order
-#     of a sum; its collectives are parallel_check's.)
+#     of a sum; its collectives are parallel_check's.);
+#   - FP8 with TP 2 on the CUDA backend refused at start with the reason.
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
@@ -77,3 +78,14 @@ for key in loss grad_norm; do
         fail "$key differs by more than 1e-5 relative between 1 and 4 processes"
 done
 echo "ok: moetrain-emu --backend=cuda on 4 processes (PP 2 x DP 2 x EP 2 over the emulated NCCL)"
+
+# FP8 with tensor parallelism on the CUDA backend: refused at start, not run wrongly (its
+# qdq quantises whole tensors only; doc/fp8.md)
+mkdir tp2fp8
+(cd tp2fp8 && timeout 300 "$MPIRUN" --oversubscribe -np 2 "$emu" "$@" \
+    parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T "precision%fp8_format='hybrid'" \
+    "precision%fp8_recipe='tensorwise'" parallel%distributed_timeout_minutes=5 \
+    > out.log 2>&1 < /dev/null) && { cat tp2fp8/out.log; fail "FP8 with TP 2 ran on the CUDA backend"; }
+grep -qF "tensor_model_parallel_size = 2 and expert_tensor_parallel_size = 2: the 'cuda' backend quantises whole tensors only" tp2fp8/out.log ||
+    { cat tp2fp8/out.log; fail "FP8 with TP 2 on the CUDA backend: not refused with the reason"; }
+echo "ok: FP8 with TP 2 refused on the CUDA backend, naming the layout and what runs it"
