@@ -545,9 +545,13 @@ static int check_recompute(struct mt_config *c, struct mt_err *err)
 static int check_offload(const struct mt_config *c, struct mt_err *err)
 {
     const struct mt_config_recompute *r = &c->recompute;
-    static const char *const names[MT_OFFLOAD_MODULES] = {"attn_norm", "qkv_linear", "core_attn",
-                                                          "attn_proj", "mlp_norm"};
-    const char *accepted = "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm";
+    static const char *const names[MT_OFFLOAD_MODULES] = {
+        "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"};
+    const char *accepted = "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, "
+                           "moe_act";
+    bool moe = false;
+    for (int i = 0; i < c->model.num_layers; i++)
+        moe = moe || (c->moe.num_experts > 0 && c->moe.layer_freq[i]);
     if (!r->fine_grained_activation_offloading) {
         if (r->offload_modules_len)
             return mt_err_set(err, MT_EINVAL,
@@ -571,13 +575,12 @@ static int check_offload(const struct mt_config *c, struct mt_err *err)
         const char *mod = r->offload_modules[i];
         bool known = false;
         for (int j = 0; j < MT_OFFLOAD_MODULES; j++) known = known || strcmp(mod, names[j]) == 0;
-        if (!known && (strcmp(mod, "expert_fc1") == 0 || strcmp(mod, "moe_act") == 0))
+        if (known && !moe && (strcmp(mod, "expert_fc1") == 0 || strcmp(mod, "moe_act") == 0))
             return mt_err_set(err, MT_EINVAL,
-                              "&recompute offload_modules(%d) = '%s': the routed experts' "
-                              "rows vary from step to step, so their saved tensors have no "
-                              "fixed host buffer to go to; offload from %s (or rebuild the "
-                              "experts' activation with &recompute modules = 'moe_act')",
-                              i + 1, mod, accepted);
+                              "&recompute offload_modules(%d) = '%s': this model has no MoE "
+                              "layer (&moe num_experts, layer_freq), so no routed experts' "
+                              "tensors to offload; remove it",
+                              i + 1, mod);
         if (!known)
             return mt_err_set(err, MT_EINVAL,
                               "&recompute offload_modules(%d) = '%s' is not an offloadable "

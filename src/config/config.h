@@ -126,7 +126,8 @@ struct mt_config_precision {
 /* Activation recompute (Megatron's --recompute-*): what a layer's forward keeps for its
  * backward and what the backward rebuilds (doc/memory.md, Recompute). */
 #define MT_RECOMPUTE_MODULES 6  /* core_attn, moe_act, layernorm, mlp, moe, shared_experts */
-#define MT_OFFLOAD_MODULES 5    /* attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm */
+#define MT_OFFLOAD_MODULES 7    /* attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm,
+                                   expert_fc1, moe_act */
 struct mt_config_recompute {
     char granularity[16];            /* none | selective | full */
     char method[8];                  /* full: uniform | block; none otherwise */
@@ -138,7 +139,7 @@ struct mt_config_recompute {
      * --offload-modules): saved tensors copied to pinned host memory in forward and
      * back in backward (doc/memory.md, Activation offloading) */
     bool fine_grained_activation_offloading;
-    char offload_modules[MT_OFFLOAD_MODULES][MT_STR_MAX]; /* attn_norm ... mlp_norm */
+    char offload_modules[MT_OFFLOAD_MODULES][MT_STR_MAX]; /* attn_norm ... moe_act */
     int offload_modules_len;
 };
 

@@ -239,8 +239,9 @@ const struct mt_key mt_schema[] = {
           "each layer offloads, from attn_norm (the residual stream entering the layer), "
           "qkv_linear (the normed input of the q/k/v projections), core_attn (the rotated "
           "q, k and v), attn_proj (the attention output entering o_proj) and mlp_norm (the "
-          "residual after attention); Megatron's expert_fc1 and moe_act are refused (the "
-          "expert rows vary per step)"),
+          "residual after attention), expert_fc1 (the routed experts' input rows, which "
+          "their gate and up projections read) and moe_act (the experts' gate and up, "
+          "which their SwiGLU reads), both at the rows the expert buffers are sized for"),
 
     /* &data */
     KSARR(data, data_path,

@@ -439,20 +439,22 @@ static size_t tokens_gathered(const struct mt_model *m)
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
 /* The expert-side views of a layer's activations for Rx rows (layout_moe_acts' part
- * that depends on Rx). */
-static void layout_expert_views(const struct mt_model *m, struct arena *a, struct arena *act,
-                                struct mt_expert_views *v, size_t Rx)
+ * that depends on Rx): xs from xs_a (expert_fc1 offloading), gate and up from fc1
+ * (moe_act offloading), the SwiGLU output from act (moe_act recompute), the rest from a. */
+static void layout_expert_views(const struct mt_model *m, struct arena *a, struct arena *xs_a,
+                                struct arena *fc1, struct arena *act, struct mt_expert_views *v,
+                                size_t Rx)
 {
     *v = (struct mt_expert_views){0};
     if (m->dispatch != MT_DISPATCH_LOCAL) {
-        v->xs = TAKE_A(a, Rx * m->H);
+        v->xs = TAKE_A(xs_a, Rx * m->H);
         v->sort_map = TAKE_I(a, Rx);
     }
     if (m->dispatch == MT_DISPATCH_ALLTOALL) v->unsort_map = TAKE_I(a, Rx);
     if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = take(a, Rx * m->H, mt_dtype_size(m->eys_dt));
-    v->eg = TAKE_A(a, Rx * m->Fe_l);
-    v->eu = TAKE_A(a, Rx * m->Fe_l);
-    v->ea = TAKE_A(act, Rx * m->Fe_l); /* moe_act recompute: in the recompute buffer */
+    v->eg = TAKE_A(fc1, Rx * m->Fe_l);
+    v->eu = TAKE_A(fc1, Rx * m->Fe_l);
+    v->ea = TAKE_A(act, Rx * m->Fe_l);
 }
 
 static void get_views(const struct mt_layer_acts *x, struct mt_expert_views *v)
@@ -531,8 +533,14 @@ static struct arena *arena_for(struct act_arenas *A, unsigned drop, unsigned fla
     return drop & (flags | MT_RC_LAYER) ? &A->rc : &A->keep;
 }
 
+/* Where an offloadable tensor goes: the layer's offload range, or the arena it had. */
+static struct arena *arena_off(struct act_arenas *A, unsigned mods, unsigned flag, struct arena *a)
+{
+    return mods & flag ? &A->off : a;
+}
+
 static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned drop,
-                            struct mt_layer_acts *x)
+                            unsigned off, struct mt_layer_acts *x)
 {
     const size_t Nl = tokens_local(m), R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max;
     const size_t G = tokens_gathered(m), k = (size_t)m->topk;
@@ -547,8 +555,9 @@ static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned d
     x->plan.row_slot = TAKE_I(a, R);
     x->plan.slot_row = TAKE_I(a, Nl * k);
     x->plan.kept = (int64_t *)take(a, (size_t)m->E, sizeof(int64_t));
+    struct arena *xs = arena_off(A, off, MT_OFF_EXPERT_FC1, a);
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
-        x->xp = TAKE_A(a, R * m->H);
+        x->xp = TAKE_A(m->dispatch == MT_DISPATCH_LOCAL ? xs : a, R * m->H); /* LOCAL: xs */
         x->ey = TAKE_A(a, R * m->H);
     }
     if (m->dispatch != MT_DISPATCH_LOCAL) x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
@@ -557,7 +566,8 @@ static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned d
         x->g_prob = TAKE_F(a, G * k);
     }
     struct mt_expert_views v;
-    layout_expert_views(m, a, arena_for(A, drop, MT_RC_MOE | MT_RC_MOE_ACT), &v, Rx);
+    layout_expert_views(m, a, xs, arena_off(A, off, MT_OFF_MOE_ACT, a),
+                        arena_for(A, drop, MT_RC_MOE | MT_RC_MOE_ACT), &v, Rx);
     set_views(x, &v);
     if (m->dispatch == MT_DISPATCH_LOCAL) {
         x->x_offsets = x->plan.offsets;
@@ -617,13 +627,9 @@ static unsigned plan_offload(const struct mt_model *m, int l)
     if (l == m->l0) mods &= ~MT_OFF_ATTN_NORM; /* the chunk's input stays */
     if (drop & MT_RC_LN1) mods &= ~MT_OFF_QKV;
     if (drop & MT_RC_CORE_ATTN) mods &= ~MT_OFF_ATTN_PROJ;
+    /* the routed experts' tensors: MoE layers that keep them (not rebuilt by moe) */
+    if (m->moe_of_layer[l] < 0 || (drop & MT_RC_MOE)) mods &= ~(MT_OFF_EXPERT_FC1 | MT_OFF_MOE_ACT);
     return mods;
-}
-
-/* Where an offloadable tensor goes: the layer's offload range, or the arena it had. */
-static struct arena *arena_off(struct act_arenas *A, unsigned mods, unsigned flag, struct arena *a)
-{
-    return mods & flag ? &A->off : a;
 }
 
 static void layout_acts(struct mt_model *m, struct act_arenas *A)
@@ -683,7 +689,7 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
             x->up = TAKE_A(f, N * m->F_l);
             x->act = TAKE_A(f, N * m->F_l);
         } else {
-            layout_moe_acts(m, A, drop, x);
+            layout_moe_acts(m, A, drop, off, x);
         }
         if (A->rc.off > A->rc_max) A->rc_max = A->rc.off;
         /* whole 64-byte lines, as the tensors took in the slot's arena */
@@ -896,7 +902,7 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
     if (fwd) {
         struct arena v = {NULL, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &v, &views, R);
+        layout_expert_views(m, &v, &v, &v, &v, &views, R);
         acts = v.off;
     }
     struct arena s = {NULL, 0};
@@ -936,7 +942,7 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
         get_views(a, &a->home);
         struct arena v = {a->over, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &v, &views, R);
+        layout_expert_views(m, &v, &v, &v, &v, &views, R);
         set_views(a, &views);
         if (p->st && !p->recompute) {
             p->st->expert_overflows++;

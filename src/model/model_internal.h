@@ -46,6 +46,12 @@ enum {
  *   CORE_ATTN   core_attn: the rotated q and k, and v
  *   ATTN_PROJ   attn_proj: y, the input of o_proj (att_out itself in fp32 training)
  *   MLP_NORM    mlp_norm: res_mid, the input of the MLP's RMSNorm
+ *   EXPERT_FC1  expert_fc1: xs, the routed experts' input rows (xp with the local
+ *               dispatcher), which their gate and up projections read
+ *   MOE_ACT     moe_act: eg and eu, the experts' gate and up, which their SwiGLU reads
+ * The expert tensors take the rows the buffers are sized for (x_rows_max), and that
+ * bound is what is copied: a layer whose rows overflow it keeps them on the device in
+ * its overflow block (mt_model_expert_rows), and the copy moves unused rows.
  * A tensor that recompute rebuilds (m->drop) is not saved, so not offloaded. */
 enum {
     MT_OFF_ATTN_NORM = 1 << 0,
@@ -53,6 +59,8 @@ enum {
     MT_OFF_CORE_ATTN = 1 << 2,
     MT_OFF_ATTN_PROJ = 1 << 3,
     MT_OFF_MLP_NORM = 1 << 4,
+    MT_OFF_EXPERT_FC1 = 1 << 5,
+    MT_OFF_MOE_ACT = 1 << 6,
 };
 
 /* The offload buffer and its streams' state. Layer l's offloaded tensors are one range

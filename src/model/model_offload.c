@@ -27,6 +27,8 @@ unsigned mt_offload_modules(const struct mt_config *cfg)
                 : strcmp(mod, "core_attn") == 0  ? MT_OFF_CORE_ATTN
                 : strcmp(mod, "attn_proj") == 0  ? MT_OFF_ATTN_PROJ
                 : strcmp(mod, "mlp_norm") == 0   ? MT_OFF_MLP_NORM
+                : strcmp(mod, "expert_fc1") == 0 ? MT_OFF_EXPERT_FC1
+                : strcmp(mod, "moe_act") == 0    ? MT_OFF_MOE_ACT
                                                  : 0;
     }
     return mods;

@@ -186,13 +186,14 @@ expect_error "modules(1) = 'moe': this model has no MoE layer" -- --num-layers 2
     --recompute-granularity selective --recompute-modules moe
 from_megatron rcmoe --num-layers 2 --swiglu --disable-bias-linear --mock-data --moe-layer-recompute
 noted rcmoe "--moe-layer-recompute: refused: deprecated in Megatron; give --recompute-granularity selective --recompute-modules moe"
-# fine-grained activation offloading: the flag, the modules, the refused expert modules
+# fine-grained activation offloading: the flag, the modules, the experts' modules refused
+# without MoE layers
 from_megatron offl --num-layers 2 --swiglu --disable-bias-linear --mock-data \
     --fine-grained-activation-offloading --offload-modules core_attn attn_proj
 has offl 'fine_grained_activation_offloading = .true.'
 grep -A1 -xF "  offload_modules = 'core_attn'," offl.nml | grep -qxF "    'attn_proj'" ||
     { cat offl.nml; fail "offl.nml: offload_modules are not core_attn, attn_proj"; }
-expect_error "offload_modules(1) = 'moe_act': the routed experts' rows vary" -- --num-layers 2 \
+expect_error "offload_modules(1) = 'moe_act': this model has no MoE layer" -- --num-layers 2 \
     --mock-data --fine-grained-activation-offloading --offload-modules moe_act
 expect_error "fine_grained_activation_offloading = .true. needs offload_modules" -- \
     --num-layers 2 --mock-data --fine-grained-activation-offloading

@@ -4,7 +4,8 @@
 # compute stream does not wait for runs late and is reported as unordered device work):
 # the layout model of tests/parallel (a dense layer between MoE layers, a shared expert,
 # QK-norm, sigmoid routing) trained in bf16 for 3 iterations keeping every activation,
-# offloading every module, two of them, and every module with selective recompute. The
+# offloading every module, two of them, the routed experts' two (expert_fc1, moe_act),
+# and every module with selective recompute. The
 # losses, balancing and z losses, gradient norms and expert loads of every iteration
 # and the final validation loss are bit-identical; offloading makes the host wait no
 # more often; the bytes copied per step are the memory report's, and the report of
@@ -14,7 +15,7 @@
 MOETRAIN="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
 CPU_MOETRAIN="${MT_TOP_BUILDDIR:-.}/moetrain"
 nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
-all="recompute%offload_modules='attn_norm','qkv_linear','core_attn','attn_proj','mlp_norm'"
+all="recompute%offload_modules='attn_norm','qkv_linear','core_attn','attn_proj','mlp_norm','expert_fc1','moe_act'"
 on="recompute%fine_grained_activation_offloading=.true."
 set -- training%train_iters=3 training%micro_batch_size=1 training%global_batch_size=2 \
     training%seq_length=16 training%eval_interval=3 training%eval_iters=1 logging%log_interval=1 \
@@ -49,6 +50,7 @@ values keep > "$tmp/keep.values"
 [ -s "$tmp/keep.values" ] || fail "keep: no figures in its metrics"
 for s in "all:$all" \
          "two:recompute%offload_modules='core_attn','mlp_norm'" \
+         "experts:recompute%offload_modules='expert_fc1','moe_act'" \
          "selective:$all recompute%granularity='selective' recompute%modules='core_attn','layernorm','moe_act'"; do
     name=${s%%:*}
     # shellcheck disable=SC2086 # a list of overrides

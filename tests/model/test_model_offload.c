@@ -1,7 +1,7 @@
 /* Activation offloading (&recompute fine_grained_activation_offloading): on the guard
  * backend, which checks the copy stream's order (a tensor touched before its copy was
- * waited for aborts), every module alone, all five, and all five with selective
- * recompute give the losses, gradients and expert loads of the CPU backend keeping
+ * waited for aborts), every module alone, all seven, all seven with selective
+ * recompute, and the experts' modules with the MoE block recomputed give the losses, gradients and expert loads of the CPU backend keeping
  * everything, bit for bit, in fp32 and in bf16 storage; the memory is what the report
  * says, and the copies move its bytes.
  *
@@ -32,9 +32,14 @@ static const struct setting settings[] = {
     {{"core_attn"}, {NULL}},
     {{"attn_proj"}, {NULL}},
     {{"mlp_norm"}, {NULL}},
-    {{"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"}, {NULL}},
-    {{"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"},
+    {{"expert_fc1"}, {NULL}},
+    {{"moe_act"}, {NULL}},
+    {{"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"},
+     {NULL}},
+    {{"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"},
      {"core_attn", "layernorm", "moe_act"}},
+    /* moe rebuilds the experts' tensors: only the attention side is offloaded */
+    {{"core_attn", "expert_fc1", "moe_act"}, {"moe"}},
 };
 #define NSETTINGS (sizeof settings / sizeof *settings)
 
