@@ -49,6 +49,8 @@ struct platform {
     int gpus_per_node;    /* GPUs per node (compute tray) */
     double nvlink_gbps;   /* NVLink, GB/s per direction */
     double net_gbps;      /* scale-out network (InfiniBand), GB/s per direction */
+    double host_gbps;     /* the GPU's link to host memory (activation offloading), GB/s
+                             per direction */
     double eff_dense;     /* fraction of peak of the dense GEMMs and attention */
     double eff_expert;    /* fraction of peak of the grouped expert GEMMs */
     double eff_link;      /* fraction of link bandwidth NCCL collectives reach */
@@ -83,14 +85,21 @@ struct platform {
  *         Qwen3-235B-A22B BF16 on 256 GB200 GPUs (TP 1, PP 8, VP 3, EP 32, MBS 1): 728
  *         TFLOP/s a GPU; the one fitted number, used for every platform.
  *   eff_link: 0.8 of the link for NCCL's ring and all-to-all (DeepSeek-V3 Technical
- *         Report: about 160 GB/s of the H800's NVLink reached in practice, 0.8 of 200). */
+ *         Report: about 160 GB/s of the H800's NVLink reached in practice, 0.8 of 200);
+ *         the same fraction of the host link for offloading's copies.
+ * Host links (activation offloading):
+ *   H100, H800, H200, B200: PCI Express 5.0 x16 (the H100 datasheet: "PCIe Gen5: 128
+ *         GB/s", both directions; PCI-SIG's PCIe 5.0 specification: 32 GT/s a lane,
+ *         128b/130b coding, 63 GB/s a direction over 16 lanes): 63 GB/s.
+ *   GB200, GB300: NVLink-C2C between the Grace CPU and the GPU (the GB200 NVL72
+ *         datasheet: "NVLink-C2C 900 GB/s", both directions): 450 GB/s. */
 static const struct platform platforms[] = {
-    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 0.47, 0.34, 0.8},
-    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 0.47, 0.34, 0.8},
-    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 0.47, 0.34, 0.8},
-    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 0.47, 0.34, 0.8},
-    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 0.47, 0.34, 0.8},
-    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 0.47, 0.34, 0.8},
+    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 450.0, 0.47, 0.34, 0.8},
+    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 450.0, 0.47, 0.34, 0.8},
 };
 #define NPLATFORMS (sizeof platforms / sizeof platforms[0])
 
@@ -139,6 +148,21 @@ static const struct {
     {"full", "uniform", 1, {NULL}},
 };
 #define NRECOMPUTE (sizeof recompute_choices / sizeof recompute_choices[0])
+
+/* Activation offloading, tried after recompute (the issue's phase 1: offloading when
+ * recompute and parallelism are not enough): with each recompute setting but 'full'
+ * (which saves nothing to offload), the modules in order of the bytes a layer saves,
+ * the largest first (offload_order), in OFFLOAD_LEVELS cumulative steps: the first, the
+ * first two, all. Every module saves one byte of each in-flight micro-batch's
+ * activations per byte it copies each way, so the order by size reaches a saving with
+ * the fewest copies; attn_norm, the layer's input, is not tried: it is what 'full'
+ * keeps, and keeping it keeps the bound of check_layout (no setting keeps fewer
+ * activation bytes than 'full') true. */
+#define OFFLOAD_LEVELS 3
+#define NSETTINGS_MAX (NRECOMPUTE * (1 + OFFLOAD_LEVELS))
+enum { OFF_QKV, OFF_CORE, OFF_PROJ, OFF_MLP_NORM, OFF_FC1, OFF_ACT, NOFF };
+static const char *const offload_names[NOFF] = {"qkv_linear", "core_attn", "attn_proj",
+                                                "mlp_norm",   "expert_fc1", "moe_act"};
 
 /* The keys the plan chooses. An override of an axis fixes it (the plan tries only that
  * value); the others are refused, not ignored. */
@@ -233,7 +257,7 @@ struct layout {
     int kid;                /* the layout without its recompute setting: planner's kinds */
     int dp, edp, m;
     /* seconds per step */
-    double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt;
+    double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt, t_off;
     double tokens_s, tflops; /* a GPU */
     const char *wall;
     /* pass 3 */
@@ -272,7 +296,7 @@ struct planner {
     int fixed[NFIX];          /* an axis given on the command line: 1, then its value */
     /* the recompute settings tried: the namelists' one when they or an override set
      * &recompute, else recompute_choices that the model takes */
-    struct mt_config_recompute settings[NRECOMPUTE];
+    struct mt_config_recompute settings[NSETTINGS_MAX];
     int nsettings;
     bool searched;            /* settings are recompute_choices */
     int full;                 /* the setting that keeps the least (full, groups of 1);
@@ -389,6 +413,40 @@ static void rebuild_cost(const struct mt_config *c, const struct model *m, int s
     }
 }
 
+/* Bytes one layer of a rank offloads per micro-batch of b tokens, as the trainer lays
+ * them out in bf16 (src/model/model.c, plan_offload): the modules of c's
+ * offload_modules that the layer saves (recompute rebuilds layernorm's gathered input,
+ * core_attn's output and, with moe, the experts' tensors, so they are not offloaded);
+ * the experts' at the rows their buffers are sized for (expert_buffer_factor times a
+ * balanced load, or the capacity). */
+static double offload_bytes(const struct mt_config *c, const struct model *m, double b, int tp,
+                            bool moe)
+{
+    const struct mt_config_recompute *r = &c->recompute;
+    if (!r->fine_grained_activation_offloading) return 0.0;
+    bool rc_ln = false, rc_core = false, rc_moe = false;
+    for (int i = 0; strcmp(r->granularity, "selective") == 0 && i < r->modules_len; i++) {
+        rc_ln |= strcmp(r->modules[i], "layernorm") == 0;
+        rc_core |= strcmp(r->modules[i], "core_attn") == 0;
+        rc_moe |= strcmp(r->modules[i], "moe") == 0;
+    }
+    const double f = c->moe.expert_capacity_factor > 0 ? c->moe.expert_capacity_factor
+                                                       : c->moe.expert_buffer_factor;
+    const double rows = f * b / tp * m->topk; /* a balanced load: etp x this x Fe / etp */
+    double bytes = 0.0;
+    for (int i = 0; i < r->offload_modules_len; i++) {
+        const char *mod = r->offload_modules[i];
+        if (strcmp(mod, "attn_norm") == 0) bytes += b / tp * m->H;
+        else if (strcmp(mod, "qkv_linear") == 0 && !rc_ln) bytes += b * m->H;
+        else if (strcmp(mod, "core_attn") == 0) bytes += b * (m->Q + 2.0 * m->KV) / tp;
+        else if (strcmp(mod, "attn_proj") == 0 && !rc_core) bytes += b * m->Q / tp;
+        else if (strcmp(mod, "mlp_norm") == 0) bytes += b / tp * m->H;
+        else if (strcmp(mod, "expert_fc1") == 0 && moe && !rc_moe) bytes += rows * m->H;
+        else if (strcmp(mod, "moe_act") == 0 && moe && !rc_moe) bytes += rows * 2.0 * m->Fe;
+    }
+    return bytes * WIRE_BYTES;
+}
+
 /* A ring all-gather or reduce-scatter over n ranks of `bytes` in all (each rank holds
  * bytes / n), at gbps GB/s: (n - 1) / n of it crosses each rank's link. */
 static double ring(double bytes, int n, double gbps)
@@ -412,7 +470,7 @@ static void model_step(const struct planner *pl, struct layout *x)
     while (block % e) block += x->tp; /* lcm */
     const double pp_bw = (long long)block * x->pp <= pl->domain ? nvl : net;
     const double dp_bw = pl->world <= pl->domain ? nvl : net;
-    double worst = 0, w_c = 0, w_tp = 0, w_ep = 0, w_pp = 0, dense_p = 0, expert_p = 0;
+    double worst = 0, w_c = 0, w_tp = 0, w_ep = 0, w_pp = 0, w_off = 0, dense_p = 0, expert_p = 0;
     for (int s = 0; s < x->pp; s++) {
         int nd, nm;
         stage_layers(c, s, &nd, &nm);
@@ -439,13 +497,28 @@ static void model_step(const struct planner *pl, struct layout *x)
         /* a transfer forward and one backward per model chunk */
         double t_pp = x->pp > 1 ? 2.0 * x->vpp * b / x->tp * m->H * WIRE_BYTES / (pp_bw * 1e9)
                                 : 0.0;
-        double t = t_c + t_tp + t_ep + t_pp;
+        /* offloading: each layer's copy out runs beside the next layer's forward and
+         * its copy back beside the backward of the layer above (a third and two thirds
+         * of a layer's training time); only what exceeds them costs */
+        double t_off = 0.0;
+        const double host = g->host_gbps * g->eff_link * 1e9;
+        for (int kind = 0; kind < 2 && c->recompute.fine_grained_activation_offloading; kind++) {
+            const int layers = kind ? nm : nd;
+            const double link = offload_bytes(c, m, b, x->tp, kind) / host;
+            const double layer = b / x->tp *
+                                 ((m->f_attn + m->f_core + (kind ? 0.0 : m->f_mlp)) /
+                                      (peak * g->eff_dense) +
+                                  (kind ? m->f_moe / (peak * g->eff_expert) : 0.0));
+            t_off += layers * (fmax(0.0, link - layer / 3.0) + fmax(0.0, link - 2.0 * layer / 3.0));
+        }
+        double t = t_c + t_tp + t_ep + t_pp + t_off;
         if (t > worst) {
             worst = t;
             w_c = t_c;
             w_tp = t_tp;
             w_ep = t_ep;
             w_pp = t_pp;
+            w_off = t_off;
         }
         double dp_s = n * (m->p_attn / x->tp + 2.0 * m->H) + nd * m->p_mlp / x->tp +
                       nm * m->p_router_shared / x->tp +
@@ -460,16 +533,17 @@ static void model_step(const struct planner *pl, struct layout *x)
     x->t_tp = x->m * w_tp;
     x->t_ep = x->m * w_ep;
     x->t_pp = x->m * w_pp;
+    x->t_off = x->m * w_off;
     x->bubble = (double)(x->pp - 1) / x->vpp * worst;
     x->t_dp = ring(dense_p * (GRAD_BYTES + GATHER_BYTES), x->dp, dp_bw) +
               ring(expert_p * (GRAD_BYTES + GATHER_BYTES), x->edp, dp_bw);
     double owned = dense_p / x->dp + expert_p / x->edp;
     x->t_opt = (owned * OPT_BYTES_OWNED + (dense_p + expert_p) * OPT_BYTES_HELD) /
                (g->hbm_tbps * 1e12);
-    x->step = x->compute + x->t_tp + x->t_ep + x->t_pp + x->bubble + x->t_dp + x->t_opt;
+    x->step = x->compute + x->t_tp + x->t_ep + x->t_pp + x->t_off + x->bubble + x->t_dp + x->t_opt;
     x->tokens_s = (double)pl->gbs * m->T / x->step / pl->world;
     x->tflops = x->tokens_s * flops_per_token(m) / 1e12;
-    const double comm = x->t_tp + x->t_ep + x->t_pp + x->t_dp;
+    const double comm = x->t_tp + x->t_ep + x->t_pp + x->t_dp + x->t_off;
     x->wall = x->compute >= comm && x->compute >= x->bubble ? "compute"
               : comm >= x->bubble                           ? "communication"
                                                             : "pipeline bubble";
@@ -814,11 +888,14 @@ static void recompute_name(const struct mt_config_recompute *r, char *buf, size_
         snprintf(buf + w, n - (size_t)w, " %s %d", r->method, r->num_layers);
     for (int i = 0; i < r->modules_len && (size_t)w < n; i++)
         w += snprintf(buf + w, n - (size_t)w, "%s%s", i ? "+" : " ", r->modules[i]);
+    for (int i = 0; r->fine_grained_activation_offloading && i < r->offload_modules_len &&
+                    (size_t)w < n; i++)
+        w += snprintf(buf + w, n - (size_t)w, "%s%s", i ? "+" : ", offload ", r->offload_modules[i]);
 }
 
 static void layout_name(const struct planner *pl, const struct layout *x, char *buf, size_t n)
 {
-    char ends[48] = "", rc[160];
+    char ends[48] = "", rc[320];
     if (x->first || x->last)
         snprintf(ends, sizeof ends, " (first %d, last %d layers)", x->first, x->last);
     recompute_name(&pl->settings[x->rc], rc, sizeof rc);
@@ -848,23 +925,26 @@ static void check_command(const struct planner *pl, const struct layout *x, FILE
                  " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f",
             x->ep, x->etp, x->mbs, pl->gbs, floor(pl->usable_gib * 10) / 10);
     const struct mt_config_recompute *r = &pl->settings[x->rc];
-    if (!pl->searched || strcmp(r->granularity, "none") == 0) {
-        fputc('\n', out);
-        return;
-    }
     /* searched: the namelists set no &recompute, so the setting's keys say it all */
-    fprintf(out, " recompute%%granularity='%s'", r->granularity);
-    if (strcmp(r->granularity, "full") == 0)
-        fprintf(out, " recompute%%method='%s' recompute%%num_layers=%d", r->method,
-                r->num_layers);
-    for (int i = 0; i < r->modules_len; i++)
-        fprintf(out, "%s'%s'", i ? "," : " recompute%modules=", r->modules[i]);
+    if (pl->searched && strcmp(r->granularity, "none") != 0) {
+        fprintf(out, " recompute%%granularity='%s'", r->granularity);
+        if (strcmp(r->granularity, "full") == 0)
+            fprintf(out, " recompute%%method='%s' recompute%%num_layers=%d", r->method,
+                    r->num_layers);
+        for (int i = 0; i < r->modules_len; i++)
+            fprintf(out, "%s'%s'", i ? "," : " recompute%modules=", r->modules[i]);
+    }
+    if (pl->searched && r->fine_grained_activation_offloading) {
+        fprintf(out, " recompute%%fine_grained_activation_offloading=T");
+        for (int i = 0; i < r->offload_modules_len; i++)
+            fprintf(out, "%s'%s'", i ? "," : " recompute%offload_modules=", r->offload_modules[i]);
+    }
     fputc('\n', out);
 }
 
 static void print_layout(const struct planner *pl, int *shown, const struct layout *x, FILE *out)
 {
-    char name[400];
+    char name[560];
     layout_name(pl, x, name, sizeof name);
     const double s = x->step;
     fputc('\n', out);
@@ -872,20 +952,29 @@ static void print_layout(const struct planner *pl, int *shown, const struct layo
         fprintf(out, "%2d. %s\n", ++*shown, name);
     else
         fprintf(out, " -  %s: does not fit\n", name);
+    char off[64] = "";
+    if (pl->settings[x->rc].fine_grained_activation_offloading)
+        snprintf(off, sizeof off, " | offload copies %.0f%%", 100 * x->t_off / s);
     fprintf(out, "    modelled: %.0f tokens/s/GPU, %.0f TFLOP/s/GPU, step %.3f s = compute %.0f%% "
                  "| TP %.0f%% | EP all-to-all %.0f%% | PP transfers %.0f%% | bubble %.0f%% | DP "
-                 "%.0f%% | optimizer %.0f%%; wall: %s\n",
+                 "%.0f%% | optimizer %.0f%%%s; wall: %s\n",
             x->tokens_s, x->tflops, s, 100 * x->compute / s, 100 * x->t_tp / s,
             100 * x->t_ep / s, 100 * x->t_pp / s, 100 * x->bubble / s, 100 * x->t_dp / s,
-            100 * x->t_opt / s, x->wall);
+            100 * x->t_opt / s, off, x->wall);
     const struct mt_rank_memory *r = &x->worst;
+    char buf[48] = "", host[160] = "";
+    if (r->offload) {
+        snprintf(buf, sizeof buf, " | offload buffer %.2f", gib(r->offload));
+        snprintf(host, sizeof host, "; offloaded to pinned host memory %.2f GiB, %zu bytes each "
+                 "way per step", gib(r->offload_host), r->offload_step);
+    }
     fprintf(out, "    memory, the most loaded rank (%lld, stage %lld), GiB: parameters %.2f | "
                  "master weights %.2f | gradients %.2f | optimizer state %.2f | activations "
                  "%.2f (%lld in flight) | recompute %.2f | pipeline %.2f | communication %.2f | "
-                 "workspace %.2f | other %.2f | total %.2f (%zu bytes) of %.1f\n",
+                 "workspace %.2f | other %.2f%s | total %.2f (%zu bytes) of %.1f%s\n",
             r->rank, r->stage, gib(r->params), gib(r->master), gib(r->grads), gib(r->optimizer),
             gib(r->activations), r->inflight, gib(r->recompute), gib(r->pipeline), gib(r->comm),
-            gib(r->workspace), gib(r->other), gib(r->total), r->total, pl->usable_gib);
+            gib(r->workspace), gib(r->other), buf, gib(r->total), r->total, pl->usable_gib, host);
     check_command(pl, x, out);
 }
 
@@ -998,6 +1087,52 @@ static double seconds_since(const struct timespec *t0)
     return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
 }
 
+/* The offloading settings to try after the recompute ones: each recompute setting but
+ * 'full' with the first, the first two and all of the modules the model has, in the
+ * order of the bytes a layer saves per token (at TP 1: the expert modules at the buffer
+ * factor's rows, weighed by the share of MoE layers), the largest first. */
+static int offload_settings(struct planner *pl)
+{
+    const struct model *m = &pl->model;
+    const struct mt_config *c = pl->resolved;
+    const double f = c->moe.expert_capacity_factor > 0 ? c->moe.expert_capacity_factor
+                                                       : c->moe.expert_buffer_factor;
+    const double moe = m->L ? (double)m->nmoe / m->L : 0.0;
+    const double per_token[NOFF] = {m->H, m->Q + 2.0 * m->KV, m->Q, m->H,
+                                    f * m->topk * m->H * moe, f * m->topk * 2.0 * m->Fe * moe};
+    int order[NOFF], n = 0;
+    for (int i = 0; i < NOFF; i++) {
+        if (per_token[i] <= 0.0) continue; /* the experts' modules without MoE layers */
+        int j = n++;
+        for (; j > 0 && per_token[order[j - 1]] < per_token[i]; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
+    const int nrc = pl->nsettings;
+    const int levels[OFFLOAD_LEVELS] = {1, 2, n};
+    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
+    for (int r = 0; r < nrc; r++) {
+        if (r == pl->full) continue;
+        for (int lv = 0; lv < OFFLOAD_LEVELS; lv++) {
+            if (levels[lv] > n || (lv > 0 && levels[lv] == levels[lv - 1])) continue;
+            struct mt_config_recompute s = pl->settings[r];
+            s.fine_grained_activation_offloading = true;
+            s.offload_modules_len = 0;
+            for (int i = 0; i < levels[lv]; i++)
+                snprintf(s.offload_modules[s.offload_modules_len++], MT_STR_MAX, "%s",
+                         offload_names[order[i]]);
+            struct mt_config *w = pl->work;
+            memcpy(w, pl->base, sizeof *w);
+            set_layout(w, &one, 0);
+            w->recompute = s;
+            struct mt_layout l1;
+            struct mt_err e = {0};
+            if (mt_config_resolve(w, 1, &l1, &e) || mt_model_check_config(w, &e)) continue;
+            pl->settings[pl->nsettings++] = w->recompute;
+        }
+    }
+    return MT_OK;
+}
+
 /* The recompute settings to try: the namelists' (resolved) when they or an override set
  * &recompute, else the choices the model takes (mt_config_resolve's rules on one
  * process). */
@@ -1033,7 +1168,7 @@ static int recompute_settings(struct planner *pl, struct mt_err *err)
     }
     if (pl->nsettings == 0)
         return mt_err_set(err, MT_EINVAL, "plan: the model takes no recompute setting");
-    return MT_OK;
+    return offload_settings(pl);
 }
 
 static int run(struct planner *pl, FILE *out, struct mt_err *err)
@@ -1069,10 +1204,21 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                  "x %g tokens; %.2f GFLOP a token (forward and backward)\n",
             pl->world, pl->gpu->name, pl->domain, pl->gpu->gpus_per_node, pl->gbs, m->T,
             flops_per_token(m) / 1e9);
-    char settings[1024] = "";
-    for (int i = 0, w = 0; i < pl->nsettings && w < (int)sizeof settings; i++) {
-        char one_rc[160];
-        recompute_name(&pl->settings[i], one_rc, sizeof one_rc);
+    /* the recompute settings, then the offloading levels tried with each but full */
+    char settings[2048] = "";
+    for (int i = 0, w = 0, lv = 0; i < pl->nsettings && w < (int)sizeof settings; i++) {
+        const struct mt_config_recompute *r = &pl->settings[i];
+        char one_rc[320];
+        if (pl->searched && r->fine_grained_activation_offloading) {
+            if (strcmp(r->granularity, "none") != 0) continue;
+            w += snprintf(settings + w, sizeof settings - (size_t)w, "%s", lv++ ? "; " :
+                          "; and with each setting but full, offloading ");
+            for (int j = 0; j < r->offload_modules_len && w < (int)sizeof settings; j++)
+                w += snprintf(settings + w, sizeof settings - (size_t)w, "%s%s", j ? "+" : "",
+                              r->offload_modules[j]);
+            continue;
+        }
+        recompute_name(r, one_rc, sizeof one_rc);
         w += snprintf(settings + w, sizeof settings - (size_t)w, "%s%s", i ? ", " : "", one_rc);
     }
     fprintf(out, "axes: TP, PP, VPP (even split, and the uneven end stages that balance best), "
@@ -1081,7 +1227,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                  "keys are replaced\n",
             pl->searched ? "searched" : "as the namelists and overrides set it", settings);
     fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules, "
-                 "%zu with their recompute settings (%.2f s)\n",
+                 "%zu with their recompute and offloading settings (%.2f s)\n",
             pl->tried, pl->nkinds, pl->n, t_enum);
     if (pl->n == 0)
         return mt_err_set(err, MT_EINVAL,
@@ -1121,7 +1267,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     if (refused) {
         for (size_t i = 0; i < checked; i++)
             if (pl->cands[i].state == REFUSED) {
-                char name[400];
+                char name[560];
                 layout_name(pl, &pl->cands[i], name, sizeof name);
                 fprintf(out, "  e.g. %s refused: %.300s\n", name, pl->cands[i].why);
                 break;
@@ -1129,7 +1275,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     }
     const struct layout *fastest = &pl->cands[0];
     if (fastest->state == TOO_BIG && !fastest->bound) {
-        char name[400];
+        char name[560];
         layout_name(pl, fastest, name, sizeof name);
         fprintf(out, "memory wall: the fastest layout by the model, %s (%.0f tokens/s/GPU), "
                      "needs %.2f GiB\n",
@@ -1144,9 +1290,9 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
             print_layout(pl, &shown, x, out);
     }
     if (fit == 0) {
-        char name[400] = "none could be placed";
+        char name[720] = "none could be placed";
         if (smallest) {
-            char lay[320];
+            char lay[560];
             layout_name(pl, smallest, lay, sizeof lay);
             snprintf(name, sizeof name, "the smallest, %s, needs %.2f GiB", lay,
                      gib(smallest->worst.total));

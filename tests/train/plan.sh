@@ -101,15 +101,53 @@ moe%layer_freq=0,1 moe%shared_expert_intermediate_size=32"
 acts full.log > full.acts
 [ "$(wc -l < full.acts)" -eq 2 ] || { cat full.log; fail "expected 2 stages"; }
 for mods in "'moe_act','layernorm'" "'core_attn'" "'core_attn','moe_act','layernorm'" \
-    "'core_attn','layernorm','moe'" "'mlp'" "'shared_experts'" "'layernorm','mlp'" NONE; do
-    if [ "$mods" = NONE ]; then set --; else set -- "recompute%granularity='selective'" "recompute%modules=$mods"; fi
+    "'core_attn','layernorm','moe'" "'mlp'" "'shared_experts'" "'layernorm','mlp'" NONE OFFLOAD \
+    "OFFLOAD'core_attn','layernorm','moe'"; do
+    # OFFLOAD: the search's offloading of every module but attn_norm (plan.c, offload_order)
+    off="recompute%fine_grained_activation_offloading=T recompute%offload_modules='expert_fc1','moe_act','core_attn','attn_proj','qkv_linear','mlp_norm'"
+    # shellcheck disable=SC2086 # a list of overrides
+    case $mods in
+    NONE) set -- ;;
+    OFFLOAD) set -- $off ;;
+    OFFLOAD*) set -- $off "recompute%granularity='selective'" "recompute%modules=${mods#OFFLOAD}" ;;
+    *) set -- "recompute%granularity='selective'" "recompute%modules=$mods" ;;
+    esac
     # shellcheck disable=SC2086
     "$MOETRAIN" --check $layout "$@" > sel.log 2>&1 || { cat sel.log; fail "--check with $mods"; }
     acts sel.log | paste full.acts - | awk -v m="$mods" '$1 != $3 || $2 > $4 {
         print "stage " $1 ": full recompute keeps " $2 " bytes, " m " " $4; bad = 1 }
         END { exit bad }' || fail "a recompute setting keeps fewer activations than full"
 done
-echo "ok: full recompute of single layers keeps the fewest activation bytes on every stage"
+echo "ok: full recompute of single layers keeps the fewest activation bytes on every stage (offloading too)"
+
+# offloading searched after recompute: Qwen3-235B-A22B on 256 GB200 with its layout fixed
+# (row A of doc/plan.md) and 250 GiB: no recompute setting but full or moe fits, and
+# offloading the experts' modules beside cheap recompute is faster than those; the
+# chosen setting's check command carries the offloading keys and passes with the bytes
+# the plan reports
+big="--gpu gb200 --gpus 256 --nodes-file $MT_TOP_SRCDIR/tests/fixtures/plan/gb200_4x64.nodes
+--global-batch 8192 $MT_TOP_SRCDIR/namelists/qwen3_235b_a22b.nml parallel%tensor_model_parallel_size=1
+parallel%pipeline_model_parallel_size=8 parallel%virtual_pipeline_model_parallel_size=3
+parallel%expert_model_parallel_size=32 parallel%expert_tensor_parallel_size=1 training%micro_batch_size=1"
+# shellcheck disable=SC2086
+plan $big --top 1 precision%gpu_memory_gb=250 > off.log 2>&1 || { cat off.log; fail "plan with offloading"; }
+grep -q '^ *1\. TP .*, recompute .*, offload expert_fc1+moe_act$' off.log ||
+    { cat off.log; fail "expected the experts' modules offloaded in the first layout"; }
+grep -A1 '^ *1\. TP' off.log | grep -q 'offload copies [0-9]*%' ||
+    { cat off.log; fail "no offload copies in the step"; }
+grep -A2 '^ *1\. TP' off.log | grep -q 'offloaded to pinned host memory [0-9.]* GiB, [1-9][0-9]* bytes each way per step' ||
+    { cat off.log; fail "no pinned host memory and traffic in the memory line"; }
+grep 'check: ' off.log | tail -1 | sed 's/^ *check: moetrain //' > off.check
+grep -q "recompute%fine_grained_activation_offloading=T recompute%offload_modules='expert_fc1','moe_act'" off.check ||
+    { cat off.log; fail "no offloading keys in the check command"; }
+# shellcheck disable=SC2046
+"$MOETRAIN" $(cat off.check) > off-check.log 2>&1 || { cat off.log off-check.log; fail "--check of the offloading layout"; }
+planned=$(grep -A2 '^ *1\. TP' off.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
+checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' off-check.log | sort -n | tail -1)
+[ -n "$planned" ] && [ "$planned" = "$checked" ] || { cat off.log off-check.log; fail "offloading: planned $planned bytes, --check $checked"; }
+grep -q '^ *-  TP .*, recompute selective moe_act+layernorm: does not fit' off.log ||
+    { cat off.log; fail "expected the cheap recompute without offloading shown not to fit"; }
+echo "ok: under 250 GiB: $(grep '^ *1\. TP' off.log | sed 's/.*, recompute //') ($planned bytes, as --check)"
 
 # nothing fits: one message naming the smallest layout and what to change
 expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
