@@ -43,6 +43,8 @@
 struct platform {
     const char *name;
     double bf16_tflops;   /* dense BF16 tensor-core peak, TFLOP/s */
+    double fp8_tflops;    /* dense FP8 tensor-core peak, TFLOP/s */
+    const char *fp8_recipe; /* the FP8 recipe the platform takes (doc/fp8.md) */
     double hbm_gib;       /* GPU memory the device reports, GiB */
     double hbm_tbps;      /* GPU memory bandwidth, TB/s */
     int domain;           /* GPUs per NVLink domain */
@@ -87,6 +89,15 @@ struct platform {
  *   eff_link: 0.8 of the link for NCCL's ring and all-to-all (DeepSeek-V3 Technical
  *         Report: about 160 GB/s of the H800's NVLink reached in practice, 0.8 of 200);
  *         the same fraction of the host link for offloading's copies.
+ * FP8 (dense, without sparsity; the recipe by doc/fp8.md: blockwise on Hopper, whose
+ * tensor cores take FP8 with software-promoted fp32 block scales, mxfp8 on Blackwell,
+ * whose tensor cores apply UE8M0 block scales):
+ *   H100, H800, H200: the H100 and H200 datasheets, FP8 3,958 TFLOP/s with sparsity:
+ *         1979 dense.
+ *   B200: the DGX B200 datasheet, 72 PFLOPS FP8 training with sparsity for 8 GPUs: 4500
+ *         dense a GPU.
+ *   GB200, GB300: the GB200 and GB300 NVL72 datasheets, FP8/FP6 720 PFLOPS with
+ *         sparsity for 72 GPUs: 5000 dense a GPU.
  * Host links (activation offloading):
  *   H100, H800, H200, B200: PCI Express 5.0 x16 (the H100 datasheet: "PCIe Gen5: 128
  *         GB/s", both directions; PCI-SIG's PCIe 5.0 specification: 32 GT/s a lane,
@@ -94,12 +105,12 @@ struct platform {
  *   GB200, GB300: NVLink-C2C between the Grace CPU and the GPU (the GB200 NVL72
  *         datasheet: "NVLink-C2C 900 GB/s", both directions): 450 GB/s. */
 static const struct platform platforms[] = {
-    {"h100", 989.0, 79.6, 3.35, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
-    {"h800", 989.0, 79.6, 3.35, 8, 8, 200.0, 50.0, 63.0, 0.47, 0.34, 0.8},
-    {"h200", 989.0, 141.0, 4.8, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
-    {"b200", 2250.0, 180.0, 8.0, 8, 8, 900.0, 50.0, 63.0, 0.47, 0.34, 0.8},
-    {"gb200", 2500.0, 186.0, 8.0, 72, 4, 900.0, 50.0, 450.0, 0.47, 0.34, 0.8},
-    {"gb300", 2500.0, 288.0, 8.0, 72, 4, 900.0, 100.0, 450.0, 0.47, 0.34, 0.8},
+    {"h100", 989.0, 1979.0, "blockwise", 79.6, 3.35, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"h800", 989.0, 1979.0, "blockwise", 79.6, 3.35, 8, 8, 200.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"h200", 989.0, 1979.0, "blockwise", 141.0, 4.8, 8, 8, 450.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"b200", 2250.0, 4500.0, "mxfp8", 180.0, 8.0, 8, 8, 900.0, 50.0, 63.0, 0.47, 0.34, 0.8},
+    {"gb200", 2500.0, 5000.0, "mxfp8", 186.0, 8.0, 72, 4, 900.0, 50.0, 450.0, 0.47, 0.34, 0.8},
+    {"gb300", 2500.0, 5000.0, "mxfp8", 288.0, 8.0, 72, 4, 900.0, 100.0, 450.0, 0.47, 0.34, 0.8},
 };
 #define NPLATFORMS (sizeof platforms / sizeof platforms[0])
 
@@ -254,6 +265,7 @@ static double flops_per_token(const struct model *m)
 struct layout {
     int tp, pp, vpp, ep, etp, mbs, first, last; /* first/last: 0 = the even split */
     int rc;                 /* the recompute setting: planner's settings[rc] */
+    bool fp8;               /* the platform's FP8 recipe (searched), else BF16 */
     int kid;                /* the layout without its recompute setting: planner's kinds */
     int dp, edp, m;
     /* seconds per step */
@@ -291,7 +303,7 @@ struct planner {
      * holds whatever the micro-batch (parameters, master weights, gradients, optimizer
      * state, communication buffers, expert biases), from an exact plan: a lower bound
      * on the most loaded rank's total for every micro-batch size */
-    struct fixed_part { int tp, pp, vpp, first, last, ep, etp; size_t bytes; } *parts;
+    struct fixed_part { int tp, pp, vpp, first, last, ep, etp; bool fp8; size_t bytes; } *parts;
     size_t nparts, capparts;
     int fixed[NFIX];          /* an axis given on the command line: 1, then its value */
     /* the recompute settings tried: the namelists' one when they or an override set
@@ -310,6 +322,9 @@ struct planner {
     char **files, **overrides;
     int nfiles, noverrides;
     bool recompute_given;     /* an override sets a recompute% key */
+    size_t nfp8;              /* kinds in FP8 */
+    bool fp8_searched;        /* the namelists and overrides set no FP8/FP4 recipe: BF16 and
+                                 the platform's FP8 recipe are tried */
 };
 
 /* cfg's layout keys for one layout. */
@@ -335,6 +350,11 @@ static void set_candidate(const struct planner *pl, struct mt_config *c, const s
 {
     set_layout(c, x, pl->gbs);
     c->recompute = pl->settings[x->rc];
+    if (x->fp8) {
+        snprintf(c->precision.fp8_format, sizeof c->precision.fp8_format, "e4m3");
+        snprintf(c->precision.fp8_recipe, sizeof c->precision.fp8_recipe, "%s",
+                 pl->gpu->fp8_recipe);
+    }
 }
 
 /* Resolves the layout on pl->work; MT_OK when moetrain's rules accept it. */
@@ -461,6 +481,10 @@ static void model_step(const struct planner *pl, struct layout *x)
     const struct model *m = &pl->model;
     const struct mt_config *c = pl->work;
     const double peak = g->bf16_tflops * 1e12;
+    /* FP8 runs the GEMMs of the attention projections, dense MLPs and experts (routed
+     * and shared) at the FP8 peak; the router, embedding, LM head and attention core, and
+     * what recompute rebuilds, are counted at the BF16 peak */
+    const double qpeak = c->precision.fp8_format[0] ? g->fp8_tflops * 1e12 : peak;
     const double nvl = g->nvlink_gbps * g->eff_link, net = g->net_gbps * g->eff_link;
     const double b = (double)x->mbs * m->T; /* tokens of a micro-batch */
     /* Placement keeps TP x CP and ETP x EP groups in a domain; a pipeline stays in one
@@ -476,12 +500,13 @@ static void model_step(const struct planner *pl, struct layout *x)
         stage_layers(c, s, &nd, &nm);
         const int n = nd + nm;
         const bool last = s == x->pp - 1;
-        double dense_f = n * m->f_attn + nd * m->f_mlp + (last ? m->f_head : 0.0);
+        double quant_f = n * m->f_attn + nd * m->f_mlp;
         struct rebuild rb;
         rebuild_cost(c, m, s, &rb);
         double t_c = b / x->tp *
-                     ((dense_f + n * m->f_core + rb.f_dense) / (peak * g->eff_dense) +
-                      (nm * m->f_moe + rb.f_moe) / (peak * g->eff_expert));
+                     (quant_f / (qpeak * g->eff_dense) +
+                      ((last ? m->f_head : 0.0) + n * m->f_core + rb.f_dense) / (peak * g->eff_dense) +
+                      nm * m->f_moe / (qpeak * g->eff_expert) + rb.f_moe / (peak * g->eff_expert));
         /* sequence parallel: all-gather and reduce-scatter of the activations around
          * attention and each dense MLP, forward and backward, and around the LM head */
         double colls = 4.0 * (n + nd) + (last ? 2.0 : 0.0) + rb.colls;
@@ -506,9 +531,9 @@ static void model_step(const struct planner *pl, struct layout *x)
             const int layers = kind ? nm : nd;
             const double link = offload_bytes(c, m, b, x->tp, kind) / host;
             const double layer = b / x->tp *
-                                 ((m->f_attn + m->f_core + (kind ? 0.0 : m->f_mlp)) /
-                                      (peak * g->eff_dense) +
-                                  (kind ? m->f_moe / (peak * g->eff_expert) : 0.0));
+                                 ((m->f_attn + (kind ? 0.0 : m->f_mlp)) / (qpeak * g->eff_dense) +
+                                  m->f_core / (peak * g->eff_dense) +
+                                  (kind ? m->f_moe / (qpeak * g->eff_expert) : 0.0));
             t_off += layers * (fmax(0.0, link - layer / 3.0) + fmax(0.0, link - 2.0 * layer / 3.0));
         }
         double t = t_c + t_tp + t_ep + t_pp + t_off;
@@ -584,6 +609,28 @@ static int try_layout(struct planner *pl, struct layout x)
     x.edp = l.edp;
     x.m = l.num_micro_batches;
     x.state = UNCHECKED;
+    for (int i = 0; i < pl->nsettings; i++) {
+        x.rc = i;
+        pl->work->recompute = pl->settings[i];
+        model_step(pl, &x);
+        MT_CHECK(add(pl, &x));
+    }
+    if (!pl->fp8_searched) return MT_OK;
+    /* the platform's FP8 recipe, where moetrain's rules take it (check_low_precision):
+     * a kind of its own (its memory differs) */
+    x.fp8 = true;
+    x.rc = 0;
+    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK;
+    if (pl->nkinds == pl->capkinds) {
+        size_t cap = 2 * pl->capkinds;
+        struct kind *p = realloc(pl->kinds, cap * sizeof *p);
+        if (!p) return MT_ENOMEM;
+        pl->kinds = p;
+        pl->capkinds = cap;
+    }
+    x.kid = (int)pl->nkinds;
+    pl->kinds[pl->nkinds++] = (struct kind){.fits = false};
+    pl->nfp8++;
     for (int i = 0; i < pl->nsettings; i++) {
         x.rc = i;
         pl->work->recompute = pl->settings[i];
@@ -699,6 +746,7 @@ static int cmp_step(const void *pa, const void *pb)
     int sa = a->tp * a->pp * a->vpp * a->ep * a->etp, sb = b->tp * b->pp * b->vpp * b->ep * b->etp;
     if (sa != sb) return sa < sb ? -1 : 1;
     if (a->mbs != b->mbs) return a->mbs - b->mbs;
+    if (a->fp8 != b->fp8) return a->fp8 - b->fp8; /* BF16 first */
     if (a->kid != b->kid) return a->kid - b->kid;
     return a->rc - b->rc; /* the least recomputed first */
 }
@@ -745,7 +793,7 @@ static struct fixed_part *find_part(struct planner *pl, const struct layout *x)
     for (size_t i = 0; i < pl->nparts; i++) {
         struct fixed_part *f = &pl->parts[i];
         if (f->tp == x->tp && f->pp == x->pp && f->vpp == x->vpp && f->first == x->first &&
-            f->last == x->last && f->ep == x->ep && f->etp == x->etp)
+            f->last == x->last && f->ep == x->ep && f->etp == x->etp && f->fp8 == x->fp8)
             return f;
     }
     return NULL;
@@ -788,7 +836,7 @@ static int size_ranks(struct planner *pl, const struct layout *x, const struct m
                 }
                 part = &pl->parts[pl->nparts++];
                 *part = (struct fixed_part){x->tp, x->pp, x->vpp, x->first, x->last, x->ep,
-                                            x->etp, 0};
+                                            x->etp, x->fp8, 0};
             }
             part->bytes = fixed_bytes(&r);
         }
@@ -899,9 +947,12 @@ static void layout_name(const struct planner *pl, const struct layout *x, char *
     if (x->first || x->last)
         snprintf(ends, sizeof ends, " (first %d, last %d layers)", x->first, x->last);
     recompute_name(&pl->settings[x->rc], rc, sizeof rc);
+    char prec[40] = "";
+    if (pl->fp8_searched)
+        snprintf(prec, sizeof prec, ", %s%s", x->fp8 ? "FP8 " : "BF16", x->fp8 ? pl->gpu->fp8_recipe : "");
     snprintf(buf, n, "TP %d x PP %d x DP %d, VPP %d%s, EP %d x ETP %d x EDP %d, micro-batch %d "
-                     "x %d, recompute %s",
-             x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m, rc);
+                     "x %d%s, recompute %s",
+             x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m, prec, rc);
 }
 
 /* The --check command that checks x. */
@@ -924,6 +975,8 @@ static void check_command(const struct planner *pl, const struct layout *x, FILE
                  " parallel%%use_distributed_optimizer=T training%%micro_batch_size=%d"
                  " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f",
             x->ep, x->etp, x->mbs, pl->gbs, floor(pl->usable_gib * 10) / 10);
+    if (x->fp8)
+        fprintf(out, " precision%%fp8_format='e4m3' precision%%fp8_recipe='%s'", pl->gpu->fp8_recipe);
     const struct mt_config_recompute *r = &pl->settings[x->rc];
     /* searched: the namelists set no &recompute, so the setting's keys say it all */
     if (pl->searched && strcmp(r->granularity, "none") != 0) {
@@ -1186,6 +1239,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     memcpy(pl->resolved, c, sizeof *c);
     model_facts(pl->resolved, &pl->model);
     MT_CHECK(recompute_settings(pl, err));
+    pl->fp8_searched = !pl->base->precision.fp8_format[0] && !pl->base->precision.fp4_format[0];
     if (pl->gbs <= 0) {
         if (pl->base->training.global_batch_size <= 0)
             return mt_err_set(err, MT_EINVAL,
@@ -1204,6 +1258,12 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                  "x %g tokens; %.2f GFLOP a token (forward and backward)\n",
             pl->world, pl->gpu->name, pl->domain, pl->gpu->gpus_per_node, pl->gbs, m->T,
             flops_per_token(m) / 1e9);
+    char prec[160];
+    if (pl->fp8_searched)
+        snprintf(prec, sizeof prec, "BF16 and FP8 %s (fp8_format 'e4m3') where moetrain's "
+                 "rules take it", pl->gpu->fp8_recipe);
+    else
+        snprintf(prec, sizeof prec, "precision as the namelists set it");
     /* the recompute settings, then the offloading levels tried with each but full */
     char settings[2048] = "";
     for (int i = 0, w = 0, lv = 0; i < pl->nsettings && w < (int)sizeof settings; i++) {
@@ -1223,12 +1283,13 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     }
     fprintf(out, "axes: TP, PP, VPP (even split, and the uneven end stages that balance best), "
                  "EP, ETP, micro-batch 1/2/4/8, recompute %s (%s); CP 1, the distributed "
-                 "optimizer, BF16 (FP8 recipes are not namelist keys yet); the namelists' layout "
+                 "optimizer, %s; the namelists' layout "
                  "keys are replaced\n",
-            pl->searched ? "searched" : "as the namelists and overrides set it", settings);
-    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules, "
-                 "%zu with their recompute and offloading settings (%.2f s)\n",
-            pl->tried, pl->nkinds, pl->n, t_enum);
+            pl->searched ? "searched" : "as the namelists and overrides set it", settings, prec);
+    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules "
+                 "(%zu of them in FP8 too), %zu with their precision, recompute and offloading "
+                 "settings (%.2f s)\n",
+            pl->tried, pl->nkinds - pl->nfp8, pl->nfp8, pl->n, t_enum);
     if (pl->n == 0)
         return mt_err_set(err, MT_EINVAL,
                           "no layout of this model on %d GPUs is accepted with global batch %d: "

@@ -149,6 +149,38 @@ grep -q '^ *-  TP .*, recompute selective moe_act+layernorm: does not fit' off.l
     { cat off.log; fail "expected the cheap recompute without offloading shown not to fit"; }
 echo "ok: under 250 GiB: $(grep '^ *1\. TP' off.log | sed 's/.*, recompute //') ($planned bytes, as --check)"
 
+# the FP8 axis: the platform's recipe (blockwise on H100, mxfp8 on GB200) is tried where
+# moetrain's configuration rules take it; with TP, EP and ETP fixed at 1 the first layout
+# runs FP8 (its GEMMs at the FP8 peak), its check command carries the recipe and passes
+# with the planned bytes; every FP8 layout of a free search passes --check, i.e. the
+# plan proposes FP8 only where the rules take it
+fp8one="parallel%tensor_model_parallel_size=1 parallel%expert_model_parallel_size=1 parallel%expert_tensor_parallel_size=1"
+for gpu in h100:blockwise gb200:mxfp8; do
+    # shellcheck disable=SC2086
+    plan --gpus 16 --gpu ${gpu%:*} --global-batch 64 --top 1 "$nml" $fp8one > fp8.log 2>&1 ||
+        { cat fp8.log; fail "plan with FP8 on ${gpu%:*}"; }
+    grep -q "^ *1\. TP 1 x .*, FP8 ${gpu#*:}, recompute" fp8.log || { cat fp8.log; fail "${gpu%:*}: expected FP8 ${gpu#*:} first"; }
+    grep 'check: ' fp8.log | tail -1 | sed 's/^ *check: moetrain //' > fp8.check
+    grep -q "precision%fp8_format='e4m3' precision%fp8_recipe='${gpu#*:}'" fp8.check ||
+        { cat fp8.log; fail "${gpu%:*}: no FP8 keys in the check command"; }
+    # shellcheck disable=SC2046
+    "$MOETRAIN" $(cat fp8.check) > fp8-check.log 2>&1 || { cat fp8.log fp8-check.log; fail "--check of the FP8 layout"; }
+    planned=$(grep -A2 '^ *1\. TP' fp8.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
+    checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' fp8-check.log | sort -n | tail -1)
+    [ -n "$planned" ] && [ "$planned" = "$checked" ] || { cat fp8.log fp8-check.log; fail "FP8: planned $planned bytes, --check $checked"; }
+    echo "ok: ${gpu%:*}: $(grep '^ *1\. TP' fp8.log | sed 's/^ *1\. //') ($planned bytes, as --check)"
+done
+plan --gpus 16 --gpu h100 --global-batch 64 --top 40 "$nml" parallel%tensor_model_parallel_size=1 \
+    > free.log 2>&1 || { cat free.log; fail "plan, 40 layouts"; }
+grep -q 'accepted by .* ([1-9][0-9]* of them in FP8 too)' free.log || { cat free.log; fail "no layout tried in FP8"; }
+grep -A3 '^ *[0-9]*\. TP.*, FP8 blockwise' free.log | grep 'check: ' | sed 's/^ *check: moetrain //' > fp8s
+while read -r args; do
+    # shellcheck disable=SC2086
+    "$MOETRAIN" $args > check.log 2>&1 || { cat check.log; fail "an FP8 layout the rules refuse: $args"; }
+done < fp8s
+[ -s fp8s ] && grep -q '^ *[0-9]*\. TP.*, BF16' free.log || { cat free.log; fail "expected FP8 and BF16 layouts among 40"; }
+echo "ok: $(wc -l < fp8s) FP8 layouts of 40 with TP 1 pass --check"
+
 # nothing fits: one message naming the smallest layout and what to change
 expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
     precision%gpu_memory_gb=0.000001
