@@ -277,7 +277,6 @@ struct layout {
                                recompute setting of the same layout fits, and is faster */
     struct mt_rank_memory worst;
     bool bound;              /* too big by a lower bound: worst.total only */
-    char why[512];
 };
 
 struct planner {
@@ -298,6 +297,9 @@ struct planner {
     struct placed { int tp, pp, ep, etp, rc; char why[512]; } *placed;
     size_t nplaced, capplaced;
     int plans;                /* mt_train_plan_memory calls */
+    int *stage_nd, *stage_nm; /* (L) the dense and MoE layers of each stage of the layout
+                                 try_layout models (stage_layers, once for its settings) */
+    char why[512];            /* why the first layout refused (in the checked order) was */
     int bounded;              /* layouts found too big by a bound, without a plan */
     /* per TP x PP x VPP x ends x EP x ETP (the world fixes DP and EDP): the most a rank
      * holds whatever the micro-batch (parameters, master weights, gradients, optimizer
@@ -322,6 +324,8 @@ struct planner {
     char **files, **overrides;
     int nfiles, noverrides;
     bool recompute_given;     /* an override sets a recompute% key */
+    bool precision_given;     /* an override sets precision%fp8_format or fp4_format (''
+                                 fixes BF16) */
     size_t nfp8;              /* kinds in FP8 */
     bool fp8_searched;        /* the namelists and overrides set no FP8/FP4 recipe: BF16 and
                                  the platform's FP8 recipe are tried */
@@ -391,8 +395,8 @@ struct rebuild {
     double f_dense, f_moe, colls, ep_passes;
 };
 
-static void rebuild_cost(const struct mt_config *c, const struct model *m, int s,
-                         struct rebuild *r)
+static void rebuild_cost(const struct mt_config *c, const struct model *m, int s, int nd,
+                         int nm, struct rebuild *r)
 {
     const struct mt_config_recompute *rc = &c->recompute;
     memset(r, 0, sizeof *r);
@@ -412,8 +416,6 @@ static void rebuild_cost(const struct mt_config *c, const struct model *m, int s
         return;
     }
     if (strcmp(rc->granularity, "selective") != 0) return;
-    int nd, nm;
-    stage_layers(c, s, &nd, &nm);
     const int n = nd + nm;
     for (int i = 0; i < rc->modules_len; i++) {
         const char *mod = rc->modules[i];
@@ -496,13 +498,11 @@ static void model_step(const struct planner *pl, struct layout *x)
     const double dp_bw = pl->world <= pl->domain ? nvl : net;
     double worst = 0, w_c = 0, w_tp = 0, w_ep = 0, w_pp = 0, w_off = 0, dense_p = 0, expert_p = 0;
     for (int s = 0; s < x->pp; s++) {
-        int nd, nm;
-        stage_layers(c, s, &nd, &nm);
-        const int n = nd + nm;
+        const int nd = pl->stage_nd[s], nm = pl->stage_nm[s], n = nd + nm;
         const bool last = s == x->pp - 1;
         double quant_f = n * m->f_attn + nd * m->f_mlp;
         struct rebuild rb;
-        rebuild_cost(c, m, s, &rb);
+        rebuild_cost(c, m, s, nd, nm, &rb);
         double t_c = b / x->tp *
                      (quant_f / (qpeak * g->eff_dense) +
                       ((last ? m->f_head : 0.0) + n * m->f_core + rb.f_dense) / (peak * g->eff_dense) +
@@ -609,6 +609,7 @@ static int try_layout(struct planner *pl, struct layout x)
     x.edp = l.edp;
     x.m = l.num_micro_batches;
     x.state = UNCHECKED;
+    for (int s = 0; s < x.pp; s++) stage_layers(pl->work, s, &pl->stage_nd[s], &pl->stage_nm[s]);
     for (int i = 0; i < pl->nsettings; i++) {
         x.rc = i;
         pl->work->recompute = pl->settings[i];
@@ -856,10 +857,12 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
     if (resolve(pl, x, &l, &e)) /* accepted in pass 1 */
         return mt_err_set(err, MT_ERUNTIME, "plan: a layout accepted before is refused: %s",
                           e.msg);
-    int rc = place(pl, x, &l, x->why, sizeof x->why);
+    char why[512];
+    int rc = place(pl, x, &l, why, sizeof why);
     if (rc == MT_ENOMEM) return mt_err_set(err, rc, "plan: out of memory");
     if (rc) {
         x->state = REFUSED;
+        if (!pl->why[0]) snprintf(pl->why, sizeof pl->why, "%s", why);
         return MT_OK;
     }
     struct kind *k = &pl->kinds[x->kid];
@@ -911,7 +914,7 @@ static int check_layout(struct planner *pl, struct layout *x, struct mt_err *err
         if (rc == MT_ENOMEM) return mt_err_set(err, rc, "%s", e.msg);
         if (rc) {
             x->state = REFUSED;
-            snprintf(x->why, sizeof x->why, "%s", e.msg);
+            if (!pl->why[0]) snprintf(pl->why, sizeof pl->why, "%s", e.msg);
             return MT_OK;
         }
         if (x->rc == pl->full) {
@@ -1238,8 +1241,12 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
         return mt_err_prefix(err, "the model");
     memcpy(pl->resolved, c, sizeof *c);
     model_facts(pl->resolved, &pl->model);
+    pl->stage_nd = calloc(2 * (size_t)pl->model.L, sizeof *pl->stage_nd);
+    if (!pl->stage_nd) return mt_err_set(err, MT_ENOMEM, "out of memory");
+    pl->stage_nm = pl->stage_nd + pl->model.L;
     MT_CHECK(recompute_settings(pl, err));
-    pl->fp8_searched = !pl->base->precision.fp8_format[0] && !pl->base->precision.fp4_format[0];
+    pl->fp8_searched = !pl->precision_given && !pl->base->precision.fp8_format[0] &&
+                       !pl->base->precision.fp4_format[0];
     if (pl->gbs <= 0) {
         if (pl->base->training.global_batch_size <= 0)
             return mt_err_set(err, MT_EINVAL,
@@ -1330,7 +1337,7 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
             if (pl->cands[i].state == REFUSED) {
                 char name[560];
                 layout_name(pl, &pl->cands[i], name, sizeof name);
-                fprintf(out, "  e.g. %s refused: %.300s\n", name, pl->cands[i].why);
+                fprintf(out, "  e.g. %s refused: %.300s\n", name, pl->why);
                 break;
             }
     }
@@ -1424,6 +1431,8 @@ int mt_plan_cli(int argc, char **argv)
             for (int k = 0; k < NFIX; k++)
                 if (key_is(a, axis_keys[k])) pl.fixed[k] = 1;
             if (!strncasecmp(a, "recompute%", 10)) pl.recompute_given = true;
+            if (!strncasecmp(a, "precision%fp8_format", 20) || !strncasecmp(a, "precision%fp4_format", 20))
+                pl.precision_given = true;
             pl.overrides[pl.noverrides++] = argv[i];
         } else {
             pl.files[pl.nfiles++] = argv[i];
@@ -1465,6 +1474,7 @@ done:
     free(pl.placed);
     free(pl.parts);
     free(pl.kinds);
+    free(pl.stage_nd);
     free(pl.files);
     free(pl.overrides);
     free(pl.base);
