@@ -951,8 +951,13 @@ static void layout_name(const struct planner *pl, const struct layout *x, char *
         snprintf(ends, sizeof ends, " (first %d, last %d layers)", x->first, x->last);
     recompute_name(&pl->settings[x->rc], rc, sizeof rc);
     char prec[40] = "";
+    const struct mt_config_precision *q = &pl->base->precision;
     if (pl->fp8_searched)
         snprintf(prec, sizeof prec, ", %s%s", x->fp8 ? "FP8 " : "BF16", x->fp8 ? pl->gpu->fp8_recipe : "");
+    else if (q->fp8_format[0]) /* the namelists' recipe */
+        snprintf(prec, sizeof prec, ", FP8 %s", q->fp8_recipe);
+    else if (q->fp4_format[0])
+        snprintf(prec, sizeof prec, ", FP4 %s", q->fp4_recipe);
     snprintf(buf, n, "TP %d x PP %d x DP %d, VPP %d%s, EP %d x ETP %d x EDP %d, micro-batch %d "
                      "x %d%s, recompute %s",
              x->tp, x->pp, x->dp, x->vpp, ends, x->ep, x->etp, x->edp, x->mbs, x->m, prec, rc);
@@ -1293,10 +1298,11 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                  "optimizer, %s; the namelists' layout "
                  "keys are replaced\n",
             pl->searched ? "searched" : "as the namelists and overrides set it", settings, prec);
-    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules "
-                 "(%zu of them in FP8 too), %zu with their precision, recompute and offloading "
-                 "settings (%.2f s)\n",
-            pl->tried, pl->nkinds - pl->nfp8, pl->nfp8, pl->n, t_enum);
+    char in_fp8[48] = "";
+    if (pl->fp8_searched) snprintf(in_fp8, sizeof in_fp8, " (%zu of them in FP8 too)", pl->nfp8);
+    fprintf(out, "%lld layouts enumerated, %zu accepted by moetrain's configuration rules%s, "
+                 "%zu with their precision, recompute and offloading settings (%.2f s)\n",
+            pl->tried, pl->nkinds - pl->nfp8, in_fp8, pl->n, t_enum);
     if (pl->n == 0)
         return mt_err_set(err, MT_EINVAL,
                           "no layout of this model on %d GPUs is accepted with global batch %d: "

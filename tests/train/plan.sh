@@ -170,6 +170,11 @@ for gpu in h100:blockwise gb200:mxfp8; do
     [ -n "$planned" ] && [ "$planned" = "$checked" ] || { cat fp8.log fp8-check.log; fail "FP8: planned $planned bytes, --check $checked"; }
     echo "ok: ${gpu%:*}: $(grep '^ *1\. TP' fp8.log | sed 's/^ *1\. //') ($planned bytes, as --check)"
 done
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $fp8one "precision%fp8_format=''" > bf16.log 2>&1 ||
+    { cat bf16.log; fail "plan with precision%fp8_format=''"; }
+grep -q 'precision as the namelists set it' bf16.log && ! grep -q 'FP8\|BF16' bf16.log ||
+    { cat bf16.log; fail "precision%fp8_format='' should fix BF16"; }
 plan --gpus 16 --gpu h100 --global-batch 64 --top 40 "$nml" parallel%tensor_model_parallel_size=1 \
     > free.log 2>&1 || { cat free.log; fail "plan, 40 layouts"; }
 grep -q 'accepted by .* ([1-9][0-9]* of them in FP8 too)' free.log || { cat free.log; fail "no layout tried in FP8"; }
