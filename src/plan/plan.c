@@ -587,15 +587,10 @@ static int add(struct planner *pl, const struct layout *x)
     return MT_OK;
 }
 
-/* Tries one layout: kept, once per recompute setting with its step model, when the
- * rules accept it. MT_ENOMEM or MT_OK. */
-static int try_layout(struct planner *pl, struct layout x)
+/* Adds x (resolved on pl->work as l) as a kind of its own, once per setting with its
+ * step model. MT_ENOMEM or MT_OK. */
+static int add_kind(struct planner *pl, struct layout x, const struct mt_layout *l)
 {
-    struct mt_layout l;
-    struct mt_err e = {0};
-    pl->tried++;
-    x.rc = 0;
-    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK; /* the same for every setting */
     if (pl->nkinds == pl->capkinds) {
         size_t cap = pl->capkinds ? 2 * pl->capkinds : 1024;
         struct kind *p = realloc(pl->kinds, cap * sizeof *p);
@@ -605,33 +600,11 @@ static int try_layout(struct planner *pl, struct layout x)
     }
     x.kid = (int)pl->nkinds;
     pl->kinds[pl->nkinds++] = (struct kind){.fits = false};
-    x.dp = l.dp;
-    x.edp = l.edp;
-    x.m = l.num_micro_batches;
+    pl->nfp8 += x.fp8;
+    x.dp = l->dp;
+    x.edp = l->edp;
+    x.m = l->num_micro_batches;
     x.state = UNCHECKED;
-    for (int s = 0; s < x.pp; s++) stage_layers(pl->work, s, &pl->stage_nd[s], &pl->stage_nm[s]);
-    for (int i = 0; i < pl->nsettings; i++) {
-        x.rc = i;
-        pl->work->recompute = pl->settings[i];
-        model_step(pl, &x);
-        MT_CHECK(add(pl, &x));
-    }
-    if (!pl->fp8_searched) return MT_OK;
-    /* the platform's FP8 recipe, where moetrain's rules take it (check_low_precision):
-     * a kind of its own (its memory differs) */
-    x.fp8 = true;
-    x.rc = 0;
-    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK;
-    if (pl->nkinds == pl->capkinds) {
-        size_t cap = 2 * pl->capkinds;
-        struct kind *p = realloc(pl->kinds, cap * sizeof *p);
-        if (!p) return MT_ENOMEM;
-        pl->kinds = p;
-        pl->capkinds = cap;
-    }
-    x.kid = (int)pl->nkinds;
-    pl->kinds[pl->nkinds++] = (struct kind){.fits = false};
-    pl->nfp8++;
     for (int i = 0; i < pl->nsettings; i++) {
         x.rc = i;
         pl->work->recompute = pl->settings[i];
@@ -639,6 +612,24 @@ static int try_layout(struct planner *pl, struct layout x)
         MT_CHECK(add(pl, &x));
     }
     return MT_OK;
+}
+
+/* Tries one layout: kept, once per recompute setting with its step model, when the
+ * rules accept it, and again in the platform's FP8 recipe where they take it too
+ * (check_low_precision; a kind of its own: its memory differs). MT_ENOMEM or MT_OK. */
+static int try_layout(struct planner *pl, struct layout x)
+{
+    struct mt_layout l;
+    struct mt_err e = {0};
+    pl->tried++;
+    x.rc = 0;
+    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK; /* the same for every setting */
+    for (int s = 0; s < x.pp; s++) stage_layers(pl->work, s, &pl->stage_nd[s], &pl->stage_nm[s]);
+    MT_CHECK(add_kind(pl, x, &l));
+    if (!pl->fp8_searched) return MT_OK;
+    x.fp8 = true;
+    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK;
+    return add_kind(pl, x, &l);
 }
 
 /* The uneven end stages for PP x VPP that balance the stages best (the LM head's work

@@ -120,6 +120,17 @@ for mods in "'moe_act','layernorm'" "'core_attn'" "'core_attn','moe_act','layern
 done
 echo "ok: full recompute of single layers keeps the fewest activation bytes on every stage (offloading too)"
 
+# check_first NAME: the check command in NAME.check (the first layout's of NAME.log)
+# passes, and its most loaded rank's bytes are the plan's; sets $planned
+check_first() {
+    # shellcheck disable=SC2046
+    "$MOETRAIN" $(cat "$1.check") > "$1-check.log" 2>&1 || { cat "$1.log" "$1-check.log"; fail "$1: --check of the first layout"; }
+    planned=$(grep -A2 '^ *1\. TP' "$1.log" | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
+    checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' "$1-check.log" | sort -n | tail -1)
+    [ -n "$planned" ] && [ "$planned" = "$checked" ] ||
+        { cat "$1.log" "$1-check.log"; fail "$1: planned $planned bytes, --check $checked"; }
+}
+
 # offloading searched after recompute: Qwen3-235B-A22B on 256 GB200 with its layout fixed
 # (row A of doc/plan.md) and 250 GiB: no recompute setting but full or moe fits, and
 # offloading the experts' modules beside cheap recompute is faster than those; the
@@ -140,11 +151,7 @@ grep -A2 '^ *1\. TP' off.log | grep -q 'offloaded to pinned host memory [0-9.]* 
 grep 'check: ' off.log | tail -1 | sed 's/^ *check: moetrain //' > off.check
 grep -q "recompute%fine_grained_activation_offloading=T recompute%offload_modules='expert_fc1','moe_act'" off.check ||
     { cat off.log; fail "no offloading keys in the check command"; }
-# shellcheck disable=SC2046
-"$MOETRAIN" $(cat off.check) > off-check.log 2>&1 || { cat off.log off-check.log; fail "--check of the offloading layout"; }
-planned=$(grep -A2 '^ *1\. TP' off.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
-checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' off-check.log | sort -n | tail -1)
-[ -n "$planned" ] && [ "$planned" = "$checked" ] || { cat off.log off-check.log; fail "offloading: planned $planned bytes, --check $checked"; }
+check_first off
 grep -q '^ *-  TP .*, recompute selective moe_act+layernorm: does not fit' off.log ||
     { cat off.log; fail "expected the cheap recompute without offloading shown not to fit"; }
 echo "ok: under 250 GiB: $(grep '^ *1\. TP' off.log | sed 's/.*, recompute //') ($planned bytes, as --check)"
@@ -163,11 +170,7 @@ for gpu in h100:blockwise gb200:mxfp8; do
     grep 'check: ' fp8.log | tail -1 | sed 's/^ *check: moetrain //' > fp8.check
     grep -q "precision%fp8_format='e4m3' precision%fp8_recipe='${gpu#*:}'" fp8.check ||
         { cat fp8.log; fail "${gpu%:*}: no FP8 keys in the check command"; }
-    # shellcheck disable=SC2046
-    "$MOETRAIN" $(cat fp8.check) > fp8-check.log 2>&1 || { cat fp8.log fp8-check.log; fail "--check of the FP8 layout"; }
-    planned=$(grep -A2 '^ *1\. TP' fp8.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
-    checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' fp8-check.log | sort -n | tail -1)
-    [ -n "$planned" ] && [ "$planned" = "$checked" ] || { cat fp8.log fp8-check.log; fail "FP8: planned $planned bytes, --check $checked"; }
+    check_first fp8
     echo "ok: ${gpu%:*}: $(grep '^ *1\. TP' fp8.log | sed 's/^ *1\. //') ($planned bytes, as --check)"
 done
 # shellcheck disable=SC2086
