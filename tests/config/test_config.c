@@ -400,6 +400,20 @@ static void test_recompute(void **state)
                  "modules(1) = 'mlp': this model has no dense MLP layer");
     expect_error("&recompute granularity = 'partial' /\n",
                  "granularity = 'partial' is not allowed (allowed: none|selective|full)");
+    /* offloading: the routed experts' modules with MoE layers, refused without */
+    c = malloc(sizeof *c);
+    snprintf(text, sizeof text, "%s&recompute fine_grained_activation_offloading = .true., "
+             "offload_modules = 'expert_fc1', 'moe_act', 'core_attn' /\n", moe);
+    assert_int_equal(load_text(c, text, 0, NULL, 1, &err), 0);
+    assert_int_equal(c->recompute.offload_modules_len, 3);
+    free(c);
+    expect_error("&recompute fine_grained_activation_offloading = .true., "
+                 "offload_modules = 'core_attn', 'expert_fc1' /\n",
+                 "offload_modules(2) = 'expert_fc1': this model has no MoE layer");
+    expect_error("&recompute fine_grained_activation_offloading = .true., "
+                 "offload_modules = 'expert_fc2' /\n",
+                 "offload_modules(1) = 'expert_fc2' is not an offloadable module; choose from "
+                 "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act");
 }
 
 /* Megatron's spellings of moetrain keys: the flag's words joined by '_' */
