@@ -441,30 +441,43 @@ static void rebuild_cost(const struct mt_config *c, const struct model *m, int s
  * core_attn's output and, with moe, the experts' tensors, so they are not offloaded);
  * the experts' at the rows their buffers are sized for (expert_buffer_factor times a
  * balanced load, or the capacity). */
+static bool recomputes(const struct mt_config_recompute *r, const char *mod)
+{
+    for (int i = 0; strcmp(r->granularity, "selective") == 0 && i < r->modules_len; i++)
+        if (strcmp(r->modules[i], mod) == 0) return true;
+    return false;
+}
+
+/* Whether an MoE layer (moe) or a dense one saves module mod's input under r's
+ * recompute setting, so that offloading it moves something (plan_offload's rules). */
+static bool offloads(const struct mt_config_recompute *r, const char *mod, bool moe)
+{
+    if (strcmp(mod, "qkv_linear") == 0) return !recomputes(r, "layernorm");
+    if (strcmp(mod, "attn_proj") == 0) return !recomputes(r, "core_attn");
+    if (strcmp(mod, "expert_fc1") == 0 || strcmp(mod, "moe_act") == 0)
+        return moe && !recomputes(r, "moe");
+    return true;
+}
+
 static double offload_bytes(const struct mt_config *c, const struct model *m, double b, int tp,
                             bool moe)
 {
     const struct mt_config_recompute *r = &c->recompute;
     if (!r->fine_grained_activation_offloading) return 0.0;
-    bool rc_ln = false, rc_core = false, rc_moe = false;
-    for (int i = 0; strcmp(r->granularity, "selective") == 0 && i < r->modules_len; i++) {
-        rc_ln |= strcmp(r->modules[i], "layernorm") == 0;
-        rc_core |= strcmp(r->modules[i], "core_attn") == 0;
-        rc_moe |= strcmp(r->modules[i], "moe") == 0;
-    }
     const double f = c->moe.expert_capacity_factor > 0 ? c->moe.expert_capacity_factor
                                                        : c->moe.expert_buffer_factor;
     const double rows = f * b / tp * m->topk; /* a balanced load: etp x this x Fe / etp */
     double bytes = 0.0;
     for (int i = 0; i < r->offload_modules_len; i++) {
         const char *mod = r->offload_modules[i];
+        if (!offloads(r, mod, moe)) continue;
         if (strcmp(mod, "attn_norm") == 0) bytes += b / tp * m->H;
-        else if (strcmp(mod, "qkv_linear") == 0 && !rc_ln) bytes += b * m->H;
+        else if (strcmp(mod, "qkv_linear") == 0) bytes += b * m->H;
         else if (strcmp(mod, "core_attn") == 0) bytes += b * (m->Q + 2.0 * m->KV) / tp;
-        else if (strcmp(mod, "attn_proj") == 0 && !rc_core) bytes += b * m->Q / tp;
+        else if (strcmp(mod, "attn_proj") == 0) bytes += b * m->Q / tp;
         else if (strcmp(mod, "mlp_norm") == 0) bytes += b / tp * m->H;
-        else if (strcmp(mod, "expert_fc1") == 0 && moe && !rc_moe) bytes += rows * m->H;
-        else if (strcmp(mod, "moe_act") == 0 && moe && !rc_moe) bytes += rows * 2.0 * m->Fe;
+        else if (strcmp(mod, "expert_fc1") == 0) bytes += rows * m->H;
+        else if (strcmp(mod, "moe_act") == 0) bytes += rows * 2.0 * m->Fe;
     }
     return bytes * WIRE_BYTES;
 }
@@ -1161,11 +1174,21 @@ static int offload_settings(struct planner *pl)
     }
     const int nrc = pl->nsettings;
     const int levels[OFFLOAD_LEVELS] = {1, 2, n};
+    const bool has_moe = m->nmoe > 0;
     struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
     for (int r = 0; r < nrc; r++) {
         if (r == pl->full) continue;
+        int moved = 0; /* modules that move something at the previous level */
         for (int lv = 0; lv < OFFLOAD_LEVELS; lv++) {
             if (levels[lv] > n || (lv > 0 && levels[lv] == levels[lv - 1])) continue;
+            /* a level that adds nothing this recompute setting saves (moe's experts,
+             * layernorm's qkv_linear, core_attn's attn_proj) would repeat one before */
+            int moves = 0;
+            for (int i = 0; i < levels[lv]; i++)
+                moves += offloads(&pl->settings[r], offload_names[order[i]],
+                                  has_moe && (order[i] == OFF_FC1 || order[i] == OFF_ACT));
+            if (moves == moved) continue;
+            moved = moves;
             struct mt_config_recompute s = pl->settings[r];
             s.fine_grained_activation_offloading = true;
             s.offload_modules_len = 0;
