@@ -78,11 +78,11 @@ grep -q '^ *1\. TP .*, recompute \(selective\|full\)' tight.log ||
     { cat tight.log; fail "expected the fitting layout to recompute"; }
 grep -q ' -  TP .*, recompute none: does not fit' tight.log ||
     { cat tight.log; fail "expected the layout without recompute shown not to fit"; }
-grep 'check: ' tight.log | sed 's/^ *check: moetrain //' > tight.check
+grep -A3 '^ *1\. TP' tight.log | grep 'check: ' | sed 's/^ *check: moetrain //' > tight.check
 grep -q "recompute%granularity=" tight.check || { cat tight.log; fail "no recompute keys in the check"; }
 # shellcheck disable=SC2046
 "$MOETRAIN" $(cat tight.check) > tight-check.log 2>&1 || { cat tight.log tight-check.log; fail "--check of the recomputing layout"; }
-planned=$(sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p' tight.log | tail -1)
+planned=$(grep -A2 '^ *1\. TP' tight.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
 checked=$(sed -n 's/.*total \([0-9]*\) (.*/\1/p' tight-check.log | sort -n | tail -1)
 [ "$planned" = "$checked" ] || { cat tight.log tight-check.log; fail "planned $planned bytes, --check $checked"; }
 echo "ok: under $limit GiB: $(grep '^ *1\. TP' tight.log | sed 's/.*, recompute //')"
