@@ -26,21 +26,26 @@ struct mt_cuda_graph {
     size_t bytes;
 };
 
-// Its blocks back to the caching allocator (the stream orders them after its launches);
-// the graph and its executable destroyed. Caller holds nothing.
+// Blocks a graph held (or a failed capture allocated) back to the caching allocator's
+// free lists; the stream orders their next use after the work that used them.
+static void give_back(mt_cuda_ctx *c, const std::unordered_map<void *, size_t> &blocks)
+{
+    std::lock_guard<std::mutex> lock(c->mu);
+    for (auto &b : blocks) {
+        c->live.erase(b.first);
+        c->in_use -= b.second;
+        c->free_blocks.emplace(b.second, b.first);
+        c->cached += b.second;
+    }
+}
+
+// Its blocks back to the caching allocator; the graph and its executable destroyed.
+// Caller holds nothing.
 static void destroy(mt_cuda_ctx *c, mt_cuda_graph *g)
 {
     if (g->exec) MT_CUDA_CHECK(cudaGraphExecDestroy(g->exec));
     if (g->graph) MT_CUDA_CHECK(cudaGraphDestroy(g->graph));
-    {
-        std::lock_guard<std::mutex> lock(c->mu);
-        for (auto &b : g->blocks) {
-            c->live.erase(b.first);
-            c->in_use -= b.second;
-            c->free_blocks.emplace(b.second, b.first);
-            c->cached += b.second;
-        }
-    }
+    give_back(c, g->blocks);
     c->graph_stats.bytes -= g->bytes;
     c->graph_stats.graphs--;
     delete g;
@@ -116,16 +121,7 @@ extern "C" int mt_cuda_graph_end(void *ctx, struct mt_err *err)
     if (e != cudaSuccess || rule) {
         (void)cudaGetLastError();
         if (graph) MT_CUDA_CHECK(cudaGraphDestroy(graph));
-        // blocks allocated in the failed scope: back to the allocator as the scope left them
-        {
-            std::lock_guard<std::mutex> lock(c->mu);
-            for (auto &b : c->cap_freed) {
-                c->live.erase(b.first);
-                c->in_use -= b.second;
-                c->free_blocks.emplace(b.second, b.first);
-                c->cached += b.second;
-            }
-        }
+        give_back(c, c->cap_freed); // allocated and freed in the failed scope
         stop_capturing(c);
         if (e != cudaSuccess)
             return mt_err_set(err, MT_ERUNTIME,
