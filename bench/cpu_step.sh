@@ -52,17 +52,17 @@ fi
 median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print 0; else print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 # moetrain_run NAME ROUND ARGS...: appends "tokens/s GFLOP/s" (medians of the run's
-# intervals after the first) to $tmp/NAME.mt
+# intervals after the first) to $tmp/NAME.mt (sets $run, not bench's $name)
 moetrain_run() {
-    name=$1 round=$2; shift 2
+    run=$1 round=$2; shift 2
     prof=""
-    [ "$round" = 1 ] && [ $have_perf = yes ] && prof="perf record -q -F 499 -o $tmp/$name.perf"
+    [ "$round" = 1 ] && [ $have_perf = yes ] && prof="perf record -q -F 499 -o $tmp/$run.perf"
     (cd "$top" && MOETRAIN_DATADIR="$build" $prof "$moetrain" "$@" \
-        "logging%metrics_file='$tmp/$name.jsonl'" > "$tmp/$name.log" 2>&1) ||
-        { echo "$name: moetrain failed:"; tail -5 "$tmp/$name.log"; return 1; }
-    sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' "$tmp/$name.jsonl" | sed 1d | median > "$tmp/t"
-    sed -n 's/.*"tflops": \([0-9.e+-]*\).*/\1/p' "$tmp/$name.jsonl" | sed 1d | median > "$tmp/f"
-    echo "$(cat "$tmp/t") $(awk '{print $1 * 1000}' "$tmp/f")" >> "$tmp/$name.mt"
+        "logging%metrics_file='$tmp/$run.jsonl'" > "$tmp/$run.log" 2>&1) ||
+        { echo "$run: moetrain failed:"; tail -5 "$tmp/$run.log"; return 1; }
+    sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' "$tmp/$run.jsonl" | sed 1d | median > "$tmp/t"
+    sed -n 's/.*"tflops": \([0-9.e+-]*\).*/\1/p' "$tmp/$run.jsonl" | sed 1d | median > "$tmp/f"
+    echo "$(cat "$tmp/t") $(awk '{print $1 * 1000}' "$tmp/f")" >> "$tmp/$run.mt"
 }
 
 # torch_args NAME ARGS...: bench/torch_cpu_step.py's options for the model moetrain
