@@ -598,6 +598,12 @@ static int check_offload(const struct mt_config *c, struct mt_err *err)
 
 int mt_config_check_backend(const struct mt_config *c, const char *backend, struct mt_err *err)
 {
+    if (strcmp(c->cuda_graph.impl, "none") && strcmp(backend, "cuda"))
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph impl = '%s': CUDA graphs need the cuda backend (the %s "
+                          "backend launches no kernels to capture); run --backend cuda, or set "
+                          "impl = 'none'",
+                          c->cuda_graph.impl, backend);
     if (c->recompute.fine_grained_activation_offloading && strcmp(backend, "cpu") == 0)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&recompute fine_grained_activation_offloading: offloading needs a GPU "
@@ -765,6 +771,106 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
                           "agreed yet; FP8/FP4 needs context_parallel_size = 1",
                           fp8 ? "fp8_format" : "fp4_format", p->context_parallel_size);
     MT_CHECK(check_low_precision_blocks(c, err));
+    return MT_OK;
+}
+
+/* &cuda_graph: the modules this model has, and the scopes whose shapes are static. */
+static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, struct mt_err *err)
+{
+    struct mt_config_cuda_graph *g = &c->cuda_graph;
+    const struct mt_config_moe *e = &c->moe;
+    bool moe = false, dense = false;
+    for (int i = 0; i < c->model.num_layers; i++) {
+        moe = moe || (e->num_experts > 0 && e->layer_freq[i]);
+        dense = dense || !(e->num_experts > 0 && e->layer_freq[i]);
+    }
+    const bool dropless = !(e->expert_capacity_factor > 0 && e->pad_expert_input_to_capacity);
+    if (strcmp(g->impl, "none") == 0) {
+        if (g->modules_len)
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules applies only with impl = 'local' (impl is "
+                              "'none'); set impl = 'local', or remove modules");
+        return MT_OK;
+    }
+    if (strcmp(g->impl, "full_iteration") == 0) {
+        if (moe && dropless)
+            return mt_err_set(err, MT_EUNSUPPORTED,
+                              "&cuda_graph impl = 'full_iteration': a whole iteration is one graph "
+                              "only where every shape is static, and dropless routing (&moe "
+                              "expert_capacity_factor = %g%s) gives each expert a number of rows "
+                              "known only after routing; moetrain does not capture a whole "
+                              "iteration in any case yet (the step reads its losses and routing "
+                              "offsets on the host); use impl = 'local' with modules",
+                              e->expert_capacity_factor,
+                              e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph impl = 'full_iteration': moetrain does not capture a whole "
+                          "iteration yet (the step reads its losses and routing offsets on the "
+                          "host, which a graph cannot hold); use impl = 'local' with modules "
+                          "(doc/host-overhead.md, CUDA graphs)");
+    }
+    if (g->modules_len == 0) { /* Megatron's advice for dropless MoE; a dense model's layers */
+        const char *def[] = {"attn", moe ? "moe_router" : "mlp", "moe_preprocess"};
+        g->modules_len = moe ? 3 : 2;
+        for (int i = 0; i < g->modules_len; i++) snprintf(g->modules[i], MT_STR_MAX, "%s", def[i]);
+    }
+    static const char *const names[] = {"attn", "mlp", "moe", "moe_router", "moe_preprocess"};
+    bool has[5] = {false};
+    for (int i = 0; i < g->modules_len; i++) {
+        int j = 0;
+        while (j < 5 && strcmp(g->modules[i], names[j])) j++;
+        if (j == 5)
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules(%d) = '%s' is not a scope of this model; choose "
+                              "from attn, mlp, moe, moe_router, moe_preprocess",
+                              i + 1, g->modules[i]);
+        if (has[j])
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules(%d) = '%s' is named twice; name each scope once",
+                              i + 1, g->modules[i]);
+        has[j] = true;
+        if (j == 1 && !dense)
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules(%d) = 'mlp': this model has no dense MLP layer "
+                              "(every layer is MoE: &moe layer_freq); remove it",
+                              i + 1);
+        if (j >= 2 && !moe)
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules(%d) = '%s': this model has no MoE layer (&moe "
+                              "num_experts, layer_freq); remove it",
+                              i + 1, g->modules[i]);
+    }
+    if (has[4] && !has[3] && !has[2])
+        return mt_err_set(err, MT_EINVAL,
+                          "&cuda_graph modules: 'moe_preprocess' needs 'moe_router' (the plan "
+                          "reads the router's top-k in the graph before it, as in Megatron); add "
+                          "moe_router");
+    if (has[2] && (has[3] || has[4]))
+        return mt_err_set(err, MT_EINVAL,
+                          "&cuda_graph modules: 'moe' captures the whole MoE block, its router "
+                          "and plan included; remove moe_router and moe_preprocess, or moe");
+    if (has[2] && dropless)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph modules: 'moe' with dropless routing (&moe "
+                          "expert_capacity_factor = %g%s): the experts' rows are known only after "
+                          "routing (dynamic shapes), and a graph replays fixed shapes; set "
+                          "expert_capacity_factor > 0 with pad_expert_input_to_capacity = .true. "
+                          "(drop-and-pad), or capture moe_router and moe_preprocess instead",
+                          e->expert_capacity_factor,
+                          e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
+    if (has[2] && (l->tp > 1 || l->ep > 1 || l->etp > 1))
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph modules: 'moe' with tensor_model_parallel_size = %d, "
+                          "expert_model_parallel_size = %d, expert_tensor_parallel_size = %d: the "
+                          "block's experts are captured only where no collective runs inside it "
+                          "(all three 1); capture moe_router and moe_preprocess instead",
+                          l->tp, l->ep, l->etp);
+    if ((has[2] || has[3]) && e->router_force_load_balancing)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph modules: '%s' with &moe router_force_load_balancing: the "
+                          "forced logits are copied from host memory in the scope, which a graph "
+                          "cannot hold; remove %s, or router_force_load_balancing",
+                          has[2] ? "moe" : "moe_router", has[2] ? "moe" : "moe_router");
     return MT_OK;
 }
 
@@ -1064,6 +1170,7 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
         return mt_err_set(err, MT_EINVAL,
                           "&checkpoint save_interval = %d but save is empty; set save = 'DIR'",
                           c->checkpoint.save_interval);
+    MT_CHECK(check_cuda_graph(c, l, err));
     return check_data(c, err);
 }
 

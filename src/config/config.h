@@ -182,6 +182,16 @@ struct mt_config_host {
     bool manual_gc_eval;             /* a release before and after each evaluation */
 };
 
+/* CUDA graphs (Megatron's --cuda-graph-impl, --cuda-graph-modules, --cuda-graph-warmup-steps;
+ * doc/host-overhead.md, CUDA graphs). */
+#define MT_CUDA_GRAPH_MODULES 5 /* attn, mlp, moe, moe_router, moe_preprocess */
+struct mt_config_cuda_graph {
+    char impl[16];                   /* none | local | full_iteration */
+    char modules[MT_CUDA_GRAPH_MODULES][MT_STR_MAX]; /* resolved: the default if empty */
+    int modules_len;
+    int warmup_steps;                /* iterations run eagerly before the scopes are captured */
+};
+
 struct mt_config {
     struct mt_config_model model;
     struct mt_config_moe moe;
@@ -195,6 +205,7 @@ struct mt_config {
     struct mt_config_logging logging;
     struct mt_config_topology topology;
     struct mt_config_host host;
+    struct mt_config_cuda_graph cuda_graph;
 };
 
 /* Derived layout facts, computed by mt_config_resolve for a world size. */

@@ -357,6 +357,50 @@ static bool same_value(const char *v, const char *only)
     return strcasecmp(v, only) == 0;
 }
 
+/* --cuda-graph-modules (--cuda-graph-scope) W...: the scopes as modules; Megatron's
+ * full_iteration scope is moetrain's impl = 'full_iteration'. */
+static int graph_scopes(struct conv *c, const struct mt_megatron_flag *f, struct given *g)
+{
+    if (g->nvals == 0)
+        return mt_err_set(c->err, MT_EINVAL, "from-megatron: %s needs a value", f->flag);
+    size_t len = strlen(f->key) + 2;
+    for (int i = 0; i < g->nvals; i++) len += 2 * strlen(g->vals[i]) + 4;
+    char *s = malloc(len);
+    if (!s) return oom(c);
+    size_t at = (size_t)snprintf(s, len, "%s=", f->key);
+    int n = 0;
+    for (int i = 0; i < g->nvals; i++) {
+        char *words = strdup(g->vals[i]), *save = NULL;
+        if (!words) {
+            free(s);
+            return oom(c);
+        }
+        for (char *w = strtok_r(words, " \t", &save); w; w = strtok_r(NULL, " \t", &save)) {
+            if (strcmp(w, "full_iteration") == 0) {
+                int rc = add_override(c, strdup("cuda_graph%impl='full_iteration'"));
+                if (rc == MT_OK)
+                    rc = add_note(c, given_text(g), "converted",
+                                  "cuda_graph%%impl='full_iteration' (moetrain's name for the scope)");
+                if (rc) {
+                    free(words);
+                    free(s);
+                    return rc;
+                }
+                continue;
+            }
+            char *q = quoted(w);
+            if (q) at += (size_t)snprintf(s + at, len - at, "%s%s", n++ ? "," : "", q);
+            free(q);
+        }
+        free(words);
+    }
+    if (n == 0) {
+        free(s);
+        return MT_OK;
+    }
+    return add_override(c, s);
+}
+
 /* A mapped flag given: its override (and a note when its value was converted). */
 static int mapped_flag(struct conv *c, const struct mt_megatron_flag *f, struct given *g)
 {
@@ -423,6 +467,17 @@ static int mapped_flag(struct conv *c, const struct mt_megatron_flag *f, struct 
         if (ov) MT_CHECK(add_note(c, given_text(g), "converted", "%s (%ld layers / PP %ld / %ld)",
                                   ov, num_layers, pp, n));
         return add_override(c, ov);
+    case MT_MEG_GRAPH_IMPL:
+        MT_CHECK(one_value(c, g, &v));
+        if (strcmp(v, "transformer_engine") == 0) {
+            ov = assignment(f->key, "local");
+            if (ov) MT_CHECK(add_note(c, given_text(g), "converted", "%s (moetrain captures the same "
+                                      "scopes itself)", ov));
+            return add_override(c, ov);
+        }
+        return add_override(c, assignment(f->key, v));
+    case MT_MEG_GRAPH_SCOPES:
+        return graph_scopes(c, f, g);
     case MT_MEG_VOCAB_DIVISOR:
         return MT_OK; /* with --vocab-size, in vocab_rule */
     case MT_MEG_SAMPLES:

@@ -136,6 +136,18 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     S("--manual-gc", "host%manual_gc"),
     V("--manual-gc-interval", "host%manual_gc_interval"),
     S("--no-manual-gc-eval", "host%manual_gc_eval=.false."),
+    /* CUDA graphs */
+    VC("--cuda-graph-impl", "cuda_graph%impl", MT_MEG_GRAPH_IMPL,
+       "none and local as they are; transformer_engine becomes local (moetrain captures the "
+       "same scopes itself)"),
+    VC("--cuda-graph-modules", "cuda_graph%modules", MT_MEG_GRAPH_SCOPES,
+       "each scope one element; full_iteration becomes impl = 'full_iteration'"),
+    VC("--cuda-graph-scope", "cuda_graph%modules", MT_MEG_GRAPH_SCOPES,
+       "each scope one element (Megatron's older name of --cuda-graph-modules); "
+       "full_iteration becomes impl = 'full_iteration'"),
+    V("--cuda-graph-warmup-steps", "cuda_graph%warmup_steps"),
+    S("--enable-cuda-graph", "cuda_graph%impl='local'"),
+    S("--external-cuda-graph", "cuda_graph%impl='local'"),
     NA("--num-workers", "moetrain's data loader has no worker processes"),
     NA("--no-create-attention-mask-in-dataloader", "attention is causal without a mask"),
     NA("--cross-entropy-loss-fusion", "kernel choice is moetrain's"),

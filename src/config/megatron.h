@@ -20,7 +20,9 @@ enum mt_megatron_conv {
     MT_MEG_VOCAB_DIVISOR,  /* --make-vocab-size-divisible-by: pads vocab_size to D x TP */
     MT_MEG_WORDS,          /* nargs='*' (--data-path): every word one array element */
     MT_MEG_SAMPLES,        /* a sample count -> that many global batches, when whole */
-    MT_MEG_WARMUP_FRACTION /* --lr-warmup-fraction x the decay -> warmup iterations */
+    MT_MEG_WARMUP_FRACTION, /* --lr-warmup-fraction x the decay -> warmup iterations */
+    MT_MEG_GRAPH_IMPL,     /* --cuda-graph-impl: transformer_engine -> local */
+    MT_MEG_GRAPH_SCOPES    /* --cuda-graph-modules words; full_iteration -> impl */
 };
 
 struct mt_megatron_flag {

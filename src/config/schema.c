@@ -320,12 +320,32 @@ const struct mt_key mt_schema[] = {
           "with manual_gc: release before and after each evaluation and around each "
           "checkpoint save (Megatron's --no-manual-gc-eval sets .false.)"),
 
+    /* &cuda_graph */
+    KENUM(cuda_graph, impl, "none", "none|local|full_iteration",
+          "CUDA graphs (GPU backends; Megatron's --cuda-graph-impl): 'local' captures the "
+          "scopes in modules per layer, micro-batch slot and pass after warmup_steps "
+          "iterations and replays them with one launch each; 'full_iteration' (a whole "
+          "iteration as one graph) is refused: moetrain does not capture it yet; 'none' runs "
+          "every kernel eagerly (doc/host-overhead.md, CUDA graphs)"),
+    KSARR(cuda_graph, modules,
+          "impl = 'local': the scopes captured (Megatron's --cuda-graph-modules), from attn "
+          "(attention from the q/k/v projections to o_proj, forward and backward), mlp (a "
+          "dense layer's MLP), moe_router (router GEMM, z and balancing losses, top-k), "
+          "moe_preprocess (the dispatch plan; needs moe_router), moe (a whole MoE block: its "
+          "router, its plan and its experts; static shapes only: expert_capacity_factor with "
+          "pad_expert_input_to_capacity); empty = attn, moe_router, moe_preprocess for an MoE "
+          "model, attn, mlp for a dense one"),
+    KINT(cuda_graph, warmup_steps, 3, 0, IMAX,
+         "impl = 'local': iterations run eagerly before the scopes are captured (Megatron's "
+         "--cuda-graph-warmup-steps)"),
+
     { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
 };
 
 const char *const mt_schema_groups[] = {
     "model", "moe", "parallel", "training", "optimizer", "precision",
-    "recompute", "data", "checkpoint", "logging", "topology", "host", NULL,
+    "recompute", "data", "checkpoint", "logging", "topology", "host",
+    "cuda_graph", NULL,
 };
 
 const struct mt_key *mt_schema_find(const char *group, const char *name)
