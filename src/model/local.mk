@@ -8,6 +8,7 @@ libmt_model_la_SOURCES = \
 	src/model/model_pass.c \
 	src/model/model_offload.c \
 	src/model/model_moe.c \
-	src/model/model_lowp.c
+	src/model/model_lowp.c \
+	src/model/model_graph.c
 
 include tests/model/local.mk

@@ -1062,6 +1062,10 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     }
     m->cfg = *cfg;
     m->k = k;
+    if ((rc = mt_graph_setup(m, err))) {
+        free(m);
+        return rc;
+    }
     m->Bmax = max_micro_batch;
     m->T = cfg->training.seq_length;
     m->L = cfg->model.num_layers;

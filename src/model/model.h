@@ -245,6 +245,14 @@ int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float
  * hooks NULL removes them. */
 int mt_model_tensor_position(const struct mt_model *m, int i);
 void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *hooks);
+
+/* &cuda_graph: whether the passes from now on capture the scopes they have no graph of
+ * (the trainer sets it once warmup_steps iterations are done); before, they run
+ * eagerly. Without graphs it changes nothing. */
+void mt_model_set_graph_capture(struct mt_model *m, bool capture);
+/* The backend's graph counts (struct mt_graph_stats); false when the model captures
+ * no scope. */
+bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out);
 /* After params[offset, offset + n) changed: refresh that part of the bf16 working copy
  * (mt_model_params_updated for a part, with the same values). */
 void mt_model_params_updated_range(struct mt_model *m, size_t offset, size_t n);

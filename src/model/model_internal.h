@@ -167,6 +167,22 @@ struct mt_act_slot {
 
 struct mt_lowp;
 
+/* CUDA graph scopes (&cuda_graph, model_graph.c): the modules captured, whether the
+ * trainer is past warm-up, and the scope open now. */
+enum mt_graph_module {
+    MT_GM_ATTN,
+    MT_GM_MLP,
+    MT_GM_MOE,
+    MT_GM_MOE_ROUTER,
+    MT_GM_MOE_PREPROCESS,
+    MT_GM_COUNT
+};
+struct mt_model_graphs {
+    unsigned modules;           /* 1 << enum mt_graph_module, 0: no graphs */
+    bool capture;               /* past &cuda_graph warmup_steps: capture what is not held */
+    bool open;                  /* a scope is open (begun, not replayed) */
+};
+
 struct mt_model {
     struct mt_config cfg;
     const struct mt_kernels *k;
@@ -225,6 +241,7 @@ struct mt_model {
     int *rc_first;
     struct mt_offload off;      /* activation offloading (model_offload.c) */
     struct mt_model_hooks hooks; /* told as the passes go (mt_model_set_hooks) */
+    struct mt_model_graphs graphs; /* &cuda_graph scopes (model_graph.c) */
     void *rc_mem;               /* the recompute buffer: one per rank, shared by every
                                    layer, slot and chunk (backward rebuilds one group at
                                    a time) */
@@ -365,6 +382,28 @@ struct mt_pass {
     struct mt_model_stats *st;
     struct mt_err *err;
 };
+
+/* CUDA graph scopes (model_graph.c). A scope brackets device work that makes no
+ * collective call, no host read and no allocation outside the caching allocator:
+ *     bool run;
+ *     MT_CHECK(mt_graph_begin(p, MT_GM_ATTN, l, segment, false, sig, &run));
+ *     if (run) { ...ops... }
+ *     MT_CHECK(mt_graph_end(p));
+ * run is false when the scope's graph was replayed (its ops were launched as one graph).
+ * The key is (module, layer, micro-batch slot, pass: forward, evaluation, recompute,
+ * backward, segment); sig is a hash of the pointers, shapes and host values the ops
+ * take (mt_graph_sig), so that a change is captured again, never replayed wrongly. */
+int mt_graph_begin(const struct mt_pass *p, enum mt_graph_module mod, int layer, int segment,
+                   bool backward, uint64_t sig, bool *run);
+int mt_graph_end(const struct mt_pass *p);
+/* FNV-1a over n words, continuing h (start with MT_GRAPH_SIG0). */
+#define MT_GRAPH_SIG0 14695981039346656037ull
+uint64_t mt_graph_sig(uint64_t h, const uintptr_t *words, size_t n);
+#define MT_GRAPH_SIG(...)                                                                   \
+    mt_graph_sig(MT_GRAPH_SIG0, (const uintptr_t[]){__VA_ARGS__},                          \
+                 sizeof((const uintptr_t[]){__VA_ARGS__}) / sizeof(uintptr_t))
+/* The scopes from cfg (&cuda_graph); MT_EUNSUPPORTED when the backend has no graphs. */
+int mt_graph_setup(struct mt_model *m, struct mt_err *err);
 
 /* A stored activation (rows,cols) in the model's activation dtype. */
 static inline struct mt_tensor mt_pass_act(const struct mt_pass *p, const void *x, int64_t rows,

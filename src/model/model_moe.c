@@ -264,6 +264,52 @@ done:
     return rc;
 }
 
+/* The signature of layer l's router scope (&cuda_graph moe_router). */
+static uint64_t router_sig(const pass_t *p, int l)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    return MT_GRAPH_SIG((uintptr_t)a->ln2, (uintptr_t)a->logits, (uintptr_t)a->aux_counts,
+                        (uintptr_t)a->z_lse, (uintptr_t)a->topk_idx, (uintptr_t)a->topk_prob,
+                        (uintptr_t)m->route_acc, (uintptr_t)m->expert_bias_dev,
+                        (uintptr_t)m->expert_bias_on, (uintptr_t)W(p, m->lt[l].router).data);
+}
+
+/* The signature of layer l's plan scope (&cuda_graph moe_preprocess). */
+static uint64_t plan_sig(const pass_t *p, int l, const int32_t *idx, int cap)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    return MT_GRAPH_SIG((uintptr_t)a->plan.offsets, (uintptr_t)a->plan.row_slot,
+                        (uintptr_t)a->plan.slot_row, (uintptr_t)a->plan.kept, (uintptr_t)idx,
+                        (uintptr_t)a->topk_prob, (uintptr_t)m->route_acc, (uintptr_t)cap);
+}
+
+/* The signature of layer l's expert scopes (&cuda_graph moe: the block after its plan's
+ * offsets are read, forward and backward). */
+static uint64_t experts_sig(const pass_t *p, int l)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    return mt_graph_sig(
+        router_sig(p, l),
+        (const uintptr_t[]){(uintptr_t)a->rows, (uintptr_t)a->x_rows, (uintptr_t)a->xp,
+                            (uintptr_t)a->xs, (uintptr_t)a->ey, (uintptr_t)a->eg, (uintptr_t)a->eu,
+                            (uintptr_t)a->ea, (uintptr_t)a->x_offsets, (uintptr_t)a->plan.offsets,
+                            (uintptr_t)a->plan.row_slot, (uintptr_t)a->plan.slot_row,
+                            (uintptr_t)a->ln2_full, (uintptr_t)a->sg, (uintptr_t)a->su,
+                            (uintptr_t)a->sa, (uintptr_t)m->tmpb, (uintptr_t)m->full2,
+                            (uintptr_t)m->tmp2, (uintptr_t)m->tmp2b, (uintptr_t)m->d_res,
+                            (uintptr_t)m->d_ln, (uintptr_t)m->d_rows, (uintptr_t)m->d_rows2,
+                            (uintptr_t)m->d_prob, (uintptr_t)m->d_logits, (uintptr_t)m->d_f1,
+                            (uintptr_t)m->d_f2, (uintptr_t)m->d_f3, (uintptr_t)m->drop[l],
+                            (uintptr_t)W(p, t->exp_gate).data, (uintptr_t)W(p, t->exp_up).data,
+                            (uintptr_t)W(p, t->exp_down).data,
+                            (uintptr_t)(m->Fs > 0 ? W(p, t->sh_gate).data : NULL)},
+        34);
+}
+
 /* Router, balancing and z losses, top-k, capacity and the plan of this rank's tokens. */
 static int route(const pass_t *p, int l)
 {
@@ -274,26 +320,37 @@ static int route(const pass_t *p, int l)
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
 
-    mt_pass_linear_fwd(p, F32(a->logits, Nl, E), ACT(p, a->ln2, Nl, H), W(p, t->router), Nl, E,
-                       H); /* fp32 router logits */
-    if (m->force_balance) force_logits(p, a->logits);
     /* a rebuild for backward (recompute) adds nothing to the losses, drop counts and
      * expert loads that its forward already counted; the forward adds them to the
      * accumulators in backend memory (mt_moe_route_stats reads them) */
     const bool count = !p->recompute;
     struct mt_route_acc *acc = m->route_acc;
-    if (m->z_coeff > 0.0f)
-        p->o->z_loss_fwd(p->ctx, count ? &acc->z : NULL, a->z_lse, a->logits, Nl, E, z_coeff(p));
-    if (a->aux_counts) {
-        struct mt_aux_args aa = aux_args(p);
-        p->o->aux_counts(p->ctx, &aa, a->aux_counts, a->logits);
-        if (m->sc.tp > 1)
-            MT_CHECK(mt_all_reduce(m->tp_comm, a->aux_counts, (size_t)aa.num_seqs * E, MT_DT_F32,
-                                   MT_OP_SUM, p->err));
-        if (count) p->o->aux_loss_fwd(p->ctx, &aa, &acc->aux, a->aux_counts, a->logits);
+    struct mt_aux_args aa = aux_args(p);
+    /* &cuda_graph moe_router: in two segments around the TP sum of the balancing counts */
+    const uint64_t sig = router_sig(p, l);
+    bool run;
+    MT_CHECK(mt_graph_begin(p, MT_GM_MOE_ROUTER, l, 0, false, sig, &run));
+    if (run) {
+        mt_pass_linear_fwd(p, F32(a->logits, Nl, E), ACT(p, a->ln2, Nl, H), W(p, t->router), Nl, E,
+                           H); /* fp32 router logits */
+        if (m->force_balance) force_logits(p, a->logits);
+        if (m->z_coeff > 0.0f)
+            p->o->z_loss_fwd(p->ctx, count ? &acc->z : NULL, a->z_lse, a->logits, Nl, E, z_coeff(p));
+        if (a->aux_counts) p->o->aux_counts(p->ctx, &aa, a->aux_counts, a->logits);
     }
-    p->o->router_fwd(p->ctx, &ra, a->logits, m->expert_bias_on ? m->expert_bias_dev + (size_t)moe * E : NULL,
-                     a->topk_idx, a->topk_prob);
+    if (a->aux_counts && m->sc.tp > 1) {
+        MT_CHECK(mt_graph_end(p));
+        MT_CHECK(mt_all_reduce(m->tp_comm, a->aux_counts, (size_t)aa.num_seqs * E, MT_DT_F32,
+                               MT_OP_SUM, p->err));
+        MT_CHECK(mt_graph_begin(p, MT_GM_MOE_ROUTER, l, 1, false, sig, &run));
+    }
+    if (run) {
+        if (a->aux_counts && count) p->o->aux_loss_fwd(p->ctx, &aa, &acc->aux, a->aux_counts, a->logits);
+        p->o->router_fwd(p->ctx, &ra, a->logits,
+                         m->expert_bias_on ? m->expert_bias_dev + (size_t)moe * E : NULL, a->topk_idx,
+                         a->topk_prob);
+    }
+    MT_CHECK(mt_graph_end(p));
     const int cap = mt_model_capacity(m, p->N);
     const int32_t *idx = a->topk_idx;
     if (cap > 0 && m->sc.tp > 1) {
@@ -302,9 +359,13 @@ static int route(const pass_t *p, int l)
         if (count) p->st->dropped_tokens += dropped;
         idx = m->route_idx;
     }
-    p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap, m->drop_policy,
-                        m->pad_to_capacity, count ? &acc->dropped : NULL,
-                        p->train && count ? acc->load + (size_t)moe * E : NULL);
+    /* &cuda_graph moe_preprocess: the plan, up to the host's read of its offsets */
+    MT_CHECK(mt_graph_begin(p, MT_GM_MOE_PREPROCESS, l, 0, false, plan_sig(p, l, idx, cap), &run));
+    if (run)
+        p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap, m->drop_policy,
+                            m->pad_to_capacity, count ? &acc->dropped : NULL,
+                            p->train && count ? acc->load + (size_t)moe * E : NULL);
+    MT_CHECK(mt_graph_end(p));
     FILE *dump = NULL;
     if (count) MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
@@ -583,6 +644,8 @@ static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 
 /* ------------------------------------------------------------ the block */
 
+static int moe_combine_fwd(const pass_t *p, int l);
+
 int mt_moe_fwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
@@ -591,11 +654,15 @@ int mt_moe_fwd(const pass_t *p, int l)
     const int Nl = p->Nl, H = m->H, k = m->topk;
     void *out = m->tmpb; /* the block's output, (Nl,H) in adt */
     MT_CHECK(route(p, l));
-    switch (m->dispatch) {
+    /* &cuda_graph moe (local dispatch only: no collective inside): the experts, then the
+     * combination and the shared expert, around the host's bookkeeping of expert rows */
+    bool run;
+    if (m->dispatch == MT_DISPATCH_LOCAL) a->x_rows = a->rows;
+    MT_CHECK(mt_graph_begin(p, MT_GM_MOE, l, 0, false, experts_sig(p, l), &run));
+    if (run) switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
-        a->x_rows = a->rows;
         MT_CHECK(experts_fwd(p, a, t, a->x_offsets, a->x_rows, ACT(p, a->ey, a->rows, H)));
         break;
     case MT_DISPATCH_ALLTOALL:
@@ -624,8 +691,23 @@ int mt_moe_fwd(const pass_t *p, int l)
         break;
     }
     }
+    MT_CHECK(mt_graph_end(p));
     /* the activations stay for backward, unless backward rebuilds them (recompute) */
     mt_model_expert_release(m, a, p->recompute || !(m->drop[l] & (MT_RC_MOE | MT_RC_LAYER)));
+    MT_CHECK(mt_graph_begin(p, MT_GM_MOE, l, 1, false, experts_sig(p, l), &run));
+    if (run) MT_CHECK(moe_combine_fwd(p, l));
+    return mt_graph_end(p);
+}
+
+/* The block's output in tmpb: the experts' rows combined per token, plus the shared
+ * expert. */
+static int moe_combine_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int Nl = p->Nl, H = m->H, k = m->topk;
+    void *out = m->tmpb;
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
         mt_pass_round(p, a->ey, (size_t)a->rows * H);
         p->o->unpermute_fwd(p->ctx, ACT(p, out, Nl, H), ACT(p, a->ey, a->rows, H), a->plan.slot_row,
@@ -654,7 +736,24 @@ void mt_moe_act_rebuild(const pass_t *p, int l)
     mt_pass_round(p, a->ea, (size_t)rows * Fe);
 }
 
+static int moe_block_bwd(const pass_t *p, int l);
+
 int mt_moe_bwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, false));
+    /* &cuda_graph moe (local dispatch only: no collective inside) */
+    bool run;
+    MT_CHECK(mt_graph_begin(p, MT_GM_MOE, l, 0, true, experts_sig(p, l), &run));
+    if (run) MT_CHECK(moe_block_bwd(p, l));
+    MT_CHECK(mt_graph_end(p));
+    mt_model_expert_release(m, a, false);
+    return MT_OK;
+}
+
+/* The block's backward: d_ln (Nl,H) from d_res (Nl,H), weight gradients +=. */
+static int moe_block_bwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
@@ -663,8 +762,6 @@ int mt_moe_bwd(const pass_t *p, int l)
     const float *dout = m->d_res;
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
-    MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, false));
-
     if (m->Fs > 0) {
         float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
         MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
@@ -721,6 +818,5 @@ int mt_moe_bwd(const pass_t *p, int l)
         p->o->z_loss_bwd(p->ctx, m->d_logits, p->scale, a->z_lse, a->logits, Nl, E, z_coeff(p));
     mt_pass_linear_bwd(p, m->d_ln, 1.0f, G(p, t->router), m->d_logits, ACT(p, a->ln2, Nl, H),
                        W(p, t->router), Nl, E, H);
-    mt_model_expert_release(m, a, false);
     return MT_OK;
 }

@@ -163,14 +163,70 @@ static void core_attn_fwd(const pass_t *p, const struct mt_layer_acts *a)
     else if (m->bf16) p->o->convert(p->ctx, ACT(p, a->y, N, Q), F32(a->att_out, N, Q));
 }
 
+static int attention_core_fwd(const pass_t *p, int l);
+static int attention_core_bwd(const pass_t *p, int l, const float *d_out, float *d_ln);
+
+/* The signature of layer l's attention scopes: every buffer their ops read or write,
+ * the recompute choice and the layer's weights. */
+static uint64_t attn_sig(const pass_t *p, int l)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    return MT_GRAPH_SIG((uintptr_t)a->ln1_full, (uintptr_t)a->q, (uintptr_t)a->k, (uintptr_t)a->v,
+                        (uintptr_t)a->q_rstd, (uintptr_t)a->k_rstd, (uintptr_t)a->qr,
+                        (uintptr_t)a->kr, (uintptr_t)a->att_lse, (uintptr_t)a->att_out,
+                        (uintptr_t)a->y, (uintptr_t)m->full, (uintptr_t)m->full2,
+                        (uintptr_t)m->tmpb, (uintptr_t)m->d_res, (uintptr_t)m->d_ln,
+                        (uintptr_t)m->dy, (uintptr_t)m->dq, (uintptr_t)m->dk, (uintptr_t)m->dv,
+                        (uintptr_t)m->dq2, (uintptr_t)m->dk2, (uintptr_t)m->drop[l],
+                        (uintptr_t)W(p, t->wq).data, (uintptr_t)W(p, t->wk).data,
+                        (uintptr_t)W(p, t->wv).data, (uintptr_t)W(p, t->wo).data,
+                        (uintptr_t)(m->qk_norm ? W(p, t->q_norm).data : NULL),
+                        (uintptr_t)(m->qk_norm ? W(p, t->k_norm).data : NULL));
+}
+
+/* The signature of layer l's dense MLP scopes. */
+static uint64_t mlp_sig(const pass_t *p, int l)
+{
+    const struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    return MT_GRAPH_SIG((uintptr_t)a->ln2_full, (uintptr_t)a->gate, (uintptr_t)a->up,
+                        (uintptr_t)a->act, (uintptr_t)m->full, (uintptr_t)m->full2,
+                        (uintptr_t)m->tmpb, (uintptr_t)m->d_res, (uintptr_t)m->d_ln,
+                        (uintptr_t)m->d_f1, (uintptr_t)m->d_f2, (uintptr_t)m->d_f3,
+                        (uintptr_t)W(p, t->gate).data, (uintptr_t)W(p, t->up).data,
+                        (uintptr_t)W(p, t->down).data);
+}
+
 static int attention_fwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
-    const struct mt_layer_tensors *t = &m->lt[l];
-    const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
+    const int Nl = p->Nl, H = m->H;
     if (!p->recompute) mt_offload_acquire(p, l);
     MT_CHECK(ln1_fwd(p, l));
+    /* &cuda_graph attn: from the projections to o_proj, between the TP collectives */
+    bool run;
+    MT_CHECK(mt_graph_begin(p, MT_GM_ATTN, l, 0, false, attn_sig(p, l), &run));
+    if (run) MT_CHECK(attention_core_fwd(p, l));
+    MT_CHECK(mt_graph_end(p));
+    MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
+    const int64_t n = (int64_t)Nl * H;
+    p->o->add(p->ctx, ACT(p, a->res_mid, 1, n), ACT(p, m->res[l], 1, n), ACT(p, m->tmpb, 1, n),
+              (size_t)n);
+    mt_pass_round(p, a->res_mid, (size_t)Nl * H);
+    return MT_OK;
+}
+
+/* Attention from ln1_full to o_proj's output (in mt_pass_rowpar_dst): no collective. */
+static int attention_core_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int N = p->N, H = m->H, Q = m->Q_l, KV = m->KV_l;
     MT_CHECK(mt_pass_qlinear_fwd(p, t->wq, ACT(p, a->q, N, Q), ACT(p, a->ln1_full, N, H), N, Q, H));
     mt_pass_round(p, a->q, (size_t)N * Q);
     MT_CHECK(mt_pass_qlinear_fwd(p, t->wk, ACT(p, a->k, N, KV), ACT(p, a->ln1_full, N, H), N, KV, H));
@@ -198,11 +254,6 @@ static int attention_fwd(const pass_t *p, int l)
     core_attn_fwd(p, a);
     MT_CHECK(mt_pass_qlinear_fwd(p, t->wo, mt_pass_rowpar_dst(p, m->full, m->tmpb), ACT(p, a->y, N, Q), N,
                         H, Q)); /* row-parallel */
-    MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
-    const int64_t n = (int64_t)Nl * H;
-    p->o->add(p->ctx, ACT(p, a->res_mid, 1, n), ACT(p, m->res[l], 1, n), ACT(p, m->tmpb, 1, n),
-              (size_t)n);
-    mt_pass_round(p, a->res_mid, (size_t)Nl * H);
     return MT_OK;
 }
 
@@ -212,13 +263,37 @@ static int attention_bwd(const pass_t *p, int l)
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
-    const int N = p->N, Nl = p->Nl, H = m->H, Q = m->Q_l, KV = m->KV_l;
+    const int Nl = p->Nl, H = m->H;
     /* selective recompute: what forward did not keep, rebuilt before its first use */
     const pass_t rp = rebuild_pass(p);
     if (m->drop[l] & MT_RC_LN1) MT_CHECK(ln1_fwd(&rp, l));
-    if (m->drop[l] & MT_RC_CORE_ATTN) core_attn_fwd(&rp, a);
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
+    /* &cuda_graph attn: the core's rebuild and the gradients up to ln1's, between the TP
+     * collectives */
+    float *d_ln = full_or(p, m->full, m->d_ln); /* partial sums over the TP group */
+    bool run;
+    MT_CHECK(mt_graph_begin(p, MT_GM_ATTN, l, 0, true, attn_sig(p, l), &run));
+    if (run) MT_CHECK(attention_core_bwd(p, l, d_out, d_ln));
+    MT_CHECK(mt_graph_end(p));
+    MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
+    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln1), m->d_ln, ACT(p, m->res[l], Nl, H), W(p, t->ln1),
+                      a->ln1_rstd, Nl, H);
+    return MT_OK;
+}
+
+/* d_ln (N,H) = the gradient of ln1_full from d_out (N,H), o_proj's output gradient; the
+ * core rebuilt first when forward did not keep it. No collective. */
+static int attention_core_bwd(const pass_t *p, int l, const float *d_out, float *d_ln)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int N = p->N, H = m->H, Q = m->Q_l, KV = m->KV_l;
+    if (m->drop[l] & MT_RC_CORE_ATTN) {
+        const pass_t rp = rebuild_pass(p);
+        core_attn_fwd(&rp, a);
+    }
     MT_CHECK(mt_pass_qlinear_bwd(p, t->wo, m->dy, 0.0f, d_out, ACT(p, a->y, N, Q), N, H, Q));
     p->o->attention_bwd(p->ctx, m->dq, m->dk, m->dv, m->dy, ACT(p, a->qr, N, Q), ACT(p, a->kr, N, KV),
                         ACT(p, a->v, N, KV), a->att_out, a->att_lse, p->B, m->T, m->nh_l, m->ng_l,
@@ -237,15 +312,10 @@ static int attention_bwd(const pass_t *p, int l)
         dq = m->dq2;
         dk = m->dk2;
     }
-    float *d_ln = full_or(p, m->full, m->d_ln); /* partial sums over the TP group */
     const struct mt_tensor ln1_full = ACT(p, a->ln1_full, N, H);
     MT_CHECK(mt_pass_qlinear_bwd(p, t->wq, d_ln, 0.0f, dq, ln1_full, N, Q, H));
     MT_CHECK(mt_pass_qlinear_bwd(p, t->wk, d_ln, 1.0f, dk, ln1_full, N, KV, H));
-    MT_CHECK(mt_pass_qlinear_bwd(p, t->wv, d_ln, 1.0f, m->dv, ln1_full, N, KV, H));
-    MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
-    p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln1), m->d_ln, ACT(p, m->res[l], Nl, H), W(p, t->ln1),
-                      a->ln1_rstd, Nl, H);
-    return MT_OK;
+    return mt_pass_qlinear_bwd(p, t->wv, d_ln, 1.0f, m->dv, ln1_full, N, KV, H);
 }
 
 /* ------------------------------------------------------------ layers */
@@ -272,8 +342,12 @@ static int mlp_block_fwd(const pass_t *p, int l)
         MT_CHECK(mt_moe_fwd(p, l)); /* into tmpb */
     } else {
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
-        MT_CHECK(mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), a->ln2_full, t->gate, t->up,
-                        t->down, a->gate, a->up, a->act, N, m->F_l));
+        bool run; /* &cuda_graph mlp: between the TP collectives */
+        MT_CHECK(mt_graph_begin(p, MT_GM_MLP, l, 0, false, mlp_sig(p, l), &run));
+        if (run)
+            MT_CHECK(mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full, m->tmpb), a->ln2_full, t->gate,
+                                     t->up, t->down, a->gate, a->up, a->act, N, m->F_l));
+        MT_CHECK(mt_graph_end(p));
         MT_CHECK(mt_pass_rowpar_finish(p, m->full, m->tmp, m->tmpb));
     }
     const int64_t n = (int64_t)Nl * H;
@@ -325,8 +399,12 @@ static int mlp_block_bwd(const pass_t *p, int l)
         float *d_out = full_or(p, m->full2, m->d_res);
         MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
         float *d_ln = full_or(p, m->full, m->d_ln);
-        MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_out, a->ln2_full, a->gate, a->up, a->act, N, m->F_l,
-                        t->gate, t->up, t->down));
+        bool run; /* &cuda_graph mlp: between the TP collectives */
+        MT_CHECK(mt_graph_begin(p, MT_GM_MLP, l, 0, true, mlp_sig(p, l), &run));
+        if (run)
+            MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_out, a->ln2_full, a->gate, a->up, a->act, N,
+                                     m->F_l, t->gate, t->up, t->down));
+        MT_CHECK(mt_graph_end(p));
         MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
     }
     p->o->rmsnorm_bwd(p->ctx, m->d_res, G(p, t->ln2), m->d_ln, ACT(p, a->res_mid, Nl, H), W(p, t->ln2),

@@ -823,6 +823,17 @@ static void say_host_counters(struct trainer *t)
             t->k->name);
 }
 
+/* The device memory the CUDA graphs hold (&cuda_graph), after the step that captured
+ * them: with --log-memory, beside the startup report. */
+static void log_graph_memory(struct trainer *t)
+{
+    struct mt_graph_stats g;
+    if (!mt_model_graph_stats(t->model, &g)) return;
+    say(t, "memory: CUDA graphs: %lld graphs captured in iteration %lld hold %zu bytes of device "
+           "memory (blocks their scopes allocate, theirs from then on; rank 0)\n",
+        g.graphs, t->st.iteration, g.bytes);
+}
+
 /* Manual GC (host%manual_gc): a collection at a point every rank reaches at the same
  * iteration (a rule on the iteration number: no communication), logged with what it
  * released (rank 0's figures). A full one (the start, the interval, before an
@@ -935,6 +946,11 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
             allocs, allocs_mpi, allocs_omp);
     else
         say(t, "allocations not counted |\n");
+    struct mt_graph_stats g;
+    if (mt_model_graph_stats(t->model, &g))
+        say(t, " cuda graphs: %lld held (%zu bytes), %lld captures (%lld recaptures), %lld "
+               "replays so far\n",
+            g.graphs, g.bytes, g.captures, g.recaptures, g.replays);
     if (t->log) fflush(t->log);
     char ha[32] = "null", hm[32] = "null", ho[32] = "null";
     if (counted) {
@@ -1591,10 +1607,15 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         if (written) rc = finish_save(&t, err);
         if (rc) break;
         double lr = 0;
+        /* &cuda_graph: eager for warmup_steps iterations of this process, then captured */
+        const long long done = t.st.iteration - first_iter;
+        mt_model_set_graph_capture(t.model, done >= cfg->cuda_graph.warmup_steps);
         rc = train_step(&t, &lr, err);
         if (rc) break;
         host_close(&t);
         t.host_steps++;
+        if (cfg->logging.log_memory && done == cfg->cuda_graph.warmup_steps)
+            log_graph_memory(&t);
         long long it = t.st.iteration;
         if (t.acc_iters && (it % cfg->logging.log_interval == 0 || it == tr->train_iters))
             rc = log_interval(&t, lr, err);

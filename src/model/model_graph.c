@@ -1,0 +1,85 @@
+/* CUDA graph scopes of the model (&cuda_graph, doc/host-overhead.md "CUDA graphs"): each
+ * scope's ops captured once per (module, layer, micro-batch slot, pass, segment) after the
+ * trainer's warm-up and replayed with one launch after that, through the backend's
+ * struct mt_graph_ops. A scope never holds a collective (a segment ends before one and
+ * the next begins after it), a host read or an allocation that outlives it. */
+#include "model/model_internal.h"
+
+#include <string.h>
+
+static const char *const module_names[MT_GM_COUNT] = {"attn", "mlp", "moe", "moe_router",
+                                                      "moe_preprocess"};
+
+uint64_t mt_graph_sig(uint64_t h, const uintptr_t *words, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)words;
+    for (size_t i = 0; i < n * sizeof *words; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+int mt_graph_setup(struct mt_model *m, struct mt_err *err)
+{
+    const struct mt_config_cuda_graph *g = &m->cfg.cuda_graph;
+    m->graphs = (struct mt_model_graphs){0};
+    if (strcmp(g->impl, "local") != 0) return MT_OK; /* none; full_iteration is refused */
+    if (!m->k->graph)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph impl = 'local': the %s backend has no CUDA graphs; run "
+                          "--backend cuda, or set impl = 'none'",
+                          m->k->name);
+    for (int i = 0; i < g->modules_len; i++)
+        for (int j = 0; j < MT_GM_COUNT; j++)
+            if (strcmp(g->modules[i], module_names[j]) == 0) m->graphs.modules |= 1u << j;
+    /* the whole MoE block: its router and plan in their own scopes, its experts in its own */
+    if (m->graphs.modules & (1u << MT_GM_MOE))
+        m->graphs.modules |= 1u << MT_GM_MOE_ROUTER | 1u << MT_GM_MOE_PREPROCESS;
+    return MT_OK;
+}
+
+/* The pass part of a key: forward, evaluation forward, recompute, backward. */
+static unsigned pass_of(const struct mt_pass *p, bool backward)
+{
+    if (backward) return 3;
+    if (p->recompute) return 2;
+    return p->train ? 0 : 1;
+}
+
+int mt_graph_begin(const struct mt_pass *p, enum mt_graph_module mod, int layer, int segment,
+                   bool backward, uint64_t sig, bool *run)
+{
+    struct mt_model *m = p->m;
+    *run = true;
+    if (!(m->graphs.modules & (1u << mod))) return MT_OK;
+    const struct mt_graph_ops *g = m->k->graph;
+    const uint64_t key = (uint64_t)mod << 56 | (uint64_t)pass_of(p, backward) << 52 |
+                         (uint64_t)(segment & 0xf) << 48 | (uint64_t)(layer & 0xffffff) << 24 |
+                         (uint64_t)(m->off.slot & 0xffffff);
+    /* the micro-batch size and the loss scale are host values the ops take */
+    uint32_t scale;
+    memcpy(&scale, &p->scale, sizeof scale);
+    sig = mt_graph_sig(sig, (const uintptr_t[]){(uintptr_t)p->B, (uintptr_t)p->N, scale}, 3);
+    bool replayed = false;
+    int rc = g->begin(m->k->ctx, key, sig, m->graphs.capture, &replayed, p->err);
+    if (rc)
+        return mt_err_prefix(p->err, "&cuda_graph scope %s of layer %d", module_names[mod], layer);
+    *run = !replayed;
+    m->graphs.open = !replayed;
+    return MT_OK;
+}
+
+int mt_graph_end(const struct mt_pass *p)
+{
+    struct mt_model *m = p->m;
+    if (!m->graphs.open) return MT_OK;
+    m->graphs.open = false;
+    return m->k->graph->end(m->k->ctx, p->err);
+}
+
+void mt_model_set_graph_capture(struct mt_model *m, bool capture) { m->graphs.capture = capture; }
+
+bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out)
+{
+    if (!m->graphs.modules) return false;
+    m->k->graph->stats(m->k->ctx, out);
+    return true;
+}
