@@ -1,0 +1,121 @@
+#!/bin/sh
+# CUDA graphs in training (&cuda_graph, doc/host-overhead.md "CUDA graphs") on the CUDA
+# backend (tests/gpu/moetrain-emu: kernels/cuda on the emulated device), bf16, 4
+# iterations of 2 micro-batches with warmup_steps = 1, so that iteration 2 captures and
+# iterations 3 and 4 (and the validation pass) replay:
+# - tiny_moe with the default scopes (attn, moe_router, moe_preprocess), with device
+#   work run at once and deferred per stream (MT_EMU_STREAMS=deferred);
+# - tiny_moe with drop-and-pad (capacity with padding) and the whole-block moe scope;
+# - tests/parallel/moe.nml (a dense layer, a shared expert) with the attn, mlp,
+#   moe_router and moe_preprocess scopes under full recompute, which adds the
+#   recompute pass's graphs;
+# each against the same run without graphs: losses, balancing and z losses, gradient
+# norms, dropped tokens and the validation loss bit-identical, fewer kernel launches per
+# step after warm-up, graphs replayed, none captured again. A replay that computes
+# anything else than the eager ops, or a scope that is not replayed, fails here. Then
+# the refusals at --check and at start. Never skipped.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+EMU="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
+PLAIN="${MOETRAIN:-${MT_TOP_BUILDDIR:-.}/moetrain}"
+export MOETRAIN_DATADIR="${MT_TOP_BUILDDIR:-.}"
+tiny="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
+layers="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
+graphs="cuda_graph%impl='local' cuda_graph%warmup_steps=1"
+
+# train NAME NML OVERRIDES...: $tmp/NAME.log and the compared figures in $tmp/NAME.values
+train() {
+    name=$1 nml=$2
+    shift 2
+    "$EMU" --backend=cuda "$nml" training%train_iters=4 optimizer%lr_warmup_iters=1 \
+        training%micro_batch_size=1 training%global_batch_size=2 training%seq_length=16 \
+        training%eval_interval=4 training%eval_iters=1 logging%log_interval=1 \
+        "precision%params_dtype='bf16'" "logging%metrics_file='$tmp/$name.jsonl'" "$@" \
+        > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: training failed"; }
+    grep -o '"\(loss\|val_loss\|aux_loss\|z_loss\|grad_norm\|dropped_tokens\)": [^,}]*' \
+        "$tmp/$name.jsonl" > "$tmp/$name.values"
+    grep -q '"val_loss": ' "$tmp/$name.values" || { cat "$tmp/$name.log"; fail "$name: no val_loss"; }
+}
+
+# launches NAME: kernel launches per step of the last iteration
+launches() {
+    grep -o 'kernel launches [0-9][0-9.]*' "$tmp/$1.log" | tail -1 | sed 's/.* //; s/\..*//'
+}
+
+# compare EAGER GRAPHED: the same figures, fewer launches, replays and no recapture
+compare() {
+    cmp -s "$tmp/$1.values" "$tmp/$2.values" ||
+        { diff "$tmp/$1.values" "$tmp/$2.values" | head; fail "$2: differs from $1 (no graphs)"; }
+    e=$(launches "$1") g=$(launches "$2")
+    [ -n "$e" ] && [ -n "$g" ] && [ "$g" -lt "$e" ] ||
+        fail "$2: kernel launches per step $g, not fewer than without graphs ($e)"
+    stats=$(grep '^ cuda graphs:' "$tmp/$2.log" | tail -1)
+    echo "$stats" | grep -q '[1-9][0-9]* held .* [1-9][0-9]* captures (0 recaptures), [1-9][0-9]* replays' ||
+        { cat "$tmp/$2.log"; fail "$2: no graphs replayed, or graphs captured again: $stats"; }
+    grep -q "^memory: CUDA graphs: [1-9][0-9]* graphs captured in iteration 2 hold [0-9]* bytes" "$tmp/$2.log" ||
+        fail "$2: no graph memory in the memory report"
+    echo "  $2: $(wc -l < "$tmp/$2.values") figures bit-identical to $1; launches per step $e -> $g;$(echo "$stats" | sed 's/^ cuda graphs://')"
+}
+
+train eager "$tiny"
+# shellcheck disable=SC2086 # a list of overrides
+train local "$tiny" $graphs logging%log_memory=T
+compare eager local
+# shellcheck disable=SC2086
+MT_EMU_STREAMS=deferred train deferred "$tiny" $graphs logging%log_memory=T
+compare eager deferred
+
+pad="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
+# shellcheck disable=SC2086
+train pad_eager "$tiny" $pad
+# shellcheck disable=SC2086
+train pad_moe "$tiny" $pad $graphs "cuda_graph%modules='attn','moe'" logging%log_memory=T
+compare pad_eager pad_moe
+
+train layers_eager "$layers"
+# shellcheck disable=SC2086
+train layers_recompute "$layers" $graphs "cuda_graph%modules='attn','mlp','moe_router','moe_preprocess'" \
+    "recompute%granularity='full'" "recompute%method='uniform'" recompute%num_layers=2 logging%log_memory=T
+compare layers_eager layers_recompute
+
+# refused CASE MESSAGE NML OPTIONS...: --check (or a start) fails naming the key
+refused() {
+    what=$1 message=$2 nml=$3
+    shift 3
+    if "$PLAIN" "$nml" "$@" > "$tmp/refused.log" 2>&1; then
+        fail "$what: accepted"
+    fi
+    grep -qF -e "$message" "$tmp/refused.log" ||
+        { cat "$tmp/refused.log"; fail "$what: not refused with: $message"; }
+    echo "  refused: $what"
+}
+refused "moe scope with dropless routing" \
+    "&cuda_graph modules: 'moe' with dropless routing" \
+    "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='attn','moe'"
+refused "moe scope with capacity but no padding" \
+    "without pad_expert_input_to_capacity" \
+    "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='moe'" moe%expert_capacity_factor=1.0
+refused "full iteration with dropless routing" \
+    "&cuda_graph impl = 'full_iteration': a whole iteration is one graph only where every shape is static, and dropless routing" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'"
+refused "full iteration with drop-and-pad" \
+    "&cuda_graph impl = 'full_iteration': moetrain does not capture a whole iteration yet" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T
+refused "moe scope with expert parallelism" \
+    "&cuda_graph modules: 'moe' with tensor_model_parallel_size = 1, expert_model_parallel_size = 2" \
+    "$tiny" --check --world-size 2 parallel%expert_model_parallel_size=2 "cuda_graph%impl='local'" \
+    "cuda_graph%modules='moe'" moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T
+refused "moe_preprocess alone" "'moe_preprocess' needs 'moe_router'" \
+    "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='moe_preprocess'"
+refused "mlp in a model without dense layers" "&cuda_graph modules(1) = 'mlp': this model has no dense MLP layer" \
+    "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='mlp'"
+refused "a scope that does not exist" "&cuda_graph modules(2) = 'mamba' is not a scope of this model" \
+    "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='attn','mamba'"
+refused "modules without impl" "&cuda_graph modules applies only with impl = 'local'" \
+    "$tiny" --check "cuda_graph%modules='attn'"
+refused "router forcing in a scope" "the forced logits are copied from host memory" \
+    "$tiny" --check "cuda_graph%impl='local'" moe%router_force_load_balancing=T
+refused "the CPU backend at --check" "&cuda_graph impl = 'local': CUDA graphs need the cuda backend (the cpu backend" \
+    "$tiny" --check --backend cpu "cuda_graph%impl='local'"
+refused "the CPU backend at start" "&cuda_graph impl = 'local': CUDA graphs need the cuda backend (the cpu backend" \
+    "$tiny" --backend cpu training%train_iters=1 optimizer%lr_warmup_iters=0 "cuda_graph%impl='local'"
+echo "PASS: CUDA graph scopes replay what the eager ops compute, with fewer launches"
