@@ -218,6 +218,23 @@ from_megatron nogc --num-layers 2 --swiglu --disable-bias-linear --mock-data
 has nogc 'manual_gc = .false.'
 has nogc 'manual_gc_interval = 0'
 has nogc 'manual_gc_eval = .true.'
+# CUDA graphs: the implementation (transformer_engine captures the same scopes), the
+# scopes under either name, full_iteration as moetrain's impl, the warm-up
+from_megatron cg --num-layers 2 --swiglu --disable-bias-linear --mock-data --num-experts 4 \
+    --cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router moe_preprocess \
+    --cuda-graph-warmup-steps 5
+has cg "impl = 'local'"
+grep -q "^  modules = 'attn'," cg.nml && grep -q "'moe_router'," cg.nml && grep -q "'moe_preprocess'" cg.nml ||
+    { cat cg.nml; fail "cg.nml: modules are not attn, moe_router, moe_preprocess"; }
+has cg 'warmup_steps = 5'
+from_megatron cgmod --num-layers 2 --swiglu --disable-bias-linear --mock-data --cuda-graph-impl local \
+    --cuda-graph-modules attn mlp
+has cgmod "impl = 'local'"
+grep -q "^  modules = 'attn'," cgmod.nml && grep -q "'mlp'" cgmod.nml ||
+    { cat cgmod.nml; fail "cgmod.nml: modules are not attn, mlp"; }
+has cgmod 'warmup_steps = 3'
+expect_error "&cuda_graph impl = 'full_iteration'" -- --num-layers 2 --mock-data \
+    --cuda-graph-impl local --cuda-graph-modules full_iteration
 # FP8 and FP4 (Transformer Engine's flags): the recipe keys, and Megatron's defaults
 from_megatron fp8 --num-layers 4 --swiglu --disable-bias-linear --mock-data --bf16 \
     --fp8-format hybrid --fp8-recipe delayed --fp8-margin 1 --fp8-amax-history-len 16 \
