@@ -9,11 +9,16 @@
 # - tests/parallel/moe.nml (a dense layer, a shared expert) with the attn, mlp,
 #   moe_router and moe_preprocess scopes under full recompute, which adds the
 #   recompute pass's graphs;
+# - where the build has MPI and the emulated NCCL: tiny_moe over 2 processes with TP 2
+#   (attention between the sequence-parallel collectives, the router in two segments
+#   around the TP sum of the balancing counts) and with PP 2 (a graph per micro-batch slot
+#   in flight);
 # each against the same run without graphs: losses, balancing and z losses, gradient
 # norms, dropped tokens and the validation loss bit-identical, fewer kernel launches per
 # step after warm-up, graphs replayed, none captured again. A replay that computes
 # anything else than the eager ops, or a scope that is not replayed, fails here. Then
-# the refusals at --check and at start. Never skipped.
+# the refusals at --check and at start. Never skipped (the two-process cases say why when
+# they do not run).
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 EMU="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
 PLAIN="${MOETRAIN:-${MT_TOP_BUILDDIR:-.}/moetrain}"
@@ -21,16 +26,17 @@ export MOETRAIN_DATADIR="${MT_TOP_BUILDDIR:-.}"
 tiny="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
 layers="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 graphs="cuda_graph%impl='local' cuda_graph%warmup_steps=1"
+LAUNCH=""
 
 # train NAME NML OVERRIDES...: $tmp/NAME.log and the compared figures in $tmp/NAME.values
 train() {
     name=$1 nml=$2
     shift 2
-    "$EMU" --backend=cuda "$nml" training%train_iters=4 optimizer%lr_warmup_iters=1 \
+    $LAUNCH "$EMU" --backend=cuda "$nml" training%train_iters=4 optimizer%lr_warmup_iters=1 \
         training%micro_batch_size=1 training%global_batch_size=2 training%seq_length=16 \
         training%eval_interval=4 training%eval_iters=1 logging%log_interval=1 \
         "precision%params_dtype='bf16'" "logging%metrics_file='$tmp/$name.jsonl'" "$@" \
-        > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "$name: training failed"; }
+        > "$tmp/$name.log" 2>&1 < /dev/null || { cat "$tmp/$name.log"; fail "$name: training failed"; }
     grep -o '"\(loss\|val_loss\|aux_loss\|z_loss\|grad_norm\|dropped_tokens\)": [^,}]*' \
         "$tmp/$name.jsonl" > "$tmp/$name.values"
     grep -q '"val_loss": ' "$tmp/$name.values" || { cat "$tmp/$name.log"; fail "$name: no val_loss"; }
@@ -76,6 +82,31 @@ train layers_eager "$layers"
 train layers_recompute "$layers" $graphs "cuda_graph%modules='attn','mlp','moe_router','moe_preprocess'" \
     "recompute%granularity='full'" "recompute%method='uniform'" recompute%num_layers=2 logging%log_memory=T
 compare layers_eager layers_recompute
+
+nccl="${MT_TOP_BUILDDIR:-.}/tests/runtime/emu-nccl"
+env="${MT_TOP_BUILDDIR:-.}/tests/runtime/build.env" # MPIRUN, MT_HAVE_MPI
+[ -r "$env" ] && . "$env"
+if [ "${MT_HAVE_MPI:-}" = yes ] && [ -n "${MPIRUN:-}" ] && [ -x "$MPIRUN" ] && [ -e "$nccl/libnccl.so.2" ]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MT_EMU_DEVICE_COUNT=2
+    LD_LIBRARY_PATH="$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM MT_EMU_DEVICE_COUNT LD_LIBRARY_PATH
+    LAUNCH="timeout 300 $MPIRUN --oversubscribe -np 2"
+    tp="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T training%micro_batch_size=2"
+    # shellcheck disable=SC2086
+    train tp_eager "$tiny" $tp
+    # shellcheck disable=SC2086
+    train tp_local "$tiny" $tp $graphs logging%log_memory=T
+    compare tp_eager tp_local
+    pp="parallel%pipeline_model_parallel_size=2 training%global_batch_size=4"
+    # shellcheck disable=SC2086
+    train pp_eager "$tiny" $pp
+    # shellcheck disable=SC2086
+    train pp_local "$tiny" $pp $graphs logging%log_memory=T
+    compare pp_eager pp_local
+    LAUNCH=""
+else
+    echo "  TP 2 and PP 2 not run: they need a build with MPI (mpirun) and the emulated NCCL ($nccl)"
+fi
 
 # refused CASE MESSAGE NML OPTIONS...: --check (or a start) fails naming the key
 refused() {
