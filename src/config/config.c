@@ -598,12 +598,13 @@ static int check_offload(const struct mt_config *c, struct mt_err *err)
 
 int mt_config_check_backend(const struct mt_config *c, const char *backend, struct mt_err *err)
 {
-    if (strcmp(c->cuda_graph.impl, "none") && strcmp(backend, "cuda"))
+    const char *impl = c->cuda_graph.impl;
+    if ((!strcmp(impl, "local") || !strcmp(impl, "full_iteration")) && strcmp(backend, "cuda"))
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph impl = '%s': CUDA graphs need the cuda backend (the %s "
                           "backend launches no kernels to capture); run --backend cuda, or set "
                           "impl = 'none'",
-                          c->cuda_graph.impl, backend);
+                          impl, backend);
     if (c->recompute.fine_grained_activation_offloading && strcmp(backend, "cpu") == 0)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&recompute fine_grained_activation_offloading: offloading needs a GPU "
