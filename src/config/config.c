@@ -786,6 +786,7 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
         dense = dense || !(e->num_experts > 0 && e->layer_freq[i]);
     }
     const bool dropless = !(e->expert_capacity_factor > 0 && e->pad_expert_input_to_capacity);
+    const char *nopad = e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "";
     if (strcmp(g->impl, "none") == 0) {
         if (g->modules_len)
             return mt_err_set(err, MT_EINVAL,
@@ -802,8 +803,7 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
                               "known only after routing; moetrain does not capture a whole "
                               "iteration in any case yet (the step reads its losses and routing "
                               "offsets on the host); use impl = 'local' with modules",
-                              e->expert_capacity_factor,
-                              e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
+                              e->expert_capacity_factor, nopad);
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph impl = 'full_iteration': moetrain does not capture a whole "
                           "iteration yet (the step reads its losses and routing offsets on the "
@@ -857,8 +857,7 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
                           "routing (dynamic shapes), and a graph replays fixed shapes; set "
                           "expert_capacity_factor > 0 with pad_expert_input_to_capacity = .true. "
                           "(drop-and-pad), or capture moe_router and moe_preprocess instead",
-                          e->expert_capacity_factor,
-                          e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
+                          e->expert_capacity_factor, nopad);
     if (has[2] && (l->tp > 1 || l->ep > 1 || l->etp > 1))
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph modules: 'moe' with tensor_model_parallel_size = %d, "

@@ -357,9 +357,19 @@ static bool same_value(const char *v, const char *only)
     return strcasecmp(v, only) == 0;
 }
 
-/* --cuda-graph-modules (--cuda-graph-scope) W...: the scopes as modules; Megatron's
- * full_iteration scope is moetrain's impl = 'full_iteration'. */
-static int graph_scopes(struct conv *c, const struct mt_megatron_flag *f, struct given *g)
+/* Megatron's full_iteration scope of --cuda-graph-modules (--cuda-graph-scope) is
+ * moetrain's impl = 'full_iteration'. */
+static int graph_full_iteration(struct conv *c, struct given *g)
+{
+    MT_CHECK(add_override(c, strdup("cuda_graph%impl='full_iteration'")));
+    return add_note(c, given_text(g), "converted",
+                    "cuda_graph%%impl='full_iteration' (moetrain's name for the scope)");
+}
+
+/* An nargs='*' flag: every blank-separated word of its values one element of the key
+ * (MT_MEG_WORDS); with scopes, the word full_iteration becomes the impl instead. */
+static int words_override(struct conv *c, const struct mt_megatron_flag *f, struct given *g,
+                          bool scopes)
 {
     if (g->nvals == 0)
         return mt_err_set(c->err, MT_EINVAL, "from-megatron: %s needs a value", f->flag);
@@ -368,24 +378,17 @@ static int graph_scopes(struct conv *c, const struct mt_megatron_flag *f, struct
     char *s = malloc(len);
     if (!s) return oom(c);
     size_t at = (size_t)snprintf(s, len, "%s=", f->key);
-    int n = 0;
-    for (int i = 0; i < g->nvals; i++) {
+    int n = 0, rc = MT_OK;
+    for (int i = 0; i < g->nvals && rc == MT_OK; i++) {
         char *words = strdup(g->vals[i]), *save = NULL;
         if (!words) {
             free(s);
             return oom(c);
         }
-        for (char *w = strtok_r(words, " \t", &save); w; w = strtok_r(NULL, " \t", &save)) {
-            if (strcmp(w, "full_iteration") == 0) {
-                int rc = add_override(c, strdup("cuda_graph%impl='full_iteration'"));
-                if (rc == MT_OK)
-                    rc = add_note(c, given_text(g), "converted",
-                                  "cuda_graph%%impl='full_iteration' (moetrain's name for the scope)");
-                if (rc) {
-                    free(words);
-                    free(s);
-                    return rc;
-                }
+        for (char *w = strtok_r(words, " \t", &save); w && rc == MT_OK;
+             w = strtok_r(NULL, " \t", &save)) {
+            if (scopes && strcmp(w, "full_iteration") == 0) {
+                rc = graph_full_iteration(c, g);
                 continue;
             }
             char *q = quoted(w);
@@ -394,9 +397,9 @@ static int graph_scopes(struct conv *c, const struct mt_megatron_flag *f, struct
         }
         free(words);
     }
-    if (n == 0) {
+    if (rc || (n == 0 && scopes)) { /* only full_iteration: no modules */
         free(s);
-        return MT_OK;
+        return rc;
     }
     return add_override(c, s);
 }
@@ -417,31 +420,8 @@ static int mapped_flag(struct conv *c, const struct mt_megatron_flag *f, struct 
     case MT_MEG_AS_IS:
         MT_CHECK(one_value(c, g, &v));
         return add_override(c, assignment(f->key, v));
-    case MT_MEG_WORDS: {
-        if (g->nvals == 0)
-            return mt_err_set(c->err, MT_EINVAL, "from-megatron: %s needs a value", f->flag);
-        size_t len = strlen(f->key) + 2;
-        for (int i = 0; i < g->nvals; i++) len += 2 * strlen(g->vals[i]) + 4;
-        char *s = malloc(len);
-        if (!s) return oom(c);
-        size_t at = (size_t)snprintf(s, len, "%s=", f->key);
-        bool first = true;
-        for (int i = 0; i < g->nvals; i++) {
-            char *words = strdup(g->vals[i]), *save = NULL;
-            if (!words) {
-                free(s);
-                return oom(c);
-            }
-            for (char *w = strtok_r(words, " \t", &save); w; w = strtok_r(NULL, " \t", &save)) {
-                char *q = quoted(w);
-                if (q) at += (size_t)snprintf(s + at, len - at, "%s%s", first ? "" : ",", q);
-                free(q);
-                first = false;
-            }
-            free(words);
-        }
-        return add_override(c, s);
-    }
+    case MT_MEG_WORDS:
+        return words_override(c, f, g, false);
     case MT_MEG_LAYER_PATTERN:
         MT_CHECK(one_value(c, g, &v));
         MT_CHECK(int_flag(c, "--num-layers", c->dflt.model.num_layers, &num_layers));
@@ -477,7 +457,7 @@ static int mapped_flag(struct conv *c, const struct mt_megatron_flag *f, struct 
         }
         return add_override(c, assignment(f->key, v));
     case MT_MEG_GRAPH_SCOPES:
-        return graph_scopes(c, f, g);
+        return words_override(c, f, g, true);
     case MT_MEG_VOCAB_DIVISOR:
         return MT_OK; /* with --vocab-size, in vocab_rule */
     case MT_MEG_SAMPLES:
