@@ -810,6 +810,13 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
                           "host, which a graph cannot hold); use impl = 'local' with modules "
                           "(doc/host-overhead.md, CUDA graphs)");
     }
+    if (g->warmup_steps < 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "&cuda_graph warmup_steps = %d: at least 1 eager iteration must come "
+                          "before the captures (it sets up what the kernels build once, such as "
+                          "the RoPE tables, with copies from host memory that a graph cannot "
+                          "hold); set warmup_steps >= 1 (Megatron's default is 3)",
+                          g->warmup_steps);
     if (g->modules_len == 0) { /* Megatron's advice for dropless MoE; a dense model's layers */
         const char *def[] = {"attn", moe ? "moe_router" : "mlp", "moe_preprocess"};
         g->modules_len = moe ? 3 : 2;

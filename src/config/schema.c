@@ -336,8 +336,8 @@ const struct mt_key mt_schema[] = {
           "pad_expert_input_to_capacity); empty = attn, moe_router, moe_preprocess for an MoE "
           "model, attn, mlp for a dense one"),
     KINT(cuda_graph, warmup_steps, 3, 0, IMAX,
-         "impl = 'local': iterations run eagerly before the scopes are captured (Megatron's "
-         "--cuda-graph-warmup-steps)"),
+         "impl = 'local': iterations run eagerly before the scopes are captured, at least 1 "
+         "(Megatron's --cuda-graph-warmup-steps)"),
 
     { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
 };

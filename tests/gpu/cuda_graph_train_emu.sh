@@ -141,6 +141,8 @@ refused "mlp in a model without dense layers" "&cuda_graph modules(1) = 'mlp': t
     "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='mlp'"
 refused "a scope that does not exist" "&cuda_graph modules(2) = 'mamba' is not a scope of this model" \
     "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='attn','mamba'"
+refused "no warm-up" "&cuda_graph warmup_steps = 0: at least 1 eager iteration" \
+    "$tiny" --check "cuda_graph%impl='local'" cuda_graph%warmup_steps=0
 refused "modules without impl" "&cuda_graph modules applies only with impl = 'local'" \
     "$tiny" --check "cuda_graph%modules='attn'"
 refused "router forcing in a scope" "the forced logits are copied from host memory" \
