@@ -441,8 +441,10 @@ struct mt_quant_spec {
     const float *tensor_amax;
     /* backend memory of work_bytes, or NULL: a device backend's scratch for the codes
      * and scales (mt_quant_scratch_bytes of the operand's elements suffice; with less
-     * or none it takes them from its allocator for the call). The CPU backend keeps
-     * its quantised copy in host memory and does not use it. */
+     * or none it takes them from its allocator for the call). The CPU backend's qdq
+     * keeps its quantised copy in host memory and does not use it; the quantised GEMM
+     * (gemm) takes mt_quant_gemm_scratch_bytes of each operand here, where the CPU
+     * backend puts the operand's fp32 values. */
     void *work;
     size_t work_bytes;
 };
@@ -459,6 +461,20 @@ struct mt_quant_ops {
     // accumulation (doc/fp8.md says how it relates to the GPU's scaled FP8 GEMMs).
     void (*qdq)(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,
                 struct mt_tensor x);
+    // The recipe's low-precision GEMM: c (m,n) = beta c + op(q_a(a)) op(q_b(b)), fp32
+    // accumulation; a stored (m,k) or, trans_a, (k,m); b (k,n) or, trans_b, (n,k); each
+    // fp32 or bf16, dense, quantised as stored under its spec (sa, sb: the 1-D blocks of
+    // MT_Q_BLOCK_1X128, MT_Q_MX and MT_Q_NVFP4 along k; a shard's place and tensor_amax
+    // as qdq takes them). c fp32 (any beta) or bf16 (beta 0), row stride c.ld.
+    // Every backend computes the product of qdq's values up to the order of summation
+    // (the CPU backend: qdq of both, then its gemm, the reference; the CUDA backend: the
+    // quantisers' codes and scales into one cublasLtMatmul with the recipe's scale
+    // modes, doc/fp8.md "The GPU's GEMMs"). Scratch: sa->work and sb->work, each
+    // mt_quant_gemm_scratch_bytes of its operand's elements (less or none: the
+    // backend's allocator for the call). Does not wait for the device.
+    void (*gemm)(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                 struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b,
+                 float beta, struct mt_tensor c);
     // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
     // the tensor and the tensor's amax); false: only whole tensors, and the model refuses
     // FP8/FP4 where tensor or expert-tensor parallelism would split one.
@@ -500,6 +516,17 @@ struct mt_graph_ops {
  * codes (at most a byte an element), its scales (at most one fp32 an element, the
  * bound of 1 x 128 tiles on a single column) and a few scalars, 16-byte aligned. */
 static inline size_t mt_quant_scratch_bytes(size_t elems) { return 5 * elems + 64; }
+
+/* What one operand of the quantised GEMM (struct mt_quant_ops gemm) takes: its values
+ * in fp32 (the CPU's dequantised operand, a device's staging of the high-precision
+ * one) and qdq's scratch for its codes and scales; a device backend's block scales in
+ * its GEMM's order, and the padding of an operand whose rows or reduction the library
+ * needs in multiples of 4 or 16, fit in what the bound of the scales leaves (1 x 128
+ * tiles of more than one column, the model's), else come from its allocator. */
+static inline size_t mt_quant_gemm_scratch_bytes(size_t elems)
+{
+    return 4 * elems + mt_quant_scratch_bytes(elems);
+}
 
 struct mt_kernels {
     const char *name;          /* "cpu", "cuda" */

@@ -684,7 +684,35 @@ static void g_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out
     RUN(MT_OP_CONVERT, cpu->quant->qdq(ctx, s, out, x));
 }
 
-static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .shards = true };
+/* An operand's spec of the quantised GEMM: read on the host, its scale, amax, tensor
+ * amax and work backend memory. */
+static void qgemm_spec(const char *arg, const struct mt_quant_spec *s)
+{
+    host("quantised gemm", arg, s);
+    dev("quantised gemm", "spec->scale", s->scale), dev("quantised gemm", "spec->amax", s->amax);
+    dev("quantised gemm", "spec->tensor_amax", s->tensor_amax);
+    if (s->scale) range("quantised gemm", "spec->scale", s->scale, sizeof(float));
+    if (s->amax) range("quantised gemm", "spec->amax", s->amax, sizeof(float));
+    dev("quantised gemm", "spec->work", s->work);
+    if (s->work) range("quantised gemm", "spec->work", s->work, s->work_bytes);
+}
+
+/* The quantised GEMM, counted as one GEMM launch (the CUDA backend charges its
+ * quantisers and its matmul to gemm). */
+static void g_qgemm(void *ctx, bool ta, bool tb, const struct mt_quant_spec *sa, struct mt_tensor a,
+                    const struct mt_quant_spec *sb, struct mt_tensor b, float beta, struct mt_tensor c)
+{
+    const int64_t k = ta ? a.rows : a.cols;
+    qgemm_spec("sa", sa), qgemm_spec("sb", sb);
+    tensor("quantised gemm", "a", a, ta ? k : c.rows, ta ? c.rows : k);
+    tensor("quantised gemm", "b", b, tb ? c.cols : k, tb ? k : c.cols);
+    tensor("quantised gemm", "c", c, -1, -1);
+    if (a.ld != a.cols || b.ld != b.cols) misuse("quantised gemm", "a", a.data, "or b is not dense");
+    if (c.dtype != MT_F32 && beta != 0.0f) misuse("quantised gemm", "c", c.data, "is bf16 with beta != 0");
+    RUN(MT_OP_GEMM, cpu->quant->gemm(ctx, ta, tb, sa, a, sb, b, beta, c));
+}
+
+static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {

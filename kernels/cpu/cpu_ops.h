@@ -166,6 +166,9 @@ void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);
 /* cpu_qdq.c: struct mt_quant_ops */
 void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x);
+void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                  struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
+                  struct mt_tensor c);
 
 /* cpu_typed.c: the op table's typed entry points (fp32 kernels above behind them) */
 void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,

@@ -143,3 +143,37 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
     else
         qdq_dense(s, w, R, C, s->tensor_amax ? *s->tensor_amax : amax);
 }
+
+/* One operand of the quantised GEMM: its quantised values in fp32, in s->work when it
+ * holds them, else in scratch (*taken, given back after the product). */
+static struct mt_tensor operand_values(const struct mt_quant_spec *s, struct mt_tensor x, void **taken)
+{
+    const size_t bytes = sizeof(float) * (size_t)x.rows * (size_t)x.cols;
+    float *v = s->work && s->work_bytes >= bytes ? s->work : NULL;
+    *taken = NULL;
+    if (!v) v = *taken = mt_cpu_scratch("quantised gemm", bytes);
+    const struct mt_tensor out = mt_f32(v, x.rows, x.cols);
+    mt_cpu_qdq(NULL, s, out, x);
+    return out;
+}
+
+void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                  struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
+                  struct mt_tensor c)
+{
+    const int64_t k = trans_a ? a.rows : a.cols;
+    if ((trans_a ? a.cols : a.rows) != c.rows || (trans_b ? b.rows : b.cols) != c.cols ||
+        (trans_b ? b.cols : b.rows) != k) {
+        struct mt_err err = { 0 };
+        mt_err_set(&err, MT_EINVAL, "op(a) (%lld,%lld) op(b) (%lld,%lld) does not give c (%lld,%lld)",
+                   (long long)(trans_a ? a.cols : a.rows), (long long)k,
+                   (long long)(trans_b ? b.cols : b.rows), (long long)(trans_b ? b.rows : b.cols),
+                   (long long)c.rows, (long long)c.cols);
+        die("gemm arguments", &err);
+    }
+    void *ta, *tb;
+    const struct mt_tensor qa = operand_values(sa, a, &ta), qb = operand_values(sb, b, &tb);
+    mt_cpu_t_gemm(ctx, trans_a, trans_b, (int)c.rows, (int)c.cols, (int)k, 1.0f, qa, qb, beta, c);
+    if (ta) mt_cpu_scratch_give(ta);
+    if (tb) mt_cpu_scratch_give(tb);
+}

@@ -20,7 +20,7 @@ static const struct mt_graph_ops cuda_graph_ops = {
 };
 
 /* whole tensors only: the shards of tensor and expert-tensor parallelism are refused */
-static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq, .shards = false };
+static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .shards = false };
 
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",

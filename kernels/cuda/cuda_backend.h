@@ -88,6 +88,11 @@ struct mt_cuda_gemm_stats {
     const char *fallback_compute; /* "CUBLAS_COMPUTE_32F" */
     long long shapes, calls;      /* distinct shapes (cached plans), cublasLtMatmul calls */
     long long fallback_shapes, fallback_calls; /* of which on fallback_compute */
+    /* the FP8/FP4 recipes' GEMMs (struct mt_quant_ops gemm): cuBLASLt FP8/FP4 matmuls,
+     * those written through the epilogue (padding, NVFP4's per-tensor scales), and
+     * the scale modes they used, e.g. "VEC128_32F, BLK128x128_32F" */
+    long long lowp_calls, lowp_epilogues;
+    char lowp_modes[96];
 };
 /* All zero (names NULL) when the backend is not built. */
 void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_gemm_stats *s);

@@ -59,6 +59,12 @@ struct mt_cuda_ctx {
     size_t lt_ws_bytes;
     cublasComputeType_t gemm_compute;
     std::unordered_map<mt_gemm_key, mt_gemm_plan, mt_gemm_key_hash> gemm_plans;
+    // the quantised GEMMs (cuda_qdq.cu): cublasLtMatmul calls, those through the epilogue,
+    // and the scale modes used (bit cublasLtMatmulMatrixScale_t)
+    struct {
+        long long calls, epilogues;
+        unsigned modes;
+    } lowp;
 
     // caching allocator (cuda_memory.cu); all fields under mu
     std::mutex mu;

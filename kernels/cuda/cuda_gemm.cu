@@ -201,6 +201,9 @@ extern "C" void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_ge
     if (!c) return;
     s->compute = compute_name(c->gemm_compute);
     s->fallback_compute = compute_name(CUBLAS_COMPUTE_32F);
+    s->lowp_calls = c->lowp.calls;
+    s->lowp_epilogues = c->lowp.epilogues;
+    mt_cuda_lowp_gemm_names(c->lowp.modes, s->lowp_modes, sizeof s->lowp_modes);
     for (const auto &kv : c->gemm_plans) {
         s->shapes++;
         s->calls += kv.second.calls;

@@ -1,7 +1,8 @@
-// CUDA backend: the FP8/FP4 recipes' operand quantisation in the model (struct
-// mt_quant_ops qdq; doc/fp8.md "In the model" and "On the GPU"). The device quantisers
-// of cuda_quant.cu applied to a GEMM operand, and the values they keep written back in
-// fp32 for the ordinary GEMM: kernels/cpu/cpu_qdq.c's steps, bit for bit.
+// CUDA backend: the FP8/FP4 recipes in the model (struct mt_quant_ops; doc/fp8.md "In
+// the model" and "On the GPU"): qdq, the device quantisers of cuda_quant.cu applied to
+// a GEMM operand and the values they keep written back in fp32 (kernels/cpu/cpu_qdq.c's
+// steps, bit for bit), and the quantised GEMM, the same quantisers' codes and scales
+// multiplied by one cuBLASLt FP8/FP4 matmul (below, "The quantised GEMM").
 //
 // The steps, all queued on the compute stream (nothing waits for the device):
 //   load      x (fp32 or bf16) into out as fp32, transposed when the scaling's tiles run
@@ -24,14 +25,16 @@
 
 #define QDQ_THREADS 256
 
-// out = x as fp32, (R, C) as it is or, transposed, (C, R).
+// out (rows_pad, qc) = x as fp32, (R, C) as it is or, transposed, (C, R) (qr, qc its
+// shape), and zero rows from qr to rows_pad. A thread an element of out.
 template <typename T>
-__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int transpose)
+__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int transpose, int64_t rows_pad)
 {
+    const int64_t qr = transpose ? C : R, qc = transpose ? R : C;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= R * C) return;
-    const int64_t r = i / C, c = i % C;
-    out[transpose ? c * R + r : i] = mt_ld(x, (size_t)i);
+    if (i >= rows_pad * qc) return;
+    const int64_t r = i / qc, c = i % qc;
+    out[i] = r >= qr ? 0.0f : mt_ld(x, (size_t)(transpose ? c * C + r : i));
 }
 
 // Delayed scaling's record: *dst = max(*dst, *amax), a NaN amax recorded (cpu_qdq.c).
@@ -74,14 +77,76 @@ __global__ static void qdq_dequant_kernel(float *out, struct mt_cuda_qtensor q, 
     out[r * ors + c * ocs] = __fmul_rn(__fmul_rn(code, bs), g);
 }
 
-[[noreturn]] static void qdq_fail(const char *what, const struct mt_err *err)
+[[noreturn]] static void qdq_fail(const char *op, const char *what, const struct mt_err *err)
 {
     char call[64];
-    snprintf(call, sizeof call, "qdq: %s", what);
+    snprintf(call, sizeof call, "%s: %s", op, what);
     mt_cuda_fatal(__FILE__, __LINE__, call, err->msg);
 }
 
 static size_t qdq_align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// The layout of x's quantisation under s when x is loaded as it is or, tr, transposed,
+// with rows_pad rows: its blocks along the rows of what is loaded, except MXFP8 along
+// the columns of an untransposed x (qdq of a dgrad weight).
+static struct mt_cuda_qtensor qdq_layout(const char *op, const struct mt_quant_spec *s, int64_t rows_pad, int64_t qc,
+                                         bool tr)
+{
+    struct mt_cuda_qtensor q;
+    struct mt_err err = {};
+    const enum mt_q_dim along = s->scaling == MT_Q_MX && !tr ? s->along : MT_Q_ALONG_ROW;
+    if (mt_cuda_qtensor_layout(&q, s->scaling, s->elem, along, rows_pad, qc, &err)) qdq_fail(op, "quantised tensor", &err);
+    return q;
+}
+
+// Steps 1 to 4 (the top of this file) for x (R, C) under s: x into w as fp32, as it is
+// or, tr, transposed (qr = tr ? C : R rows of qc), then zero rows up to q->rows; the
+// Hadamard transform; the amax (recorded, or the tensorwise scale's); the quantiser
+// into q, whose buffers the caller placed. scalars: three device floats (the amax, the
+// tensorwise scale and q->global).
+static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_spec *s, struct mt_tensor x, bool tr,
+                         float *w, const struct mt_cuda_qtensor *q, float *scalars)
+{
+    const int64_t R = x.rows, C = x.cols, qr = tr ? C : R, qc = tr ? R : C;
+    struct mt_err err = {};
+    mt_with_elem(x.dtype, [&](auto tag) {
+        MT_LAUNCH(mt_cdiv((size_t)(q->rows * qc), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
+                  qdq_load_kernel<MT_ELEM(tag)>)(w, (const MT_ELEM(tag) *)x.data, R, C, (int)tr, q->rows);
+    });
+    MT_CUDA_LAUNCHED();
+    if (s->rht && R >= 16) {
+        // along the columns of (R, C): along the rows of the transpose (C, R)
+        const int rc = tr ? mt_cuda_q_rht(w, C, R / 16 * 16, R, MT_Q_ALONG_ROW, s->seed, s->rht_stream, c->stream, &err)
+                          : mt_cuda_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, s->seed, s->rht_stream, c->stream, &err);
+        if (rc) qdq_fail(op, "Hadamard transform", &err);
+    }
+    float *amax = scalars, *tscale = scalars + 1;
+    const bool current = s->scaling == MT_Q_TENSOR && !s->scale;
+    if (s->amax || current) {
+        if (mt_cuda_q_amax(amax, w, qr, qc, qc, c->stream, &err)) qdq_fail(op, "amax", &err);
+        if (s->amax) {
+            MT_LAUNCH(1, 1, 0, c->stream, qdq_record_amax_kernel)(s->amax, amax);
+            MT_CUDA_LAUNCHED();
+        }
+    }
+    int rc = MT_OK;
+    switch (s->scaling) {
+    case MT_Q_TENSOR:
+        if (current) {
+            const float fmax = s->elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
+            if (mt_cuda_q_tensor_scale(tscale, amax, fmax, s->margin, c->stream, &err)) qdq_fail(op, "scale", &err);
+        }
+        rc = mt_cuda_quant_tensorwise(q, w, qc, current ? tscale : s->scale, s->rnd, s->seed, s->stream, c->stream,
+                                      &err);
+        break;
+    case MT_Q_BLOCK_1X128:
+    case MT_Q_BLOCK_128X128: rc = mt_cuda_quant_blockwise(q, w, qc, 1, c->stream, &err); break;
+    case MT_Q_MX: rc = mt_cuda_quant_mxfp8(q, w, qc, c->stream, &err); break;
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(q, w, qc, s->rnd, s->seed, s->stream, c->stream, &err); break;
+    }
+    if (rc) qdq_fail(op, "quantise", &err);
+}
 
 extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
 {
@@ -104,22 +169,7 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
     // the tiles of 1 x 128 and NVFP4's 1 x 16 blocks down the columns: the transpose's rows
     const bool tr = s->along == MT_Q_ALONG_COL && (s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_NVFP4);
     const int64_t qr = tr ? C : R, qc = tr ? R : C;
-    struct mt_err err = {};
-    mt_with_elem(x.dtype, [&](auto tag) {
-        MT_LAUNCH(mt_cdiv(n, QDQ_THREADS), QDQ_THREADS, 0, c->stream, qdq_load_kernel<MT_ELEM(tag)>)(
-            w, (const MT_ELEM(tag) *)x.data, R, C, (int)tr);
-    });
-    MT_CUDA_LAUNCHED();
-    if (s->rht && R >= 16) {
-        // along the columns of (R, C): along the rows of the transpose (C, R)
-        const int rc = tr ? mt_cuda_q_rht(w, C, R / 16 * 16, R, MT_Q_ALONG_ROW, s->seed, s->rht_stream, c->stream, &err)
-                          : mt_cuda_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, s->seed, s->rht_stream, c->stream, &err);
-        if (rc) qdq_fail("Hadamard transform", &err);
-    }
-    struct mt_cuda_qtensor q;
-    if (mt_cuda_qtensor_layout(&q, s->scaling, s->elem, s->scaling == MT_Q_MX ? s->along : MT_Q_ALONG_ROW, qr, qc,
-                               &err))
-        qdq_fail("quantised tensor", &err);
+    struct mt_cuda_qtensor q = qdq_layout("qdq", s, qr, qc, tr);
     // scratch: codes, scales, then three floats (amax, the tensorwise scale, NVFP4's global)
     const size_t at_scale = qdq_align16(q.data_bytes), at_scalars = at_scale + qdq_align16(q.scale_bytes);
     const size_t need = at_scalars + 16;
@@ -128,36 +178,287 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
     q.data = (uint8_t *)ws;
     if (s->scaling == MT_Q_MX || mt_q_is_nvfp4(s->scaling)) q.scale8 = (uint8_t *)(ws + at_scale);
     else q.scale = (float *)(ws + at_scale);
-    float *amax = (float *)(ws + at_scalars), *tscale = amax + 1;
-    q.global = amax + 2;
-    const bool current = s->scaling == MT_Q_TENSOR && !s->scale;
-    if (s->amax || current) {
-        if (mt_cuda_q_amax(amax, w, qr, qc, qc, c->stream, &err)) qdq_fail("amax", &err);
-        if (s->amax) {
-            MT_LAUNCH(1, 1, 0, c->stream, qdq_record_amax_kernel)(s->amax, amax);
-            MT_CUDA_LAUNCHED();
-        }
-    }
-    int rc = MT_OK;
-    switch (s->scaling) {
-    case MT_Q_TENSOR:
-        if (current) {
-            const float fmax = s->elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
-            if (mt_cuda_q_tensor_scale(tscale, amax, fmax, s->margin, c->stream, &err)) qdq_fail("scale", &err);
-        }
-        rc = mt_cuda_quant_tensorwise(&q, w, qc, current ? tscale : s->scale, s->rnd, s->seed, s->stream, c->stream,
-                                      &err);
-        break;
-    case MT_Q_BLOCK_1X128:
-    case MT_Q_BLOCK_128X128: rc = mt_cuda_quant_blockwise(&q, w, qc, 1, c->stream, &err); break;
-    case MT_Q_MX: rc = mt_cuda_quant_mxfp8(&q, w, qc, c->stream, &err); break;
-    case MT_Q_NVFP4:
-    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(&q, w, qc, s->rnd, s->seed, s->stream, c->stream, &err); break;
-    }
-    if (rc) qdq_fail("quantise", &err);
+    float *scalars = (float *)(ws + at_scalars);
+    q.global = scalars + 2;
+    qdq_quantise(c, "qdq", s, x, tr, w, &q, scalars);
     // element (r, c) of q is (c, r) of out when it was loaded transposed
     MT_LAUNCH(mt_cdiv(n, QDQ_THREADS), QDQ_THREADS, 0, c->stream, qdq_dequant_kernel)(w, q, tr ? 1 : qc,
                                                                                       tr ? qr : 1);
     MT_CUDA_LAUNCHED();
     if (own) mt_cuda_scratch_free(c, ws);
+}
+
+// ---------------------------------------------------------------- the quantised GEMM
+//
+// c (m,n) = beta c + op(q_a(a)) op(q_b(b)) (struct mt_quant_ops gemm) as cuBLASLt's
+// FP8/FP4 matmul, in the one layout every device takes ("TN": both operands with the
+// reduction k contiguous). Row-major c (m,n) is column-major D (n x m) = A^T B with
+// A = b's quantisation as (n, k) rows and B = a's as (m, k): an operand stored with k
+// along its columns (a untransposed, b transposed) is loaded as it is, the other
+// transposed before it is quantised (as the CPU quantises the transpose of a 1 x 128 or
+// NVFP4 operand along its columns; for the other scalings the codes are the same either
+// way, nearest rounding not depending on the element's index). Each operand: steps 1
+// to 4 above into its spec's work (staging, codes, scales), then its block scales in
+// the order its scale mode reads (mt_cuda_q_cublaslt_scales). Scale modes: SCALAR_32F
+// for tensorwise and delayed (the decode scales the quantiser stored), VEC128_32F and
+// BLK128x128_32F for blockwise (9.0), VEC32_UE8M0 for MXFP8 (10.x), VEC16_UE4M3 for
+// NVFP4 (10.0), whose per-tensor decode scales stay on the device and multiply D in
+// the epilogue below.
+//
+// Shapes cuBLASLt refuses are padded, never sent to a dequantised GEMM: k to a multiple
+// of 16 elements (FP8) or 32 (FP4), the codes copied into rows of that width with zeros
+// after them (the quantisation itself sees the operand's own shape, so stochastic
+// rounding's element indices and the blocks are the CPU's); n to a multiple of 4 fp32
+// (8 bf16) elements for D's rows, and m and n to multiples of 4 for the blockwise
+// modes, as zero rows of the operand. Then, and for NVFP4 or a c whose pointer or rows
+// are not 16-byte aligned, D goes to fp32 scratch and the epilogue writes
+// c = beta c + g D (g NVFP4's two per-tensor scales, else 1); otherwise cuBLASLt writes
+// c itself with beta.
+
+// Codes of rows rows of src_bytes bytes into rows of dst_bytes (>= src_bytes), zeros
+// after them. A thread a byte of dst.
+__global__ static void qgemm_pad_codes_kernel(uint8_t *dst, const uint8_t *src, int64_t rows, int64_t src_bytes,
+                                              int64_t dst_bytes)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * dst_bytes) return;
+    const int64_t r = i / dst_bytes, b = i % dst_bytes;
+    dst[i] = b < src_bytes ? src[r * src_bytes + b] : 0;
+}
+
+// c (m,n) = beta c + g D, D (>= m rows, >= n columns) fp32 row stride ldd, or none (0);
+// g = *ga * *gb (NVFP4's per-tensor decode scales) or 1. beta = 0 does not read c.
+template <typename TC>
+__global__ static void qgemm_epilogue_kernel(TC *c, int64_t ldc, const float *d, int64_t ldd, int64_t m, int64_t n,
+                                             float beta, const float *ga, const float *gb)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m * n) return;
+    const int64_t r = i / n, j = i % n;
+    float v = d ? d[r * ldd + j] : 0.0f;
+    if (ga) v = __fmul_rn(v, __fmul_rn(*ga, *gb));
+    const size_t e = (size_t)(r * ldc + j);
+    mt_st(c, e, beta == 0.0f ? v : __fadd_rn(__fmul_rn(beta, mt_ld(c, e)), v));
+}
+
+static size_t qgemm_align256(size_t n) { return (n + 255) / 256 * 256; }
+static int64_t qgemm_round(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+static cudaDataType_t qgemm_type(enum mt_q_elem e)
+{
+    return e == MT_Q_ELEM_E4M3 ? CUDA_R_8F_E4M3 : e == MT_Q_ELEM_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_4F_E2M1;
+}
+
+// One operand quantised for the matmul: (rows, k) codes with k contiguous, the codes'
+// row stride kpad, and what cuBLASLt reads of its scales.
+struct qgemm_operand {
+    struct mt_cuda_qtensor q;
+    const uint8_t *codes; // (rows, kpad): q.data, or its padded copy
+    const void *scales;   // the arranged block scales, or the scalar decode scale
+    int32_t mode;         // cublasLtMatmulMatrixScale_t
+    char *own;            // scratch of the allocator, freed after the matmul
+};
+
+// Quantises x (R, C) under s as `rows` rows of k (x transposed when tr), k padded to
+// kpad in the codes.
+static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s,
+                                    struct mt_tensor x, bool tr, int64_t rows, int64_t kpad)
+{
+    const int64_t k = tr ? x.rows : x.cols;
+    const bool one_d = s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_MX || s->scaling == MT_Q_NVFP4;
+    char msg[240];
+    if (one_d && s->along != (tr ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW)) {
+        snprintf(msg, sizeof msg, "%s: the %s blocks lie along its %s, not along the GEMM's reduction", arg,
+                 mt_q_scaling_name(s->scaling), s->along == MT_Q_ALONG_ROW ? "rows" : "columns");
+        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
+    }
+    // the CPU draws a stochastically rounded element's bits by its index in what it
+    // quantises: the transpose only for 1 x 128 tiles and NVFP4 blocks down the columns
+    if (s->rnd == MT_Q_SR && tr && !(s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_NVFP4)) {
+        snprintf(msg, sizeof msg, "%s: stochastic rounding of a %s operand read transposed (its element indices "
+                 "would not be the CPU's)", arg, mt_q_scaling_name(s->scaling));
+        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
+    }
+    if (s->lrows > 0) {
+        snprintf(msg, sizeof msg, "%s: a shard of a tensor (the CUDA backend quantises whole tensors)", arg);
+        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
+    }
+    qgemm_operand o = {};
+    o.q = qdq_layout("quantised gemm", s, rows, k, tr);
+    struct mt_err err = {};
+    const bool tensor = s->scaling == MT_Q_TENSOR;
+    size_t lt_bytes = 0;
+    if (!tensor && mt_cuda_q_cublaslt_scale_mode(&o.q, &o.mode, &lt_bytes, &err))
+        qdq_fail("quantised gemm", "scale mode", &err);
+    const bool fp4 = o.q.elem == MT_Q_ELEM_E2M1;
+    const size_t row_bytes = (size_t)(fp4 ? (k + 1) / 2 : k), pad_row_bytes = (size_t)(fp4 ? kpad / 2 : kpad);
+    // scratch: staging, codes, scales, scalars, arranged scales, padded codes
+    const size_t at_codes = qgemm_align256(sizeof(float) * (size_t)(rows * k));
+    const size_t at_scale = at_codes + qgemm_align256(o.q.data_bytes);
+    const size_t at_scalars = at_scale + qgemm_align256(o.q.scale_bytes);
+    const size_t at_lt = at_scalars + 256;
+    const size_t at_pad = at_lt + qgemm_align256(lt_bytes);
+    const bool padded = kpad != k;
+    const size_t need = at_pad + (padded ? pad_row_bytes * (size_t)rows : 0);
+    char *ws = s->work && s->work_bytes >= need && (uintptr_t)s->work % 256 == 0 ? (char *)s->work : nullptr;
+    if (!ws) ws = o.own = (char *)mt_cuda_scratch(c, need);
+    o.q.data = (uint8_t *)(ws + at_codes);
+    if (s->scaling == MT_Q_MX || mt_q_is_nvfp4(s->scaling)) o.q.scale8 = (uint8_t *)(ws + at_scale);
+    else o.q.scale = (float *)(ws + at_scale);
+    float *scalars = (float *)(ws + at_scalars);
+    o.q.global = scalars + 2;
+    qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
+    if (tensor) {
+        o.mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+        o.scales = o.q.scale; // the decode scale the quantiser stored
+    } else {
+        if (mt_cuda_q_cublaslt_scales(ws + at_lt, &o.q, c->stream, &err)) qdq_fail("quantised gemm", "scales", &err);
+        o.scales = ws + at_lt;
+    }
+    o.codes = o.q.data;
+    if (padded) {
+        uint8_t *dst = (uint8_t *)(ws + at_pad);
+        MT_LAUNCH(mt_cdiv(pad_row_bytes * (size_t)rows, QDQ_THREADS), QDQ_THREADS, 0, c->stream,
+                  qgemm_pad_codes_kernel)(dst, o.q.data, rows, (int64_t)row_bytes, (int64_t)pad_row_bytes);
+        MT_CUDA_LAUNCHED();
+        o.codes = dst;
+    }
+    return o;
+}
+
+// The largest power of two up to 256 that divides p.
+static uint32_t qgemm_alignment(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a) a >>= 1;
+    return a;
+}
+
+// The cuBLASLt scale mode's name (the end-of-run summary).
+static const char *qgemm_mode_name(int32_t mode)
+{
+    switch (mode) {
+    case CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F: return "SCALAR_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3: return "VEC16_UE4M3";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0: return "VEC32_UE8M0";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F: return "VEC128_32F";
+    case CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F: return "BLK128x128_32F";
+    }
+    return "?";
+}
+
+extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                              struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
+                              struct mt_tensor cc)
+{
+    MT_CUDA_OP(ctx, MT_OP_GEMM);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("quantised gemm", "a", a, true), mt_cuda_tensor_check("quantised gemm", "b", b, true);
+    mt_cuda_tensor_check("quantised gemm", "c", cc, false);
+    const int64_t m = cc.rows, n = cc.cols, k = trans_a ? a.rows : a.cols;
+    if ((trans_a ? a.cols : a.rows) != m || (trans_b ? b.rows : b.cols) != n || (trans_b ? b.cols : b.rows) != k) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "op(a) (%lld,%lld) op(b) (%lld,%lld) does not give c (%lld,%lld)",
+                 (long long)(trans_a ? a.cols : a.rows), (long long)k, (long long)(trans_b ? b.cols : b.rows),
+                 (long long)(trans_b ? b.rows : b.cols), (long long)m, (long long)n);
+        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
+    }
+    if (cc.dtype == MT_BF16 && beta != 0.0f)
+        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", "c is bf16 with beta != 0 (a bf16 c takes beta = 0)");
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) { // nothing to multiply: c = beta c
+        mt_with_elem(cc.dtype, [&](auto tag) {
+            using TC = MT_ELEM(tag);
+            MT_LAUNCH(mt_cdiv((size_t)(m * n), QDQ_THREADS), QDQ_THREADS, 0, c->stream, qgemm_epilogue_kernel<TC>)(
+                (TC *)cc.data, cc.ld, nullptr, 0, m, n, beta, nullptr, nullptr);
+        });
+        MT_CUDA_LAUNCHED();
+        return;
+    }
+    const bool fp4 = sa->elem == MT_Q_ELEM_E2M1;
+    const bool blocks128 = sa->scaling == MT_Q_BLOCK_1X128 || sa->scaling == MT_Q_BLOCK_128X128;
+    const bool bf16 = cc.dtype == MT_BF16;
+    const int64_t kpad = qgemm_round(k, fp4 ? 32 : 16);
+    const int64_t mpad = blocks128 ? qgemm_round(m, 4) : m, npad = qgemm_round(n, bf16 ? 8 : 4);
+    // A = b's quantisation (npad rows), B = a's (mpad rows), both with k contiguous
+    qgemm_operand qb = qgemm_quantise(c, "b", sb, b, !trans_b, npad, kpad);
+    qgemm_operand qa = qgemm_quantise(c, "a", sa, a, trans_a, mpad, kpad);
+    const size_t esz = mt_dtype_size(cc.dtype);
+    const bool nvfp4 = fp4;
+    const bool direct = !nvfp4 && mpad == m && npad == n && ((size_t)cc.ld * esz) % 16 == 0 &&
+                        qgemm_alignment(cc.data) >= 16;
+    float *d = direct ? nullptr : (float *)mt_cuda_scratch(c, sizeof(float) * (size_t)(mpad * npad));
+    const cudaDataType_t dt = direct && bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const int64_t ldd = direct ? cc.ld : npad;
+    void *dp = direct ? cc.data : (void *)d;
+    const float alpha = 1.0f, lt_beta = direct ? beta : 0.0f;
+
+    cublasLtMatmulDesc_t desc;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &qb.mode, sizeof qb.mode));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &qa.mode, sizeof qa.mode));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &qb.scales,
+                                                   sizeof qb.scales));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &qa.scales,
+                                                   sizeof qa.scales));
+    cublasLtMatrixLayout_t la, lb, ld;
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, qgemm_type(qb.q.elem), (uint64_t)kpad, (uint64_t)npad, kpad));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, qgemm_type(qa.q.elem), (uint64_t)kpad, (uint64_t)mpad, kpad));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, (uint64_t)npad, (uint64_t)mpad, ldd));
+    cublasLtMatmulPreference_t pref;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c->lt_ws_bytes, sizeof c->lt_ws_bytes));
+    const uint32_t align[4] = {qgemm_alignment(qb.codes), qgemm_alignment(qa.codes), qgemm_alignment(dp),
+                               qgemm_alignment(dp)};
+    const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align[i], sizeof align[i]));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "cuBLASLt has no FP8/FP4 matmul for M=%lld N=%lld K=%lld with scale modes %s x %s "
+                 "(%s); the recipe does not run on this GPU", (long long)npad, (long long)mpad, (long long)kpad,
+                 qgemm_mode_name(qb.mode), qgemm_mode_name(qa.mode), cublasLtGetStatusString(st));
+        mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
+    }
+    mt_cuda_note_library_launch(c);
+    MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, desc, &alpha, qb.codes, la, qa.codes, lb, &lt_beta, dp, ld, dp, ld, &res.algo,
+                                   c->lt_ws, c->lt_ws_bytes, c->stream));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    c->lowp.calls++;
+    if (!direct) c->lowp.epilogues++;
+    c->lowp.modes |= 1u << qb.mode | 1u << qa.mode;
+    if (!direct) {
+        mt_with_elem(cc.dtype, [&](auto tag) {
+            using TC = MT_ELEM(tag);
+            MT_LAUNCH(mt_cdiv((size_t)(m * n), QDQ_THREADS), QDQ_THREADS, 0, c->stream, qgemm_epilogue_kernel<TC>)(
+                (TC *)cc.data, cc.ld, d, npad, m, n, beta, nvfp4 ? qa.q.global : nullptr,
+                nvfp4 ? qb.q.global : nullptr);
+        });
+        MT_CUDA_LAUNCHED();
+        mt_cuda_scratch_free(c, d);
+    }
+    if (qa.own) mt_cuda_scratch_free(c, qa.own);
+    if (qb.own) mt_cuda_scratch_free(c, qb.own);
+}
+
+extern "C" void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int32_t mode = 0; mode < 32 && len < n; mode++)
+        if (modes >> mode & 1u)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", qgemm_mode_name(mode));
 }

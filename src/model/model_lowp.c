@@ -3,15 +3,17 @@
  * three uses (forward, dgrad, wgrad), and delayed scaling's amax histories, which are
  * model state (checkpointed with the expert biases through mt_model_buffers).
  *
- * A quantised linear quantises both operands of each GEMM with the backend's qdq op
- * (struct mt_quant_ops) into two fp32 buffers and runs the ordinary gemm on them:
+ * A quantised linear runs each GEMM as the backend's quantised GEMM (struct
+ * mt_quant_ops gemm: both operands quantised under their specs, then multiplied with
+ * fp32 accumulation; the CPU backend multiplies the dequantised values, the CUDA
+ * backend calls cuBLASLt's FP8/FP4 matmul on the codes and scales):
  *   forward  out = q(x) q(W)^T                 x, W: blocks along din (rows of each)
  *   dgrad    dx  = beta dx + q(dy) q'(W)       dy along dout, W quantised again along
  *                                              its columns (dout, its reduction here)
  *   wgrad    dW += q'(dy)^T q'(x)              both along the tokens (their columns);
  *                                              NVFP4: Hadamard-transformed first
- * Routed experts do the same per expert (each expert its own tensors and scales) and
- * run the grouped GEMM on the buffers. */
+ * Routed experts do the same per expert (each expert its own tensors, scales and
+ * GEMM: the expert row counts are on the host). */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -35,10 +37,10 @@ struct mt_lowp {
     int per_layer;              /* slots per layer: K_EXP + 3 E */
     int nslots;                 /* L * per_layer */
     int *slot_of;               /* (ntensors): the first slot of a tensor, -1 high precision */
-    float *qa, *qb;             /* backend memory: the quantised operands, qbytes each */
-    size_t qbytes;
-    void *qwork;                /* backend memory: qdq's codes and scales (spec work) */
-    size_t qwork_bytes;
+    /* backend memory: the two operands' scratch of the quantised GEMM (spec work),
+     * mt_quant_gemm_scratch_bytes(qelems) each */
+    void *wa, *wb;
+    size_t qelems, wbytes;
     /* delayed scaling: per slot and operand (R_COUNT a slot) */
     float *scale_dev, *amax_dev; /* backend memory */
     float *scale_host, *amax_host;
@@ -181,20 +183,19 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         MOST(rows * (size_t)(m->H > m->Fe_l ? m->H : m->Fe_l));
     }
 #undef MOST
-    lp->qbytes = sizeof(float) * most;
+    lp->qelems = most;
+    lp->wbytes = mt_quant_gemm_scratch_bytes(most);
     const struct mt_kernels *k = m->k;
-    lp->qwork_bytes = mt_quant_scratch_bytes(most);
-    lp->qa = k->op.alloc(k->ctx, lp->qbytes);
-    lp->qb = k->op.alloc(k->ctx, lp->qbytes);
+    lp->wa = k->op.alloc(k->ctx, lp->wbytes);
+    lp->wb = k->op.alloc(k->ctx, lp->wbytes);
     lp->tamax = k->op.alloc(k->ctx, sizeof(float));
     lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
     if (!lp->tamax || !lp->hoffs)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
-    lp->qwork = k->op.alloc(k->ctx, lp->qwork_bytes);
-    if (!lp->qa || !lp->qb || !lp->qwork)
+    if (!lp->wa || !lp->wb)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
-                          "(2 x %zu bytes and %zu of codes)", lp->qbytes, lp->qwork_bytes);
-    *scratch_bytes = 2 * lp->qbytes + lp->qwork_bytes;
+                          "(2 x %zu bytes)", lp->wbytes);
+    *scratch_bytes = 2 * lp->wbytes;
     if (lp->recipe == DELAYED) {
         const size_t ns = (size_t)lp->nslots * R_COUNT;
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
@@ -222,11 +223,10 @@ void mt_lowp_destroy(struct mt_model *m)
     struct mt_lowp *lp = m->lp;
     if (!lp) return;
     const struct mt_kernels *k = m->k;
-    if (lp->qa) k->op.free(k->ctx, lp->qa);
-    if (lp->qb) k->op.free(k->ctx, lp->qb);
+    if (lp->wa) k->op.free(k->ctx, lp->wa);
+    if (lp->wb) k->op.free(k->ctx, lp->wb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->hoffs);
-    if (lp->qwork) k->op.free(k->ctx, lp->qwork);
     if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
     if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
     if (lp->hist)
@@ -353,8 +353,6 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
     const enum mt_q_dim along = (weight && u == U_DGRAD) || u == U_WGRAD ? MT_Q_ALONG_COL
                                                                          : MT_Q_ALONG_ROW;
     struct mt_quant_spec q = { 0 };
-    q.work = lp->qwork;
-    q.work_bytes = lp->qwork_bytes;
     q.along = along;
     q.rnd = MT_Q_RN;
     switch (lp->recipe) {
@@ -422,35 +420,51 @@ static struct shard shard_of(const struct mt_pass *p, int s, int role)
     return sh;
 }
 
-/* out = the quantisation of x, operand role of slot s. A shard of a tensor split over
- * ranks quantises as the whole tensor would: its place in the tensor goes to the op
- * (the random bits of stochastic rounding), and the per-tensor scales of current
- * scaling come from the tensor's amax, the shards' amaxes reduced (max) over the group
- * holding them (one all-reduce of one float). */
-static int qdq(const struct mt_pass *p, struct mt_quant_spec q, int s, int role, float *out,
-               struct mt_tensor x)
+/* The spec q of operand role of slot s for x, a shard of a tensor split over ranks:
+ * its place in the tensor (the random bits of stochastic rounding), and the per-tensor
+ * scales of current scaling from the tensor's amax, the shards' amaxes reduced (max)
+ * over the group holding them (one all-reduce of one float), so that the shard
+ * quantises as the whole tensor would. probe: backend memory of x's elements in fp32,
+ * where the shard's amax is found (quantising records it). Whole tensors: unchanged. */
+static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, int role,
+                       struct mt_tensor x, float *probe)
 {
     const struct mt_kernels *k = p->m->k;
-    const struct mt_tensor o = mt_f32(out, x.rows, x.cols);
     const struct shard sh = shard_of(p, s, role);
-    if (sh.n > 1) {
-        q.lrows = sh.rows ? x.rows * sh.n : x.rows;
-        q.lcols = sh.rows ? x.cols : x.cols * sh.n;
-        q.row0 = sh.rows ? x.rows * sh.rank : 0;
-        q.col0 = sh.rows ? 0 : x.cols * sh.rank;
-        const bool nvfp4 = q.scaling == MT_Q_NVFP4 || q.scaling == MT_Q_NVFP4_2D;
-        if (nvfp4 || (q.scaling == MT_Q_TENSOR && !q.scale)) {
-            float *tamax = p->m->lp->tamax;
-            struct mt_quant_spec probe = q; /* the shard's amax, as quantising records it */
-            probe.lrows = 0;
-            probe.amax = tamax;
-            k->op.memset(k->ctx, tamax, 0, sizeof(float));
-            k->quant->qdq(p->ctx, &probe, o, x);
-            MT_CHECK(mt_all_reduce(sh.comm, tamax, 1, MT_DT_F32, MT_OP_MAX, p->err));
-            q.tensor_amax = tamax;
-        }
+    if (sh.n <= 1) return MT_OK;
+    q->lrows = sh.rows ? x.rows * sh.n : x.rows;
+    q->lcols = sh.rows ? x.cols : x.cols * sh.n;
+    q->row0 = sh.rows ? x.rows * sh.rank : 0;
+    q->col0 = sh.rows ? 0 : x.cols * sh.rank;
+    const bool nvfp4 = q->scaling == MT_Q_NVFP4 || q->scaling == MT_Q_NVFP4_2D;
+    if (nvfp4 || (q->scaling == MT_Q_TENSOR && !q->scale)) {
+        float *tamax = p->m->lp->tamax;
+        struct mt_quant_spec pr = *q;
+        pr.lrows = 0;
+        pr.amax = tamax;
+        pr.work = NULL;
+        k->op.memset(k->ctx, tamax, 0, sizeof(float));
+        k->quant->qdq(p->ctx, &pr, mt_f32(probe, x.rows, x.cols), x);
+        MT_CHECK(mt_all_reduce(sh.comm, tamax, 1, MT_DT_F32, MT_OP_MAX, p->err));
+        q->tensor_amax = tamax;
     }
-    k->quant->qdq(p->ctx, &q, o, x);
+    return MT_OK;
+}
+
+/* c = beta c + op(q(a)) op(q(b)), the quantised GEMM of slot s's operands ra and rb for
+ * use u (struct mt_quant_ops gemm), each operand with its scratch buffer. */
+static int qgemm(const struct mt_pass *p, int s, enum use u, bool ta, int ra, struct mt_tensor a,
+                 bool tb, int rb, struct mt_tensor b, float beta, struct mt_tensor c)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    struct mt_quant_spec qa = spec(p, s, ra, u), qb = spec(p, s, rb, u);
+    qa.work = lp->wa;
+    qb.work = lp->wb;
+    qa.work_bytes = qb.work_bytes = lp->wbytes;
+    /* each probe writes the other operand's buffer, which it quantises only later */
+    MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb));
+    MT_CHECK(place_shard(p, &qb, s, rb, b, lp->wa));
+    p->m->k->quant->gemm(p->ctx, ta, tb, &qa, a, &qb, b, beta, c);
     return MT_OK;
 }
 
@@ -471,12 +485,8 @@ int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor ou
         mt_pass_linear_fwd(p, out, in, w, N, dout, din);
         return MT_OK;
     }
-    const struct mt_lowp *lp = p->m->lp;
-    MT_CHECK(qdq(p, spec(p, s, R_X, U_FWD), s, R_X, lp->qa, in));
-    MT_CHECK(qdq(p, spec(p, s, R_W, U_FWD), s, R_W, lp->qb, w));
-    p->o->gemm(p->ctx, false, true, N, dout, din, 1.0f, mt_f32(lp->qa, N, din),
-               mt_f32(lp->qb, dout, din), 0.0f, out);
-    return MT_OK;
+    (void)N, (void)dout, (void)din; /* out and in carry their shapes */
+    return qgemm(p, s, U_FWD, false, R_X, in, true, R_W, w, 0.0f, out);
 }
 
 // din (N,din) = beta din + dout W; dW (dout,din) += dout^T in
@@ -491,23 +501,15 @@ int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float b
         mt_pass_linear_bwd(p, din, beta, dw, dout, in, w, N, d_out, d_in);
         return MT_OK;
     }
-    const struct mt_lowp *lp = m->lp;
     const struct mt_tensor dy = mt_f32(dout, N, d_out);
-    MT_CHECK(qdq(p, spec(p, s, R_G, U_DGRAD), s, R_G, lp->qa, dy));
-    MT_CHECK(qdq(p, spec(p, s, R_W, U_DGRAD), s, R_W, lp->qb, w));
-    p->o->gemm(p->ctx, false, false, N, d_in, d_out, 1.0f, mt_f32(lp->qa, N, d_out),
-               mt_f32(lp->qb, d_out, d_in), beta, mt_f32(din, N, d_in));
-    MT_CHECK(qdq(p, spec(p, s, R_G, U_WGRAD), s, R_G, lp->qa, dy));
-    MT_CHECK(qdq(p, spec(p, s, R_X, U_WGRAD), s, R_X, lp->qb, in));
-    p->o->gemm(p->ctx, true, false, d_out, d_in, N, 1.0f, mt_f32(lp->qa, N, d_out),
-               mt_f32(lp->qb, N, d_in), 1.0f, mt_f32(dw, d_out, d_in));
-    return MT_OK;
+    MT_CHECK(qgemm(p, s, U_DGRAD, false, R_G, dy, false, R_W, w, beta, mt_f32(din, N, d_in)));
+    return qgemm(p, s, U_WGRAD, true, R_G, dy, false, R_X, in, 1.0f, mt_f32(dw, d_out, d_in));
 }
 
 /* ------------------------------------------------------------ routed experts */
 
 /* The expert-side row offsets of this rank's experts (offs, backend memory) on the
- * host: every expert's rows are quantised on their own. */
+ * host: every expert's rows are quantised on their own, and multiplied on their own. */
 static const int32_t *host_offsets(const struct mt_pass *p, const int32_t *offs)
 {
     int32_t *h = p->m->lp->hoffs;
@@ -515,53 +517,41 @@ static const int32_t *host_offsets(const struct mt_pass *p, const int32_t *offs)
     return h;
 }
 
-/* Per expert e of a layer's routed experts (rows h_offs[e]..h_offs[e+1] of x), the
- * quantisation of rows of x (width cols) into out at the same rows. */
-static int qdq_rows(const struct mt_pass *p, int s, int role, enum use u, const int32_t *h_offs,
-                    struct mt_tensor x, int cols, float *out)
+/* Rows r0..r1 of x (width cols). */
+static struct mt_tensor rows_of(struct mt_tensor x, long long r0, long long r1, int cols)
 {
-    const size_t esz = mt_dtype_size(x.dtype);
-    for (int e = 0; e < p->m->E_l; e++) {
-        const long long r0 = h_offs[e], r1 = h_offs[e + 1];
-        if (r1 <= r0) continue;
-        struct mt_tensor xe = mt_tview((const char *)x.data + esz * (size_t)r0 * cols, x.dtype,
-                                       r1 - r0, cols);
-        MT_CHECK(qdq(p, spec(p, s + 3 * e, role, u), s + 3 * e, role, out + (size_t)r0 * cols, xe));
-    }
-    return MT_OK;
+    return mt_tview((const char *)x.data + mt_dtype_size(x.dtype) * (size_t)r0 * (size_t)cols, x.dtype,
+                    r1 - r0, cols);
 }
 
-/* The per-expert weight slabs (E_l, dout, din) of tensor quantised for use u. */
-static int qdq_slabs(const struct mt_pass *p, int s, int tensor, enum use u, int dout, int din,
-                     float *out)
+/* Expert e's weight slab (dout,din) of tensor. */
+static struct mt_tensor slab_of(const struct mt_pass *p, int tensor, int e, int dout, int din)
 {
     const struct mt_tensor w = mt_model_weight(p->m, tensor);
-    const size_t esz = mt_dtype_size(w.dtype), slab = (size_t)dout * din;
-    for (int e = 0; e < p->m->E_l; e++)
-        MT_CHECK(qdq(p, spec(p, s + 3 * e, R_W, u), s + 3 * e, R_W, out + slab * e,
-                     mt_tview((const char *)w.data + esz * slab * e, w.dtype, dout, din)));
-    return MT_OK;
+    const size_t slab = (size_t)dout * (size_t)din;
+    return mt_tview((const char *)w.data + mt_dtype_size(w.dtype) * slab * (size_t)e, w.dtype, dout, din);
 }
 
 bool mt_lowp_grouped(const struct mt_pass *p, int tensor) { return slot_of(p, tensor) >= 0; }
 
-/* The operand buffers hold at least `rows` expert-side rows of width `width`: routing
+/* The operand scratch holds at least `rows` expert-side rows of width `width`: routing
  * can bring a rank more rows than planned (mt_model_expert_rows grows the activations
  * then), and these grow with them. */
 static int fit_rows(const struct mt_pass *p, int rows, int width)
 {
     struct mt_lowp *lp = p->m->lp;
     const struct mt_kernels *k = p->m->k;
-    const size_t bytes = sizeof(float) * (size_t)rows * (size_t)width;
-    if (bytes <= lp->qbytes) return MT_OK;
-    k->op.free(k->ctx, lp->qa);
-    k->op.free(k->ctx, lp->qb);
-    lp->qa = k->op.alloc(k->ctx, bytes);
-    lp->qb = k->op.alloc(k->ctx, bytes);
-    lp->qbytes = bytes;
-    if (!lp->qa || !lp->qb)
+    const size_t elems = (size_t)rows * (size_t)width;
+    if (elems <= lp->qelems) return MT_OK;
+    k->op.free(k->ctx, lp->wa);
+    k->op.free(k->ctx, lp->wb);
+    lp->qelems = elems;
+    lp->wbytes = mt_quant_gemm_scratch_bytes(elems);
+    lp->wa = k->op.alloc(k->ctx, lp->wbytes);
+    lp->wb = k->op.alloc(k->ctx, lp->wbytes);
+    if (!lp->wa || !lp->wb)
         return mt_err_set(p->err, MT_ENOMEM, "model: out of memory for the quantised GEMM "
-                          "operands of %d expert rows (2 x %zu bytes)", rows, bytes);
+                          "operands of %d expert rows (2 x %zu bytes)", rows, lp->wbytes);
     return MT_OK;
 }
 
@@ -573,11 +563,24 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
     const int s = slot_of(p, tensor);
     MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
     const int32_t *ho = host_offsets(p, offs);
-    MT_CHECK(qdq_rows(p, s, R_X, U_FWD, ho, x, din, lp->qa));
-    MT_CHECK(qdq_slabs(p, s, tensor, U_FWD, dout, din, lp->qb));
-    p->o->grouped_gemm(p->ctx, false, true, p->m->E_l, offs, 0, dout, din, 1.0f,
-                       mt_f32(lp->qa, rows, din), mt_f32(lp->qb, (int64_t)p->m->E_l * dout, din),
-                       0.0f, out);
+    for (int e = 0; e < p->m->E_l; e++) {
+        const long long r0 = ho[e], r1 = ho[e + 1];
+        const int se = s + 3 * e;
+        const struct mt_tensor we = slab_of(p, tensor, e, dout, din);
+        if (r1 > r0) {
+            MT_CHECK(qgemm(p, se, U_FWD, false, R_X, rows_of(x, r0, r1, din), true, R_W, we, 0.0f,
+                           rows_of(out, r0, r1, dout)));
+            continue;
+        }
+        /* an expert without rows: its weight's amax still goes to delayed scaling's
+         * history (every expert's weight is seen each step) */
+        struct mt_quant_spec qw = spec(p, se, R_W, U_FWD);
+        if (!qw.amax) continue;
+        qw.work = lp->wb;
+        qw.work_bytes = lp->wbytes;
+        MT_CHECK(place_shard(p, &qw, se, R_W, we, lp->wa));
+        p->m->k->quant->qdq(p->ctx, &qw, mt_f32(lp->wa, dout, din), we);
+    }
     return MT_OK;
 }
 
@@ -587,20 +590,20 @@ int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *off
                          float *dx, float beta)
 {
     struct mt_model *m = p->m;
-    const struct mt_lowp *lp = m->lp;
-    const int s = slot_of(p, tensor), El = m->E_l;
+    const int s = slot_of(p, tensor);
     MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
     const int32_t *ho = host_offsets(p, offs);
-    const struct mt_tensor dyt = mt_f32(dy, rows, dout);
-    MT_CHECK(qdq_rows(p, s, R_G, U_DGRAD, ho, dyt, dout, lp->qa));
-    MT_CHECK(qdq_slabs(p, s, tensor, U_DGRAD, dout, din, lp->qb));
-    p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, din, dout, 1.0f,
-                       mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, (int64_t)El * dout, din), beta,
-                       mt_f32(dx, rows, din));
-    MT_CHECK(qdq_rows(p, s, R_G, U_WGRAD, ho, dyt, dout, lp->qa));
-    MT_CHECK(qdq_rows(p, s, R_X, U_WGRAD, ho, x, din, lp->qb));
-    p->o->grouped_gemm(p->ctx, true, false, El, offs, dout, din, 0, 1.0f,
-                       mt_f32(lp->qa, rows, dout), mt_f32(lp->qb, rows, din), 1.0f,
-                       mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)El * dout, din));
+    const struct mt_tensor dyt = mt_f32(dy, rows, dout), dxt = mt_f32(dx, rows, din);
+    const struct mt_tensor dw = mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)m->E_l * dout, din);
+    for (int e = 0; e < m->E_l; e++) {
+        const long long r0 = ho[e], r1 = ho[e + 1];
+        if (r1 <= r0) continue;
+        const int se = s + 3 * e;
+        const struct mt_tensor dye = rows_of(dyt, r0, r1, dout);
+        MT_CHECK(qgemm(p, se, U_DGRAD, false, R_G, dye, false, R_W, slab_of(p, tensor, e, dout, din), beta,
+                       rows_of(dxt, r0, r1, din)));
+        MT_CHECK(qgemm(p, se, U_WGRAD, true, R_G, dye, false, R_X, rows_of(x, r0, r1, din), 1.0f,
+                       rows_of(dw, (long long)e * dout, (long long)(e + 1) * dout, din)));
+    }
     return MT_OK;
 }
