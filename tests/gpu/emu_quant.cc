@@ -19,8 +19,18 @@
 //           fp32 in K order on the CPU, fp64 rounded once in the emulator), and what the
 //           library refuses, with its status. Run twice: on the emulated H100 (tensorwide
 //           and blockwise) and, with MT_EMU_DEVICE=gb200, on the GB200 (MXFP8, NVFP4).
+//   qgemm   the CUDA backend's quantised GEMM op (struct mt_quant_ops gemm: the device
+//           quantisers into one cuBLASLt FP8/FP4 matmul, kernels/cuda/cuda_qdq.cu) against
+//           the CPU backend's (qdq of both operands, then its fp32 GEMM) for each recipe's
+//           forward, dgrad and wgrad with the model's operand specs, within
+//           (K + 4) 2^-24 sum_k |a_k b_k| (+ a bf16 c's ulp, + NVFP4's per-tensor
+//           scales' rounding): shapes that need padding (tokens not a multiple of 4 or 16,
+//           rows of D not a multiple of 4), fp32 and bf16 operands and c, beta 0 and 1,
+//           delayed scaling's scale and amax record; every call one cuBLASLt FP8/FP4
+//           matmul (the backend's count), none a dequantised GEMM. qgemm-h100 runs
+//           delayed, tensorwise and blockwise; qgemm-gb200 MXFP8 and NVFP4.
 //
-// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200
+// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -946,12 +956,220 @@ static void run_gemm_gb200(void)
     for (operand *o : {&x, &w, &xc, &dy, &xt, &wt, &w4, &x4, &xb, &wb}) free_operand(*o);
 }
 
+// ---------------------------------------------------------------- the quantised GEMM op
+
+enum recipe { DELAYED, TENSORWISE, BLOCKWISE, MXFP8, NVFP4 };
+static const char *recipe_name[] = {"delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"};
+enum role { RX, RW, RG };
+enum use { FWD, DGRAD, WGRAD };
+static const char *use_name[] = {"forward", "dgrad", "wgrad"};
+
+// The model's spec of an operand (src/model/model_lowp.c, spec()); 'hybrid' E5M2
+// gradients for delayed and tensorwise.
+static struct mt_quant_spec model_spec(enum recipe r, enum role role, enum use u)
+{
+    const bool weight = role == RW;
+    struct mt_quant_spec q = {};
+    q.along = (weight && u == DGRAD) || u == WGRAD ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW;
+    q.rnd = MT_Q_RN;
+    switch (r) {
+    case DELAYED:
+    case TENSORWISE:
+        q.scaling = MT_Q_TENSOR;
+        q.elem = role == RG ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
+        q.along = MT_Q_ALONG_ROW;
+        break;
+    case BLOCKWISE:
+        q.scaling = weight ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128;
+        q.elem = MT_Q_ELEM_E4M3;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        break;
+    case MXFP8:
+        q.scaling = MT_Q_MX;
+        q.elem = MT_Q_ELEM_E4M3;
+        break;
+    case NVFP4:
+        q.scaling = weight ? MT_Q_NVFP4_2D : MT_Q_NVFP4;
+        q.elem = MT_Q_ELEM_E2M1;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        if (role == RG) q.rnd = MT_Q_SR;
+        q.rht = u == WGRAD;
+        q.rht_stream = 9;
+        q.seed = 0xfeedfacecafebeefull;
+        q.stream = (uint32_t)(role * 3 + u);
+        break;
+    }
+    return q;
+}
+
+// One operand on both backends: the host values (fp32 or bf16 bits), the device copy.
+struct qg_operand {
+    int64_t rows, cols;
+    std::vector<float> x;
+    std::vector<uint16_t> xb;
+    bool bf16;
+    void *dev;
+    const void *host() const { return bf16 ? (const void *)xb.data() : (const void *)x.data(); }
+    size_t bytes() const { return (size_t)(rows * cols) * (bf16 ? 2 : 4); }
+};
+static qg_operand qg_make(const struct mt_kernels *gpu, int64_t rows, int64_t cols, bool bf16)
+{
+    qg_operand o;
+    o.rows = rows, o.cols = cols, o.bf16 = bf16;
+    o.x = make_tensor(rows, cols, cols, PLAIN);
+    if (bf16) {
+        o.xb = to_bf16(o.x);
+        for (size_t i = 0; i < o.x.size(); i++) {
+            const uint32_t u = (uint32_t)o.xb[i] << 16;
+            memcpy(&o.x[i], &u, 4);
+        }
+    }
+    o.dev = gpu->op.alloc(gpu->ctx, o.bytes());
+    gpu->op.copy(gpu->ctx, o.dev, o.host(), o.bytes());
+    return o;
+}
+
+// A case: c (m,n) = beta c + op(a) op(b) of use u, tokens N, the weight (dout, din).
+static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
+                       int64_t N, int64_t dout, int64_t din, bool bf16, float beta, double *worst)
+{
+    const bool delayed = r == DELAYED;
+    // the operands as the model stores them: x (N, din), W (dout, din), dy (N, dout)
+    enum role ra, rb;
+    bool ta, tb;
+    int64_t ar, ac, br, bc, m, n, k;
+    switch (u) {
+    case FWD: ra = RX, rb = RW, ta = false, tb = true, ar = N, ac = din, br = dout, bc = din, m = N, n = dout, k = din; break;
+    case DGRAD: ra = RG, rb = RW, ta = false, tb = false, ar = N, ac = dout, br = dout, bc = din, m = N, n = din, k = dout; break;
+    default: ra = RG, rb = RX, ta = true, tb = false, ar = N, ac = dout, br = N, bc = din, m = dout, n = din, k = N; break;
+    }
+    const bool cbf16 = bf16 && u == FWD; // the forward writes the activation dtype
+    qg_operand a = qg_make(gpu, ar, ac, bf16 && ra != RG), b = qg_make(gpu, br, bc, bf16 && rb != RG);
+    struct mt_quant_spec sa = model_spec(r, ra, u), sb = model_spec(r, rb, u);
+    // delayed: encode scales from a history and the amax record (device and host twins)
+    float hs[4] = {2.5f, 0.25f, 3.0f, 0.5f};
+    float *ds = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof hs));
+    gpu->op.copy(gpu->ctx, ds, hs, sizeof hs);
+    struct mt_quant_spec ha = sa, hb = sb;
+    if (delayed) {
+        sa.scale = ds, sa.amax = ds + 1, sb.scale = ds + 2, sb.amax = ds + 3;
+        ha.scale = hs, ha.amax = hs + 1, hb.scale = hs + 2, hb.amax = hs + 3;
+    }
+    // the model's work buffers on the bf16 runs, the backend's allocator on the others
+    if (bf16) {
+        sa.work_bytes = mt_quant_gemm_scratch_bytes((size_t)(ar * ac));
+        sb.work_bytes = mt_quant_gemm_scratch_bytes((size_t)(br * bc));
+        sa.work = gpu->op.alloc(gpu->ctx, sa.work_bytes);
+        sb.work = gpu->op.alloc(gpu->ctx, sb.work_bytes);
+    }
+    // c: beta c with c small integers (exact), or whatever is there with beta 0
+    const size_t nc = (size_t)(m * n), cb = nc * (cbf16 ? 2 : 4);
+    std::vector<float> c0(nc);
+    for (size_t i = 0; i < nc; i++) c0[i] = (float)((int)(rnd_u64() % 17) - 8);
+    const std::vector<uint16_t> c0b = to_bf16(c0);
+    const void *c0h = cbf16 ? (const void *)c0b.data() : (const void *)c0.data();
+    const enum mt_dtype cdt = cbf16 ? MT_BF16 : MT_F32;
+    std::vector<char> hc(cb);
+    memcpy(hc.data(), c0h, cb);
+    cpu->quant->gemm(cpu->ctx, ta, tb, &ha, mt_tview(a.host(), a.bf16 ? MT_BF16 : MT_F32, ar, ac), &hb,
+                     mt_tview(b.host(), b.bf16 ? MT_BF16 : MT_F32, br, bc), beta, mt_tview(hc.data(), cdt, m, n));
+    void *dc = gpu->op.alloc(gpu->ctx, cb);
+    gpu->op.copy(gpu->ctx, dc, c0h, cb);
+    struct mt_cuda_gemm_stats st0, st1;
+    mt_cuda_gemm_stats(gpu, &st0);
+    gpu->quant->gemm(gpu->ctx, ta, tb, &sa, mt_tview(a.dev, a.bf16 ? MT_BF16 : MT_F32, ar, ac), &sb,
+                     mt_tview(b.dev, b.bf16 ? MT_BF16 : MT_F32, br, bc), beta, mt_tview(dc, cdt, m, n));
+    mt_cuda_gemm_stats(gpu, &st1);
+    std::vector<char> gc(cb);
+    gpu->op.copy(gpu->ctx, gc.data(), dc, cb);
+    float gs[4];
+    gpu->op.copy(gpu->ctx, gs, ds, sizeof gs);
+    // the dequantised operands (the CPU's qdq, amax not recorded again) for sum |a b|
+    std::vector<float> qa((size_t)(ar * ac)), qb((size_t)(br * bc));
+    struct mt_quant_spec pa = ha, pb = hb;
+    pa.amax = pb.amax = nullptr;
+    cpu->quant->qdq(cpu->ctx, &pa, mt_f32(qa.data(), ar, ac), mt_tview(a.host(), a.bf16 ? MT_BF16 : MT_F32, ar, ac));
+    cpu->quant->qdq(cpu->ctx, &pb, mt_f32(qb.data(), br, bc), mt_tview(b.host(), b.bf16 ? MT_BF16 : MT_F32, br, bc));
+    auto value = [&](const std::vector<char> &v, size_t i) {
+        if (!cbf16) return (double)reinterpret_cast<const float *>(v.data())[i];
+        const uint32_t w = (uint32_t)reinterpret_cast<const uint16_t *>(v.data())[i] << 16;
+        float f;
+        memcpy(&f, &w, 4);
+        return (double)f;
+    };
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double mag = 0;
+            for (int64_t kk = 0; kk < k; kk++) {
+                const double av = qa[(size_t)(ta ? kk * ac + i : i * ac + kk)];
+                const double bv = qb[(size_t)(tb ? j * bc + kk : kk * bc + j)];
+                mag += fabs(av * bv);
+            }
+            const size_t e = (size_t)(i * n + j);
+            const double want = value(hc, e), got = value(gc, e);
+            const double bound = (double)(k + 4) * ldexp(mag, -24) + fabs((double)beta * c0[e]) * ldexp(1.0, -23) +
+                                 (cbf16 ? ldexp(fmax(fabs(want), fabs(got)), -7) : 0.0) +
+                                 (r == NVFP4 ? ldexp(fabs(want), -22) : 0.0);
+            const double err = fabs(got - want);
+            if (!(err <= bound)) bad++;
+            if (!cbf16 && mag > 0 && err / mag > *worst) *worst = err / mag;
+        }
+    const bool amax_ok = !delayed || (bits(gs[1]) == bits(hs[1]) && bits(gs[3]) == bits(hs[3]));
+    const long long calls = st1.lowp_calls - st0.lowp_calls, dense = st1.calls - st0.calls;
+    emu_check(!bad && amax_ok && calls == 1 && dense == 0,
+              "quantised gemm %s %s: m %lld n %lld k %lld, %s, beta %g: within (K + 4) 2^-24 sum|ab|%s%s of the "
+              "CPU (%d outside)%s; %lld cuBLASLt FP8/FP4 matmul%s, %lld dense GEMMs (want 1 and 0)",
+              recipe_name[r], use_name[u], (long long)m, (long long)n, (long long)k,
+              bf16 ? "bf16 activations and weights, work buffers" : "fp32", (double)beta,
+              cbf16 ? " + a bf16 ulp (both round)" : "", r == NVFP4 ? " + the per-tensor scales' rounding" : "", bad,
+              delayed ? (amax_ok ? ", amaxes recorded as on the CPU" : ", amaxes NOT recorded as on the CPU") : "",
+              calls, calls == 1 ? "" : "es", dense);
+    for (void *p : {a.dev, b.dev, dc, (void *)ds}) gpu->op.free(gpu->ctx, p);
+    if (sa.work) gpu->op.free(gpu->ctx, sa.work);
+    if (sb.work) gpu->op.free(gpu->ctx, sb.work);
+}
+
+static void run_qgemm(bool h100)
+{
+    struct mt_err err;
+    mt_err_clear(&err);
+    const struct mt_kernels *gpu = mt_kernels_cuda(&err);
+    if (!gpu) {
+        fprintf(stderr, "emu_quant: %s\n", err.msg);
+        exit(1);
+    }
+    const struct mt_kernels *cpu = mt_kernels_cpu();
+    // (tokens, dout, din): tokens not a multiple of 4 or 16 (an expert's rows; the
+    // wgrad's k), D rows not a multiple of 4 (dout 30), partial 128-blocks both ways
+    // (dout 136, din 320), partial 16- and 32-blocks along the dgrad's k (dout 136, 30)
+    static const int64_t shapes3[][3] = {{37, 64, 96}, {64, 136, 320}, {21, 30, 64}};
+    const std::vector<enum recipe> mine =
+        h100 ? std::vector<enum recipe>{DELAYED, TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, NVFP4};
+    double worst = 0;
+    for (const enum recipe r : mine) {
+        for (const auto &sh : shapes3)
+            for (int u = FWD; u <= WGRAD; u++) {
+                const float beta = u == WGRAD ? 1.0f : u == DGRAD && sh[0] % 2 ? 1.0f : 0.0f;
+                qgemm_case(gpu, cpu, r, (enum use)u, sh[0], sh[1], sh[2], false, beta, &worst);
+                qgemm_case(gpu, cpu, r, (enum use)u, sh[0], sh[1], sh[2], true, beta, &worst);
+            }
+    }
+    printf("largest |cuda - cpu| / sum|ab| of an fp32 c: %.3g\n", worst);
+    if (mt_kernels_cuda_destroy(&err)) {
+        fprintf(stderr, "emu_quant: %s\n", err.msg);
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "quant")) run_quant();
     else if (!strcmp(mode, "order")) run_order();
     else if (!strcmp(mode, "qdq")) run_qdq();
+    else if (!strcmp(mode, "qgemm-h100")) run_qgemm(true);
+    else if (!strcmp(mode, "qgemm-gb200")) run_qgemm(false);
     else if (!strncmp(mode, "gemm-", 5)) {
         if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
         int dev = 0;
@@ -968,7 +1186,7 @@ int main(int argc, char **argv)
         else run_gemm_gb200();
         cublasLtDestroy(lt);
     } else {
-        fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200\n");
+        fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200\n");
         return 2;
     }
     printf("%d checks, %d failed\n", emu_checks, emu_failures);

@@ -2,14 +2,17 @@
 # The FP8/FP4 quantisers of kernels/cuda/cuda_quant.cu against the CPU recipes byte for
 # byte, the CUDA backend's qdq op against the CPU backend's bit for bit, the block
 # scales in cuBLASLt's documented order, and the emulated cuBLASLt's FP8
-# and FP4 matmuls against the CPU reference GEMM: on the emulated H100 (tensorwide,
-# blockwise) and GB200 (MXFP8, NVFP4). Never skipped.
+# and FP4 matmuls against the CPU reference GEMM, and the CUDA backend's quantised GEMM
+# op (cuBLASLt FP8/FP4 matmuls) against the CPU backend's: on the emulated H100
+# (delayed, tensorwise, blockwise) and GB200 (MXFP8, NVFP4). Never skipped.
 prog="${MT_TOP_BUILDDIR:-.}/tests/gpu/emu_quant"
 status=0
-for mode in quant order qdq gemm-h100; do
+for mode in quant order qdq gemm-h100 qgemm-h100; do
     echo "== emu_quant $mode"
     MT_EMU_DEVICE=h100 "$prog" "$mode" || status=1
 done
-echo "== emu_quant gemm-gb200"
-MT_EMU_DEVICE=gb200 "$prog" gemm-gb200 || status=1
+for mode in gemm-gb200 qgemm-gb200; do
+    echo "== emu_quant $mode"
+    MT_EMU_DEVICE=gb200 "$prog" "$mode" || status=1
+done
 exit $status
