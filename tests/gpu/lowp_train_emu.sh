@@ -1,6 +1,7 @@
 #!/bin/sh
-# The FP8/FP4 recipes trained on the CUDA backend (kernels/cuda/cuda_qdq.cu, the model's
-# quantised linears) under the emulator, against the CPU backend: the tiny model
+# The FP8/FP4 recipes trained on the CUDA backend (kernels/cuda/cuda_qdq.cu: the model's
+# quantised linears and routed experts as cuBLASLt FP8/FP4 matmuls) under the emulator,
+# against the CPU backend (the same recipes on dequantised operands): the tiny model
 # (namelists/tiny_moe.nml, bf16) cut to one 2 x 64-token micro-batch a step, 3
 # iterations, each recipe on the emulated GPU that runs it. MT_LOWP_DEVICE picks the
 # device and its recipes: h100 (delayed, tensorwise, blockwise; and MXFP8 and NVFP4
@@ -8,8 +9,13 @@
 # tests/gpu/lowp_train_h100_emu.sh and lowp_train_gb200_emu.sh run it (about a minute
 # each). Never skipped.
 #
+# The run's end-of-run summary must count cuBLASLt FP8/FP4 matmuls with the recipe's
+# scale modes (SCALAR_32F for delayed and tensorwise, VEC128_32F and BLK128x128_32F for
+# blockwise, VEC32_UE8M0 for MXFP8, VEC16_UE4M3 for NVFP4): a CUDA path that multiplied
+# dequantised operands with the dense GEMM instead would count none.
+#
 # What differs between the backends is the GEMMs' accumulation: the emulated
-# cuBLASLt's bf16 tensor-core GEMM sums in another order than OpenBLAS, so the inputs
+# cuBLASLt sums in another order and precision than OpenBLAS, so the inputs
 # of the next quantisation differ in their last bits, and an element near a rounding
 # boundary of its format (or a block's amax near a power of two) can quantise one step
 # apart on the two (tests/parallel/equivalence.sh's FP8 leg meets the same ties
@@ -21,9 +27,12 @@
 # and NVFP4 of the same weights and batch: 1.7e-2 apart at iteration 1). NVFP4 is the
 # most sensitive: its per-tensor scale comes from the tensor's amax, so a last-bit
 # difference there rescales every block. Measured (loss |cuda - cpu|, iterations 1..3):
-#   delayed 1.2e-4 7.4e-4 1.9e-3, tensorwise 1.2e-4 2.3e-4 7.4e-4,
+#   delayed 1.4e-6 2.0e-5 1.1e-3, tensorwise 1.4e-6 1.4e-4 2.2e-3,
 #   blockwise 3.1e-5 1.1e-3 1.0e-3, mxfp8 3.1e-5 1.1e-3 2.1e-4,
-#   nvfp4 9.1e-4 1.5e-3 1.1e-2.
+#   nvfp4 1.8e-3 1.7e-3 6.8e-3
+# with the FP8/FP4 matmuls (with dequantised operands and the dense GEMM before them:
+# delayed 1.2e-4 7.4e-4 1.9e-3, tensorwise 1.2e-4 2.3e-4 7.4e-4, nvfp4 9.1e-4 1.5e-3
+# 1.1e-2, the others the same).
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 EMU="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
 device=${MT_LOWP_DEVICE:-h100}
@@ -33,6 +42,9 @@ TENSORWISE="precision%fp8_format='hybrid' precision%fp8_recipe='tensorwise'"
 BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise'"
 MXFP8="precision%fp8_format='e4m3' precision%fp8_recipe='mxfp8'"
 NVFP4="precision%fp4_format='e2m1'"
+# the cuBLASLt scale modes of each recipe's matmuls
+DELAYED_MODES="SCALAR_32F" TENSORWISE_MODES="SCALAR_32F" BLOCKWISE_MODES="VEC128_32F, BLK128x128_32F"
+MXFP8_MODES="VEC32_UE8M0" NVFP4_MODES="VEC16_UE4M3"
 case $device in
 h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" ;;
 gb200) recipes="MXFP8 NVFP4" refused="" ;;
@@ -65,6 +77,9 @@ for r in $recipes; do
           if (d > bound || $2 !~ /^[0-9.]+([eE][-+]?[0-9]+)?$/) bad = 1 }
         END { if (NR != 3) { print r ": " NR " losses, expected 3"; bad = 1 } exit bad }' ||
         fail "$r: --backend cuda is not within bounds of --backend cpu"
+    eval "modes=\$${r}_MODES"
+    grep "^moetrain: low-precision GEMMs: [1-9][0-9]* cuBLASLt FP8/FP4 matmuls, scale modes $modes;" "$r.cuda.log" ||
+        { cat "$r.cuda.log"; fail "$r: --backend cuda ran no cuBLASLt FP8/FP4 matmul with scale modes $modes"; }
     grep '^moetrain: the emulated device saw' "$r.cuda.log" | grep -q '(the same)$' ||
         { cat "$r.cuda.log"; fail "$r: the backend's launch and sync counts are not what the emulated device saw"; }
 done
