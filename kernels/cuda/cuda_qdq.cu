@@ -201,9 +201,12 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
 // to 4 above into its spec's work (staging, codes, scales), then its block scales in
 // the order its scale mode reads (mt_cuda_q_cublaslt_scales). Scale modes: SCALAR_32F
 // for tensorwise and delayed (the decode scales the quantiser stored), VEC128_32F and
-// BLK128x128_32F for blockwise (9.0), VEC32_UE8M0 for MXFP8 (10.x), VEC16_UE4M3 for
+// BLK128x128_32F for blockwise on 9.0, VEC32_UE8M0 for MXFP8 (10.x), VEC16_UE4M3 for
 // NVFP4 (10.0), whose per-tensor decode scales stay on the device and multiply D in
-// the epilogue below.
+// the epilogue below. Blockwise elsewhere (Blackwell: cuBLASLt has its modes on 9.0
+// only) runs as VEC32_UE8M0: its scales are powers of two (the model quantises with
+// pow2), so each 1 x 128 tile or 128 x 128 block is four 32-element blocks of one
+// UE8M0 scale, the same codes and the same products.
 //
 // Shapes cuBLASLt refuses are padded, never sent to a dequantised GEMM: k to a multiple
 // of 16 elements (FP8) or 32 (FP4), the codes copied into rows of that width with zeros
@@ -239,6 +242,27 @@ __global__ static void qgemm_epilogue_kernel(TC *c, int64_t ldc, const float *d,
     if (ga) v = __fmul_rn(v, __fmul_rn(*ga, *gb));
     const size_t e = (size_t)(r * ldc + j);
     mt_st(c, e, beta == 0.0f ? v : __fadd_rn(__fmul_rn(beta, mt_ld(c, e)), v));
+}
+
+// The UE8M0 scales (rows, s32 = ceil(k / 32)) of blockwise decode scales that are powers
+// of two: each 32-element block takes its 1 x 128 tile's (blk2d: its 128 x 128 block's)
+// scale, whose exponent is the code. A thread a scale.
+__global__ static void qgemm_blocks_ue8m0_kernel(uint8_t *s8, const float *scale, int64_t rows, int64_t s32,
+                                                 int64_t s128, int blk2d)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * s32) return;
+    const int64_t r = i / s32, j = i % s32;
+    s8[i] = mt_e8m0_from_float(scale[(blk2d ? r / 128 : r) * s128 + j / 4], 1, 0);
+}
+
+// Whether the device has cuBLASLt's 1 x 128 and 128 x 128 scale modes (9.0 only).
+static bool qgemm_hopper(const mt_cuda_ctx *c)
+{
+    int major = 0, minor = 0;
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device));
+    return major == 9 && minor == 0;
 }
 
 static size_t qgemm_align256(size_t n) { return (n + 255) / 256 * 256; }
@@ -287,16 +311,27 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     o.q = qdq_layout("quantised gemm", s, rows, k, tr);
     struct mt_err err = {};
     const bool tensor = s->scaling == MT_Q_TENSOR;
+    const bool blk2d = s->scaling == MT_Q_BLOCK_128X128;
+    const bool as_mx = (blk2d || s->scaling == MT_Q_BLOCK_1X128) && !qgemm_hopper(c);
+    // blockwise as MXFP8: the view of its codes with UE8M0 scales
+    struct mt_cuda_qtensor mx = o.q;
+    mx.scaling = MT_Q_MX;
+    mx.along = MT_Q_ALONG_ROW;
+    mx.srows = rows;
+    mx.scols = (k + 31) / 32;
+    mx.scale = nullptr;
+    const size_t s8_bytes = as_mx ? (size_t)(mx.srows * mx.scols) : 0;
     size_t lt_bytes = 0;
-    if (!tensor && mt_cuda_q_cublaslt_scale_mode(&o.q, &o.mode, &lt_bytes, &err))
+    if (!tensor && mt_cuda_q_cublaslt_scale_mode(as_mx ? &mx : &o.q, &o.mode, &lt_bytes, &err))
         qdq_fail("quantised gemm", "scale mode", &err);
     const bool fp4 = o.q.elem == MT_Q_ELEM_E2M1;
     const size_t row_bytes = (size_t)(fp4 ? (k + 1) / 2 : k), pad_row_bytes = (size_t)(fp4 ? kpad / 2 : kpad);
-    // scratch: staging, codes, scales, scalars, arranged scales, padded codes
+    // scratch: staging, codes, scales, scalars, UE8M0 scales, arranged scales, padded codes
     const size_t at_codes = qgemm_align256(sizeof(float) * (size_t)(rows * k));
     const size_t at_scale = at_codes + qgemm_align256(o.q.data_bytes);
     const size_t at_scalars = at_scale + qgemm_align256(o.q.scale_bytes);
-    const size_t at_lt = at_scalars + 256;
+    const size_t at_s8 = at_scalars + 256;
+    const size_t at_lt = at_s8 + qgemm_align256(s8_bytes);
     const size_t at_pad = at_lt + qgemm_align256(lt_bytes);
     const bool padded = kpad != k;
     const size_t need = at_pad + (padded ? pad_row_bytes * (size_t)rows : 0);
@@ -312,7 +347,15 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
         o.mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
         o.scales = o.q.scale; // the decode scale the quantiser stored
     } else {
-        if (mt_cuda_q_cublaslt_scales(ws + at_lt, &o.q, c->stream, &err)) qdq_fail("quantised gemm", "scales", &err);
+        if (as_mx) {
+            mx.data = o.q.data;
+            mx.scale8 = (uint8_t *)(ws + at_s8);
+            MT_LAUNCH(mt_cdiv(s8_bytes, QDQ_THREADS), QDQ_THREADS, 0, c->stream, qgemm_blocks_ue8m0_kernel)(
+                mx.scale8, o.q.scale, rows, mx.scols, o.q.scols, (int)blk2d);
+            MT_CUDA_LAUNCHED();
+        }
+        if (mt_cuda_q_cublaslt_scales(ws + at_lt, as_mx ? &mx : &o.q, c->stream, &err))
+            qdq_fail("quantised gemm", "scales", &err);
         o.scales = ws + at_lt;
     }
     o.codes = o.q.data;

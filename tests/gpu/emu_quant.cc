@@ -28,7 +28,8 @@
 //           rows of D not a multiple of 4), fp32 and bf16 operands and c, beta 0 and 1,
 //           delayed scaling's scale and amax record; every call one cuBLASLt FP8/FP4
 //           matmul (the backend's count), none a dequantised GEMM. qgemm-h100 runs
-//           delayed, tensorwise and blockwise; qgemm-gb200 MXFP8 and NVFP4.
+//           delayed, tensorwise and blockwise; qgemm-gb200 MXFP8, NVFP4 and blockwise
+//           (as VEC32_UE8M0: Blackwell has no 1 x 128 or 128 x 128 mode).
 //
 // Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200
 #include <cublasLt.h>
@@ -451,7 +452,8 @@ static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, 
     if (ds.work) gpu->op.free(gpu->ctx, ds.work);
 }
 
-static void run_qdq(void)
+// The CUDA backend (the emulated device), and its teardown; either failing ends the test.
+static const struct mt_kernels *cuda_backend(void)
 {
     struct mt_err err;
     mt_err_clear(&err);
@@ -460,6 +462,21 @@ static void run_qdq(void)
         fprintf(stderr, "emu_quant: %s\n", err.msg);
         exit(1);
     }
+    return gpu;
+}
+static void cuda_backend_done(void)
+{
+    struct mt_err err;
+    mt_err_clear(&err);
+    if (mt_kernels_cuda_destroy(&err)) {
+        fprintf(stderr, "emu_quant: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+static void run_qdq(void)
+{
+    const struct mt_kernels *gpu = cuda_backend();
     const struct mt_kernels *cpu = mt_kernels_cpu();
     // shapes: a single element, partial 16-, 32- and 128-blocks along both dimensions,
     // Hadamard groups of 16 rows with a tail (40 = 2 x 16 + 8)
@@ -475,10 +492,7 @@ static void run_qdq(void)
         qdq_one(gpu, cpu, qc, shapes[2], WITH_NAN, false);
         qdq_one(gpu, cpu, qc, shapes[2], WITH_INF, false);
     }
-    if (mt_kernels_cuda_destroy(&err)) {
-        fprintf(stderr, "emu_quant: %s\n", err.msg);
-        exit(1);
-    }
+    cuda_backend_done();
 }
 
 // ---------------------------------------------------------------- scale order
@@ -1132,20 +1146,14 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
 
 static void run_qgemm(bool h100)
 {
-    struct mt_err err;
-    mt_err_clear(&err);
-    const struct mt_kernels *gpu = mt_kernels_cuda(&err);
-    if (!gpu) {
-        fprintf(stderr, "emu_quant: %s\n", err.msg);
-        exit(1);
-    }
+    const struct mt_kernels *gpu = cuda_backend();
     const struct mt_kernels *cpu = mt_kernels_cpu();
     // (tokens, dout, din): tokens not a multiple of 4 or 16 (an expert's rows; the
     // wgrad's k), D rows not a multiple of 4 (dout 30), partial 128-blocks both ways
     // (dout 136, din 320), partial 16- and 32-blocks along the dgrad's k (dout 136, 30)
     static const int64_t shapes3[][3] = {{37, 64, 96}, {64, 136, 320}, {21, 30, 64}};
     const std::vector<enum recipe> mine =
-        h100 ? std::vector<enum recipe>{DELAYED, TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, NVFP4};
+        h100 ? std::vector<enum recipe>{DELAYED, TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, NVFP4, BLOCKWISE};
     double worst = 0;
     for (const enum recipe r : mine) {
         for (const auto &sh : shapes3)
@@ -1156,10 +1164,7 @@ static void run_qgemm(bool h100)
             }
     }
     printf("largest |cuda - cpu| / sum|ab| of an fp32 c: %.3g\n", worst);
-    if (mt_kernels_cuda_destroy(&err)) {
-        fprintf(stderr, "emu_quant: %s\n", err.msg);
-        exit(1);
-    }
+    cuda_backend_done();
 }
 
 int main(int argc, char **argv)
