@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -60,10 +61,13 @@ struct mt_cuda_ctx {
     cublasComputeType_t gemm_compute;
     std::unordered_map<mt_gemm_key, mt_gemm_plan, mt_gemm_key_hash> gemm_plans;
     // the quantised GEMMs (cuda_qdq.cu): cublasLtMatmul calls, those through the epilogue,
-    // and the scale modes used (bit cublasLtMatmulMatrixScale_t)
+    // the scale modes used (bit cublasLtMatmulMatrixScale_t); their plans cached per
+    // shape, types, scale modes, D's leading dimension and the pointers' alignments
+    // (the scale pointers are set on the descriptor at each call)
     struct {
         long long calls, epilogues;
         unsigned modes;
+        std::map<std::array<int64_t, 11>, mt_gemm_plan> plans;
     } lowp;
 
     // caching allocator (cuda_memory.cu); all fields under mu

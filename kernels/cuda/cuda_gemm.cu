@@ -192,6 +192,13 @@ void mt_cuda_gemm_plans_destroy(mt_cuda_ctx *c)
         cublasLtMatrixLayoutDestroy(kv.second.c);
     }
     c->gemm_plans.clear();
+    for (auto &kv : c->lowp.plans) {
+        cublasLtMatmulDescDestroy(kv.second.desc);
+        cublasLtMatrixLayoutDestroy(kv.second.a);
+        cublasLtMatrixLayoutDestroy(kv.second.b);
+        cublasLtMatrixLayoutDestroy(kv.second.c);
+    }
+    c->lowp.plans.clear();
 }
 
 extern "C" void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_gemm_stats *s)

@@ -390,6 +390,55 @@ static const char *qgemm_mode_name(int32_t mode)
     return "?";
 }
 
+// The cached plan of a quantised GEMM: key (M, N, K, ldd, A's, B's and D's types, A's
+// and B's scale modes, A's | B's << 16 and D's pointer alignments), descriptor and
+// layouts "TN" (A (K x M) and B (K x N) column-major with ld K, D (M x N) with ld ldd,
+// C = D), the heuristic's algorithm for them (asked with this call's scale pointers,
+// sa and sb, which each call sets again). A shape cuBLASLt has no algorithm for is
+// fatal, naming it: the recipe does not run on this GPU.
+static mt_gemm_plan &qgemm_plan(mt_cuda_ctx *c, const std::array<int64_t, 11> &k, const void *sa, const void *sb)
+{
+    auto it = c->lowp.plans.find(k);
+    if (it != c->lowp.plans.end()) return it->second;
+    const int64_t M = k[0], N = k[1], K = k[2], ldd = k[3];
+    const int32_t mode_a = (int32_t)k[7], mode_b = (int32_t)k[8];
+    mt_gemm_plan p = {};
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, (cudaDataType_t)k[4], (uint64_t)K, (uint64_t)M, K));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, (cudaDataType_t)k[5], (uint64_t)K, (uint64_t)N, K));
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, (cudaDataType_t)k[6], (uint64_t)M, (uint64_t)N, ldd));
+    cublasLtMatmulPreference_t pref;
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                         &c->lt_ws_bytes, sizeof c->lt_ws_bytes));
+    const uint32_t align[4] = {(uint32_t)(k[9] & 0xffff), (uint32_t)(k[9] >> 16), (uint32_t)k[10], (uint32_t)k[10]};
+    const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align[i], sizeof align[i]));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "cuBLASLt has no FP8/FP4 matmul for M=%lld N=%lld K=%lld with scale modes %s x %s "
+                 "(%s); the recipe does not run on this GPU", (long long)M, (long long)N, (long long)K,
+                 qgemm_mode_name(mode_a), qgemm_mode_name(mode_b), cublasLtGetStatusString(st));
+        mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
+    }
+    p.algo = res.algo;
+    return c->lowp.plans.emplace(k, p).first->second;
+}
+
 extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                               struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
                               struct mt_tensor cc)
@@ -436,50 +485,18 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
     void *dp = direct ? cc.data : (void *)d;
     const float alpha = 1.0f, lt_beta = direct ? beta : 0.0f;
 
-    cublasLtMatmulDesc_t desc;
-    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &qb.mode, sizeof qb.mode));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &qa.mode, sizeof qa.mode));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &qb.scales,
+    const int64_t aligns = qgemm_alignment(qb.codes) | (int64_t)qgemm_alignment(qa.codes) << 16;
+    mt_gemm_plan &p = qgemm_plan(c, {npad, mpad, kpad, ldd, qgemm_type(qb.q.elem), qgemm_type(qa.q.elem), dt, qb.mode,
+                                     qa.mode, aligns, qgemm_alignment(dp)},
+                                 qb.scales, qa.scales);
+    p.calls++;
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &qb.scales,
                                                    sizeof qb.scales));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &qa.scales,
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &qa.scales,
                                                    sizeof qa.scales));
-    cublasLtMatrixLayout_t la, lb, ld;
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, qgemm_type(qb.q.elem), (uint64_t)kpad, (uint64_t)npad, kpad));
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, qgemm_type(qa.q.elem), (uint64_t)kpad, (uint64_t)mpad, kpad));
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, (uint64_t)npad, (uint64_t)mpad, ldd));
-    cublasLtMatmulPreference_t pref;
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                         &c->lt_ws_bytes, sizeof c->lt_ws_bytes));
-    const uint32_t align[4] = {qgemm_alignment(qb.codes), qgemm_alignment(qa.codes), qgemm_alignment(dp),
-                               qgemm_alignment(dp)};
-    const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-        MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align[i], sizeof align[i]));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, ld, ld, pref, 1, &res, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "cuBLASLt has no FP8/FP4 matmul for M=%lld N=%lld K=%lld with scale modes %s x %s "
-                 "(%s); the recipe does not run on this GPU", (long long)npad, (long long)mpad, (long long)kpad,
-                 qgemm_mode_name(qb.mode), qgemm_mode_name(qa.mode), cublasLtGetStatusString(st));
-        mt_cuda_fatal(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", msg);
-    }
     mt_cuda_note_library_launch(c);
-    MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, desc, &alpha, qb.codes, la, qa.codes, lb, &lt_beta, dp, ld, dp, ld, &res.algo,
-                                   c->lt_ws, c->lt_ws_bytes, c->stream));
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(desc);
+    MT_CUBLAS_CHECK(cublasLtMatmul(c->lt, p.desc, &alpha, qb.codes, p.a, qa.codes, p.b, &lt_beta, dp, p.c, dp, p.c,
+                                   &p.algo, c->lt_ws, c->lt_ws_bytes, c->stream));
     c->lowp.calls++;
     if (!direct) c->lowp.epilogues++;
     c->lowp.modes |= 1u << qb.mode | 1u << qa.mode;
