@@ -519,13 +519,15 @@ static inline size_t mt_quant_scratch_bytes(size_t elems) { return 5 * elems + 6
 
 /* What one operand of the quantised GEMM (struct mt_quant_ops gemm) takes: its values
  * in fp32 (the CPU's dequantised operand, a device's staging of the high-precision
- * one) and qdq's scratch for its codes and scales; a device backend's block scales in
- * its GEMM's order, and the padding of an operand whose rows or reduction the library
- * needs in multiples of 4 or 16, fit in what the bound of the scales leaves (1 x 128
- * tiles of more than one column, the model's), else come from its allocator. */
+ * one, 4 bytes an element), its codes (a byte), its block scales (at most 1/4 byte an
+ * element with a reduction of 16 or more: 1 x 128 tiles 4 bytes a 128, MXFP8 a byte a
+ * 32, NVFP4 a byte a 16) and a device's alignments and scalars (2 KiB). A device backend
+ * puts its scales in its GEMM's order and the codes padded to the library's multiples
+ * where the staging was; an operand that needs more (a reduction of fewer than 16
+ * elements, rows padded beyond the slack) takes the rest from its allocator. */
 static inline size_t mt_quant_gemm_scratch_bytes(size_t elems)
 {
-    return 4 * elems + mt_quant_scratch_bytes(elems);
+    return 4 * elems + elems + elems / 2 + 2048;
 }
 
 struct mt_kernels {

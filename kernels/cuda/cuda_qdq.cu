@@ -326,15 +326,18 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
         qdq_fail("quantised gemm", "scale mode", &err);
     const bool fp4 = o.q.elem == MT_Q_ELEM_E2M1;
     const size_t row_bytes = (size_t)(fp4 ? (k + 1) / 2 : k), pad_row_bytes = (size_t)(fp4 ? kpad / 2 : kpad);
-    // scratch: staging, codes, scales, scalars, UE8M0 scales, arranged scales, padded codes
-    const size_t at_codes = qgemm_align256(sizeof(float) * (size_t)(rows * k));
+    // scratch: the fp32 staging, then codes, scales, scalars and UE8M0 scales; once the
+    // quantiser has read the staging, the arranged scales and the padded codes take its
+    // place (the stream orders the kernels)
+    const bool padded = kpad != k;
+    const size_t at_lt = 0, at_pad = qgemm_align256(lt_bytes);
+    const size_t after = at_pad + (padded ? pad_row_bytes * (size_t)rows : 0);
+    const size_t staging = qgemm_align256(sizeof(float) * (size_t)(rows * k));
+    const size_t at_codes = staging > after ? staging : qgemm_align256(after);
     const size_t at_scale = at_codes + qgemm_align256(o.q.data_bytes);
     const size_t at_scalars = at_scale + qgemm_align256(o.q.scale_bytes);
     const size_t at_s8 = at_scalars + 256;
-    const size_t at_lt = at_s8 + qgemm_align256(s8_bytes);
-    const size_t at_pad = at_lt + qgemm_align256(lt_bytes);
-    const bool padded = kpad != k;
-    const size_t need = at_pad + (padded ? pad_row_bytes * (size_t)rows : 0);
+    const size_t need = at_s8 + s8_bytes;
     char *ws = s->work && s->work_bytes >= need && (uintptr_t)s->work % 256 == 0 ? (char *)s->work : nullptr;
     if (!ws) ws = o.own = (char *)mt_cuda_scratch(c, need);
     o.q.data = (uint8_t *)(ws + at_codes);

@@ -52,7 +52,8 @@ struct mt_lowp {
     float grad_unit;
     struct mt_comm *world;      /* amaxes are reduced (max) over every rank */
     /* current scaling of a shard (TP, ETP): the logical tensor's amax, backend memory,
-     * reduced (max) over the group holding the shards */
+     * reduced (max) over the group holding the shards; one for each operand of a GEMM
+     * (both are found before the GEMM quantises either) */
     float *tamax;
     int32_t *hoffs;             /* (E_l + 1): the expert-side row offsets, on the host */
     /* randomness of stochastic rounding and of the Hadamard signs (NVFP4): keyed by
@@ -188,7 +189,7 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     const struct mt_kernels *k = m->k;
     lp->wa = k->op.alloc(k->ctx, lp->wbytes);
     lp->wb = k->op.alloc(k->ctx, lp->wbytes);
-    lp->tamax = k->op.alloc(k->ctx, sizeof(float));
+    lp->tamax = k->op.alloc(k->ctx, 2 * sizeof(float));
     lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
     if (!lp->tamax || !lp->hoffs)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
@@ -244,7 +245,7 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     const struct mt_lowp *lp = m->lp;
     *device = 0;
     if (!lp) return 0;
-    *device = sizeof(float); /* tamax */
+    *device = 2 * sizeof(float); /* tamax */
     const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
     if (lp->recipe != DELAYED) return *device + hoffs;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
@@ -425,9 +426,10 @@ static struct shard shard_of(const struct mt_pass *p, int s, int role)
  * scales of current scaling from the tensor's amax, the shards' amaxes reduced (max)
  * over the group holding them (one all-reduce of one float), so that the shard
  * quantises as the whole tensor would. probe: backend memory of x's elements in fp32,
- * where the shard's amax is found (quantising records it). Whole tensors: unchanged. */
+ * where the shard's amax is found (quantising records it) into tamax, one float of
+ * backend memory. Whole tensors: unchanged. */
 static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, int role,
-                       struct mt_tensor x, float *probe)
+                       struct mt_tensor x, float *probe, float *tamax)
 {
     const struct mt_kernels *k = p->m->k;
     const struct shard sh = shard_of(p, s, role);
@@ -438,7 +440,6 @@ static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, 
     q->col0 = sh.rows ? 0 : x.cols * sh.rank;
     const bool nvfp4 = q->scaling == MT_Q_NVFP4 || q->scaling == MT_Q_NVFP4_2D;
     if (nvfp4 || (q->scaling == MT_Q_TENSOR && !q->scale)) {
-        float *tamax = p->m->lp->tamax;
         struct mt_quant_spec pr = *q;
         pr.lrows = 0;
         pr.amax = tamax;
@@ -462,8 +463,8 @@ static int qgemm(const struct mt_pass *p, int s, enum use u, bool ta, int ra, st
     qb.work = lp->wb;
     qa.work_bytes = qb.work_bytes = lp->wbytes;
     /* each probe writes the other operand's buffer, which it quantises only later */
-    MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb));
-    MT_CHECK(place_shard(p, &qb, s, rb, b, lp->wa));
+    MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb, lp->tamax));
+    MT_CHECK(place_shard(p, &qb, s, rb, b, lp->wa, lp->tamax + 1));
     p->m->k->quant->gemm(p->ctx, ta, tb, &qa, a, &qb, b, beta, c);
     return MT_OK;
 }
@@ -578,7 +579,7 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
         if (!qw.amax) continue;
         qw.work = lp->wb;
         qw.work_bytes = lp->wbytes;
-        MT_CHECK(place_shard(p, &qw, se, R_W, we, lp->wa));
+        MT_CHECK(place_shard(p, &qw, se, R_W, we, lp->wa, lp->tamax));
         p->m->k->quant->qdq(p->ctx, &qw, mt_f32(lp->wa, dout, din), we);
     }
     return MT_OK;
