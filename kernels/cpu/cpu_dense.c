@@ -18,40 +18,108 @@
 
 void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
 
-void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included. */
+static void gemm_scale(int M, int N, float beta, float *C, int ldc)
 {
-    (void)ctx;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+}
+
+int mt_cpu_gemm_parts(int M, int N, int K, int threads)
+{
+    if (threads <= 1 || M <= 0 || N <= 0 || K <= 0 || (double)M * N * K < GEMM_SPLIT_MIN_FMA)
+        return 1;
+    const int len = M >= N ? M : N;
+    return threads < len ? threads : len;
+}
+
+bool mt_cpu_gemm_range(int i, int parts, int M, int N, int *lo, int *hi)
+{
+    /* split the larger of M and N; block i covers [i*len/parts, (i+1)*len/parts) */
+    const bool by_rows = M >= N;
+    const int len = by_rows ? M : N;
+    *lo = (int)((long long)len * i / parts);
+    *hi = (int)((long long)len * (i + 1) / parts);
+    return by_rows;
+}
+
+void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N, int K,
+                      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                      float *C, int ldc)
+{
     if (M <= 0 || N <= 0) return;
-    if (K <= 0) { /* nothing to multiply: C = beta C, where beta = 0 clears */
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++)
-                C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+    if (K <= 0) {
+        if (i == 0) gemm_scale(M, N, beta, C, ldc);
         return;
     }
     const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
     const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-    const int nt = omp_get_max_threads();
-    if (nt <= 1 || (double)M * N * K < GEMM_SPLIT_MIN_FMA || omp_in_parallel()) {
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int lo, hi;
+    if (mt_cpu_gemm_range(i, parts, M, N, &lo, &hi)) { /* rows lo..hi of op(A) and C */
+        const float *Ai = trans_a ? A + lo : A + (size_t)lo * lda;
+        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
+                    C + (size_t)lo * ldc, ldc);
+    } else { /* columns lo..hi of op(B) and C */
+        const float *Bi = trans_b ? B + (size_t)lo * ldb : B + lo;
+        cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo,
+                    ldc);
+    }
+}
+
+void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    (void)ctx;
+    const int parts = omp_in_parallel() ? 1 : mt_cpu_gemm_parts(M, N, K, omp_get_max_threads());
+    if (parts == 1) {
+        mt_cpu_gemm_part(0, 1, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* split the larger of M and N; block i covers [i*len/nt, (i+1)*len/nt) */
-    const bool by_rows = M >= N;
-    const int len = by_rows ? M : N;
-    const int parts = nt < len ? nt : len;
 #pragma omp parallel for schedule(static) num_threads(parts)
-    for (int i = 0; i < parts; i++) {
-        int lo = (int)((long long)len * i / parts), hi = (int)((long long)len * (i + 1) / parts);
-        if (by_rows) { /* rows lo..hi of op(A) and C */
-            const float *Ai = trans_a ? A + lo : A + (size_t)lo * lda;
-            cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
-                        C + (size_t)lo * ldc, ldc);
-        } else { /* columns lo..hi of op(B) and C */
-            const float *Bi = trans_b ? B + (size_t)lo * ldb : B + lo;
-            cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta,
-                        C + lo, ldc);
+    for (int i = 0; i < parts; i++)
+        mt_cpu_gemm_part(i, parts, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                         ldc);
+}
+
+/* Group g's GEMM (as mt_cpu_grouped_gemm) split in parts over threads threads, and its
+ * part i: what one thread runs of it. */
+static int group_parts(bool trans_a, const int32_t *offsets, int g, int M, int N, int K,
+                       int threads)
+{
+    const int m = offsets[g + 1] - offsets[g];
+    return trans_a ? mt_cpu_gemm_parts(M, N, m, threads) : mt_cpu_gemm_parts(m, N, K, threads);
+}
+
+static void group_part(int i, int parts, bool trans_a, bool trans_b, const int32_t *offsets,
+                       int g, int M, int N, int K, float alpha, const float *A, const float *B,
+                       float beta, float *C)
+{
+    const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
+    if (!trans_a) {
+        mt_cpu_gemm_part(i, parts, false, trans_b, m, N, K, alpha, A + (size_t)r0 * K, K,
+                         B + (size_t)g * N * K, trans_b ? K : N, beta, C + (size_t)r0 * N, N);
+    } else {
+        /* weight gradient: C_g (M,N) = A_g^T B_g with the token rows as reduction */
+        mt_cpu_gemm_part(i, parts, true, false, M, N, m, alpha, A + (size_t)r0 * M, M,
+                         B + (size_t)r0 * N, N, beta, C + (size_t)g * M * N, N);
+    }
+}
+
+void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, bool trans_b,
+                                int num_groups, const int32_t *offsets, int M, int N, int K,
+                                float alpha, const float *A, const float *B, float beta, float *C)
+{
+    /* a group too small to split goes whole to one thread, round robin */
+    for (int g = 0; g < num_groups; g++) {
+        const int parts = group_parts(trans_a, offsets, g, M, N, K, threads);
+        if (parts == 1) {
+            if (g % team == id)
+                group_part(0, 1, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
+            continue;
         }
+        for (int i = id; i < parts; i += team)
+            group_part(i, parts, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
     }
 }
 
@@ -59,17 +127,15 @@ void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
                          const int32_t *offsets, int M, int N, int K, float alpha,
                          const float *A, const float *B, float beta, float *C)
 {
-    for (int g = 0; g < num_groups; g++) {
-        int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
-        if (!trans_a) {
-            if (m == 0) continue;
-            const float *W = B + (size_t)g * N * K;
-            mt_cpu_gemm(ctx, false, trans_b, m, N, K, alpha, A + (size_t)r0 * K, K, W,
-                        trans_b ? K : N, beta, C + (size_t)r0 * N, N);
-        } else {
-            /* weight gradient: C_g (M,N) = A_g^T B_g with the token rows as reduction */
-            mt_cpu_gemm(ctx, true, false, M, N, m, alpha, A + (size_t)r0 * M, M,
-                        B + (size_t)r0 * N, N, beta, C + (size_t)g * M * N, N);
-        }
+    (void)ctx;
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (threads == 1) {
+        mt_cpu_grouped_gemm_thread(0, 1, 1, trans_a, trans_b, num_groups, offsets, M, N, K,
+                                   alpha, A, B, beta, C);
+        return;
     }
+    /* one region for all groups: they write disjoint slices of C */
+#pragma omp parallel num_threads(threads)
+    mt_cpu_grouped_gemm_thread(omp_get_thread_num(), omp_get_num_threads(), threads, trans_a,
+                               trans_b, num_groups, offsets, M, N, K, alpha, A, B, beta, C);
 }

@@ -369,36 +369,25 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
     mt_cpu_scratch_give(delta);
 }
 
-void mt_cpu_swiglu_fwd(void *ctx, float *restrict out, const float *restrict gate,
-                       const float *restrict up, int N, int F)
+void mt_cpu_swiglu_fwd_span(float *restrict out, const float *restrict gate,
+                            const float *restrict up, size_t n)
 {
-    (void)ctx;
-    size_t n = (size_t)N * F;
-#pragma omp parallel for simd schedule(static)
+#pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g * mt_cpu_sigmoid(g) * up[i];
     }
 }
 
-void mt_cpu_swiglu_bwd(void *ctx, float *restrict dgate, float *restrict dup,
-                       const float *restrict dout, const float *restrict gate,
-                       const float *restrict up, int N, int F)
+void mt_cpu_swiglu_bwd_span(float *restrict dgate, float *restrict dup,
+                            const float *restrict dout, const float *restrict gate,
+                            const float *restrict up, size_t n)
 {
-    (void)ctx;
-    size_t n = (size_t)N * F;
-#pragma omp parallel for simd schedule(static)
+#pragma omp simd
     for (size_t i = 0; i < n; i++) {
         float g = gate[i], s = mt_cpu_sigmoid(g), d = dout[i];
         float silu = g * s;
         dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
         dup[i] = d * silu;
     }
-}
-
-void mt_cpu_add(void *ctx, float *out, const float *a, const float *b, size_t n)
-{
-    (void)ctx;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }

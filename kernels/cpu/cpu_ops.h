@@ -63,6 +63,50 @@ static inline float mt_cpu_expf(float x)
     return p * s1 * s2;
 }
 
+/* bf16 <-> fp32 of n values: widening is exact, narrowing rounds (mt_cpu_bf16). */
+static inline void mt_cpu_widen(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+static inline void mt_cpu_narrow(uint16_t *restrict dst, const float *restrict src, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float x = mt_cpu_bf16(src[i]);
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        dst[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* Elements [i, i + n) of fp32 or bf16 tensor t's storage, as fp32: t's own memory when
+ * fp32, else widened into buf (n floats). Ops that take typed tensors read and write
+ * them a span (a row, a chunk) at a time through these, so a bf16 tensor costs no pass
+ * over memory of its own. */
+static inline const float *mt_cpu_span_in(struct mt_tensor t, size_t i, size_t n, float *buf)
+{
+    if (t.dtype == MT_F32) return (const float *)t.data + i;
+    mt_cpu_widen(buf, (const uint16_t *)t.data + i, n);
+    return buf;
+}
+
+/* Where an op writes the fp32 values of span [i, ..) of t: t itself when fp32, else buf,
+ * which mt_cpu_span_store rounds into t. */
+static inline float *mt_cpu_span_out(struct mt_tensor t, size_t i, float *buf)
+{
+    return t.dtype == MT_F32 ? (float *)t.data + i : buf;
+}
+
+static inline void mt_cpu_span_store(struct mt_tensor t, size_t i, size_t n, const float *v)
+{
+    if (t.dtype != MT_F32) mt_cpu_narrow((uint16_t *)t.data + i, v, n);
+}
+
 /* Scratch that ops use between their start and end: from the pool of cpu_typed.c,
  * kept between calls, so that a training step allocates nothing once the pool has seen
  * its sizes (doc/host-overhead.md). Aborts when out of memory (the op table has no
@@ -102,6 +146,20 @@ void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, flo
 void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
                          const int32_t *offsets, int M, int N, int K, float alpha,
                          const float *A, const float *B, float beta, float *C);
+/* How mt_cpu_gemm splits C (M,N) over `threads` threads: in parts (1: one call), part i
+ * covering rows [*lo, *hi) of C when mt_cpu_gemm_range returns true, else those columns;
+ * mt_cpu_gemm_part runs part i. A caller with its own region (cpu_typed.c, converting
+ * operands in it) runs the same parts, so the same calls compute every element. */
+int mt_cpu_gemm_parts(int M, int N, int K, int threads);
+bool mt_cpu_gemm_range(int i, int parts, int M, int N, int *lo, int *hi);
+void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N, int K,
+                      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                      float *C, int ldc);
+/* Thread id's share (of a team of `team`) of mt_cpu_grouped_gemm split for `threads`;
+ * no barrier inside (the groups write disjoint slices of C). */
+void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, bool trans_b,
+                                int num_groups, const int32_t *offsets, int M, int N, int K,
+                                float alpha, const float *A, const float *B, float beta, float *C);
 
 /* cpu_layers.c */
 void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
@@ -121,10 +179,10 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
 void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
                           const float *q, const float *k, const float *v, const float *out,
                           const float *lse, int B, int T, int Hq, int Hkv, int D);
-void mt_cpu_swiglu_fwd(void *ctx, float *out, const float *gate, const float *up, int N, int F);
-void mt_cpu_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int N, int F);
-void mt_cpu_add(void *ctx, float *out, const float *a, const float *b, size_t n);
+/* SwiGLU of n elements on the calling thread (mt_cpu_t_swiglu_* run them per chunk) */
+void mt_cpu_swiglu_fwd_span(float *out, const float *gate, const float *up, size_t n);
+void mt_cpu_swiglu_bwd_span(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, size_t n);
 
 /* cpu_moe.c */
 void mt_cpu_router_fwd(void *ctx, const struct mt_router_args *a, const float *logits,

@@ -138,48 +138,41 @@ void mt_cpu_scratch_give(void *p) { give(p); }
 
 /* ---- conversions ---------------------------------------------------------------- */
 
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float x)
-{
-    x = mt_cpu_bf16(x);
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (uint16_t)(u >> 16);
-}
-
 static void check_dtype(const char *op, struct mt_tensor t)
 {
     if (t.dtype != MT_F32 && t.dtype != MT_BF16) fail(op, "takes fp32 or bf16 tensors only");
 }
 
-/* Rows [r0, r1) of src converted into dst (same shape; bf16 rounds to nearest even). */
-static void convert_rows(struct mt_tensor dst, struct mt_tensor src, size_t r0, size_t r1)
+/* n values at src (dtype st) converted into dst (dtype dt); bf16 rounds to nearest even. */
+static void convert_span(void *dst, enum mt_dtype dt, const void *src, enum mt_dtype st, size_t n)
 {
-    const size_t cols = dst.cols > 0 ? (size_t)dst.cols : 0;
-    for (size_t r = r0; r < r1; r++) {
-        const size_t si = r * (size_t)src.ld, di = r * (size_t)dst.ld;
-        if (src.dtype == MT_F32 && dst.dtype == MT_BF16) {
-            const float *s = (const float *)src.data + si;
-            uint16_t *d = (uint16_t *)dst.data + di;
-#pragma omp simd
-            for (size_t c = 0; c < cols; c++) d[c] = f32_to_bf16(s[c]);
-        } else if (src.dtype == MT_BF16 && dst.dtype == MT_F32) {
-            const uint16_t *s = (const uint16_t *)src.data + si;
-            float *d = (float *)dst.data + di;
-#pragma omp simd
-            for (size_t c = 0; c < cols; c++) d[c] = bf16_to_f32(s[c]);
-        } else {
-            const size_t e = mt_dtype_size(dst.dtype);
-            memmove((char *)dst.data + di * e, (const char *)src.data + si * e, cols * e);
-        }
-    }
+    if (st == MT_F32 && dt == MT_BF16)
+        mt_cpu_narrow(dst, src, n);
+    else if (st == MT_BF16 && dt == MT_F32)
+        mt_cpu_widen(dst, src, n);
+    else
+        memmove(dst, src, n * mt_dtype_size(dt));
+}
+
+/* Rows [r0, r1) and columns [c0, c1) of src converted into dst (same shape). */
+static void convert_block(struct mt_tensor dst, struct mt_tensor src, size_t r0, size_t r1,
+                          size_t c0, size_t c1)
+{
+    const size_t de = mt_dtype_size(dst.dtype), se = mt_dtype_size(src.dtype);
+    for (size_t r = r0; r < r1 && c1 > c0; r++)
+        convert_span((char *)dst.data + (r * (size_t)dst.ld + c0) * de, dst.dtype,
+                     (const char *)src.data + (r * (size_t)src.ld + c0) * se, src.dtype, c1 - c0);
+}
+
+static size_t rows_of(struct mt_tensor t) { return t.rows > 0 ? (size_t)t.rows : 0; }
+static size_t cols_of(struct mt_tensor t) { return t.cols > 0 ? (size_t)t.cols : 0; }
+
+/* Thread id's share (of a team of `team`, equal blocks of rows) of src into dst. */
+static void convert_share(struct mt_tensor dst, struct mt_tensor src, int id, int team)
+{
+    const size_t rows = rows_of(dst);
+    convert_block(dst, src, rows * (size_t)id / (size_t)team, rows * (size_t)(id + 1) / (size_t)team,
+                  0, cols_of(dst));
 }
 
 /* src converted into dst: over the OpenMP threads in equal blocks of rows when large,
@@ -187,16 +180,12 @@ static void convert_rows(struct mt_tensor dst, struct mt_tensor src, size_t r0, 
  * is false still makes a team of one, which libgomp allocates at every call). */
 static void convert(struct mt_tensor dst, struct mt_tensor src)
 {
-    const size_t rows = dst.rows > 0 ? (size_t)dst.rows : 0, cols = dst.cols > 0 ? (size_t)dst.cols : 0;
-    if (rows * cols <= 65536) {
-        convert_rows(dst, src, 0, rows);
+    if (rows_of(dst) * cols_of(dst) <= 65536) {
+        convert_share(dst, src, 0, 1);
         return;
     }
 #pragma omp parallel
-    {
-        const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-        convert_rows(dst, src, rows * id / nt, rows * (id + 1) / nt);
-    }
+    convert_share(dst, src, omp_get_thread_num(), omp_get_num_threads());
 }
 
 /* An fp32 view of input t: t itself when fp32 (with its ld), else a dense widened copy
@@ -208,34 +197,19 @@ static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_
     if (ld) *ld = t.ld;
     if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
     if (t.dtype == MT_F32) return t.data;
-    const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
-    float *w = take(op, rows * cols);
-    convert(mt_tview(w, MT_F32, (int64_t)rows, (int64_t)cols), t);
+    float *w = take(op, rows_of(t) * cols_of(t));
+    convert(mt_tview(w, MT_F32, (int64_t)rows_of(t), (int64_t)cols_of(t)), t);
     if (ld) *ld = t.cols;
     *tmp = w;
     return w;
 }
 
-/* Where the fp32 result for output t goes: t itself when fp32, else scratch (*tmp). */
-static float *out32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
+/* A dense tensor's storage as one span of n elements (rows x cols). */
+static size_t dense_elems(const char *op, struct mt_tensor t)
 {
     check_dtype(op, t);
-    *tmp = NULL;
-    if (ld) *ld = t.ld;
-    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
-    if (t.dtype == MT_F32) return t.data;
-    const size_t rows = t.rows > 0 ? (size_t)t.rows : 0, cols = t.cols > 0 ? (size_t)t.cols : 0;
-    *tmp = take(op, rows * cols);
-    if (ld) *ld = t.cols;
-    return *tmp;
-}
-
-/* Stores the fp32 result tmp (dense) into bf16 output t, rounding; gives tmp back. */
-static void store(struct mt_tensor t, float *tmp)
-{
-    if (!tmp) return;
-    convert(t, mt_tview(tmp, MT_F32, t.rows > 0 ? t.rows : 0, t.cols > 0 ? t.cols : 0));
-    give(tmp);
+    if (t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
+    return rows_of(t) * cols_of(t);
 }
 
 void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
@@ -247,34 +221,239 @@ void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
     convert(dst, src);
 }
 
-/* ---- the ops -------------------------------------------------------------------- */
+/* ---- GEMMs ---------------------------------------------------------------------- */
+
+/* A typed GEMM's operands as fp32: a bf16 A or B widened into scratch (dense), a bf16 C
+ * computed into scratch (dense) and rounded into C. The widening and the rounding run in
+ * the GEMM's own parallel region, each thread its share, so that a bf16 operand adds
+ * neither a region nor a serial pass. */
+struct gemm_io {
+    const char *op;
+    struct mt_tensor A, B, C;
+    const float *a, *b;
+    float *c;
+    int64_t lda, ldb, ldc;
+    float *ta, *tb, *tc; /* scratch, NULL for an fp32 tensor */
+};
+
+static float *io_scratch(const char *op, struct mt_tensor t, int64_t *ld)
+{
+    check_dtype(op, t);
+    *ld = t.ld;
+    if (t.dtype == MT_F32) return NULL;
+    *ld = t.cols;
+    return take(op, rows_of(t) * cols_of(t));
+}
+
+static struct gemm_io io_take(const char *op, struct mt_tensor A, struct mt_tensor B,
+                              struct mt_tensor C, bool dense)
+{
+    if (dense) {
+        dense_elems(op, A);
+        dense_elems(op, B);
+        dense_elems(op, C);
+    }
+    struct gemm_io io = {.op = op, .A = A, .B = B, .C = C};
+    io.ta = io_scratch(op, A, &io.lda);
+    io.tb = io_scratch(op, B, &io.ldb);
+    io.tc = io_scratch(op, C, &io.ldc);
+    io.a = io.ta ? io.ta : A.data;
+    io.b = io.tb ? io.tb : B.data;
+    io.c = io.tc ? io.tc : C.data;
+    return io;
+}
+
+static struct mt_tensor io_view(float *p, struct mt_tensor t)
+{
+    return mt_tview(p, MT_F32, (int64_t)rows_of(t), (int64_t)cols_of(t));
+}
+
+/* Thread id's share of widening A and B; true when there was any (a barrier is due
+ * before the GEMM reads them). */
+static bool io_widen(const struct gemm_io *io, int id, int team)
+{
+    if (io->ta) convert_share(io_view(io->ta, io->A), io->A, id, team);
+    if (io->tb) convert_share(io_view(io->tb, io->B), io->B, id, team);
+    return io->ta || io->tb;
+}
+
+static void io_give(const struct gemm_io *io)
+{
+    give(io->ta);
+    give(io->tb);
+    give(io->tc);
+}
+
+/* A typed GEMM call: mt_cpu_t_gemm's arguments, or mt_cpu_t_grouped_gemm's (G > 0). */
+struct gemm_call {
+    bool ta, tb;
+    int G;
+    const int32_t *offsets;
+    int M, N, K;
+    float alpha, beta;
+    int parts; /* gemm: mt_cpu_gemm's parts; grouped: the thread count it splits for */
+};
+
+/* Thread id's share (of a team of `team`) of a GEMM with operands to widen or round:
+ * widen its share of A and B, a barrier, its parts of the GEMM; each part's block of a
+ * bf16 C rounded as soon as it is computed (gemm), or after a barrier, the thread's rows
+ * of C (grouped: a thread's groups are not a block). */
+static void gemm_thread(const struct gemm_io *io, const struct gemm_call *g, int id, int team)
+{
+    if (io_widen(io, id, team) && team > 1) {
+#pragma omp barrier
+    }
+    if (g->G > 0) {
+        mt_cpu_grouped_gemm_thread(id, team, g->parts, g->ta, g->tb, g->G, g->offsets, g->M,
+                                   g->N, g->K, g->alpha, io->a, io->b, g->beta, io->c);
+        if (io->tc) {
+            if (team > 1) {
+#pragma omp barrier
+            }
+            convert_share(io->C, io_view(io->tc, io->C), id, team);
+        }
+        return;
+    }
+    for (int i = id; i < g->parts; i += team) {
+        mt_cpu_gemm_part(i, g->parts, g->ta, g->tb, g->M, g->N, g->K, g->alpha, io->a,
+                         (int)io->lda, io->b, (int)io->ldb, g->beta, io->c, (int)io->ldc);
+        int lo, hi;
+        if (!io->tc || g->M <= 0 || g->N <= 0) continue;
+        if (mt_cpu_gemm_range(i, g->parts, g->M, g->N, &lo, &hi))
+            convert_block(io->C, io_view(io->tc, io->C), (size_t)lo, (size_t)hi, 0, (size_t)g->N);
+        else
+            convert_block(io->C, io_view(io->tc, io->C), 0, (size_t)g->M, (size_t)lo, (size_t)hi);
+    }
+}
+
+/* The GEMM on `threads` threads; on the calling thread alone, with no region at all,
+ * when one (see convert). */
+static void gemm_run(const struct gemm_io *io, const struct gemm_call *g, int threads)
+{
+    if (threads <= 1) {
+        gemm_thread(io, g, 0, 1);
+    } else {
+#pragma omp parallel num_threads(threads)
+        gemm_thread(io, g, omp_get_thread_num(), omp_get_num_threads());
+    }
+    io_give(io);
+}
 
 void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
-                          struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C)
+                   struct mt_tensor A, struct mt_tensor B, float beta, struct mt_tensor C)
 {
     if (C.dtype == MT_BF16 && beta != 0.0f) fail("gemm", "a bf16 C takes beta = 0");
-    float *ta_, *tb_, *tc;
-    int64_t lda, ldb, ldc;
-    const float *a = in32("gemm", A, &ta_, &lda), *b = in32("gemm", B, &tb_, &ldb);
-    float *c = out32("gemm", C, &tc, &ldc);
-    mt_cpu_gemm(ctx, ta, tb, M, N, K, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    store(C, tc);
-    give(ta_);
-    give(tb_);
+    const struct gemm_io io = io_take("gemm", A, B, C, false);
+    if (!io.ta && !io.tb && !io.tc) {
+        mt_cpu_gemm(ctx, ta, tb, M, N, K, alpha, io.a, (int)io.lda, io.b, (int)io.ldb, beta,
+                    io.c, (int)io.ldc);
+        return;
+    }
+    const int parts = omp_in_parallel() ? 1 : mt_cpu_gemm_parts(M, N, K, omp_get_max_threads());
+    const struct gemm_call g = {ta, tb, 0, NULL, M, N, K, alpha, beta, parts};
+    gemm_run(&io, &g, parts);
 }
 
 void mt_cpu_t_grouped_gemm(void *ctx, bool ta, bool tb, int G, const int32_t *offsets, int M,
-                                  int N, int K, float alpha, struct mt_tensor A,
-                                  struct mt_tensor B, float beta, struct mt_tensor C)
+                           int N, int K, float alpha, struct mt_tensor A, struct mt_tensor B,
+                           float beta, struct mt_tensor C)
 {
     if (C.dtype == MT_BF16 && beta != 0.0f) fail("grouped_gemm", "a bf16 C takes beta = 0");
-    float *ta_, *tb_, *tc;
-    const float *a = in32("grouped_gemm", A, &ta_, NULL), *b = in32("grouped_gemm", B, &tb_, NULL);
-    float *c = out32("grouped_gemm", C, &tc, NULL);
-    mt_cpu_grouped_gemm(ctx, ta, tb, G, offsets, M, N, K, alpha, a, b, beta, c);
-    store(C, tc);
-    give(ta_);
-    give(tb_);
+    const struct gemm_io io = io_take("grouped_gemm", A, B, C, true);
+    if (!io.ta && !io.tb && !io.tc) {
+        mt_cpu_grouped_gemm(ctx, ta, tb, G, offsets, M, N, K, alpha, io.a, io.b, beta, io.c);
+        return;
+    }
+    if (G <= 0) { /* no group: C is not written */
+        io_give(&io);
+        return;
+    }
+    const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    const struct gemm_call g = {ta, tb, G, offsets, M, N, K, alpha, beta, threads};
+    gemm_run(&io, &g, threads);
+}
+
+/* ---- elementwise ops, in chunks ------------------------------------------------- */
+
+/* Elementwise ops run over chunks of CHUNK elements, a chunk's bf16 operands widened
+ * into (and its bf16 output rounded from) buffers on the thread's stack. */
+#define CHUNK 1024
+
+void mt_cpu_t_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
+                         struct mt_tensor up, int N, int F)
+{
+    (void)ctx;
+    const size_t n = (size_t)N * (size_t)F, chunks = (n + CHUNK - 1) / CHUNK;
+    dense_elems("swiglu_fwd", out);
+    dense_elems("swiglu_fwd", gate);
+    dense_elems("swiglu_fwd", up);
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < chunks; ch++) {
+        float bg[CHUNK], bu[CHUNK], bo[CHUNK];
+        const size_t i = ch * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
+        float *o = mt_cpu_span_out(out, i, bo);
+        mt_cpu_swiglu_fwd_span(o, mt_cpu_span_in(gate, i, m, bg), mt_cpu_span_in(up, i, m, bu), m);
+        mt_cpu_span_store(out, i, m, o);
+    }
+}
+
+void mt_cpu_t_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
+                         struct mt_tensor gate, struct mt_tensor up, int N, int F)
+{
+    (void)ctx;
+    const size_t n = (size_t)N * (size_t)F, chunks = (n + CHUNK - 1) / CHUNK;
+    dense_elems("swiglu_bwd", gate);
+    dense_elems("swiglu_bwd", up);
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < chunks; ch++) {
+        float bg[CHUNK], bu[CHUNK];
+        const size_t i = ch * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
+        mt_cpu_swiglu_bwd_span(dgate + i, dup + i, dout + i, mt_cpu_span_in(gate, i, m, bg),
+                               mt_cpu_span_in(up, i, m, bu), m);
+    }
+}
+
+void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b,
+                  size_t n)
+{
+    (void)ctx;
+    const size_t chunks = (n + CHUNK - 1) / CHUNK;
+    dense_elems("add", out);
+    dense_elems("add", a);
+    dense_elems("add", b);
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < chunks; ch++) {
+        float ba[CHUNK], bb[CHUNK], bo[CHUNK];
+        const size_t i = ch * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
+        const float *restrict x = mt_cpu_span_in(a, i, m, ba), *restrict y = mt_cpu_span_in(b, i, m, bb);
+        float *restrict o = mt_cpu_span_out(out, i, bo);
+#pragma omp simd
+        for (size_t j = 0; j < m; j++) o[j] = x[j] + y[j];
+        mt_cpu_span_store(out, i, m, o);
+    }
+}
+
+/* ---- the other ops: operands converted whole ------------------------------------ */
+
+/* Where the fp32 result for output t goes: t itself when fp32, else scratch (*tmp). */
+static float *out32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
+{
+    check_dtype(op, t);
+    *tmp = NULL;
+    if (ld) *ld = t.ld;
+    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
+    if (t.dtype == MT_F32) return t.data;
+    *tmp = take(op, rows_of(t) * cols_of(t));
+    if (ld) *ld = t.cols;
+    return *tmp;
+}
+
+/* Stores the fp32 result tmp (dense) into bf16 output t, rounding; gives tmp back. */
+static void store(struct mt_tensor t, float *tmp)
+{
+    if (!tmp) return;
+    convert(t, io_view(tmp, t));
+    give(tmp);
 }
 
 void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
@@ -347,40 +526,6 @@ void mt_cpu_t_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const fl
     give(tq);
     give(tk);
     give(tv);
-}
-
-void mt_cpu_t_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
-                                struct mt_tensor up, int N, int F)
-{
-    float *tg, *tu, *to;
-    const float *g = in32("swiglu_fwd", gate, &tg, NULL), *u = in32("swiglu_fwd", up, &tu, NULL);
-    float *o = out32("swiglu_fwd", out, &to, NULL);
-    mt_cpu_swiglu_fwd(ctx, o, g, u, N, F);
-    store(out, to);
-    give(tg);
-    give(tu);
-}
-
-void mt_cpu_t_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
-                                struct mt_tensor gate, struct mt_tensor up, int N, int F)
-{
-    float *tg, *tu;
-    const float *g = in32("swiglu_bwd", gate, &tg, NULL), *u = in32("swiglu_bwd", up, &tu, NULL);
-    mt_cpu_swiglu_bwd(ctx, dgate, dup, dout, g, u, N, F);
-    give(tg);
-    give(tu);
-}
-
-void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b,
-                         size_t n)
-{
-    float *ta_, *tb_, *to;
-    const float *aa = in32("add", a, &ta_, NULL), *bb = in32("add", b, &tb_, NULL);
-    float *o = out32("add", out, &to, NULL);
-    mt_cpu_add(ctx, o, aa, bb, n);
-    store(out, to);
-    give(ta_);
-    give(tb_);
 }
 
 void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
