@@ -8,16 +8,21 @@
 
 #include "kernels/cpu/cpu_blas.h"
 
-void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
-                          int N, int C)
+void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                            struct mt_tensor wte, int N, int C)
 {
     (void)ctx;
+    mt_cpu_check_dense("embedding_fwd", out);
+    mt_cpu_check_dense("embedding_fwd", wte);
+    const size_t de = mt_dtype_size(out.dtype), se = mt_dtype_size(wte.dtype);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
+        char *dst = (char *)out.data + (size_t)n * C * de;
         if (tokens[n] < 0)
-            memset(out + (size_t)n * C, 0, sizeof(float) * (size_t)C);
+            memset(dst, 0, de * (size_t)C); /* +0 in fp32 and in bf16 */
         else
-            memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, sizeof(float) * (size_t)C);
+            mt_cpu_convert_span(dst, out.dtype, (const char *)wte.data + (size_t)tokens[n] * C * se,
+                                wte.dtype, (size_t)C);
     }
 }
 
@@ -41,62 +46,84 @@ void mt_cpu_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32
     }
 }
 
-void mt_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps)
+/* RMSNorm's typed operands are read and written a row at a time, a bf16 row widened into
+ * (or rounded from) a buffer of the thread's; a bf16 weight is widened once per thread. */
+void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                          struct mt_tensor w, int N, int C, float eps)
 {
     (void)ctx;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *restrict xn = x + (size_t)n * C;
-        float *restrict on = out + (size_t)n * C;
-        float ss = 0.0f;
+    mt_cpu_check_dense("rmsnorm_fwd", out);
+    mt_cpu_check_dense("rmsnorm_fwd", x);
+    mt_cpu_check_dense("rmsnorm_fwd", w);
+    const size_t row = sizeof(float) * (size_t)C;
+    void *bufs = mt_cpu_scratch_threads("rmsnorm_fwd", 3 * row);
+#pragma omp parallel
+    {
+        float *wbuf = mt_cpu_slice(bufs, 3 * row), *xbuf = wbuf + C, *obuf = xbuf + C;
+        const float *restrict wc = mt_cpu_span_in(w, 0, (size_t)C, wbuf);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C, (size_t)C, xbuf);
+            float *restrict on = mt_cpu_span_out(out, (size_t)n * C, obuf);
+            float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
-        for (int c = 0; c < C; c++) ss += xn[c] * xn[c];
-        float r = 1.0f / sqrtf(ss / (float)C + eps);
+            for (int c = 0; c < C; c++) ss += xn[c] * xn[c];
+            float r = 1.0f / sqrtf(ss / (float)C + eps);
 #pragma omp simd
-        for (int c = 0; c < C; c++) on[c] = xn[c] * r * w[c];
-        rstd[n] = r;
+            for (int c = 0; c < C; c++) on[c] = xn[c] * r * wc[c];
+            mt_cpu_span_store(out, (size_t)n * C, (size_t)C, on);
+            rstd[n] = r;
+        }
     }
+    mt_cpu_scratch_give(bufs);
 }
 
-void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C)
+void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                          struct mt_tensor w, const float *rstd, int N, int C)
 {
     (void)ctx;
-    float *acc_all = mt_cpu_scratch("rmsnorm_bwd", sizeof(float) * (size_t)(C > 0 ? C : 1));
+    mt_cpu_check_dense("rmsnorm_bwd", x);
+    mt_cpu_check_dense("rmsnorm_bwd", w);
+    const size_t row = sizeof(float) * (size_t)C;
+    /* per thread: the weight, a row of x, and dw's accumulators for its columns */
+    void *bufs = mt_cpu_scratch_threads("rmsnorm_bwd", 3 * row);
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
      * dx = r (w dy) - x r^3 (sum_c w dy x) / C
      * One parallel region: rows for dx, then (no barrier between: they share no output)
      * a block of dw's columns per thread, the rows summed in order for each column. */
 #pragma omp parallel
     {
+        float *wbuf = mt_cpu_slice(bufs, 3 * row), *xbuf = wbuf + C, *acc = xbuf + C;
+        const float *restrict wc = mt_cpu_span_in(w, 0, (size_t)C, wbuf);
 #pragma omp for schedule(static) nowait
         for (int n = 0; n < N; n++) {
-            const float *restrict xn = x + (size_t)n * C, *restrict dn = dout + (size_t)n * C;
+            const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C, (size_t)C, xbuf);
+            const float *restrict dn = dout + (size_t)n * C;
             float *restrict dxn = dx + (size_t)n * C;
             float r = rstd[n], dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++) dot += w[c] * dn[c] * xn[c];
+            for (int c = 0; c < C; c++) dot += wc[c] * dn[c] * xn[c];
             float k = dot * r * r * r / (float)C;
 #pragma omp simd
-            for (int c = 0; c < C; c++) dxn[c] += r * w[c] * dn[c] - k * xn[c];
+            for (int c = 0; c < C; c++) dxn[c] += r * wc[c] * dn[c] - k * xn[c];
         }
         int c0, c1;
         mt_cpu_split(C, &c0, &c1);
         if (c1 > c0) {
-            float *acc = acc_all + c0; /* this thread's columns */
-            memset(acc, 0, sizeof(float) * (size_t)(c1 - c0));
+            const size_t nc = (size_t)(c1 - c0);
+            memset(acc, 0, sizeof(float) * nc);
             for (int n = 0; n < N; n++) {
-                const float *restrict xn = x + (size_t)n * C, *restrict dn = dout + (size_t)n * C;
+                const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C + c0, nc, xbuf);
+                const float *restrict dn = dout + (size_t)n * C + c0;
                 const float r = rstd[n];
 #pragma omp simd
-                for (int c = c0; c < c1; c++) acc[c - c0] += dn[c] * xn[c] * r;
+                for (size_t c = 0; c < nc; c++) acc[c] += dn[c] * xn[c] * r;
             }
 #pragma omp simd
-            for (int c = c0; c < c1; c++) dw[c] += acc[c - c0];
+            for (size_t c = 0; c < nc; c++) dw[c0 + c] += acc[c];
         }
     }
-    mt_cpu_scratch_give(acc_all);
+    mt_cpu_scratch_give(bufs);
 }
 
 /* cos/sin of t * theta^(-2i/D) for t < T, i < D/2, as HF computes them in fp32:
@@ -116,33 +143,46 @@ static float *rope_table(int T, int D, float theta)
     return tab;
 }
 
-/* sign = +1: out = x cos + rotate_half(x) sin (forward); -1: the transpose (backward). */
-static void rope_apply(float *out, const float *x, int B, int T, int H, int D, float theta,
-                       float sign)
+/* sign = +1: out = x cos + rotate_half(x) sin (forward); -1: the transpose (backward).
+ * A bf16 head row is widened into (or rounded from) a buffer of the thread's. */
+static void rope_apply(struct mt_tensor out, struct mt_tensor x, int B, int T, int H, int D,
+                       float theta, float sign)
 {
     int half = D / 2;
     float *tab = rope_table(T, D, theta);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < H; h++) {
-                size_t base = (((size_t)b * T + t) * H + h) * D;
+    const size_t row = sizeof(float) * (size_t)D;
+    void *bufs = mt_cpu_scratch_threads("rope", 2 * row);
+#pragma omp parallel
+    {
+        float *xbuf = mt_cpu_slice(bufs, 2 * row), *obuf = xbuf + D;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    size_t base = (((size_t)b * T + t) * H + h) * D;
+                    const float *restrict xr = mt_cpu_span_in(x, base, (size_t)D, xbuf);
+                    float *restrict o = mt_cpu_span_out(out, base, obuf);
 #pragma omp simd
-                for (int i = 0; i < half; i++) {
-                    float c = tab[((size_t)t * half + i) * 2];
-                    float s = sign * tab[((size_t)t * half + i) * 2 + 1];
-                    float x1 = x[base + i], x2 = x[base + i + half];
-                    out[base + i] = x1 * c - x2 * s;
-                    out[base + i + half] = x2 * c + x1 * s;
+                    for (int i = 0; i < half; i++) {
+                        float c = tab[((size_t)t * half + i) * 2];
+                        float s = sign * tab[((size_t)t * half + i) * 2 + 1];
+                        float x1 = xr[i], x2 = xr[i + half];
+                        o[i] = x1 * c - x2 * s;
+                        o[i + half] = x2 * c + x1 * s;
+                    }
+                    mt_cpu_span_store(out, base, (size_t)D, o);
                 }
-            }
+    }
+    mt_cpu_scratch_give(bufs);
     mt_cpu_scratch_give(tab);
 }
 
-void mt_cpu_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
-                     float theta)
+void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                       int D, float theta)
 {
     (void)ctx;
+    mt_cpu_check_dense("rope_fwd", out);
+    mt_cpu_check_dense("rope_fwd", x);
     rope_apply(out, x, B, T, H, D, theta, 1.0f);
 }
 
@@ -150,7 +190,8 @@ void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int 
                      float theta)
 {
     (void)ctx;
-    rope_apply(dx, dout, B, T, H, D, theta, -1.0f);
+    const int64_t n = (int64_t)B * T * H * D;
+    rope_apply(mt_f32(dx, 1, n), mt_f32(dout, 1, n), B, T, H, D, theta, -1.0f);
 }
 
 /* Attention, flash style: queries and keys in blocks of ATT_BLOCK rows; the scores of a

@@ -332,17 +332,25 @@ void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_
         for (int e = 0; e < E; e++) load[e] += plan->kept[e];
 }
 
-void mt_cpu_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
-                        int rows, int topk, int C)
+/* The typed ops below read and write their bf16 rows a row at a time (a row's values
+ * widened into, or rounded from, a buffer of the thread's), so bf16 costs no pass of its
+ * own; the fp32 arithmetic is the same. */
+
+void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                          const int32_t *row_slot, int rows, int topk, int C)
 {
     (void)ctx;
+    mt_cpu_check_dense("permute_fwd", xp);
+    mt_cpu_check_dense("permute_fwd", x);
+    const size_t de = mt_dtype_size(xp.dtype), se = mt_dtype_size(x.dtype);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
-        float *dst = xp + (size_t)r * C;
+        char *dst = (char *)xp.data + (size_t)r * C * de;
+        const char *src = (const char *)x.data + (size_t)(row_slot[r] / topk) * C * se;
         if (row_slot[r] < 0)
-            memset(dst, 0, sizeof(float) * (size_t)C);
+            memset(dst, 0, de * (size_t)C); /* +0 in fp32 and in bf16 */
         else
-            memcpy(dst, x + (size_t)(row_slot[r] / topk) * C, sizeof(float) * (size_t)C);
+            mt_cpu_convert_span(dst, xp.dtype, src, x.dtype, (size_t)C);
     }
 }
 
@@ -362,47 +370,64 @@ void mt_cpu_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *s
     }
 }
 
-void mt_cpu_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
-                          const float *prob, int N, int topk, int C)
+void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                            const int32_t *slot_row, const float *prob, int N, int topk, int C)
 {
     (void)ctx;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        float *o = out + (size_t)n * C;
-        memset(o, 0, sizeof(float) * (size_t)C);
-        for (int j = 0; j < topk; j++) {
-            size_t s = (size_t)n * topk + j;
-            if (slot_row[s] < 0) continue;
-            const float *y = yp + (size_t)slot_row[s] * C;
-            for (int c = 0; c < C; c++) o[c] += prob[s] * y[c];
+    mt_cpu_check_dense("unpermute_fwd", out);
+    mt_cpu_check_dense("unpermute_fwd", yp);
+    const size_t row = sizeof(float) * (size_t)C;
+    void *bufs = mt_cpu_scratch_threads("unpermute_fwd", 2 * row);
+#pragma omp parallel
+    {
+        float *ybuf = mt_cpu_slice(bufs, 2 * row), *obuf = ybuf + C;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            float *o = mt_cpu_span_out(out, (size_t)n * C, obuf);
+            memset(o, 0, row);
+            for (int j = 0; j < topk; j++) {
+                size_t s = (size_t)n * topk + j;
+                if (slot_row[s] < 0) continue;
+                const float *y = mt_cpu_span_in(yp, (size_t)slot_row[s] * C, (size_t)C, ybuf);
+                for (int c = 0; c < C; c++) o[c] += prob[s] * y[c];
+            }
+            mt_cpu_span_store(out, (size_t)n * C, (size_t)C, o);
         }
     }
+    mt_cpu_scratch_give(bufs);
 }
 
-void mt_cpu_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                          const float *yp, const int32_t *slot_row, const float *prob,
-                          int N, int topk, int C, int rows)
+void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                            struct mt_tensor yp, const int32_t *slot_row, const float *prob,
+                            int N, int topk, int C, int rows)
 {
     (void)ctx;
+    mt_cpu_check_dense("unpermute_bwd", yp);
+    void *bufs = mt_cpu_scratch_threads("unpermute_bwd", sizeof(float) * (size_t)C);
     memset(dyp, 0, sizeof(float) * (size_t)rows * C);
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float *d = dout + (size_t)n * C;
-        for (int j = 0; j < topk; j++) {
-            size_t s = (size_t)n * topk + j;
-            int r = slot_row[s];
-            if (r < 0) {
-                dprob[s] = 0.0f;
-                continue;
+#pragma omp parallel
+    {
+        float *ybuf = mt_cpu_slice(bufs, sizeof(float) * (size_t)C);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * C;
+            for (int j = 0; j < topk; j++) {
+                size_t s = (size_t)n * topk + j;
+                int r = slot_row[s];
+                if (r < 0) {
+                    dprob[s] = 0.0f;
+                    continue;
+                }
+                const float *y = mt_cpu_span_in(yp, (size_t)r * C, (size_t)C, ybuf);
+                float *dy = dyp + (size_t)r * C;
+                float dot = 0.0f;
+                for (int c = 0; c < C; c++) {
+                    dy[c] = prob[s] * d[c];
+                    dot += d[c] * y[c];
+                }
+                dprob[s] = dot;
             }
-            const float *y = yp + (size_t)r * C;
-            float *dy = dyp + (size_t)r * C;
-            float dot = 0.0f;
-            for (int c = 0; c < C; c++) {
-                dy[c] = prob[s] * d[c];
-                dot += d[c] * y[c];
-            }
-            dprob[s] = dot;
         }
     }
+    mt_cpu_scratch_give(bufs);
 }

@@ -84,6 +84,19 @@ static inline void mt_cpu_narrow(uint16_t *restrict dst, const float *restrict s
     }
 }
 
+/* n values at src (dtype st) converted into dst (dtype dt), fp32 or bf16; bf16 rounds to
+ * nearest even. */
+static inline void mt_cpu_convert_span(void *dst, enum mt_dtype dt, const void *src,
+                                       enum mt_dtype st, size_t n)
+{
+    if (st == MT_F32 && dt == MT_BF16)
+        mt_cpu_narrow(dst, src, n);
+    else if (st == MT_BF16 && dt == MT_F32)
+        mt_cpu_widen(dst, src, n);
+    else
+        memmove(dst, src, n * mt_dtype_size(dt));
+}
+
 /* Elements [i, i + n) of fp32 or bf16 tensor t's storage, as fp32: t's own memory when
  * fp32, else widened into buf (n floats). Ops that take typed tensors read and write
  * them a span (a row, a chunk) at a time through these, so a bf16 tensor costs no pass
@@ -162,16 +175,16 @@ void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, boo
                                 float alpha, const float *A, const float *B, float beta, float *C);
 
 /* cpu_layers.c */
-void mt_cpu_embedding_fwd(void *ctx, float *out, const int32_t *tokens, const float *wte,
-                          int N, int C);
+void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
+                            struct mt_tensor wte, int N, int C);
+void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                          struct mt_tensor w, int N, int C, float eps);
+void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
+                          struct mt_tensor w, const float *rstd, int N, int C);
+void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
+                       int D, float theta);
 void mt_cpu_embedding_bwd(void *ctx, float *dwte, const float *dout, const int32_t *tokens,
                           int N, int C);
-void mt_cpu_rmsnorm_fwd(void *ctx, float *out, float *rstd, const float *x, const float *w,
-                        int N, int C, float eps);
-void mt_cpu_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, const float *x,
-                        const float *w, const float *rstd, int N, int C);
-void mt_cpu_rope_fwd(void *ctx, float *out, const float *x, int B, int T, int H, int D,
-                     float theta);
 void mt_cpu_rope_bwd(void *ctx, float *dx, const float *dout, int B, int T, int H, int D,
                      float theta);
 void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, const float *k,
@@ -201,15 +214,15 @@ void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
 void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                           const float *topk_prob, int N, int E, int topk, int capacity,
                           enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load);
-void mt_cpu_permute_fwd(void *ctx, float *xp, const float *x, const int32_t *row_slot,
-                        int rows, int topk, int C);
 void mt_cpu_permute_bwd(void *ctx, float *dx, const float *dxp, const int32_t *slot_row,
                         int N, int topk, int C);
-void mt_cpu_unpermute_fwd(void *ctx, float *out, const float *yp, const int32_t *slot_row,
-                          const float *prob, int N, int topk, int C);
-void mt_cpu_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                          const float *yp, const int32_t *slot_row, const float *prob,
-                          int N, int topk, int C, int rows);
+void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
+                          const int32_t *row_slot, int rows, int topk, int C);
+void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
+                            const int32_t *slot_row, const float *prob, int N, int topk, int C);
+void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
+                            struct mt_tensor yp, const int32_t *slot_row, const float *prob,
+                            int N, int topk, int C, int rows);
 
 /* cpu_loss.c */
 void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
@@ -234,14 +247,6 @@ void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha
 void mt_cpu_t_grouped_gemm(void *ctx, bool ta, bool tb, int G, const int32_t *offsets, int M,
                            int N, int K, float alpha, struct mt_tensor A, struct mt_tensor B,
                            float beta, struct mt_tensor C);
-void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
-                            struct mt_tensor wte, int N, int C);
-void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
-                          struct mt_tensor w, int N, int C, float eps);
-void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
-                          struct mt_tensor w, const float *rstd, int N, int C);
-void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T, int H,
-                       int D, float theta);
 void mt_cpu_t_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
                             struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
                             int D);
@@ -255,13 +260,8 @@ void mt_cpu_t_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
                          struct mt_tensor gate, struct mt_tensor up, int N, int F);
 void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt_tensor b,
                   size_t n);
-void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
-                          const int32_t *row_slot, int rows, int topk, int C);
-void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
-                            const int32_t *slot_row, const float *prob, int N, int topk, int C);
-void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                            struct mt_tensor yp, const int32_t *slot_row, const float *prob,
-                            int N, int topk, int C, int rows);
 void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
+/* Aborts naming op unless t is fp32 or bf16 and dense (ld = cols). */
+void mt_cpu_check_dense(const char *op, struct mt_tensor t);
 
 #endif

@@ -143,36 +143,30 @@ static void check_dtype(const char *op, struct mt_tensor t)
     if (t.dtype != MT_F32 && t.dtype != MT_BF16) fail(op, "takes fp32 or bf16 tensors only");
 }
 
-/* n values at src (dtype st) converted into dst (dtype dt); bf16 rounds to nearest even. */
-static void convert_span(void *dst, enum mt_dtype dt, const void *src, enum mt_dtype st, size_t n)
-{
-    if (st == MT_F32 && dt == MT_BF16)
-        mt_cpu_narrow(dst, src, n);
-    else if (st == MT_BF16 && dt == MT_F32)
-        mt_cpu_widen(dst, src, n);
-    else
-        memmove(dst, src, n * mt_dtype_size(dt));
-}
-
 /* Rows [r0, r1) and columns [c0, c1) of src converted into dst (same shape). */
 static void convert_block(struct mt_tensor dst, struct mt_tensor src, size_t r0, size_t r1,
                           size_t c0, size_t c1)
 {
     const size_t de = mt_dtype_size(dst.dtype), se = mt_dtype_size(src.dtype);
     for (size_t r = r0; r < r1 && c1 > c0; r++)
-        convert_span((char *)dst.data + (r * (size_t)dst.ld + c0) * de, dst.dtype,
-                     (const char *)src.data + (r * (size_t)src.ld + c0) * se, src.dtype, c1 - c0);
+        mt_cpu_convert_span((char *)dst.data + (r * (size_t)dst.ld + c0) * de, dst.dtype,
+                            (const char *)src.data + (r * (size_t)src.ld + c0) * se, src.dtype,
+                            c1 - c0);
 }
 
 static size_t rows_of(struct mt_tensor t) { return t.rows > 0 ? (size_t)t.rows : 0; }
 static size_t cols_of(struct mt_tensor t) { return t.cols > 0 ? (size_t)t.cols : 0; }
 
-/* Thread id's share (of a team of `team`, equal blocks of rows) of src into dst. */
+/* Thread id's share (of a team of `team`) of src into dst: equal blocks of rows, or of
+ * columns when there are fewer rows than threads (a flat 1 x n tensor: the working copy
+ * of the weights). */
 static void convert_share(struct mt_tensor dst, struct mt_tensor src, int id, int team)
 {
-    const size_t rows = rows_of(dst);
-    convert_block(dst, src, rows * (size_t)id / (size_t)team, rows * (size_t)(id + 1) / (size_t)team,
-                  0, cols_of(dst));
+    const size_t rows = rows_of(dst), cols = cols_of(dst), n = (size_t)team, i = (size_t)id;
+    if (rows < n)
+        convert_block(dst, src, 0, rows, cols * i / n, cols * (i + 1) / n);
+    else
+        convert_block(dst, src, rows * i / n, rows * (i + 1) / n, 0, cols);
 }
 
 /* src converted into dst: over the OpenMP threads in equal blocks of rows when large,
@@ -188,28 +182,10 @@ static void convert(struct mt_tensor dst, struct mt_tensor src)
     convert_share(dst, src, omp_get_thread_num(), omp_get_num_threads());
 }
 
-/* An fp32 view of input t: t itself when fp32 (with its ld), else a dense widened copy
- * in scratch (*tmp, to give back). */
-static const float *in32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
-{
-    check_dtype(op, t);
-    *tmp = NULL;
-    if (ld) *ld = t.ld;
-    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
-    if (t.dtype == MT_F32) return t.data;
-    float *w = take(op, rows_of(t) * cols_of(t));
-    convert(mt_tview(w, MT_F32, (int64_t)rows_of(t), (int64_t)cols_of(t)), t);
-    if (ld) *ld = t.cols;
-    *tmp = w;
-    return w;
-}
-
-/* A dense tensor's storage as one span of n elements (rows x cols). */
-static size_t dense_elems(const char *op, struct mt_tensor t)
+void mt_cpu_check_dense(const char *op, struct mt_tensor t)
 {
     check_dtype(op, t);
     if (t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
-    return rows_of(t) * cols_of(t);
 }
 
 void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
@@ -249,9 +225,9 @@ static struct gemm_io io_take(const char *op, struct mt_tensor A, struct mt_tens
                               struct mt_tensor C, bool dense)
 {
     if (dense) {
-        dense_elems(op, A);
-        dense_elems(op, B);
-        dense_elems(op, C);
+        mt_cpu_check_dense(op, A);
+        mt_cpu_check_dense(op, B);
+        mt_cpu_check_dense(op, C);
     }
     struct gemm_io io = {.op = op, .A = A, .B = B, .C = C};
     io.ta = io_scratch(op, A, &io.lda);
@@ -384,9 +360,9 @@ void mt_cpu_t_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate,
 {
     (void)ctx;
     const size_t n = (size_t)N * (size_t)F, chunks = (n + CHUNK - 1) / CHUNK;
-    dense_elems("swiglu_fwd", out);
-    dense_elems("swiglu_fwd", gate);
-    dense_elems("swiglu_fwd", up);
+    mt_cpu_check_dense("swiglu_fwd", out);
+    mt_cpu_check_dense("swiglu_fwd", gate);
+    mt_cpu_check_dense("swiglu_fwd", up);
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < chunks; ch++) {
         float bg[CHUNK], bu[CHUNK], bo[CHUNK];
@@ -402,8 +378,8 @@ void mt_cpu_t_swiglu_bwd(void *ctx, float *dgate, float *dup, const float *dout,
 {
     (void)ctx;
     const size_t n = (size_t)N * (size_t)F, chunks = (n + CHUNK - 1) / CHUNK;
-    dense_elems("swiglu_bwd", gate);
-    dense_elems("swiglu_bwd", up);
+    mt_cpu_check_dense("swiglu_bwd", gate);
+    mt_cpu_check_dense("swiglu_bwd", up);
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < chunks; ch++) {
         float bg[CHUNK], bu[CHUNK];
@@ -418,14 +394,15 @@ void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt
 {
     (void)ctx;
     const size_t chunks = (n + CHUNK - 1) / CHUNK;
-    dense_elems("add", out);
-    dense_elems("add", a);
-    dense_elems("add", b);
+    mt_cpu_check_dense("add", out);
+    mt_cpu_check_dense("add", a);
+    mt_cpu_check_dense("add", b);
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < chunks; ch++) {
         float ba[CHUNK], bb[CHUNK], bo[CHUNK];
         const size_t i = ch * CHUNK, m = n - i < CHUNK ? n - i : CHUNK;
-        const float *restrict x = mt_cpu_span_in(a, i, m, ba), *restrict y = mt_cpu_span_in(b, i, m, bb);
+        const float *restrict x = mt_cpu_span_in(a, i, m, ba);
+        const float *restrict y = mt_cpu_span_in(b, i, m, bb);
         float *restrict o = mt_cpu_span_out(out, i, bo);
 #pragma omp simd
         for (size_t j = 0; j < m; j++) o[j] = x[j] + y[j];
@@ -433,130 +410,62 @@ void mt_cpu_t_add(void *ctx, struct mt_tensor out, struct mt_tensor a, struct mt
     }
 }
 
-/* ---- the other ops: operands converted whole ------------------------------------ */
+/* ---- attention: q, k, v widened whole ---------------------------------------- */
 
-/* Where the fp32 result for output t goes: t itself when fp32, else scratch (*tmp). */
-static float *out32(const char *op, struct mt_tensor t, float **tmp, int64_t *ld)
+/* Attention's tile GEMMs read q, k and v through BLAS, in fp32: the bf16 ones are
+ * widened into scratch first, the three in one parallel region. */
+struct qkv32 {
+    const float *p[3];
+    float *tmp[3];
+};
+
+static struct qkv32 qkv_widen(const char *op, struct mt_tensor q, struct mt_tensor k,
+                              struct mt_tensor v)
 {
-    check_dtype(op, t);
-    *tmp = NULL;
-    if (ld) *ld = t.ld;
-    if (!ld && t.ld != t.cols && t.rows > 1) fail(op, "takes dense tensors (ld = cols)");
-    if (t.dtype == MT_F32) return t.data;
-    *tmp = take(op, rows_of(t) * cols_of(t));
-    if (ld) *ld = t.cols;
-    return *tmp;
+    const struct mt_tensor t[3] = {q, k, v};
+    struct qkv32 r;
+    size_t total = 0;
+    for (int i = 0; i < 3; i++) {
+        mt_cpu_check_dense(op, t[i]);
+        r.tmp[i] = t[i].dtype == MT_F32 ? NULL : take(op, rows_of(t[i]) * cols_of(t[i]));
+        r.p[i] = r.tmp[i] ? r.tmp[i] : t[i].data;
+        total += r.tmp[i] ? rows_of(t[i]) * cols_of(t[i]) : 0;
+    }
+    if (total == 0) return r;
+    if (total <= 65536) { /* no region for a small one (see convert) */
+        for (int i = 0; i < 3; i++)
+            if (r.tmp[i]) convert_share(io_view(r.tmp[i], t[i]), t[i], 0, 1);
+        return r;
+    }
+#pragma omp parallel
+    {
+        const int id = omp_get_thread_num(), team = omp_get_num_threads();
+        for (int i = 0; i < 3; i++)
+            if (r.tmp[i]) convert_share(io_view(r.tmp[i], t[i]), t[i], id, team);
+    }
+    return r;
 }
 
-/* Stores the fp32 result tmp (dense) into bf16 output t, rounding; gives tmp back. */
-static void store(struct mt_tensor t, float *tmp)
+static void qkv_give(const struct qkv32 *r)
 {
-    if (!tmp) return;
-    convert(t, io_view(tmp, t));
-    give(tmp);
-}
-
-void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,
-                                   struct mt_tensor wte, int N, int C)
-{
-    float *tw, *to;
-    const float *w = in32("embedding_fwd", wte, &tw, NULL);
-    float *o = out32("embedding_fwd", out, &to, NULL);
-    mt_cpu_embedding_fwd(ctx, o, tokens, w, N, C);
-    store(out, to);
-    give(tw);
-}
-
-void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
-                                 struct mt_tensor w, int N, int C, float eps)
-{
-    float *tx, *tw, *to;
-    const float *xx = in32("rmsnorm_fwd", x, &tx, NULL), *ww = in32("rmsnorm_fwd", w, &tw, NULL);
-    float *o = out32("rmsnorm_fwd", out, &to, NULL);
-    mt_cpu_rmsnorm_fwd(ctx, o, rstd, xx, ww, N, C, eps);
-    store(out, to);
-    give(tx);
-    give(tw);
-}
-
-void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout,
-                                 struct mt_tensor x, struct mt_tensor w, const float *rstd, int N,
-                                 int C)
-{
-    float *tx, *tw;
-    const float *xx = in32("rmsnorm_bwd", x, &tx, NULL), *ww = in32("rmsnorm_bwd", w, &tw, NULL);
-    mt_cpu_rmsnorm_bwd(ctx, dx, dw, dout, xx, ww, rstd, N, C);
-    give(tx);
-    give(tw);
-}
-
-void mt_cpu_t_rope_fwd(void *ctx, struct mt_tensor out, struct mt_tensor x, int B, int T,
-                              int H, int D, float theta)
-{
-    float *tx, *to;
-    const float *xx = in32("rope_fwd", x, &tx, NULL);
-    float *o = out32("rope_fwd", out, &to, NULL);
-    mt_cpu_rope_fwd(ctx, o, xx, B, T, H, D, theta);
-    store(out, to);
-    give(tx);
+    for (int i = 0; i < 3; i++) give(r->tmp[i]);
 }
 
 void mt_cpu_t_attention_fwd(void *ctx, float *out, float *lse, struct mt_tensor q,
-                                   struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq,
-                                   int Hkv, int D)
+                            struct mt_tensor k, struct mt_tensor v, int B, int T, int Hq, int Hkv,
+                            int D)
 {
-    float *tq, *tk, *tv;
-    const float *qq = in32("attention_fwd", q, &tq, NULL), *kk = in32("attention_fwd", k, &tk, NULL);
-    const float *vv = in32("attention_fwd", v, &tv, NULL);
-    mt_cpu_attention_fwd(ctx, out, lse, qq, kk, vv, B, T, Hq, Hkv, D);
-    give(tq);
-    give(tk);
-    give(tv);
+    const struct qkv32 w = qkv_widen("attention_fwd", q, k, v);
+    mt_cpu_attention_fwd(ctx, out, lse, w.p[0], w.p[1], w.p[2], B, T, Hq, Hkv, D);
+    qkv_give(&w);
 }
 
 void mt_cpu_t_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const float *dout,
-                                   struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
-                                   const float *out, const float *lse, int B, int T, int Hq,
-                                   int Hkv, int D)
+                            struct mt_tensor q, struct mt_tensor k, struct mt_tensor v,
+                            const float *out, const float *lse, int B, int T, int Hq, int Hkv,
+                            int D)
 {
-    float *tq, *tk, *tv;
-    const float *qq = in32("attention_bwd", q, &tq, NULL), *kk = in32("attention_bwd", k, &tk, NULL);
-    const float *vv = in32("attention_bwd", v, &tv, NULL);
-    mt_cpu_attention_bwd(ctx, dq, dk, dv, dout, qq, kk, vv, out, lse, B, T, Hq, Hkv, D);
-    give(tq);
-    give(tk);
-    give(tv);
-}
-
-void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
-                                 const int32_t *row_slot, int rows, int topk, int C)
-{
-    float *tx, *to;
-    const float *xx = in32("permute_fwd", x, &tx, NULL);
-    float *o = out32("permute_fwd", xp, &to, NULL);
-    mt_cpu_permute_fwd(ctx, o, xx, row_slot, rows, topk, C);
-    store(xp, to);
-    give(tx);
-}
-
-void mt_cpu_t_unpermute_fwd(void *ctx, struct mt_tensor out, struct mt_tensor yp,
-                                   const int32_t *slot_row, const float *prob, int N, int topk,
-                                   int C)
-{
-    float *ty, *to;
-    const float *y = in32("unpermute_fwd", yp, &ty, NULL);
-    float *o = out32("unpermute_fwd", out, &to, NULL);
-    mt_cpu_unpermute_fwd(ctx, o, y, slot_row, prob, N, topk, C);
-    store(out, to);
-    give(ty);
-}
-
-void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *dout,
-                                   struct mt_tensor yp, const int32_t *slot_row, const float *prob,
-                                   int N, int topk, int C, int rows)
-{
-    float *ty;
-    const float *y = in32("unpermute_bwd", yp, &ty, NULL);
-    mt_cpu_unpermute_bwd(ctx, dyp, dprob, dout, y, slot_row, prob, N, topk, C, rows);
-    give(ty);
+    const struct qkv32 w = qkv_widen("attention_bwd", q, k, v);
+    mt_cpu_attention_bwd(ctx, dq, dk, dv, dout, w.p[0], w.p[1], w.p[2], out, lse, B, T, Hq, Hkv, D);
+    qkv_give(&w);
 }
