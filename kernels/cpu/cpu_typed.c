@@ -1,10 +1,14 @@
-/* The CPU backend's typed entry points: the fp32 reference kernels behind the op
- * table's typed tensors (kernels/kernels.h).
+/* The CPU backend's typed entry points (kernels/kernels.h): GEMMs, SwiGLU, add and
+ * attention here, the row ops (RMSNorm, RoPE, embedding, permute, unpermute) in their
+ * files; and the scratch pool all ops share.
  *
  * The reference computes in fp32 and defines where bf16 rounding happens: a bf16
- * input is widened to fp32 (exactly) into scratch, the fp32 kernel runs, and a bf16
- * output is rounded to nearest even from the kernel's fp32 result as it is stored
- * (mt_cpu_bf16, the value bf16_round gives). So a bf16 tensor holds exactly the
+ * input is widened to fp32 (exactly), the fp32 arithmetic runs, and a bf16 output is
+ * rounded to nearest even from its fp32 result as it is stored (mt_cpu_bf16, the value
+ * bf16_round gives). Elementwise and row ops do this a chunk or a row at a time in a
+ * buffer of the thread's (mt_cpu_span_in/out/store); GEMMs, whose BLAS takes fp32,
+ * widen whole operands into scratch and round C in the GEMM's own parallel region;
+ * attention widens q, k and v into scratch. So a bf16 tensor holds exactly the
  * values the fp32-stored, bf16-rounded tensors of earlier versions held, and bf16
  * training is bit-identical to them (tests/model/bf16_storage.sh). fp32 tensors pass
  * through untouched.
@@ -246,12 +250,6 @@ static struct mt_tensor io_view(float *p, struct mt_tensor t)
 
 /* Thread id's share of widening A and B; true when there was any (a barrier is due
  * before the GEMM reads them). */
-static bool io_widen(const struct gemm_io *io, int id, int team)
-{
-    if (io->ta) convert_share(io_view(io->ta, io->A), io->A, id, team);
-    if (io->tb) convert_share(io_view(io->tb, io->B), io->B, id, team);
-    return io->ta || io->tb;
-}
 
 static void io_give(const struct gemm_io *io)
 {
@@ -270,13 +268,36 @@ struct gemm_call {
     int parts; /* gemm: mt_cpu_gemm's parts; grouped: the thread count it splits for */
 };
 
+/* Thread id's share of widening A and B; true when there was any (a barrier is due
+ * before the GEMM reads them). A grouped GEMM's weight slabs (B, !trans_a) are widened
+ * only for groups with rows: an expert no token chose is not read. */
+static bool io_widen(const struct gemm_io *io, const struct gemm_call *g, int id, int team)
+{
+    if (io->ta) convert_share(io_view(io->ta, io->A), io->A, id, team);
+    if (!io->tb) return io->ta;
+    const size_t rows = rows_of(io->B), cols = cols_of(io->B), n = (size_t)team;
+    if (g->G <= 0 || g->ta || rows % (size_t)g->G) {
+        convert_share(io_view(io->tb, io->B), io->B, id, team);
+        return true;
+    }
+    const size_t slab = rows / (size_t)g->G, r0 = rows * (size_t)id / n,
+                 r1 = rows * (size_t)(id + 1) / n;
+    for (int e = 0; e < g->G; e++) {
+        const size_t s0 = (size_t)e * slab, s1 = s0 + slab;
+        const size_t lo = r0 > s0 ? r0 : s0, hi = r1 < s1 ? r1 : s1;
+        if (g->offsets[e + 1] > g->offsets[e] && lo < hi)
+            convert_block(io_view(io->tb, io->B), io->B, lo, hi, 0, cols);
+    }
+    return true;
+}
+
 /* Thread id's share (of a team of `team`) of a GEMM with operands to widen or round:
  * widen its share of A and B, a barrier, its parts of the GEMM; each part's block of a
  * bf16 C rounded as soon as it is computed (gemm), or after a barrier, the thread's rows
  * of C (grouped: a thread's groups are not a block). */
 static void gemm_thread(const struct gemm_io *io, const struct gemm_call *g, int id, int team)
 {
-    if (io_widen(io, id, team) && team > 1) {
+    if (io_widen(io, g, id, team) && team > 1) {
 #pragma omp barrier
     }
     if (g->G > 0) {

@@ -238,6 +238,8 @@ static void test_attention_reference(void **state)
     }
 }
 
+/* Also the two backward schemes against each other: 2 batches x 2 KV groups are one pass
+ * for 1 and 2 threads, the dK/dV and dQ passes for 3 (mt_cpu_attention_bwd). */
 static void test_attention_threads(void **state)
 {
     (void)state;
