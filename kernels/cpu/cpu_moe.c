@@ -346,11 +346,12 @@ void mt_cpu_t_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         char *dst = (char *)xp.data + (size_t)r * C * de;
-        const char *src = (const char *)x.data + (size_t)(row_slot[r] / topk) * C * se;
-        if (row_slot[r] < 0)
+        if (row_slot[r] < 0) {
             memset(dst, 0, de * (size_t)C); /* +0 in fp32 and in bf16 */
-        else
-            mt_cpu_convert_span(dst, xp.dtype, src, x.dtype, (size_t)C);
+            continue;
+        }
+        const char *src = (const char *)x.data + (size_t)(row_slot[r] / topk) * C * se;
+        mt_cpu_convert_span(dst, xp.dtype, src, x.dtype, (size_t)C);
     }
 }
 
