@@ -142,6 +142,8 @@ enum mt_op {
     /* loss, optimizer, precision */
     MT_OP_CROSS_ENTROPY_FWD,
     MT_OP_CROSS_ENTROPY_BWD,
+    MT_OP_LSE_COMBINE,
+    MT_OP_LOSS_SUM,
     MT_OP_ADAMW,
     MT_OP_BF16_ROUND,
     MT_OP_CONVERT,
@@ -373,6 +375,16 @@ struct mt_kernel_ops {
     // target < 0 are 0; dlogits may alias logits. Mean over valid tokens: scale = 1 / count.
     void (*cross_entropy_bwd)(void *ctx, float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, int N, int V, int v0, float scale);
+    // Vocabulary-parallel cross-entropy: lse (N) = the logsumexp over the vocabulary of
+    // the shards' logsumexps shard_lse (R,N), in shard order with the largest factored
+    // out: hi = max_r shard_lse[r,n], lse[n] = hi + (float)log(sum_r exp((double)
+    // shard_lse[r,n] - hi)), the sum in fp64 in r order
+    void (*lse_combine)(void *ctx, float *lse, const float *shard_lse, int R, int N);
+    // acc (1) += sum over n with targets[n] >= 0 of (double)(lse[n] - tlogit[n]) (the
+    // difference in fp32), summed in fp64 in n order from 0 and then added: the
+    // micro-batch's cross-entropy sum stays in backend memory (acc one double)
+    void (*loss_sum)(void *ctx, double *acc, const float *lse, const float *tlogit,
+                     const int32_t *targets, int N);
     // AdamW (torch.optim.AdamW semantics) on n fp32 master values, step t >= 1:
     //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     //   param *= 1 - lr*wd;  param -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)

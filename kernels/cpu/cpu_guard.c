@@ -642,6 +642,20 @@ static void g_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, 
     RUN(MT_OP_CROSS_ENTROPY_BWD, cpu->op.cross_entropy_bwd(ctx, dlogits, logits, lse, targets, N, V, v0, scale));
 }
 
+static void g_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, int N)
+{
+    dev("lse_combine", "lse", lse), dev("lse_combine", "shard_lse", shard_lse);
+    RUN(MT_OP_LSE_COMBINE, cpu->op.lse_combine(ctx, lse, shard_lse, R, N));
+}
+
+static void g_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
+                       const int32_t *targets, int N)
+{
+    dev("loss_sum", "acc", acc), dev("loss_sum", "lse", lse);
+    dev("loss_sum", "tlogit", tlogit), dev("loss_sum", "targets", targets);
+    RUN(MT_OP_LOSS_SUM, cpu->op.loss_sum(ctx, acc, lse, tlogit, targets, N));
+}
+
 static void g_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                     float lr, float beta1, float beta2, float eps, float weight_decay,
                     float grad_scale, long long t)
@@ -769,6 +783,8 @@ static const struct mt_kernels guard_kernels = {
         .unpermute_bwd = g_unpermute_bwd,
         .cross_entropy_fwd = g_cross_entropy_fwd,
         .cross_entropy_bwd = g_cross_entropy_bwd,
+        .lse_combine = g_lse_combine,
+        .loss_sum = g_loss_sum,
         .adamw = g_adamw,
         .bf16_round = g_bf16_round,
         .convert = g_convert,

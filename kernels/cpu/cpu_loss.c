@@ -39,6 +39,31 @@ void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, co
     }
 }
 
+/* Per token, the shards in order: the same bits for any thread count. */
+void mt_cpu_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, int N)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float hi = -INFINITY;
+        for (int r = 0; r < R; r++) hi = shard_lse[(size_t)r * N + n] > hi ? shard_lse[(size_t)r * N + n] : hi;
+        double sum = 0.0;
+        for (int r = 0; r < R; r++) sum += exp((double)shard_lse[(size_t)r * N + n] - hi);
+        lse[n] = hi + (float)log(sum);
+    }
+}
+
+/* One running fp64 sum in token order, then added to acc. */
+void mt_cpu_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
+                     const int32_t *targets, int N)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) s += lse[n] - tlogit[n];
+    *acc += s;
+}
+
 void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t)

@@ -229,6 +229,9 @@ void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float 
                               const int32_t *targets, int N, int V, int v0);
 void mt_cpu_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, int N, int V, int v0, float scale);
+void mt_cpu_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, int N);
+void mt_cpu_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
+                     const int32_t *targets, int N);
 void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t);

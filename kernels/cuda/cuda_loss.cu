@@ -135,3 +135,48 @@ extern "C" void mt_cuda_cross_entropy_bwd(void *ctx, float *dlogits, const float
                                                                          scale);
     MT_CUDA_LAUNCHED();
 }
+
+// One thread per token, the shards in order (the CPU reference's sum).
+__global__ static void lse_combine_kernel(float *lse, const float *shard_lse, int R, int N)
+{
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    float hi = -INFINITY;
+    for (int r = 0; r < R; r++) {
+        const float x = shard_lse[(size_t)r * N + n];
+        hi = x > hi ? x : hi;
+    }
+    double sum = 0.0;
+    for (int r = 0; r < R; r++) sum += exp((double)shard_lse[(size_t)r * N + n] - hi);
+    lse[n] = hi + (float)log(sum);
+}
+
+extern "C" void mt_cuda_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, int N)
+{
+    MT_CUDA_OP(ctx, MT_OP_LSE_COMBINE);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (N <= 0) return;
+    MT_LAUNCH(mt_cdiv((size_t)N, 256), 256, 0, c->stream, lse_combine_kernel)(lse, shard_lse, R, N);
+    MT_CUDA_LAUNCHED();
+}
+
+// The CPU reference's running fp64 sum in token order, which a parallel reduction would
+// reorder: one thread. A micro-batch's tokens (thousands) cost it microseconds, once per
+// micro-batch; what it saves is the host's wait for the per-token values.
+__global__ static void loss_sum_kernel(double *acc, const float *lse, const float *tlogit,
+                                       const int32_t *targets, int N)
+{
+    double s = 0.0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) s += lse[n] - tlogit[n];
+    *acc += s;
+}
+
+extern "C" void mt_cuda_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
+                                 const int32_t *targets, int N)
+{
+    MT_CUDA_OP(ctx, MT_OP_LOSS_SUM);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    MT_LAUNCH(1, 1, 0, c->stream, loss_sum_kernel)(acc, lse, tlogit, targets, N);
+    MT_CUDA_LAUNCHED();
+}

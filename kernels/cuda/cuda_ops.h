@@ -116,6 +116,9 @@ void mt_cuda_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float
 void mt_cuda_cross_entropy_bwd(void *ctx, float *dlogits, const float *logits,
                                const float *lse, const int32_t *targets, int N, int V, int v0,
                                float scale);
+void mt_cuda_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, int N);
+void mt_cuda_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
+                      const int32_t *targets, int N);
 
 /* cuda_optim.cu (and the dtype conversion) */
 void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,

@@ -426,10 +426,16 @@ static void *take(struct arena *a, size_t n, size_t elem)
 /* Token counts of a micro-batch of Bmax sequences: the whole (N), this rank's part (Nl),
  * and the tokens gathered over the ETP x EP group by the allgather dispatcher (G*Nl). */
 static size_t tokens_all(const struct mt_model *m) { return (size_t)m->Bmax * m->T; }
-/* The routing accumulators: two losses, the dropped count, the (nmoe,E) loads. */
-static size_t route_acc_bytes(const struct mt_model *m)
+/* The step's scalars (struct mt_step_acc) with n records. */
+static size_t step_acc_bytes(const struct mt_model *m, int n)
 {
-    return sizeof(struct mt_route_acc) + sizeof(int64_t) * (size_t)m->nmoe * m->E;
+    return sizeof(struct mt_step_acc) + sizeof(int64_t) * (size_t)m->nmoe * m->E +
+           sizeof(struct mt_fwd_record) * (size_t)n;
+}
+/* The token staging of n records (inputs, targets, shard inputs of Bmax sequences each). */
+static size_t token_staging_bytes(const struct mt_model *m, int n)
+{
+    return sizeof(int32_t) * 3 * (size_t)m->Bmax * m->T * (size_t)n;
 }
 static size_t tokens_local(const struct mt_model *m) { return tokens_all(m) / (size_t)m->sc.tp; }
 static size_t tokens_gathered(const struct mt_model *m)
@@ -706,7 +712,7 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
         m->lnf_full = tp ? TAKE_A(a, N * m->H) : m->lnf;
         m->lm_logits = TAKE_F(a, N * m->V_l);
         m->ce_lse = TAKE_F(a, N);
-        m->ce_tl = TAKE_F(a, N); /* right after ce_lse: loss_sum reads both at once */
+        m->ce_tl = TAKE_F(a, N);
     } else {
         m->lnf = m->lnf_full = NULL;
         m->lnf_rstd = m->lm_logits = m->ce_lse = m->ce_tl = NULL;
@@ -1009,8 +1015,6 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
         m->h_recv = (long long *)take(&a, S, sizeof(long long));
         m->h_start = (long long *)take(&a, (size_t)m->sc.etp * S, sizeof(long long));
         m->h_cnt = (size_t *)take(&a, 8 * P, sizeof(size_t));
-        /* loss_sum reads ce_lse and ce_tl (64-byte aligned after it) at once */
-        m->h_loss = TAKE_F(&a, N * (size_t)(m->sc.tp + 1 > 2 ? m->sc.tp + 1 : 2) + 16);
         m->h_force = m->force_balance ? TAKE_F(&a, N * E) : NULL;
         if (pass == 0) {
             *bytes = a.off;
@@ -1038,6 +1042,39 @@ static int lowp_setup(struct mt_model *m, const struct mt_parallel *par, struct 
         m->expert_bias = m->buffers;
     }
     mt_lowp_save(m, m->buffers + nb); /* what mt_model_buffers_updated loads until written */
+    return MT_OK;
+}
+
+/* The step's scalars and the token staging (struct mt_model: acc, host_tokens_all). */
+static void free_stats(struct mt_model *m)
+{
+    const struct mt_kernels *k = m->k;
+    if (m->acc) k->op.free(k->ctx, m->acc);
+    if (m->host_tokens_all) k->op.free_host(k->ctx, m->host_tokens_all);
+    free(m->acc_host);
+    free(m->rec_valid);
+    m->acc = m->acc_host = NULL;
+    m->host_tokens_all = m->host_tokens = NULL;
+    m->rec_valid = NULL;
+    m->nrec_max = m->nrec = 0;
+}
+
+/* (Re)allocates them for n records, cleared. MT_ENOMEM when one cannot be had. */
+static int alloc_stats(struct mt_model *m, int n)
+{
+    const struct mt_kernels *k = m->k;
+    free_stats(m);
+    m->acc = dev_alloc(k, step_acc_bytes(m, n));
+    m->host_tokens_all = k->op.alloc_host(k->ctx, token_staging_bytes(m, n));
+    m->acc_host = calloc(1, step_acc_bytes(m, n));
+    m->rec_valid = calloc((size_t)n, sizeof(long long));
+    if (!m->acc || !m->host_tokens_all || !m->acc_host || !m->rec_valid) {
+        free_stats(m);
+        return MT_ENOMEM;
+    }
+    k->op.memset(k->ctx, m->acc, 0, step_acc_bytes(m, n));
+    m->nrec_max = n;
+    m->host_tokens = m->host_tokens_all;
     return MT_OK;
 }
 
@@ -1213,12 +1250,9 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         rc = MT_ENOMEM;
         m->expert_bias = calloc((size_t)m->nmoe * m->E, sizeof(float));
         m->expert_counts = calloc((size_t)m->nmoe * m->E, sizeof(long long));
-        m->route_acc_host = calloc(1, route_acc_bytes(m));
-        NEED(m->expert_bias && m->expert_counts && m->route_acc_host, "expert routing tables",
-             (size_t)m->nmoe * m->E * (sizeof(float) + sizeof(long long)) + route_acc_bytes(m));
+        NEED(m->expert_bias && m->expert_counts, "expert routing tables",
+             (size_t)m->nmoe * m->E * (sizeof(float) + sizeof(long long)));
     }
-    m->host_tokens = calloc((size_t)3 * m->Bmax * m->T, sizeof(int32_t));
-    NEED(m->host_tokens, "host token buffers", (size_t)3 * m->Bmax * m->T * sizeof(int32_t));
     NEED(alloc_host(m, &bytes) == MT_OK, "host routing buffers", bytes);
 
     int max_tensors = 3 + m->L * 16;
@@ -1242,11 +1276,12 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         m->expert_bias_dev = dev_alloc(k, sizeof(float) * (size_t)m->nmoe * m->E);
         NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
     }
-    if (m->nmoe > 0) {
-        m->route_acc = dev_alloc(k, route_acc_bytes(m));
-        NEED(m->route_acc, "routing accumulators", route_acc_bytes(m));
-        o->memset(k->ctx, m->route_acc, 0, route_acc_bytes(m));
+    for (int e = 0; e < 2; e++) {
+        m->ev_tokens[e] = o->event_create(k->ctx);
+        NEED(m->ev_tokens[e], "token upload events", 0);
     }
+    NEED(alloc_stats(m, 1) == MT_OK, "the step's scalars and token staging",
+         step_acc_bytes(m, 1) + token_staging_bytes(m, 1));
     o->memset(k->ctx, m->params, 0, param_bytes);
     o->memset(k->ctx, m->grads, 0, param_bytes);
 
@@ -1332,7 +1367,9 @@ void mt_model_destroy(struct mt_model *m)
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
-    if (m->route_acc) o->free(m->k->ctx, m->route_acc);
+    free_stats(m);
+    for (int e = 0; e < 2; e++)
+        if (m->ev_tokens[e]) o->event_destroy(m->k->ctx, m->ev_tokens[e]);
     mt_lowp_destroy(m);
     if (m->buffers != m->expert_bias) free(m->buffers);
     if (m->acts) o->free(m->k->ctx, m->acts);
@@ -1375,8 +1412,6 @@ void mt_model_destroy(struct mt_model *m)
     free(m->res);
     free(m->expert_bias);
     free(m->expert_counts);
-    free(m->route_acc_host);
-    free(m->host_tokens);
     free(m->tensors);
     free(m->names);
     free(m->std_of);
@@ -1712,6 +1747,54 @@ int mt_model_forward(struct mt_model *m, const int32_t *tokens, int B, struct mt
     return mt_model_run(m, tokens, B, false, 0.0f, st, err);
 }
 
+struct mt_fwd_record *mt_model_record(const struct mt_model *m)
+{
+    return (struct mt_fwd_record *)(m->acc->load + (size_t)m->nmoe * m->E) + m->rec_cur;
+}
+
+double *mt_model_sumsq_acc(struct mt_model *m) { return &m->acc->sumsq; }
+
+int mt_model_defer_stats(struct mt_model *m, int max_forwards, struct mt_err *err)
+{
+    if (max_forwards < 1 || m->nrec > 0)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: deferring the statistics of %d forwards with %d not read yet",
+                          max_forwards, m->nrec);
+    if (alloc_stats(m, max_forwards) != MT_OK)
+        return mt_err_set(err, MT_ENOMEM,
+                          "model: out of memory for the scalars and token staging of %d forwards "
+                          "(%zu bytes of backend memory, %zu of host memory)",
+                          max_forwards, step_acc_bytes(m, max_forwards),
+                          token_staging_bytes(m, max_forwards));
+    m->defer = true;
+    return MT_OK;
+}
+
+int mt_model_read_stats(struct mt_model *m, struct mt_model_stats *st, int max, int *n,
+                        double *sumsq, struct mt_err *err)
+{
+    if (m->nrec > max)
+        return mt_err_set(err, MT_EINVAL, "model: %d forwards' statistics to read into %d",
+                          m->nrec, max);
+    const struct mt_kernels *k = m->k;
+    const size_t nl = (size_t)m->nmoe * m->E, bytes = step_acc_bytes(m, m->nrec);
+    k->op.copy(k->ctx, m->acc_host, m->acc, bytes); /* the one wait */
+    const struct mt_fwd_record *r = (const struct mt_fwd_record *)(m->acc_host->load + nl);
+    for (int i = 0; i < m->nrec; i++) {
+        memset(&st[i], 0, sizeof st[i]);
+        st[i].lm_loss = m->rec_valid[i] > 0 ? r[i].lm_sum / (double)m->rec_valid[i] : 0.0;
+        st[i].aux_loss = r[i].aux;
+        st[i].z_loss = r[i].z;
+        st[i].dropped_tokens = r[i].dropped;
+    }
+    for (size_t i = 0; i < nl; i++) m->expert_counts[i] += m->acc_host->load[i];
+    if (sumsq) *sumsq = m->acc_host->sumsq;
+    *n = m->nrec;
+    k->op.memset(k->ctx, m->acc, 0, bytes);
+    m->nrec = 0;
+    return MT_OK;
+}
+
 int mt_model_num_moe_layers(const struct mt_model *m) { return m->nmoe; }
 
 const long long *mt_model_expert_counts(const struct mt_model *m) { return m->expert_counts; }
@@ -1749,12 +1832,15 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->scratch = m->scratch_bytes + m->lp_scratch; /* with the quantised GEMM operands */
     size_t lp_dev = 0, lp = mt_lowp_state_bytes(m, &lp_dev);
     r->device_buffers = (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0) +
-                        (m->route_acc ? route_acc_bytes(m) : 0) + lp_dev;
+                        (m->acc ? step_acc_bytes(m, m->nrec_max) : 0) + lp_dev;
     r->offload = m->off.mem[0] ? 2 * m->off.half : 0;
     r->offload_host = m->off.host_bytes;
     r->offload_per_mb = m->off.mb_bytes;
     r->buffers = (sizeof(float) + sizeof(long long)) * (size_t)m->nmoe * m->E +
-                 (m->route_acc_host ? route_acc_bytes(m) : 0) + r->device_buffers + (lp - lp_dev);
+                 (m->acc_host ? step_acc_bytes(m, m->nrec_max) + token_staging_bytes(m, m->nrec_max) +
+                                    sizeof(long long) * (size_t)m->nrec_max
+                              : 0) +
+                 r->device_buffers + (lp - lp_dev);
 }
 
 double mt_model_flops_per_token(const struct mt_model *m)

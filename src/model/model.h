@@ -193,6 +193,23 @@ int mt_model_forward_backward(struct mt_model *m, const int32_t *tokens, int B, 
 int mt_model_forward(struct mt_model *m, const int32_t *tokens, int B, struct mt_model_stats *st,
                      struct mt_err *err);
 
+/* The device-resident step (doc/host-overhead.md). What a forward adds up on the
+ * backend (the LM loss, the balancing and z losses, the dropped assignments, the expert
+ * loads) stays in backend memory, one record per counted forward, with the optimizer's
+ * gradient sum of squares (mt_model_sumsq_acc) beside them. By default each of the
+ * passes above reads its record at its end (one wait for the device) into st. After
+ * mt_model_defer_stats(max_forwards), they leave them there, st carrying only what the
+ * host knows (tokens, expert overflows, offloaded bytes, capacity drops decided over
+ * TP), and mt_model_read_stats reads the records of every forward since the last read,
+ * in the order they ran, and the sum of squares, in one copy: st[i] gets forward i's
+ * lm_loss, aux_loss, z_loss and dropped_tokens, the expert loads go to the counts, and
+ * the records are cleared. More than max_forwards forwards between reads is an error. */
+int mt_model_defer_stats(struct mt_model *m, int max_forwards, struct mt_err *err);
+int mt_model_read_stats(struct mt_model *m, struct mt_model_stats *st, int max, int *n,
+                        double *sumsq, struct mt_err *err);
+/* One double of backend memory the optimizer sums the squared gradients into. */
+double *mt_model_sumsq_acc(struct mt_model *m);
+
 /* Whether tensor i lives on pipeline stage `stage` (0 .. pp-1 of this model's layout;
  * everything with one stage), and whether it is the tied-embedding copy there. */
 bool mt_model_tensor_on_stage(const struct mt_model *m, int i, int stage, bool *replica);

@@ -182,6 +182,22 @@ struct mt_model_graphs {
     bool capture;               /* past &cuda_graph warmup_steps: capture what is not held */
     bool open;                  /* a scope is open (begun, not replayed) */
 };
+/* What one counted forward (a micro-batch, an evaluation batch; not a rebuild for
+ * backward) adds up in backend memory. */
+struct mt_fwd_record {
+    double lm_sum;              /* cross-entropy over the valid targets (loss_sum) */
+    double aux, z;              /* balancing and z losses, each op's float widened */
+    int64_t dropped;            /* assignments dropped by capacity */
+};
+/* The backend-memory block of the step's scalars, read in one copy: the gradient norm's
+ * sum of squares (the optimizer's), the (nmoe,E) expert loads of the training forwards,
+ * then nrec_max records. */
+struct mt_step_acc {
+    double sumsq;
+    int64_t load[];
+};
+/* The current pass's record in backend memory. */
+struct mt_fwd_record *mt_model_record(const struct mt_model *m);
 
 struct mt_model {
     struct mt_config cfg;
@@ -282,11 +298,19 @@ struct mt_model {
     float *expert_bias;         /* (nmoe,E) host master */
     float *expert_bias_dev;     /* (nmoe,E) its backend-memory copy, which the routers read */
     long long *expert_counts;   /* (nmoe,E) */
-    /* what the routers of one forward add up, in backend memory (the ops add to it
-     * without the host waiting), and its host copy: read and cleared once per forward
-     * (mt_moe_route_stats) */
-    struct mt_route_acc *route_acc, *route_acc_host;
-    int32_t *host_tokens;       /* (3,Bmax,T) staging of inputs, targets, shard inputs */
+    /* The scalars of the counted forwards since the last read (struct mt_step_acc), in
+     * backend memory: the ops add to them without the host waiting; read in one copy
+     * (mt_model_read_stats) into its host copy. nrec_max records (1 until
+     * mt_model_defer_stats), nrec of them taken; rec_valid: each record's valid targets */
+    struct mt_step_acc *acc, *acc_host;
+    int nrec_max, nrec, rec_cur;
+    bool defer;                 /* mt_model_defer_stats: the passes leave them for the caller */
+    long long *rec_valid;       /* (nrec_max) */
+    /* (nrec_max,3,Bmax,T) alloc_host staging of inputs, targets, shard inputs, one slot
+     * per record (a slot is written again only after the read, by which the copy that
+     * took it has run); host_tokens: the current pass's slot */
+    int32_t *host_tokens_all, *host_tokens;
+    void *ev_tokens[2];         /* token uploads: compute done with the last ones, copy done */
     /* routing bookkeeping on the host (one allocation, host_scratch) */
     void *host_scratch;
     int32_t *h_idx, *h_idx2;    /* (max(N, G*Nl),k) */
@@ -294,7 +318,6 @@ struct mt_model {
     int32_t *h_offs;            /* (E+1) */
     long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
     size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
-    float *h_loss;              /* (max(2, tp+1) * Bmax*T) the loss's per-token values */
     float *h_force;             /* (Bmax*T,E) forced router logits (force_balance), or NULL */
     /* expert-side scratch of a layer whose rows overflow the plan (its forward or
      * backward only), and the views it replaced */
@@ -448,17 +471,7 @@ int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float
 /* model_moe.c: the MoE block on this rank's Nl tokens; its output (Nl,H) into m->tmpb
  * (adt); the backward reads the output gradient from m->d_res and writes the input
  * gradient to m->d_ln. */
-/* The routers' accumulators of one forward pass. */
-struct mt_route_acc {
-    double aux, z;              /* balancing and z losses, each op's float widened */
-    int64_t dropped;            /* assignments dropped by capacity */
-    int64_t load[];             /* (nmoe,E) rows each expert kept (training passes) */
-};
 int mt_moe_fwd(const struct mt_pass *p, int l);
-/* After the MoE layers of a counted forward (not a rebuild): reads the route
- * accumulators once (one wait for the device), adds them to p->st and, in training,
- * the expert loads to the counts, and clears them. */
-int mt_moe_route_stats(const struct mt_pass *p);
 int mt_moe_bwd(const struct mt_pass *p, int l);
 /* Rebuilds the routed experts' SwiGLU output of layer l (moe_act recompute). */
 void mt_moe_act_rebuild(const struct mt_pass *p, int l);

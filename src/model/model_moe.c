@@ -271,7 +271,7 @@ static uint64_t router_sig(const pass_t *p, int l)
     const struct mt_layer_acts *a = &m->la[l];
     return MT_GRAPH_SIG((uintptr_t)a->ln2, (uintptr_t)a->logits, (uintptr_t)a->aux_counts,
                         (uintptr_t)a->z_lse, (uintptr_t)a->topk_idx, (uintptr_t)a->topk_prob,
-                        (uintptr_t)m->route_acc, (uintptr_t)m->expert_bias_dev,
+                        (uintptr_t)mt_model_record(m), (uintptr_t)m->expert_bias_dev,
                         (uintptr_t)m->expert_bias_on, (uintptr_t)W(p, m->lt[l].router).data);
 }
 
@@ -282,7 +282,8 @@ static uint64_t plan_sig(const pass_t *p, int l, const int32_t *idx, int cap)
     const struct mt_layer_acts *a = &m->la[l];
     return MT_GRAPH_SIG((uintptr_t)a->plan.offsets, (uintptr_t)a->plan.row_slot,
                         (uintptr_t)a->plan.slot_row, (uintptr_t)a->plan.kept, (uintptr_t)idx,
-                        (uintptr_t)a->topk_prob, (uintptr_t)m->route_acc, (uintptr_t)cap);
+                        (uintptr_t)a->topk_prob, (uintptr_t)mt_model_record(m),
+                        (uintptr_t)m->acc, (uintptr_t)cap);
 }
 
 /* The signature of layer l's expert scopes (&cuda_graph moe: the block after its plan's
@@ -322,9 +323,9 @@ static int route(const pass_t *p, int l)
 
     /* a rebuild for backward (recompute) adds nothing to the losses, drop counts and
      * expert loads that its forward already counted; the forward adds them to the
-     * accumulators in backend memory (mt_moe_route_stats reads them) */
+     * pass's record and the loads in backend memory (mt_model_read_stats reads them) */
     const bool count = !p->recompute;
-    struct mt_route_acc *acc = m->route_acc;
+    struct mt_fwd_record *acc = mt_model_record(m);
     struct mt_aux_args aa = aux_args(p);
     /* &cuda_graph moe_router: in two segments around the TP sum of the balancing counts */
     const uint64_t sig = router_sig(p, l);
@@ -364,31 +365,19 @@ static int route(const pass_t *p, int l)
     if (run)
         p->o->dispatch_plan(p->ctx, &a->plan, idx, a->topk_prob, Nl, E, k, cap, m->drop_policy,
                             m->pad_to_capacity, count ? &acc->dropped : NULL,
-                            p->train && count ? acc->load + (size_t)moe * E : NULL);
+                            p->train && count ? m->acc->load + (size_t)moe * E : NULL);
     MT_CHECK(mt_graph_end(p));
     FILE *dump = NULL;
     if (count) MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
-    int32_t *offs = m->h_offs;
-    p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
-    for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
-    a->rows = offs[E];
-    return MT_OK;
-}
-
-int mt_moe_route_stats(const pass_t *p)
-{
-    struct mt_model *m = p->m;
-    if (m->nmoe == 0 || p->recompute) return MT_OK;
-    const size_t n = (size_t)m->nmoe * m->E, bytes = sizeof(struct mt_route_acc) + n * sizeof(int64_t);
-    struct mt_route_acc *h = m->route_acc_host;
-    p->o->copy(p->ctx, h, m->route_acc, bytes);
-    p->st->aux_loss += h->aux;
-    p->st->z_loss += h->z;
-    p->st->dropped_tokens += h->dropped;
-    if (p->train)
-        for (size_t i = 0; i < n; i++) m->expert_counts[i] += h->load[i];
-    p->o->memset(p->ctx, m->route_acc, 0, bytes);
+    if (cap > 0 && m->pad_to_capacity) { /* drop-and-pad: every expert cap rows, no read */
+        for (int e = 0; e <= E; e++) a->h_offsets[e] = (long long)e * cap;
+    } else { /* the split sizes the dispatch needs: the one wait of a dynamic layer */
+        int32_t *offs = m->h_offs;
+        p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
+        for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
+    }
+    a->rows = (int)a->h_offsets[E];
     return MT_OK;
 }
 

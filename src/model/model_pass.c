@@ -414,12 +414,29 @@ static int mlp_block_bwd(const pass_t *p, int l)
 
 /* ------------------------------------------------------------ embedding and loss */
 
+/* Takes the pass's record (struct mt_fwd_record) and its token staging slot, writes the
+ * micro-batch's inputs, targets and shard inputs there and uploads them on the copy
+ * stream, so that the host does not wait: the copy first waits for the compute that
+ * used the previous tokens, the compute then for the copy. *valid: the targets that
+ * count. */
 static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long long *valid,
                         struct mt_err *err)
 {
+    const struct mt_kernels *k = m->k;
+    if (!m->defer && m->nrec > 0) { /* a pass that failed before reading its own */
+        k->op.memset(k->ctx, m->acc, 0, sizeof(struct mt_step_acc) +
+                                            sizeof(int64_t) * (size_t)m->nmoe * m->E +
+                                            sizeof(struct mt_fwd_record) * (size_t)m->nrec);
+        m->nrec = 0;
+    }
+    if (m->nrec == m->nrec_max)
+        return mt_err_set(err, MT_EINVAL,
+                          "model: a forward beyond the %d whose statistics mt_model_defer_stats "
+                          "reserved before mt_model_read_stats", m->nrec_max);
     const int T = m->T;
     const size_t N = (size_t)B * T;
-    int32_t *in = m->host_tokens, *tg = m->host_tokens + N, *in_v = m->host_tokens + 2 * N;
+    int32_t *in = m->host_tokens_all + (size_t)m->nrec * 3 * m->Bmax * T;
+    int32_t *tg = in + N, *in_v = in + 2 * N;
     long long count = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -436,50 +453,47 @@ static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long l
             in_v[(size_t)b * T + t] = x >= m->v0 && x < m->v0 + m->V_l ? x - m->v0 : -1;
             count += y >= 0;
         }
-    m->k->op.copy(m->k->ctx, m->inputs, in, sizeof(int32_t) * N);
-    m->k->op.copy(m->k->ctx, m->targets, tg, sizeof(int32_t) * N);
-    if (m->inputs_v != m->inputs) m->k->op.copy(m->k->ctx, m->inputs_v, in_v, sizeof(int32_t) * N);
+    m->host_tokens = in;
+    m->rec_cur = m->nrec++;
+    m->rec_valid[m->rec_cur] = count;
+    const struct mt_kernel_ops *o = &k->op;
+    o->event_record(k->ctx, m->ev_tokens[0], MT_STREAM_COMPUTE);
+    o->event_wait(k->ctx, MT_STREAM_COPY, m->ev_tokens[0]);
+    o->copy_async(k->ctx, m->inputs, in, sizeof(int32_t) * N);
+    o->copy_async(k->ctx, m->targets, tg, sizeof(int32_t) * N);
+    if (m->inputs_v != m->inputs) o->copy_async(k->ctx, m->inputs_v, in_v, sizeof(int32_t) * N);
+    o->event_record(k->ctx, m->ev_tokens[1], MT_STREAM_COPY);
+    o->event_wait(k->ctx, MT_STREAM_COMPUTE, m->ev_tokens[1]);
     *valid = count;
     return MT_OK;
 }
 
-/* Vocabulary-parallel cross-entropy: combines the shards' logsumexps (gathered, summed
- * in rank order with the largest factored out) into ce_lse and sums the target logits
- * (one shard holds each target). */
+/* Without mt_model_defer_stats, a pass reads its own record at the end of its forward
+ * (one wait) into p->st. */
+static int finish_record(const pass_t *p)
+{
+    struct mt_model *m = p->m;
+    if (m->defer) return MT_OK;
+    struct mt_model_stats r;
+    int n;
+    MT_CHECK(mt_model_read_stats(m, &r, 1, &n, NULL, p->err));
+    p->st->lm_loss = r.lm_loss;
+    p->st->aux_loss += r.aux_loss;
+    p->st->z_loss += r.z_loss;
+    p->st->dropped_tokens += r.dropped_tokens;
+    return MT_OK;
+}
+
+/* Vocabulary-parallel cross-entropy: the shards' logsumexps gathered and combined into
+ * ce_lse on the backend (lse_combine: in rank order with the largest factored out, as
+ * one process's would be), the target logits summed (one shard holds each target). */
 static int combine_vocab_shards(const pass_t *p)
 {
     struct mt_model *m = p->m;
     const int N = p->N, tp = m->sc.tp;
     MT_CHECK(mt_all_gather(m->tp_comm, m->ce_lse, m->lse_all, (size_t)N, MT_DT_F32, p->err));
     MT_CHECK(mt_all_reduce(m->tp_comm, m->ce_tl, (size_t)N, MT_DT_F32, MT_OP_SUM, p->err));
-    float *h = m->h_loss;
-    p->o->copy(p->ctx, h, m->lse_all, sizeof(float) * (size_t)N * tp);
-    float *lse = h + (size_t)N * tp;
-    for (int n = 0; n < N; n++) {
-        float hi = -INFINITY;
-        for (int r = 0; r < tp; r++) hi = h[(size_t)r * N + n] > hi ? h[(size_t)r * N + n] : hi;
-        double sum = 0.0;
-        for (int r = 0; r < tp; r++) sum += exp((double)h[(size_t)r * N + n] - hi);
-        lse[n] = hi + (float)log(sum);
-    }
-    p->o->copy(p->ctx, m->ce_lse, lse, sizeof(float) * (size_t)N);
-    return MT_OK;
-}
-
-/* Sum over the valid targets of logsumexp - target logit, from ce_lse and ce_tl. */
-static int loss_sum(const pass_t *p, double *sum)
-{
-    struct mt_model *m = p->m;
-    const int N = p->N;
-    /* ce_tl follows ce_lse in the arena: one read (one wait) for both */
-    float *h = m->h_loss;
-    const size_t tl = (size_t)(m->ce_tl - m->ce_lse);
-    p->o->copy(p->ctx, h, m->ce_lse, sizeof(float) * (tl + (size_t)N));
-    const int32_t *tg = m->host_tokens + N;
-    double s = 0.0;
-    for (int n = 0; n < N; n++)
-        if (tg[n] >= 0) s += h[n] - h[tl + n];
-    *sum = s;
+    p->o->lse_combine(p->ctx, m->ce_lse, m->lse_all, tp, N);
     return MT_OK;
 }
 
@@ -501,7 +515,8 @@ static int embed(const pass_t *p)
     return MT_OK;
 }
 
-/* The final norm, the LM head and the cross-entropy of the last stage; the loss into st. */
+/* The final norm, the LM head and the cross-entropy of the last stage; the loss sum into
+ * the pass's record. */
 static int head_fwd(const pass_t *p, long long valid)
 {
     struct mt_model *m = p->m;
@@ -517,10 +532,8 @@ static int head_fwd(const pass_t *p, long long valid)
     if (m->bf16) p->o->bf16_round(p->ctx, m->lm_logits, m->lm_logits, (size_t)N * V);
     p->o->cross_entropy_fwd(p->ctx, m->ce_lse, m->ce_tl, m->lm_logits, m->targets, N, V, m->v0);
     if (m->sc.tp > 1) MT_CHECK(combine_vocab_shards(p));
-    double sum = 0.0;
-    MT_CHECK(loss_sum(p, &sum));
+    p->o->loss_sum(p->ctx, &mt_model_record(m)->lm_sum, m->ce_lse, m->ce_tl, m->targets, N);
     p->st->tokens = valid;
-    p->st->lm_loss = valid > 0 ? sum / (double)valid : 0.0;
     return MT_OK;
 }
 
@@ -599,9 +612,9 @@ int mt_model_run(struct mt_model *m, const int32_t *tokens, int B, bool backward
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
-    MT_CHECK(mt_moe_route_stats(&p));
     MT_CHECK(weights_needed(&p, m->L));
     MT_CHECK(head_fwd(&p, valid));
+    MT_CHECK(finish_record(&p));
     if (!backward) return MT_OK;
 
     /* backward: d_res carries the gradient of the residual stream down the layers */
@@ -679,13 +692,13 @@ int mt_model_stage_forward(struct mt_model *m, int chunk, int slot, const int32_
         MT_CHECK(attention_fwd(&p, l));
         MT_CHECK(mlp_block_fwd(&p, l));
     }
-    MT_CHECK(mt_moe_route_stats(&p));
     if (!m->last) {
         p.o->copy(p.ctx, x_out, m->res[m->l1], act_bytes);
-        return MT_OK;
+        return finish_record(&p);
     }
     MT_CHECK(weights_needed(&p, m->L));
-    return head_fwd(&p, valid);
+    MT_CHECK(head_fwd(&p, valid));
+    return finish_record(&p);
 }
 
 int mt_model_stage_backward(struct mt_model *m, int chunk, int slot, const float *dy,

@@ -43,7 +43,9 @@ struct mt_optim {
     float *m_full, *v_full;  /* without ZeRO: the moments of every parameter held */
     float *tp_stage;         /* TP-replicated gradients, packed */
     size_t tp_n;
-    double *sumsq;           /* (1) backend memory: the squared norm being summed */
+    double *sumsq;           /* (1) backend memory: the squared norm being summed (the
+                                model's, mt_model_sumsq_acc, taken at each reduction: read
+                                with its scalars) */
     /* Readiness (see mt_optim_grads_ready): backward positions -1 .. npos-2 */
     bool overlap;            /* &parallel overlap_grad_reduce: buckets start when ready */
     bool overlap_params;     /* &parallel overlap_param_gather: gathers waited at first use */
@@ -207,8 +209,6 @@ int mt_optim_create(struct mt_model *m, const struct mt_kernels *k, const struct
         rc = mt_err_set(err, MT_ENOMEM, "optimizer: out of memory");
         goto fail;
     }
-    o->sumsq = k->op.alloc(k->ctx, sizeof(double));
-    if (!o->sumsq) goto oom;
     if (par) {
         MT_CHECK_GOTO(build_class(o, &o->c[0], false, par->comm[MT_GROUP_DP], bucket_elems, err), fail);
         MT_CHECK_GOTO(build_class(o, &o->c[1], true, par->comm[MT_GROUP_EDP], bucket_elems, err), fail);
@@ -263,7 +263,6 @@ void mt_optim_destroy(struct mt_optim *o)
     free(o->pos_done);
     if (o->m_full) k->op.free(k->ctx, o->m_full);
     if (o->v_full) k->op.free(k->ctx, o->v_full);
-    if (o->sumsq) k->op.free(k->ctx, o->sumsq);
     free(o);
 }
 
@@ -442,19 +441,28 @@ int mt_optim_grads_ready(struct mt_optim *o, int position, struct mt_err *err)
     return start_ready(o, err);
 }
 
+/* norm (when given) = the square root of the summed squares, read from the backend. */
+static int read_norm(const struct mt_optim *o, double *norm)
+{
+    if (!norm) return MT_OK;
+    double s;
+    o->k->op.copy(o->k->ctx, &s, o->sumsq, sizeof s);
+    *norm = sqrt(s);
+    return MT_OK;
+}
+
 /* The global gradient norm is summed on the backend (o->sumsq), reduced over the world
- * there, and read once. */
+ * there, and read once: here when norm is given, else by the caller with the model's
+ * scalars (mt_model_read_stats). */
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
 {
     const struct mt_kernels *k = o->k;
     float *g = mt_model_grads(o->model);
+    o->sumsq = mt_model_sumsq_acc(o->model);
     k->op.memset(k->ctx, o->sumsq, 0, sizeof(double));
     if (!o->par) { /* one process: the norm of everything, in table order */
         k->op.sumsq(k->ctx, o->sumsq, g, mt_model_num_params(o->model));
-        double s;
-        k->op.copy(k->ctx, &s, o->sumsq, sizeof s);
-        *norm = sqrt(s);
-        return MT_OK;
+        return read_norm(o, norm);
     }
     /* What backward did not report (all of it without overlap), position by position
      * as backward finishes them. */
@@ -490,10 +498,7 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err)
         }
     }
     MT_CHECK(mt_all_reduce(o->par->world_comm, o->sumsq, 1, MT_DT_F64, MT_OP_SUM, err));
-    double sum;
-    k->op.copy(k->ctx, &sum, o->sumsq, sizeof sum);
-    *norm = sqrt(sum);
-    return MT_OK;
+    return read_norm(o, norm);
 }
 
 /* ---- the step --------------------------------------------------------------------------- */
@@ -750,12 +755,11 @@ void mt_optim_bytes(const struct mt_optim *o, struct mt_optim_bytes *b)
     b->moments = sizeof(float) * (o->zero ? 2 * slices : 2 * mt_model_num_params(o->model));
     b->grad_shards = sizeof(float) * (o->zero ? slices : 0);
     b->staging = sizeof(float) * staging;
-    b->norm = sizeof(double);
 }
 
 size_t mt_optim_memory(const struct mt_optim *o)
 {
     struct mt_optim_bytes b;
     mt_optim_bytes(o, &b);
-    return b.moments + b.grad_shards + b.staging + b.norm;
+    return b.moments + b.grad_shards + b.staging;
 }

@@ -45,6 +45,10 @@ struct trainer {
     char *config_text;            /* resolved namelist, stored in checkpoints */
     struct mt_train_state st;
     int nonfinite_streak;
+    /* the device-resident step: what the forwards of a step leave in backend memory,
+     * read once (mt_model_read_stats), one record per forward */
+    struct mt_model_stats *recs;
+    int nrecs;
     /* log-interval accumulators */
     double acc_loss, acc_aux, acc_z, acc_gnorm, acc_ms;
     long long acc_iters, acc_dropped;
@@ -315,7 +319,6 @@ static int load_checkpoint(struct trainer *t, bool *found_out, struct mt_err *er
 /* ---- pipeline schedules ------------------------------------------------ */
 
 struct pp_acc {
-    double loss, aux, z;
     long long dropped, overflows;
     long long offload[2]; /* bytes copied to the host (forwards), back (backwards) */
     int fwd[MT_MAX_VPP], bwd[MT_MAX_VPP]; /* per chunk: micro-batches forwarded, backwarded */
@@ -344,7 +347,7 @@ static void pp_track(struct trainer *t, int chunk, int dir)
 /* Forward of chunk's next micro-batch: x_in from the previous chunk (unused for the
  * first stage's chunk 0), output into x_out (unused for the last stage's last chunk). */
 static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x_in, float *x_out,
-                  int nmb, double all, struct mt_err *err)
+                  int nmb, struct mt_err *err)
 {
     const int mbs = t->cfg->training.micro_batch_size, mb = a->fwd[chunk]++;
     MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
@@ -353,9 +356,6 @@ static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x
     MT_CHECK(mt_model_stage_forward(t->model, chunk, mb % t->nslots, t->tokens, mbs, x_in, x_out,
                                     true, 1.0f / (float)nmb, &s, err));
     pp_track(t, chunk, +1);
-    a->loss += s.lm_loss / all;
-    a->aux += s.aux_loss / all;
-    a->z += s.z_loss / all;
     a->dropped += s.dropped_tokens;
     a->overflows += s.expert_overflows;
     a->offload[0] += s.offload_d2h_bytes;
@@ -400,18 +400,18 @@ static int pp_recv(struct trainer *t, float *buf, int peer, int tag, struct mt_e
  * calls, ordered so that on every link the activation travels before the gradient
  * (the combined send-forward/receive-backward of stage s meets the combined
  * receive-forward/send-backward of stage s+1 in the same order). */
-static int pp_1f1b(struct trainer *t, struct pp_acc *a, int nmb, double all, struct mt_err *err)
+static int pp_1f1b(struct trainer *t, struct pp_acc *a, int nmb, struct mt_err *err)
 {
     const int s = t->pp_rank, prev = s - 1, next = s + 1;
     const int warm = t->pp - s - 1 < nmb ? t->pp - s - 1 : nmb, rem = nmb - warm;
     for (int i = 0; i < warm; i++) {
         if (!t->first) MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
-        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, all, err));
+        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, err));
         if (!t->last) MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
     }
     if (rem > 0 && !t->first) MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
     for (int i = 0; i < rem; i++) {
-        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, all, err));
+        MT_CHECK(pp_fwd(t, a, 0, t->p_x, t->p_y, nmb, err));
         if (!t->last) {
             MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
             MT_CHECK(pp_recv(t, t->p_dy, next, TAG_PP_BWD, err));
@@ -441,7 +441,6 @@ struct il_state {
     struct trainer *t;
     struct pp_acc *a;
     int nmb;
-    double all;
     struct pp_queue qx[MT_MAX_VPP], qg[MT_MAX_VPP];
 };
 
@@ -524,7 +523,7 @@ static int il_fwd(struct il_state *S, int k, float **out, struct mt_err *err)
     *out = head ? NULL : msg_alloc(t);
     int rc = !head && !*out ? mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages")
              : t->dry       ? MT_OK
-                            : pp_fwd(t, S->a, c, x, *out, S->nmb, S->all, err);
+                            : pp_fwd(t, S->a, c, x, *out, S->nmb, err);
     msg_free(t, x);
     return rc;
 }
@@ -628,10 +627,10 @@ static int il_run(struct il_state *S, struct mt_err *err)
     return MT_OK;
 }
 
-static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb, double all,
+static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb,
                           struct mt_err *err)
 {
-    struct il_state S = {.t = t, .a = a, .nmb = nmb, .all = all};
+    struct il_state S = {.t = t, .a = a, .nmb = nmb};
     float **mem = t->q_mem; /* vpp x 2 queues of nmb + 1 (setup_stage) */
     for (int c = 0; c < t->vpp; c++) {
         S.qx[c].q = mem + (size_t)(2 * c) * (nmb + 1);
@@ -715,6 +714,16 @@ static int pp_log(struct trainer *t, struct mt_err *err)
 
 /* ---- evaluation -------------------------------------------------------- */
 
+/* An evaluation forward's loss, read from the backend (one wait: evaluations are not
+ * steps). */
+static int read_loss(struct trainer *t, struct mt_model_stats *s, struct mt_err *err)
+{
+    int n;
+    MT_CHECK(mt_model_read_stats(t->model, t->recs, t->nrecs, &n, NULL, err));
+    s->lm_loss = n > 0 ? t->recs[0].lm_loss : 0.0;
+    return MT_OK;
+}
+
 static int evaluate(struct trainer *t, enum mt_split split, const char *label,
                     struct mt_err *err)
 {
@@ -742,6 +751,7 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
                         MT_CHECK(pp_recv(t, t->p_x, prev, TAG_PP_FWD, err));
                     MT_CHECK(mt_model_stage_forward(t->model, ch, 0, t->tokens, mbs, t->p_x, t->p_y,
                                                     false, 0.0f, &cs, err));
+                    MT_CHECK(read_loss(t, &cs, err));
                     if (!(t->last && ch == t->vpp - 1))
                         MT_CHECK(pp_send(t, t->p_y, next, TAG_PP_FWD, err));
                     s.lm_loss += cs.lm_loss;
@@ -749,6 +759,7 @@ static int evaluate(struct trainer *t, enum mt_split split, const char *label,
                 }
             } else {
                 MT_CHECK(mt_model_forward(t->model, t->tokens, mbs, &s, err));
+                MT_CHECK(read_loss(t, &s, err));
             }
             sum[0] += s.lm_loss * (double)s.tokens;
             sum[1] += (double)s.tokens;
@@ -1029,7 +1040,7 @@ static int setup_stage(struct trainer *t, struct mt_err *err)
         if (!t->q_mem) return mt_err_set(err, MT_ENOMEM, "out of memory for the pipeline schedule");
         struct pp_acc a = { 0 };
         t->dry = true;
-        int rc = pp_interleaved(t, &a, nmb, 1.0, err);
+        int rc = pp_interleaved(t, &a, nmb, err);
         t->dry = false;
         t->msgs_plan = t->msgs_peak;
         t->msgs = t->msgs_peak = 0;
@@ -1080,7 +1091,7 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
                                pp_bytes(t, TAG_PP_BWD) * (2 + (size_t)t->msgs_plan)
                          : 0;
     r->comm = o.staging;
-    r->workspace = m.scratch + o.norm;
+    r->workspace = m.scratch;
     r->other = m.device_buffers;
     r->offload = m.offload;
     r->offload_host = m.offload_host;
@@ -1105,6 +1116,14 @@ static struct mt_optim_opts optim_opts(const struct mt_config *c)
                                   .bucket_elems = (size_t)c->parallel.ddp_bucket_size,
                                   .overlap_grad_reduce = c->parallel.overlap_grad_reduce,
                                   .overlap_param_gather = c->parallel.overlap_param_gather};
+}
+
+/* The forwards of a step (micro-batches x model chunks) leave their scalars in backend
+ * memory for one read per step (doc/host-overhead.md). */
+static int defer_stats(struct trainer *t, struct mt_err *err)
+{
+    t->nrecs = t->layout->num_micro_batches * (t->pp_comm && t->vpp > 1 ? t->vpp : 1);
+    return mt_model_defer_stats(t->model, t->nrecs, err);
 }
 
 /* The model's hook before forward reads the weights at a position: their all-gather
@@ -1145,6 +1164,7 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
     if (rc == MT_OK)
         rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
     if (rc == MT_OK && t.pp_comm) rc = setup_stage(&t, err);
+    if (rc == MT_OK) rc = defer_stats(&t, err);
     if (rc == MT_OK && init) mt_model_init(t.model, (unsigned long long)cfg->training.seed);
     const struct mt_optim_opts oo = optim_opts(cfg);
     if (rc == MT_OK) rc = mt_optim_create(t.model, k, t.par, &oo, &t.optim, err);
@@ -1370,6 +1390,9 @@ static int setup(struct trainer *t, struct mt_err *err)
     }
     MT_CHECK(mt_model_create(c, t->k, c->training.micro_batch_size, t->par, &t->model, err));
     if (t->pp_comm) MT_CHECK(setup_stage(t, err));
+    MT_CHECK(defer_stats(t, err));
+    t->recs = calloc((size_t)t->nrecs, sizeof *t->recs);
+    if (!t->recs) return mt_err_set(err, MT_ENOMEM, "out of memory for the step's statistics");
     mt_model_init(t->model, (unsigned long long)c->training.seed);
     const struct mt_optim_opts oo = optim_opts(c);
     MT_CHECK(mt_optim_create(t->model, t->k, t->par, &oo, &t->optim, err));
@@ -1415,6 +1438,7 @@ static void teardown(struct trainer *t)
     free(t->tokens);
     free_stage(t);
     free(t->acc_counts);
+    free(t->recs);
     free(t->config_text);
 }
 
@@ -1441,6 +1465,25 @@ static int reduce_stats(struct trainer *t, double *loss, double *auxz, long long
     return MT_OK;
 }
 
+/* The step's one wait for the device: the forwards' losses and drops, the expert loads
+ * and the gradient norm, read together (mt_model_read_stats) and added in the order the
+ * forwards ran, each micro-batch's share of the global batch (all of them) apart. */
+static int read_step(struct trainer *t, double all, double *loss, double *auxz,
+                     long long *dropped, double *gnorm, struct mt_err *err)
+{
+    int n;
+    double sumsq;
+    MT_CHECK(mt_model_read_stats(t->model, t->recs, t->nrecs, &n, &sumsq, err));
+    for (int i = 0; i < n; i++) {
+        *loss += t->recs[i].lm_loss / all;
+        auxz[0] += t->recs[i].aux_loss / all;
+        auxz[1] += t->recs[i].z_loss / all;
+        *dropped += t->recs[i].dropped_tokens;
+    }
+    *gnorm = sqrt(sumsq);
+    return MT_OK;
+}
+
 /* One iteration: forward/backward over this rank's micro-batches, then the update
  * unless the loss or gradients are not finite. */
 static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
@@ -1457,12 +1500,9 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     if (t->pp_comm) {
         struct pp_acc a = { 0 };
         if (t->vpp > 1)
-            MT_CHECK(pp_interleaved(t, &a, nmb, all, err));
+            MT_CHECK(pp_interleaved(t, &a, nmb, err));
         else
-            MT_CHECK(pp_1f1b(t, &a, nmb, all, err));
-        loss = a.loss;
-        auxz[0] = a.aux;
-        auxz[1] = a.z;
+            MT_CHECK(pp_1f1b(t, &a, nmb, err));
         dropped = a.dropped;
         overflows = a.overflows;
         offload[0] = a.offload[0];
@@ -1480,19 +1520,17 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         int rc = mt_model_forward_backward(t->model, t->tokens, mbs, 1.0f / (float)nmb, &s, err);
         t->last_pass = false;
         MT_CHECK(rc);
-        loss += s.lm_loss / all;
-        auxz[0] += s.aux_loss / all;
-        auxz[1] += s.z_loss / all;
         dropped += s.dropped_tokens;
         overflows += s.expert_overflows;
         offload[0] += s.offload_d2h_bytes;
         offload[1] += s.offload_h2d_bytes;
     }
+    double gnorm;
+    MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
+    MT_CHECK(read_step(t, all, &loss, auxz, &dropped, &gnorm, err));
     MT_CHECK(reduce_stats(t, &loss, auxz, &dropped, &overflows, err));
     t->st.consumed_samples += c->training.global_batch_size;
     t->st.iteration++;
-    double gnorm;
-    MT_CHECK(mt_optim_reduce_grads(t->optim, &gnorm, err));
     if (!t->overlap_logged && t->par && c->parallel.overlap_grad_reduce) {
         int early, total;
         mt_optim_overlap_counts(t->optim, &early, &total);

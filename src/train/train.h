@@ -261,7 +261,8 @@ int mt_optim_grads_ready(struct mt_optim *o, int position, struct mt_err *err);
 
 /* Steps 0-3 above on the model's gradients, for what mt_optim_grads_ready has not
  * started (everything without overlap), then every bucket waited for and finished in
- * bucket order; *norm is the global gradient norm. Each bucket's reduction and the
+ * bucket order; *norm is the global gradient norm (norm NULL: its square stays in
+ * backend memory, mt_model_sumsq_acc, for mt_model_read_stats). Each bucket's reduction and the
  * norm's order of summation are the same with and without overlap: the results are
  * the same, bit for bit. */
 int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
@@ -306,13 +307,13 @@ bool mt_optim_zero(const struct mt_optim *o);
 void mt_optim_overlap_counts(const struct mt_optim *o, int *early, int *total);
 
 /* Bytes of backend memory the optimizer holds: moments (with ZeRO, gradient and moment
- * slices), its staging buffers and the norm accumulator. */
+ * slices) and its staging buffers (the norm's accumulator is the model's,
+ * mt_model_sumsq_acc). */
 size_t mt_optim_memory(const struct mt_optim *o);
 /* The same by kind: Adam moments (fp32, ZeRO: this rank's slices), the reduced gradient
- * slices ZeRO keeps, the staging buffers of the gradient reductions, the norm's
- * accumulator. */
+ * slices ZeRO keeps, the staging buffers of the gradient reductions. */
 struct mt_optim_bytes {
-    size_t moments, grad_shards, staging, norm;
+    size_t moments, grad_shards, staging;
 };
 void mt_optim_bytes(const struct mt_optim *o, struct mt_optim_bytes *b);
 
