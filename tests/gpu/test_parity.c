@@ -1706,6 +1706,45 @@ static void test_cross_entropy(void)
     ce_case(50, 1001, 333, 333);
 }
 
+/* lse_combine: the shards' logsumexps combined per token in shard order (fp64 exp and
+ * log, rounded to fp32: within fp32 rounding of the reference). loss_sum: the same
+ * running fp64 sum in token order of fp32 differences, added to what acc held: the same
+ * bits. */
+static void test_loss_ops(void)
+{
+    const int N = 77;
+    for (int R = 1; R <= 4; R *= 2) {
+        float *sh = hrandn((size_t)R * N, 4.0f), *want = xmalloc(sizeof(float) * N);
+        C->op.lse_combine(C->ctx, want, sh, R, N);
+        float *d_sh = dup_to_dev(sh, sizeof(float) * R * N), *d_lse = dalloc(sizeof(float) * N);
+        G->op.lse_combine(G->ctx, d_lse, d_sh, R, N);
+        char what[64];
+        snprintf(what, sizeof what, "lse_combine R=%d N=%d", R, N);
+        expect_close_dev(what, want, d_lse, N, NMSE_FP32);
+        free(sh);
+        free(want);
+        dfree(d_sh);
+        dfree(d_lse);
+    }
+    float *lse = hrandn(N, 3.0f), *tl = hrandn(N, 3.0f);
+    int32_t *tg = xmalloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) tg[n] = n % 5 == 2 ? -1 : n;
+    double want = 0.25;
+    C->op.loss_sum(C->ctx, &want, lse, tl, tg, N);
+    double got = 0.25, *d_acc = dup_to_dev(&got, sizeof got);
+    float *d_lse = dup_to_dev(lse, sizeof(float) * N), *d_tl = dup_to_dev(tl, sizeof(float) * N);
+    int32_t *d_tg = dup_to_dev(tg, sizeof(int32_t) * N);
+    G->op.loss_sum(G->ctx, d_acc, d_lse, d_tl, d_tg, N);
+    expect_bytes_dev("loss_sum onto 0.25", &want, d_acc, sizeof want);
+    free(lse);
+    free(tl);
+    free(tg);
+    dfree(d_acc);
+    dfree(d_lse);
+    dfree(d_tl);
+    dfree(d_tg);
+}
+
 static void test_adamw(void)
 {
     const size_t n = 10001;
@@ -1868,6 +1907,7 @@ int main(void)
     test_balancing_losses();
     test_dispatch();
     test_cross_entropy();
+    test_loss_ops();
     test_adamw();
     test_bf16_round();
     test_scale_sumsq();

@@ -443,11 +443,14 @@ static void test_memory_and_flops(void **state)
     assert_int_equal(r.params, sizeof(float) * mt_model_num_params(m));
     assert_int_equal(r.grads, r.params);
     assert_true(r.activations > r.params && r.scratch > 0);
-    /* host expert biases and counts, 2 MoE layers of 4 experts; the routing accumulators
-     * (two losses, the dropped count, the loads) in backend memory and their host copy */
-    const size_t acc = 2 * sizeof(double) + sizeof(int64_t) + sizeof(int64_t) * 2 * 4;
+    /* host expert biases and counts, 2 MoE layers of 4 experts; the step's scalars (the
+     * norm's sum of squares, the loads, one forward's record: three sums and the dropped
+     * count) in backend memory and their host copy; the token staging of one forward
+     * (inputs, targets, shard inputs of B_ x 8 tokens) and its count of valid targets */
+    const size_t acc = sizeof(double) + sizeof(int64_t) * 2 * 4 + 3 * sizeof(double) + sizeof(int64_t);
     assert_int_equal(r.device_buffers, acc);
-    assert_int_equal(r.buffers, (sizeof(float) + sizeof(long long)) * 2 * 4 + 2 * acc);
+    assert_int_equal(r.buffers, (sizeof(float) + sizeof(long long)) * 2 * 4 + 2 * acc +
+                                    3 * sizeof(int32_t) * B_ * 8 + sizeof(long long));
     /* Megatron's formula for the tiny config: 1 dense + 2 MoE layers, T = 8 */
     const double H = 16, Q = 24, KV = 12, T = 8, V = 23;
     double mlp = H * (20 * 3.0 * 1 + (12 * 2 * 3.0 + 10 * 3.0) * 2);

@@ -1,0 +1,48 @@
+#!/bin/sh
+# A step that stays on the device (doc/host-overhead.md, "What the host waits for"):
+# the host synchronisations of a training step, counted by the guard backend (what the
+# op table's contract makes a device wait for) and logged per step, are exactly what the
+# design leaves, for dropless routing and for drop-and-pad, over several micro-batches.
+# The losses, drops, expert loads and the gradient norm stay in backend memory and are
+# read once per step; the tokens go up on the copy stream; a dropless MoE layer reads
+# its split sizes (the expert offsets) once per micro-batch; drop-and-pad reads none.
+# A read per micro-batch coming back (a loss, the routing accumulators, the tokens'
+# upload) adds micro-batches per step and fails here.
+. "$MT_TOP_SRCDIR/tests/train/common.sh"
+cd "$tmp" || exit 1
+moe="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
+# moe.nml: layer_freq 1,0,1 (2 MoE layers), global batch 16 of micro-batches of 2 (8
+# micro-batches); the expert bias off (its update uploads the biases once per step)
+NMOE=2 NMB=8
+run() { # NAME ARGS...: four iterations on the guard backend, every one logged
+    name=$1
+    shift
+    "$MOETRAIN" --backend=guard "$moe" training%train_iters=4 training%eval_interval=100 \
+        moe%router_enable_expert_bias=F logging%log_interval=1 \
+        "logging%metrics_file='$name.jsonl'" "$@" > "$name.log" 2>&1 ||
+        { cat "$name.log"; fail "$name: training failed"; }
+}
+expect() { # NAME SYNCS: every iteration waited SYNCS times
+    got=$(json_field "$1.jsonl" host_syncs | sort -u | tr '\n' ' ')
+    [ "$got" = "$2.000 " ] || { grep 'iteration ' "$1.log" | head -4; fail "$1: host synchronisations per step: $got, not $2"; }
+    echo "$1: $2 host synchronisations per step"
+}
+run dropless
+# dropless: NMOE x NMB reads of the split sizes, and the step's one read (losses,
+# drops, loads, gradient norm) = 2 x 8 + 1
+expect dropless $((NMOE * NMB + 1))
+run pad moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T
+# drop-and-pad: static offsets, nothing per micro-batch: the step's one read
+expect pad 1
+# twice the micro-batches: twice the dropless reads, the same one read per step
+run dropless16 training%global_batch_size=32
+expect dropless16 $((NMOE * 2 * NMB + 1))
+# the losses are still what the CPU backend computes (its reads are plain memory)
+"$MOETRAIN" --backend=cpu "$moe" training%train_iters=4 training%eval_interval=100 \
+    moe%router_enable_expert_bias=F logging%log_interval=1 \
+    "logging%metrics_file='cpu.jsonl'" > cpu.log 2>&1 || { cat cpu.log; fail "cpu: training failed"; }
+for key in loss grad_norm aux_loss z_loss; do
+    [ "$(json_field cpu.jsonl $key)" = "$(json_field dropless.jsonl $key)" ] ||
+        fail "guard and cpu differ in $key"
+done
+echo "PASS: one host synchronisation per step, and one per dropless MoE layer and micro-batch"
