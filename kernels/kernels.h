@@ -23,10 +23,10 @@
  *   result depends on atomics or on thread scheduling.
  * - Index arrays are int32; -1 means "none" (dropped slot, padding row,
  *   ignored target).
- * - Scalar results stay where the op runs: the balancing and z losses and dispatch_plan's
- *   dropped count and expert loads are added to accumulators in backend memory, which
- *   the caller reads when it needs them (the model once per micro-batch), so these ops
- *   never make a device backend wait.
+ * - Scalar results stay where the op runs: the loss sum, the balancing and z losses and
+ *   dispatch_plan's dropped count and expert loads are added to accumulators in backend
+ *   memory, which the caller reads when it needs them (the trainer once per step), so
+ *   these ops never make a device backend wait.
  *
  * Adding an op: add its enum value and name, its slot in struct mt_kernel_ops (same
  * position), the CPU reference, the CUDA version, and the parity test. The static
