@@ -432,6 +432,11 @@ static size_t step_acc_bytes(const struct mt_model *m, int n)
     return sizeof(struct mt_step_acc) + sizeof(int64_t) * (size_t)m->nmoe * m->E +
            sizeof(struct mt_fwd_record) * (size_t)n;
 }
+/* The all-to-all's staging of its sort maps and offsets. */
+static size_t a2a_stage_bytes(const struct mt_model *m)
+{
+    return sizeof(int32_t) * (2 * (size_t)m->x_rows_max + (size_t)m->E_l + 1);
+}
 /* The token staging of n records (inputs, targets, shard inputs of Bmax sequences each). */
 static size_t token_staging_bytes(const struct mt_model *m, int n)
 {
@@ -1277,8 +1282,12 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
     }
     for (int e = 0; e < 2; e++) {
-        m->ev_tokens[e] = o->event_create(k->ctx);
-        NEED(m->ev_tokens[e], "token upload events", 0);
+        m->ev_up[e] = o->event_create(k->ctx);
+        NEED(m->ev_up[e], "upload events", 0);
+    }
+    if (m->dispatch == MT_DISPATCH_ALLTOALL) {
+        m->a2a_stage = o->alloc_host(k->ctx, a2a_stage_bytes(m));
+        NEED(m->a2a_stage, "the all-to-all's map staging", a2a_stage_bytes(m));
     }
     NEED(alloc_stats(m, 1) == MT_OK, "the step's scalars and token staging",
          step_acc_bytes(m, 1) + token_staging_bytes(m, 1));
@@ -1369,7 +1378,8 @@ void mt_model_destroy(struct mt_model *m)
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
     free_stats(m);
     for (int e = 0; e < 2; e++)
-        if (m->ev_tokens[e]) o->event_destroy(m->k->ctx, m->ev_tokens[e]);
+        if (m->ev_up[e]) o->event_destroy(m->k->ctx, m->ev_up[e]);
+    if (m->a2a_stage) o->free_host(m->k->ctx, m->a2a_stage);
     mt_lowp_destroy(m);
     if (m->buffers != m->expert_bias) free(m->buffers);
     if (m->acts) o->free(m->k->ctx, m->acts);
@@ -1754,6 +1764,17 @@ struct mt_fwd_record *mt_model_record(const struct mt_model *m)
 
 double *mt_model_sumsq_acc(struct mt_model *m) { return &m->acc->sumsq; }
 
+void mt_model_upload(struct mt_model *m, int n, void *const *dst, const void *const *src,
+                     const size_t *bytes)
+{
+    const struct mt_kernels *k = m->k;
+    k->op.event_record(k->ctx, m->ev_up[0], MT_STREAM_COMPUTE);
+    k->op.event_wait(k->ctx, MT_STREAM_COPY, m->ev_up[0]);
+    for (int i = 0; i < n; i++) k->op.copy_async(k->ctx, dst[i], src[i], bytes[i]);
+    k->op.event_record(k->ctx, m->ev_up[1], MT_STREAM_COPY);
+    k->op.event_wait(k->ctx, MT_STREAM_COMPUTE, m->ev_up[1]);
+}
+
 int mt_model_defer_stats(struct mt_model *m, int max_forwards, struct mt_err *err)
 {
     if (max_forwards < 1 || m->nrec > 0)
@@ -1840,6 +1861,7 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
                  (m->acc_host ? step_acc_bytes(m, m->nrec_max) + token_staging_bytes(m, m->nrec_max) +
                                     sizeof(long long) * (size_t)m->nrec_max
                               : 0) +
+                 (m->a2a_stage ? a2a_stage_bytes(m) : 0) +
                  r->device_buffers + (lp - lp_dev);
 }
 

@@ -130,6 +130,8 @@ struct mt_layer_acts {
     void *eys;                  /* (Rx,H) expert output rows (ALLGATHER), in eys_dt */
     int32_t *sort_map, *unsort_map; /* (Rx) ALLTOALL: received order <-> expert order */
     long long *recv_counts;     /* ALLTOALL host: [etp][ep][E_l] rows from each source */
+    bool maps_of_counts;        /* ALLTOALL: sort_map, unsort_map and x_offsets are those
+                                   of recv_counts (static shapes upload them once) */
     int32_t *g_slot_row;        /* ALLGATHER: (G*Nl,k) slot -> expert row of the gathered tokens */
     float *g_prob;              /* ALLGATHER: (G*Nl,k) gathered routing weights */
     void *sg, *su, *sa;         /* shared expert (N,Fs_l) */
@@ -198,6 +200,12 @@ struct mt_step_acc {
 };
 /* The current pass's record in backend memory. */
 struct mt_fwd_record *mt_model_record(const struct mt_model *m);
+/* n copies src[i] (alloc_host memory) -> dst[i] (backend memory) of bytes[i] on the copy
+ * stream, after the compute queued so far and before the compute queued next; the host
+ * does not wait, and must not write src until a read of device memory has waited for
+ * the compute queued after them. */
+void mt_model_upload(struct mt_model *m, int n, void *const *dst, const void *const *src,
+                     const size_t *bytes);
 
 struct mt_model {
     struct mt_config cfg;
@@ -310,7 +318,11 @@ struct mt_model {
      * per record (a slot is written again only after the read, by which the copy that
      * took it has run); host_tokens: the current pass's slot */
     int32_t *host_tokens_all, *host_tokens;
-    void *ev_tokens[2];         /* token uploads: compute done with the last ones, copy done */
+    /* uploads on the copy stream (mt_model_upload): compute done with the destinations,
+     * the copies done */
+    void *ev_up[2];
+    /* ALLTOALL: alloc_host staging of the sort maps and offsets (2 Rx + E_l + 1) */
+    int32_t *a2a_stage;
     /* routing bookkeeping on the host (one allocation, host_scratch) */
     void *host_scratch;
     int32_t *h_idx, *h_idx2;    /* (max(N, G*Nl),k) */
@@ -472,6 +484,9 @@ int mt_pass_sp_reduce_scatter(const struct mt_pass *p, float *local, const float
  * (adt); the backward reads the output gradient from m->d_res and writes the input
  * gradient to m->d_ln. */
 int mt_moe_fwd(const struct mt_pass *p, int l);
+/* Whether a micro-batch of N tokens has routing-dependent expert offsets (dropless, or
+ * capacity without padding): route reads them, once per MoE layer. */
+bool mt_moe_dynamic(const struct mt_model *m, int N);
 int mt_moe_bwd(const struct mt_pass *p, int l);
 /* Rebuilds the routed experts' SwiGLU output of layer l (moe_act recompute). */
 void mt_moe_act_rebuild(const struct mt_pass *p, int l);

@@ -71,6 +71,11 @@ static struct mt_aux_args aux_args(const pass_t *p)
  * divided by N (Megatron divides moe_z_loss_coeff by the TP x CP size). */
 static float z_coeff(const pass_t *p) { return p->m->z_coeff / (float)p->m->sc.tp; }
 
+bool mt_moe_dynamic(const struct mt_model *m, int N)
+{
+    return !(mt_model_capacity(m, N) > 0 && m->pad_to_capacity);
+}
+
 /* Capacity dropping decided over the whole micro-batch (TP > 1): the routing of the N
  * tokens is gathered over the TP group and planned as one process plans it; this
  * rank's assignments that the plan drops become -1 in route_idx. */
@@ -370,7 +375,7 @@ static int route(const pass_t *p, int l)
     FILE *dump = NULL;
     if (count) MT_CHECK(routing_dump_file(&dump, p->err));
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
-    if (cap > 0 && m->pad_to_capacity) { /* drop-and-pad: every expert cap rows, no read */
+    if (!mt_moe_dynamic(m, p->N)) { /* drop-and-pad: every expert cap rows, no read */
         for (int e = 0; e <= E; e++) a->h_offsets[e] = (long long)e * cap;
     } else { /* the split sizes the dispatch needs: the one wait of a dynamic layer */
         int32_t *offs = m->h_offs;
@@ -510,10 +515,15 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
         at[j] = (size_t)j * El;
     }
     MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
+    /* the counts of every source into start (its room), then kept when they changed */
+    long long *counts = m->h_start;
     if (etp > 1)
-        MT_CHECK(mt_all_gather(m->etp_comm, recv, a->recv_counts, S, MT_DT_I64, p->err));
+        MT_CHECK(mt_all_gather(m->etp_comm, recv, counts, S, MT_DT_I64, p->err));
     else
-        memcpy(a->recv_counts, recv, sizeof(long long) * S);
+        memcpy(counts, recv, sizeof(long long) * S);
+    const size_t cbytes = sizeof(long long) * (size_t)etp * S;
+    const bool same = a->maps_of_counts && !memcmp(counts, a->recv_counts, cbytes);
+    memcpy(a->recv_counts, counts, cbytes);
 
     /* received order: block (q, j, le) holds recv_counts[(q*ep + j)*El + le] rows */
     const size_t blocks = (size_t)etp * S;
@@ -524,6 +534,7 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     }
     MT_CHECK(mt_model_expert_rows(p, l, a, total, true));
     a->x_rows = (int)total;
+    if (same) return MT_OK; /* static shapes (drop-and-pad): the maps on the device hold */
     int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
     int32_t r = 0;
     offs[0] = 0;
@@ -538,9 +549,24 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
             }
         offs[le + 1] = r;
     }
-    p->o->copy(p->ctx, a->sort_map, sort, sizeof(int32_t) * (size_t)total);
-    p->o->copy(p->ctx, a->unsort_map, unsort, sizeof(int32_t) * (size_t)total);
-    p->o->copy(p->ctx, a->x_offsets, offs, sizeof(int32_t) * ((size_t)El + 1));
+    void *const dst[3] = {a->sort_map, a->unsort_map, a->x_offsets};
+    const size_t bytes[3] = {sizeof(int32_t) * (size_t)total, sizeof(int32_t) * (size_t)total,
+                             sizeof(int32_t) * ((size_t)El + 1)};
+    a->maps_of_counts = true;
+    if (mt_moe_dynamic(m, p->N) && total <= m->x_rows_max) {
+        /* dropless: through the staging on the copy stream, no wait; the staging is
+         * written again only after the next MoE layer's read of its offsets (route),
+         * which waits for the compute queued after this upload */
+        int32_t *st = m->a2a_stage;
+        memcpy(st, sort, bytes[0]);
+        memcpy(st + total, unsort, bytes[1]);
+        memcpy(st + 2 * total, offs, bytes[2]);
+        const void *const src[3] = {st, st + total, st + 2 * total};
+        mt_model_upload(m, 3, dst, src, bytes);
+    } else { /* static shapes (once), or rows beyond the staging: synchronous copies */
+        const void *const src[3] = {sort, unsort, offs};
+        for (int i = 0; i < 3; i++) p->o->copy(p->ctx, dst[i], src[i], bytes[i]);
+    }
     return MT_OK;
 }
 

@@ -456,14 +456,10 @@ static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long l
     m->host_tokens = in;
     m->rec_cur = m->nrec++;
     m->rec_valid[m->rec_cur] = count;
-    const struct mt_kernel_ops *o = &k->op;
-    o->event_record(k->ctx, m->ev_tokens[0], MT_STREAM_COMPUTE);
-    o->event_wait(k->ctx, MT_STREAM_COPY, m->ev_tokens[0]);
-    o->copy_async(k->ctx, m->inputs, in, sizeof(int32_t) * N);
-    o->copy_async(k->ctx, m->targets, tg, sizeof(int32_t) * N);
-    if (m->inputs_v != m->inputs) o->copy_async(k->ctx, m->inputs_v, in_v, sizeof(int32_t) * N);
-    o->event_record(k->ctx, m->ev_tokens[1], MT_STREAM_COPY);
-    o->event_wait(k->ctx, MT_STREAM_COMPUTE, m->ev_tokens[1]);
+    void *const dst[3] = {m->inputs, m->targets, m->inputs_v};
+    const void *const src[3] = {in, tg, in_v};
+    const size_t bytes[3] = {sizeof(int32_t) * N, sizeof(int32_t) * N, sizeof(int32_t) * N};
+    mt_model_upload(m, m->inputs_v != m->inputs ? 3 : 2, dst, src, bytes);
     *valid = count;
     return MT_OK;
 }
