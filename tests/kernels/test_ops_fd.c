@@ -784,6 +784,33 @@ static void test_scale_sumsq(void **state)
     assert_true(pieces == whole);
 }
 
+/* lse_combine: one shard is itself; shards of a split vocabulary combine into the
+ * logsumexp of the whole (the cross-entropy of the whole row against its halves).
+ * loss_sum: lse - target logit over the valid targets, added to what acc held. */
+static void test_loss_combine_sum(void **state)
+{
+    (void)state;
+    float one[3] = {1.5f, -2.0f, 40.0f}, out[3];
+    O.lse_combine(K->ctx, out, one, 1, 3);
+    for (int n = 0; n < 3; n++) assert_true(out[n] == one[n]);
+    enum { N = 2, V = 6 };
+    const float logits[N * V] = {0.1f, 2.0f, -1.0f, 0.5f, 3.0f, -0.25f,
+                                 -4.0f, 1.0f, 0.0f, 7.5f, -3.0f, 2.5f};
+    const int32_t tg[N] = {4, -1};
+    float lse[N], tl[N], half[2 * N], tlh[N];
+    O.cross_entropy_fwd(K->ctx, lse, tl, logits, tg, N, V, 0);
+    float lo[N * 3], hi[N * 3]; /* the two shards of 3 columns */
+    for (int n = 0; n < N; n++)
+        for (int v = 0; v < 3; v++) lo[n * 3 + v] = logits[n * V + v], hi[n * 3 + v] = logits[n * V + 3 + v];
+    O.cross_entropy_fwd(K->ctx, half, tlh, lo, tg, N, 3, 0);
+    O.cross_entropy_fwd(K->ctx, half + N, tlh, hi, tg, N, 3, 3);
+    O.lse_combine(K->ctx, out, half, 2, N);
+    for (int n = 0; n < N; n++) assert_true(fabsf(out[n] - lse[n]) < 1e-5f * (1.0f + fabsf(lse[n])));
+    double acc = 0.5;
+    O.loss_sum(K->ctx, &acc, lse, tl, tg, N);
+    assert_true(acc == 0.5 + (double)(lse[0] - tl[0])); /* the ignored target adds nothing */
+}
+
 static void test_table_complete(void **state)
 {
     (void)state;
@@ -818,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_scale_sumsq),
+        cmocka_unit_test(test_loss_combine_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
