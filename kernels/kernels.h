@@ -135,6 +135,7 @@ enum mt_op {
     MT_OP_Z_LOSS_FWD,
     MT_OP_Z_LOSS_BWD,
     MT_OP_DISPATCH_PLAN,
+    MT_OP_DROP_MASK,
     MT_OP_PERMUTE_FWD,
     MT_OP_PERMUTE_BWD,
     MT_OP_UNPERMUTE_FWD,
@@ -347,6 +348,11 @@ struct mt_kernel_ops {
                           const float *topk_prob, int N, int E, int topk, int capacity,
                           enum mt_drop_policy policy, bool pad, int64_t *dropped,
                           int64_t *load);
+    // Capacity decided over a larger group (the TP group's whole micro-batch): out (n) =
+    // idx, with -1 where slot_row < 0 (the plan of the whole dropped the assignment);
+    // dropped (1, backend memory, or NULL) += those assignments. out may alias idx.
+    void (*drop_mask)(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                      size_t n, int64_t *dropped);
     // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
     void (*permute_fwd)(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                         const int32_t *row_slot, int rows, int topk, int C);

@@ -12,7 +12,7 @@ const char *const mt_op_names[] = {
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
     "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
-    "dispatch_plan", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
+    "dispatch_plan", "drop_mask", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
     "cross_entropy_fwd", "cross_entropy_bwd", "lse_combine", "loss_sum", "adamw", "bf16_round", "convert", "scale", "sumsq",
 };
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
@@ -107,6 +107,7 @@ static const struct mt_kernels cpu_kernels = {
         .z_loss_fwd = mt_cpu_z_loss_fwd,
         .z_loss_bwd = mt_cpu_z_loss_bwd,
         .dispatch_plan = mt_cpu_dispatch_plan,
+        .drop_mask = mt_cpu_drop_mask,
         .permute_fwd = mt_cpu_t_permute_fwd,
         .permute_bwd = mt_cpu_permute_bwd,
         .unpermute_fwd = mt_cpu_t_unpermute_fwd,
@@ -167,6 +168,7 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_Z_LOSS_FWD: return o->z_loss_fwd != NULL;
     case MT_OP_Z_LOSS_BWD: return o->z_loss_bwd != NULL;
     case MT_OP_DISPATCH_PLAN: return o->dispatch_plan != NULL;
+    case MT_OP_DROP_MASK: return o->drop_mask != NULL;
     case MT_OP_PERMUTE_FWD: return o->permute_fwd != NULL;
     case MT_OP_PERMUTE_BWD: return o->permute_bwd != NULL;
     case MT_OP_UNPERMUTE_FWD: return o->unpermute_fwd != NULL;

@@ -592,6 +592,14 @@ static void g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int3
                                                    capacity, policy, pad, dropped, load));
 }
 
+static void g_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                        size_t n, int64_t *dropped)
+{
+    dev("drop_mask", "out", out), dev("drop_mask", "idx", idx);
+    dev("drop_mask", "slot_row", slot_row), dev("drop_mask", "dropped", dropped);
+    RUN(MT_OP_DROP_MASK, cpu->op.drop_mask(ctx, out, idx, slot_row, n, dropped));
+}
+
 static void g_permute_fwd(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                           const int32_t *row_slot, int rows, int topk, int C)
 {
@@ -777,6 +785,7 @@ static const struct mt_kernels guard_kernels = {
         .z_loss_fwd = g_z_loss_fwd,
         .z_loss_bwd = g_z_loss_bwd,
         .dispatch_plan = g_dispatch_plan,
+        .drop_mask = g_drop_mask,
         .permute_fwd = g_permute_fwd,
         .permute_bwd = g_permute_bwd,
         .unpermute_fwd = g_unpermute_fwd,

@@ -285,6 +285,19 @@ static void sort_cands(struct cand *c, struct cand *tmp, int n)
     }
 }
 
+void mt_cpu_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                      size_t n, int64_t *dropped)
+{
+    (void)ctx;
+    int64_t d = 0;
+    for (size_t s = 0; s < n; s++) {
+        const bool drop = slot_row[s] < 0;
+        out[s] = drop ? -1 : idx[s];
+        d += drop;
+    }
+    if (dropped) *dropped += d;
+}
+
 void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                           const float *topk_prob, int N, int E, int topk, int capacity,
                           enum mt_drop_policy policy, bool pad, int64_t *dropped_acc,

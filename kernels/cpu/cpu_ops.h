@@ -211,6 +211,8 @@ void mt_cpu_z_loss_fwd(void *ctx, double *acc, float *lse, const float *logits, 
                        float coeff);
 void mt_cpu_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse,
                        const float *logits, int N, int E, float coeff);
+void mt_cpu_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                      size_t n, int64_t *dropped);
 void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                           const float *topk_prob, int N, int E, int topk, int capacity,
                           enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load);

@@ -59,6 +59,7 @@ static struct mt_kernels cuda_kernels = {
         .z_loss_fwd = mt_cuda_z_loss_fwd,
         .z_loss_bwd = mt_cuda_z_loss_bwd,
         .dispatch_plan = mt_cuda_dispatch_plan,
+        .drop_mask = mt_cuda_drop_mask,
         .permute_fwd = mt_cuda_permute_fwd,
         .permute_bwd = mt_cuda_permute_bwd,
         .unpermute_fwd = mt_cuda_unpermute_fwd,

@@ -604,6 +604,37 @@ static void sort_pairs(mt_cuda_ctx *c, const K *key_in, K *key_out, const int32_
     mt_cuda_scratch_free(c, temp);
 }
 
+// One block: each thread masks a stride of the slots and counts its drops; the counts
+// (integers: any order gives the same sum) are summed by thread 0.
+__global__ static void drop_mask_kernel(int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                                        size_t n, int64_t *dropped)
+{
+    MT_SHARED(long long, part, [1024]);
+    long long d = 0;
+    for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
+        const bool drop = slot_row[s] < 0;
+        out[s] = drop ? -1 : idx[s];
+        d += drop;
+    }
+    part[threadIdx.x] = d;
+    __syncthreads();
+    if (threadIdx.x == 0 && dropped) {
+        long long sum = 0;
+        for (int t = 0; t < (int)blockDim.x; t++) sum += part[t];
+        *dropped += sum;
+    }
+}
+
+extern "C" void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
+                                  size_t n, int64_t *dropped)
+{
+    MT_CUDA_OP(ctx, MT_OP_DROP_MASK);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    MT_LAUNCH(1, 256, 0, c->stream, drop_mask_kernel)(out, idx, slot_row, n, dropped);
+    MT_CUDA_LAUNCHED();
+}
+
 extern "C" void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                                       const float *topk_prob, int N, int E, int topk, int capacity,
                                       enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load)

@@ -78,8 +78,9 @@ bool mt_moe_dynamic(const struct mt_model *m, int N)
 
 /* Capacity dropping decided over the whole micro-batch (TP > 1): the routing of the N
  * tokens is gathered over the TP group and planned as one process plans it; this
- * rank's assignments that the plan drops become -1 in route_idx. */
-static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, long long *dropped)
+ * rank's assignments that the plan drops become -1 in route_idx, and are added to
+ * dropped (backend memory, or NULL), all on the backend. */
+static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, int64_t *dropped)
 {
     struct mt_model *m = p->m;
     const size_t k = (size_t)m->topk, nk = (size_t)p->Nl * k;
@@ -87,17 +88,8 @@ static int drop_over_tp(const pass_t *p, struct mt_layer_acts *a, int cap, long 
     MT_CHECK(mt_all_gather(m->tp_comm, a->topk_prob, m->prob_full, nk, MT_DT_F32, p->err));
     p->o->dispatch_plan(p->ctx, &m->full_plan, m->idx_full, m->prob_full, p->N, m->E, m->topk,
                         cap, m->drop_policy, false, NULL, NULL);
-    int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
-    p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
-    p->o->copy(p->ctx, slot_row, m->full_plan.slot_row + (size_t)p->tok0 * k, sizeof(int32_t) * nk);
-    long long d = 0;
-    for (size_t s = 0; s < nk; s++)
-        if (slot_row[s] < 0) {
-            idx[s] = -1;
-            d++;
-        }
-    p->o->copy(p->ctx, m->route_idx, idx, sizeof(int32_t) * nk);
-    *dropped = d;
+    p->o->drop_mask(p->ctx, m->route_idx, a->topk_idx, m->full_plan.slot_row + (size_t)p->tok0 * k,
+                    nk, dropped);
     return MT_OK;
 }
 
@@ -360,9 +352,7 @@ static int route(const pass_t *p, int l)
     const int cap = mt_model_capacity(m, p->N);
     const int32_t *idx = a->topk_idx;
     if (cap > 0 && m->sc.tp > 1) {
-        long long dropped = 0;
-        MT_CHECK(drop_over_tp(p, a, cap, &dropped));
-        if (count) p->st->dropped_tokens += dropped;
+        MT_CHECK(drop_over_tp(p, a, cap, count ? &acc->dropped : NULL));
         idx = m->route_idx;
     }
     /* &cuda_graph moe_preprocess: the plan, up to the host's read of its offsets */

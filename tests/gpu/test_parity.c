@@ -1745,6 +1745,31 @@ static void test_loss_ops(void)
     dfree(d_tg);
 }
 
+/* drop_mask: the same masked routing and the same count of drops, added to acc. */
+static void test_drop_mask(void)
+{
+    const size_t n = 1000;
+    int32_t *idx = xmalloc(sizeof(int32_t) * n), *slot = xmalloc(sizeof(int32_t) * n);
+    int32_t *want = xmalloc(sizeof(int32_t) * n);
+    for (size_t s = 0; s < n; s++) {
+        idx[s] = (int32_t)(s % 16);
+        slot[s] = s % 3 == 1 ? -1 : (int32_t)s;
+    }
+    int64_t dw = 5, dg = 5;
+    C->op.drop_mask(C->ctx, want, idx, slot, n, &dw);
+    int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * n), *d_slot = dup_to_dev(slot, sizeof(int32_t) * n);
+    int64_t *d_d = dup_to_dev(&dg, sizeof dg);
+    G->op.drop_mask(G->ctx, d_idx, d_idx, d_slot, n, d_d); /* in place */
+    expect_bytes_dev("drop_mask (in place)", want, d_idx, sizeof(int32_t) * n);
+    expect_bytes_dev("drop_mask count onto 5", &dw, d_d, sizeof dw);
+    free(idx);
+    free(slot);
+    free(want);
+    dfree(d_idx);
+    dfree(d_slot);
+    dfree(d_d);
+}
+
 static void test_adamw(void)
 {
     const size_t n = 10001;
@@ -1906,6 +1931,7 @@ int main(void)
     test_router();
     test_balancing_losses();
     test_dispatch();
+    test_drop_mask();
     test_cross_entropy();
     test_loss_ops();
     test_adamw();

@@ -20,6 +20,7 @@ for layout in \
     "dp_pad 2 1 $ZERO $PAD" \
     "tp 2 17 $TP2 parallel%expert_tensor_parallel_size=1" \
     "tp_etp 2 17 $TP2" \
+    "tp_pad 2 1 $TP2 $PAD" \
     "ep 2 9 $EP2" \
     "ep_pad 2 1 $EP2 $PAD" \
     "pp 2 9 $PP2" \
@@ -31,7 +32,8 @@ for layout in \
     #   combined on the backend): 8 micro-batches x 2 MoE layers + 1 = 17
     # tp_etp (the experts split over ETP 2: the all-to-all dispatcher, its sort maps
     #   uploaded on the copy stream): 17 as tp; ep: 4 micro-batches x 2 + 1 = 9;
-    #   ep_pad: the counts static, the maps uploaded once (the first step: 7)
+    #   ep_pad: the counts static, the maps uploaded once (the first step: 7); tp_pad:
+    #   the capacity decided over the TP group's micro-batch on the backend (drop_mask)
     # pp: each stage one MoE layer (layers 0 and 2 of 4): 8 micro-batches x 1 + 1 = 9
     #   (the first stage's embedding and the last's loss add nothing); vpp: stage 0
     #   holds the chunks of layers 0 and 2, both MoE: 8 x 2 + 1 = 17
