@@ -271,6 +271,23 @@ int mt_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t 
     return started(req, c->ops->all_gather_start(c, send, recv, count, dt, req, err));
 }
 
+int mt_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                       struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "p2p batch", dt, err));
+    for (int i = 0; i < n; i++)
+        MT_CHECK(check_peer(c, ops[i].send ? "send" : "recv", "peer", ops[i].peer, err));
+    if (n > MT_P2P_START_MAX)
+        return mt_err_set(err, MT_EINVAL, "p2p batch on %s: %d transfers started, at most %d",
+                          c->name, n, MT_P2P_START_MAX);
+    MT_CHECK(take_request(c, "p2p batch", req, err));
+    if (!c->ops->p2p_batch_start) return mt_p2p_batch(c, ops, n, dt, err);
+    req->nops = n;
+    req->dt = dt;
+    memcpy(req->ops, ops, sizeof *ops * (size_t)n);
+    return started(req, c->ops->p2p_batch_start(c, ops, n, dt, req, err));
+}
+
 int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err)
 {
     if (!req || !mt_comm_pending(req)) return MT_OK;

@@ -35,14 +35,21 @@ struct mt_p2p {
  * below). The caller owns the storage and keeps it, and the buffers the collective
  * reads and writes, untouched until mt_comm_wait; a request is reused after its wait.
  * Zero-initialise it before the first use. */
+#define MT_P2P_START_MAX 4 /* transfers of one started batch (mt_p2p_batch_start) */
+
 struct mt_comm_req {
     struct mt_comm *comm;  /* the comm that completes it; NULL: nothing pending */
     const char *op;        /* the collective, for messages */
-    union {                /* the backend's handle: an MPI_Request, an event's slot */
+    union {                /* the backend's handle: an MPI_Request (one per transfer of a
+                              started batch), an event's slot */
         void *p;
         long long i;
-        unsigned char bytes[16];
+        unsigned char bytes[16 * MT_P2P_START_MAX];
     } h;
+    int nops;              /* a started p2p batch: its transfers and their type, checked
+                              at the wait */
+    struct mt_p2p ops[MT_P2P_START_MAX];
+    enum mt_dt dt;
 };
 
 struct mt_comm_ops {
@@ -85,6 +92,10 @@ struct mt_comm_ops {
     int (*all_gather_start)(struct mt_comm *c, const void *send, void *recv, size_t count,
                             enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err);
     int (*wait)(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err);
+    /* Optional (NULL: mt_p2p_batch_start runs the blocking batch): p2p_batch started
+     * without waiting, completed by wait like the collectives' starts. */
+    int (*p2p_batch_start)(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                           struct mt_comm_req *req, struct mt_err *err);
 };
 
 struct mt_comm {
@@ -139,6 +150,17 @@ int mt_reduce_scatter_start(struct mt_comm *c, const void *send, void *recv, siz
                             struct mt_err *err);
 int mt_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t count,
                         enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err);
+/* mt_p2p_batch started (Megatron's batch_isend_irecv without its wait; at most
+ * MT_P2P_START_MAX transfers) and completed by mt_comm_wait(req), which waits for all
+ * of them; the buffers stay untouched until then. Successive batches between two ranks
+ * match in the order they are started, by tag within a batch, as mt_p2p_batch. MPI:
+ * MPI_Isend/MPI_Irecv kept as requests in req, tested at the wait within the comm's
+ * timeout (counted from the wait's start; the message names "p2p batch", the group and
+ * the seconds), received sizes checked there. NCCL: the grouped sends and receives
+ * enqueued on the comm's stream after the compute work queued so far, the wait a
+ * stream wait, as the collectives' starts. Self: done at the start. */
+int mt_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                       struct mt_comm_req *req, struct mt_err *err);
 /* Completes req (nothing to do when nothing is pending); req is free again after. */
 int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err);
 /* Whether req holds a started collective not yet waited for. */

@@ -131,6 +131,23 @@ static int d_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum 
     return rc;
 }
 
+/* As d_p2p_batch; started on the comm it routes to, which completes it, except where
+ * the device transport needs dm.enter/leave around it (see STARTED below): done now. */
+static int d_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                             struct mt_comm_req *req, struct mt_err *err)
+{
+    struct dual_impl *d = dual(c);
+    int nset = 0, ndev = 0;
+    for (int i = 0; i < n; i++) classify(d, ops[i].buf, &nset, &ndev);
+    struct mt_comm *to = pick(c, "p2p_batch", nset, ndev, err);
+    if (!to) return err->code;
+    if (to != d->device || !d->dm.enter) return mt_p2p_batch_start(to, ops, n, dt, req, err);
+    d->dm.enter(d->dm.arg);
+    int rc = mt_p2p_batch(to, ops, n, dt, err);
+    if (d->dm.leave) d->dm.leave(d->dm.arg);
+    return rc;
+}
+
 /* A start on device memory goes to the device comm, whose request it becomes; where
  * the device transport needs dm.enter/leave around it (the host comm moving the guard
  * backend's emulated device memory, mapped only during a call), the collective cannot
@@ -198,6 +215,7 @@ static const struct mt_comm_ops dual_ops = {
     .reduce_scatter_start = d_reduce_scatter_start,
     .all_gather_start = d_all_gather_start,
     .wait = NULL, /* requests belong to the comm a start routed to */
+    .p2p_batch_start = d_p2p_batch_start,
 };
 
 int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_device,

@@ -230,15 +230,10 @@ static int mpi_recv(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, i
 
 #define P2P_BATCH_MAX 8
 
-static int mpi_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
-                         struct mt_err *err)
+/* Posts every transfer of a batch (MPI_Isend, MPI_Irecv) into req[0..n). */
+static int p2p_post(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                    MPI_Request *req, struct mt_err *err)
 {
-    if (n > P2P_BATCH_MAX)
-        return mt_err_set(err, MT_EINVAL, "p2p batch on %s: %d transfers, at most %d", c->name, n,
-                          P2P_BATCH_MAX);
-    struct mt_deadline d = mt_deadline_start(c->timeout_s);
-    MPI_Request req[P2P_BATCH_MAX];
-    MPI_Status st[P2P_BATCH_MAX];
     for (int i = 0; i < n; i++) {
         const struct mt_p2p *x = &ops[i];
         MT_CHECK(check_int(c, "p2p batch", "count", i, x->count, err));
@@ -248,13 +243,22 @@ static int mpi_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enu
                                      handle(c), &req[i]);
         if (rc != MPI_SUCCESS) return call_error(c, "p2p batch", rc, err);
     }
+    return MT_OK;
+}
+
+/* Tests the posted transfers until all are done (within d), then checks what arrived. */
+static int p2p_complete(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                        MPI_Request *req, struct mt_deadline *d, struct mt_err *err)
+{
+    MPI_Status st[P2P_BATCH_MAX];
     for (;;) {
         int done = 0;
         int rc = MPI_Testall(n, req, &done, st);
         if (rc != MPI_SUCCESS) return call_error(c, "p2p batch", rc, err);
         if (done) break;
-        if (d.end > 0 && mt_deadline_passed(&d)) return mt_comm_timeout_error(c, "p2p batch", &d, err);
-        mt_deadline_pause(&d);
+        if (d->end > 0 && mt_deadline_passed(d))
+            return mt_comm_timeout_error(c, "p2p batch", d, err);
+        mt_deadline_pause(d);
     }
     for (int i = 0; i < n; i++) {
         int got = 0;
@@ -267,6 +271,18 @@ static int mpi_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enu
                               c->name, ops[i].count, ops[i].peer, ops[i].tag, got);
     }
     return MT_OK;
+}
+
+static int mpi_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                         struct mt_err *err)
+{
+    if (n > P2P_BATCH_MAX)
+        return mt_err_set(err, MT_EINVAL, "p2p batch on %s: %d transfers, at most %d", c->name, n,
+                          P2P_BATCH_MAX);
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MPI_Request req[P2P_BATCH_MAX];
+    MT_CHECK(p2p_post(c, ops, n, dt, req, err));
+    return p2p_complete(c, ops, n, dt, req, &d, err);
 }
 
 static int mpi_barrier(struct mt_comm *c, struct mt_err *err)
@@ -286,6 +302,10 @@ static MPI_Request *request_of(struct mt_comm_req *req)
 {
     return (MPI_Request *)(void *)req->h.bytes;
 }
+
+_Static_assert(MT_P2P_START_MAX * sizeof(MPI_Request) <= sizeof(((struct mt_comm_req *)0)->h),
+               "a started batch's MPI_Requests must fit in struct mt_comm_req's handle");
+_Static_assert(MT_P2P_START_MAX <= P2P_BATCH_MAX, "a started batch is a batch");
 
 /* After an MPI start returned rc: pending on c, or failed (the comm is then broken). */
 static int pending(struct mt_comm *c, struct mt_comm_req *req, int rc, struct mt_err *err)
@@ -326,11 +346,22 @@ static int mpi_all_gather_start(struct mt_comm *c, const void *send, void *recv,
     return pending(c, req, rc, err);
 }
 
+/* The batch's requests, one per transfer, side by side in req->h. */
+static int mpi_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
+                               struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(p2p_post(c, ops, n, dt, request_of(req), err));
+    req->comm = c;
+    return MT_OK;
+}
+
 /* Tests the request until done, bounded by the timeout from now (the collective may
  * have been started long before: the bound is on how long the caller blocks). */
 static int mpi_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
 {
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    if (req->nops > 0) /* a started p2p batch (its dt: bytes or elements, as posted) */
+        return p2p_complete(c, req->ops, req->nops, req->dt, request_of(req), &d, err);
     return finish(c, req->op, MPI_SUCCESS, request_of(req), NULL, &d, err);
 }
 
@@ -359,6 +390,7 @@ static const struct mt_comm_ops mpi_ops = {
     .reduce_scatter_start = mpi_reduce_scatter_start,
     .all_gather_start = mpi_all_gather_start,
     .wait = mpi_wait,
+    .p2p_batch_start = mpi_p2p_batch_start,
 };
 
 int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int world_rank,

@@ -14,7 +14,7 @@
  * ...) return once the collective is enqueued, with an event recorded after it on the
  * comm stream; the wait makes the compute stream wait for that event, so compute work
  * queued between start and wait runs beside the collective and nothing waits on the
- * host. all_to_all_v and p2p_batch are
+ * host; mt_p2p_batch_start likewise. all_to_all_v and p2p_batch are
  * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int.
  *
  * Communicators of parallel groups are split from one parent (mt_comm_nccl_split,
@@ -268,12 +268,10 @@ static bool next_tag(const struct mt_p2p *ops, int nops, bool first, int *tag)
  * MPI's non-overtaking rule) makes a batch match by tag as with MPI, whatever
  * order each side lists its transfers in. Empty transfers are skipped on both
  * sides alike. */
-static int nccl_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int nops, enum mt_dt dt,
-                          struct mt_err *err)
+static ncclResult_t p2p_enqueue(struct mt_comm *c, const struct mt_p2p *ops, int nops,
+                                enum mt_dt dt)
 {
     struct nccl_impl *n = impl_of(c);
-    struct mt_deadline d = mt_deadline_start(c->timeout_s);
-    MT_CHECK(order_before(c, __func__, err));
     ncclResult_t r = ncclGroupStart();
     int tag = 0;
     for (bool first = true; r == ncclSuccess && next_tag(ops, nops, first, &tag); first = false)
@@ -284,7 +282,15 @@ static int nccl_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int nops,
                         : ncclRecv(x->buf, x->count, nccl_type(dt), x->peer, n->comm, n->stream);
         }
     ncclResult_t end = ncclGroupEnd();
-    return finish(c, "p2p batch", r != ncclSuccess ? r : end, &d, err);
+    return r != ncclSuccess ? r : end;
+}
+
+static int nccl_p2p_batch(struct mt_comm *c, const struct mt_p2p *ops, int nops, enum mt_dt dt,
+                          struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
+    return finish(c, "p2p batch", p2p_enqueue(c, ops, nops, dt), &d, err);
 }
 
 static int nccl_barrier(struct mt_comm *c, struct mt_err *err)
@@ -377,6 +383,13 @@ static int nccl_all_gather_start(struct mt_comm *c, const void *send, void *recv
                         ncclAllGather(send, recv, count, nccl_type(dt), n->comm, n->stream), err);
 }
 
+static int nccl_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int nops,
+                                enum mt_dt dt, struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(order_before(c, req->op, err));
+    return start_finish(c, req, p2p_enqueue(c, ops, nops, dt), err);
+}
+
 /* With a compute stream: it waits for the request's event on the device, and the host
  * goes on at once (an error NCCL already knows of is reported; a hang shows at the next
  * call that waits on the host). Without: the host polls the event within the timeout. */
@@ -454,6 +467,7 @@ static const struct mt_comm_ops nccl_ops = {
     .reduce_scatter_start = nccl_reduce_scatter_start,
     .all_gather_start = nccl_all_gather_start,
     .wait = nccl_wait,
+    .p2p_batch_start = nccl_p2p_batch_start,
 };
 
 /* A comm of rank of size, named name, with its own stream and barrier scratch; its NCCL
