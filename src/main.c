@@ -144,6 +144,10 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
                "(PP-1)/(m*VPP+PP-1) = %d/%d = %.4f\n",
                l->pp, l->vpp, l->vpp > 1 ? "interleaved 1F1B" : "1F1B", nmb, l->pp - 1,
                nmb * l->vpp + l->pp - 1, (double)(l->pp - 1) / (nmb * l->vpp + l->pp - 1));
+        if (c->parallel.overlap_p2p_comm)
+            printf("pipeline transfers: the steady phase's sends and receives started before "
+                   "the compute that follows them, waited for before their data is used "
+                   "(overlap_p2p_comm)\n");
         for (int s = 0; s < l->pp; s++) {
             printf("  stage %d:", s);
             for (int ch = 0; ch < l->vpp; ch++) {

@@ -1059,6 +1059,14 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "&parallel overlap_param_gather = .true. needs overlap_grad_reduce = "
                           ".true. (as Megatron: must use --overlap-param-gather with "
                           "--overlap-grad-reduce)");
+    if (p->overlap_p2p_comm && l->vpp <= 1)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel overlap_p2p_comm = .true. needs the interleaved pipeline "
+                          "schedule (pipeline_model_parallel_size > 1 and "
+                          "virtual_pipeline_model_parallel_size > 1; here PP %d, VPP %d): set "
+                          "both, or overlap_p2p_comm = .false. (Megatron: the non-interleaved "
+                          "schedule does not support overlapping p2p communication)",
+                          l->pp, l->vpp);
     if (l->tp > 1) {
         if (!p->sequence_parallel)
             return mt_err_set(err, MT_EINVAL,

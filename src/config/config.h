@@ -80,6 +80,7 @@ struct mt_config_parallel {
     double distributed_timeout_minutes; /* bound on every collective */
     bool overlap_grad_reduce;        /* each gradient bucket reduced as backward finishes it */
     bool overlap_param_gather;       /* each bucket's all-gather waited for at first use */
+    bool overlap_p2p_comm;           /* interleaved pipeline: transfers started ahead */
     int ddp_bucket_size;             /* gradient bucket, elements; 0: max(40M, 1M x DP) */
 };
 

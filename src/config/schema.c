@@ -138,6 +138,12 @@ const struct mt_key mt_schema[] = {
           "with ZeRO-1: start the all-gather of the updated parameters after the step and wait "
           "for each bucket only before the next forward first uses its parameters; needs "
           "use_distributed_optimizer and overlap_grad_reduce (as Megatron)"),
+    KBOOL(parallel, overlap_p2p_comm, 0,
+          "interleaved pipeline schedule (virtual_pipeline_model_parallel_size > 1): in the "
+          "steady 1F1B phase, start each forward's send and the next input's receive before "
+          "the backward that follows, and wait for them just before their data is used "
+          "(Megatron's --overlap-p2p-communication). Results are the same, bit for bit "
+          "(doc/host-overhead.md, Overlap)"),
     KINT(parallel, ddp_bucket_size, 0, 0, IMAX,
          "elements per gradient bucket of the data-parallel reduction (Megatron's "
          "--ddp-bucket-size); 0 = max(40000000, 1000000 x data-parallel size)"),
