@@ -84,6 +84,10 @@ struct trainer {
     int msg_nfree;
     float **q_mem;
     bool dry;
+    /* &parallel overlap_p2p_comm (interleaved schedule): transfers of the steady phase
+     * started before the compute that follows them; how many the last step started so */
+    bool overlap_p2p;
+    long long p2p_ahead;
 };
 
 /* The stop a signal handler asked for: the first signal, and how many were asked for.
@@ -437,11 +441,21 @@ struct pp_queue {
     int head, tail;
 };
 
+/* overlap_p2p_comm: one direction's batch, started and not yet waited for: the message it
+ * sends (freed at the wait) and the one it receives (queued at the wait, into). */
+struct il_inflight {
+    struct mt_comm_req req;
+    float *sent, *recv;
+    struct pp_queue *into;
+};
+
 struct il_state {
     struct trainer *t;
     struct pp_acc *a;
     int nmb;
     struct pp_queue qx[MT_MAX_VPP], qg[MT_MAX_VPP];
+    struct il_inflight fwd, bwd; /* activations forward, gradients back (overlap_p2p) */
+    long long ahead;             /* transfers started before a compute they overlap */
 };
 
 static void q_push(struct pp_queue *q, float *x) { q->q[q->tail++] = x; }
@@ -508,6 +522,51 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
         *x = *g = NULL;
     }
     return rc;
+}
+
+/* overlap_p2p_comm: starts one direction's transfers of the steady phase: send (a message
+ * of the schedule's, owned by f from now on) to send_peer, and with recv the next message
+ * from recv_peer, to be queued into `into` at the wait (il_finish). */
+static int il_start(struct il_state *S, struct il_inflight *f, float *send, int send_peer,
+                    bool recv, int recv_peer, int tag, struct pp_queue *into, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const size_t bytes = pp_bytes(t, tag);
+    struct mt_p2p ops[2];
+    int n = 0;
+    f->sent = send;
+    f->recv = recv ? msg_alloc(t) : NULL;
+    f->into = into;
+    if (recv && !f->recv) {
+        msg_free(t, send);
+        f->sent = NULL;
+        return mt_err_set(err, MT_ENOMEM, "out of memory for pipeline messages");
+    }
+    if (send) ops[n++] = (struct mt_p2p){true, send, bytes, send_peer, tag};
+    if (recv) ops[n++] = (struct mt_p2p){false, f->recv, bytes, recv_peer, tag};
+    int rc = n && !t->dry ? mt_p2p_batch_start(t->pp_comm, ops, n, MT_DT_U8, &f->req, err)
+                          : MT_OK;
+    if (rc) {
+        msg_free(t, f->sent);
+        msg_free(t, f->recv);
+        f->sent = f->recv = NULL;
+        return rc;
+    }
+    S->ahead += n;
+    return MT_OK;
+}
+
+/* Waits for f's transfers (if any): its message sent is free again, the one received
+ * queued for the compute that uses it. */
+static int il_finish(struct il_state *S, struct il_inflight *f, struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    int rc = mt_comm_wait(&f->req, err);
+    if (rc) return rc; /* the buffers may still be in use: left to the abort that follows */
+    msg_free(t, f->sent);
+    if (f->recv) q_push(f->into, f->recv);
+    f->sent = f->recv = NULL;
+    return MT_OK;
 }
 
 /* forward_step_helper: virtual micro-batch k; *out gets the output to send (NULL for
@@ -579,14 +638,11 @@ static int il_run(struct il_state *S, struct mt_err *err)
         if (recv_next) q_push(&S->qg[V - 1], g);
         if (recv_prev) q_push(&S->qx[nc], x);
     }
+    const int next = (t->pp_rank + 1) % P, prev = (t->pp_rank + P - 1) % P;
     for (int k = 0; k < rem; k++) {
         const int fk = k + warm, bk = k;
+        MT_CHECK(il_finish(S, &S->fwd, err));
         MT_CHECK(il_fwd(S, fk, &out, err));
-        int rc = il_bwd(S, bk, &dx, err);
-        if (rc) {
-            msg_free(t, out);
-            return rc;
-        }
         bool recv_prev = true, recv_next = true;
         int nfc, nbc;
         if (t->first) {
@@ -604,6 +660,20 @@ static int il_run(struct il_state *S, struct mt_err *err)
             nbc = chunk_of(t, bk + 1, false);
         }
         if (k == rem - 1) recv_prev = false;
+        if (t->overlap_p2p) { /* Megatron's overlap_p2p_comm: each direction on its own */
+            MT_CHECK(il_start(S, &S->fwd, out, next, recv_prev, prev, TAG_PP_FWD, &S->qx[nfc],
+                              err));
+            MT_CHECK(il_finish(S, &S->bwd, err));
+            MT_CHECK(il_bwd(S, bk, &dx, err));
+            MT_CHECK(il_start(S, &S->bwd, dx, prev, recv_next, next, TAG_PP_BWD, &S->qg[nbc],
+                              err));
+            continue;
+        }
+        int rc = il_bwd(S, bk, &dx, err);
+        if (rc) {
+            msg_free(t, out);
+            return rc;
+        }
         rc = il_exchange(S, out, dx, recv_prev, recv_next, &x, &g, err);
         msg_free(t, out);
         msg_free(t, dx);
@@ -611,6 +681,8 @@ static int il_run(struct il_state *S, struct mt_err *err)
         if (recv_prev) q_push(&S->qx[nfc], x);
         if (recv_next) q_push(&S->qg[nbc], g);
     }
+    MT_CHECK(il_finish(S, &S->fwd, err));
+    MT_CHECK(il_finish(S, &S->bwd, err));
     if (all_warm && !t->last) {
         MT_CHECK(il_exchange(S, NULL, NULL, false, true, &x, &g, err));
         q_push(&S->qg[V - 1], g);
@@ -637,6 +709,7 @@ static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb,
         S.qg[c].q = mem + (size_t)(2 * c + 1) * (nmb + 1);
     }
     int rc = il_run(&S, err);
+    t->p2p_ahead = S.ahead;
     for (int c = 0; c < t->vpp; c++) { /* left over only after an error */
         float *x;
         while ((x = q_pop(&S.qx[c]))) msg_free(t, x);
@@ -684,10 +757,11 @@ static int pp_log(struct trainer *t, struct mt_err *err)
 {
     int per_chunk[MT_MAX_VPP];
     const int nmb = t->layout->num_micro_batches;
-    enum { NI = 6 + 3 * MT_MAX_VPP };
+    enum { NI = 7 + 3 * MT_MAX_VPP, AHEAD = NI - 1 };
     long long mine[NI] = {t->max_inflight, t->max_inflight_bytes,
                           pp_predict_inflight(t, nmb, per_chunk),
                           (long long)mt_model_num_params(t->model), t->msgs_peak, t->msgs_plan};
+    mine[AHEAD] = t->p2p_ahead;
     for (int c = 0; c < t->vpp; c++) {
         mine[6 + 3 * c] = t->chunk_l0[c];
         mine[7 + 3 * c] = t->chunk_l1[c];
@@ -706,6 +780,9 @@ static int pp_log(struct trainer *t, struct mt_err *err)
         say(t, " | parameters %lld | peak in-flight micro-batch chunks %lld (schedule: %lld) | "
                "peak activation bytes %lld", x[3], x[0], x[2], x[1]);
         if (t->vpp > 1) say(t, " | peak pipeline messages %lld (planned %lld)", x[4], x[5]);
+        if (t->overlap_p2p)
+            say(t, " | overlap_p2p_comm: %lld transfers per step started before the compute "
+                   "they overlap", x[AHEAD]);
         say(t, "\n");
     }
     free(all);
@@ -1160,6 +1237,7 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
         t.pp = l->pp;
         t.vpp = l->vpp;
         t.pp_rank = t.par->pp_rank;
+        t.overlap_p2p = cfg->parallel.overlap_p2p_comm;
     }
     if (rc == MT_OK)
         rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
@@ -1620,6 +1698,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         t.pp = par->pp;
         t.vpp = layout->vpp;
         t.pp_rank = par->pp_rank;
+        t.overlap_p2p = cfg->parallel.overlap_p2p_comm;
     }
     t.rank0 = !par || par->world->rank == 0;
     t.log = t.rank0 ? log : NULL;
