@@ -18,7 +18,8 @@ PARALLEL_SH = tests/parallel/equivalence.sh tests/parallel/pipeline.sh tests/par
 	tests/parallel/ckpt_memory.sh tests/parallel/kill9.sh tests/parallel/ckpt_async.sh \
 	tests/parallel/memory_plan.sh tests/parallel/bf16_storage.sh tests/parallel/hf_roundtrip.sh \
 	tests/parallel/upcycle.sh tests/parallel/recompute.sh tests/parallel/host_overhead.sh \
-	tests/parallel/fp8_layouts.sh tests/parallel/overlap.sh tests/parallel/host_syncs.sh
+	tests/parallel/fp8_layouts.sh tests/parallel/overlap.sh tests/parallel/host_syncs.sh \
+	tests/parallel/overlap_p2p.sh
 TESTS += $(PARALLEL_SH)
 tests/parallel/host_overhead.log: $(MT_ALLOCCOUNT)
 EXTRA_DIST += $(PARALLEL_SH) tests/parallel/common.sh tests/parallel/routing.awk \

@@ -1,0 +1,85 @@
+#!/bin/sh
+# &parallel overlap_p2p_comm (doc/host-overhead.md, Overlap): in the steady phase of the
+# interleaved schedule each forward's send and the next input's receive are started
+# before the backward that follows, each backward's send and the next gradient's
+# receive before the next forward, and each is waited for just before its data is used.
+# The training is the same as without it, bit for bit: the same loss and gradient norm
+# at every step and byte-identical checkpoints, over PP 2 x VPP 2 (8 micro-batches: a
+# steady phase) on the CPU and on the guard backend; the log counts the transfers
+# started ahead (none would mean the schedule posts nothing ahead). Refused without the
+# interleaved schedule (as Megatron's non-interleaved schedule refuses it), and
+# Megatron's --overlap-p2p-communication-warmup-flush by from-megatron.
+. "$MT_TOP_SRCDIR/tests/parallel/common.sh"
+need_mpirun
+LAYOUT="model%num_layers=4 moe%layer_freq=1,0,1,1 parallel%pipeline_model_parallel_size=2
+parallel%virtual_pipeline_model_parallel_size=2"
+SHORT="training%micro_batch_size=1 training%global_batch_size=8 training%seq_length=8
+training%train_iters=2 training%eval_interval=2 checkpoint%save_interval=1"
+ON="parallel%overlap_p2p_comm=T"
+
+# --check says it
+# shellcheck disable=SC2086
+"$MOETRAIN" "$nml" --check --world-size 2 $LAYOUT $ON > check.out 2>&1 || { cat check.out; fail "--check failed"; }
+grep -qF "pipeline transfers: the steady phase's sends and receives started before the compute that follows them, waited for before their data is used (overlap_p2p_comm)" check.out ||
+    { cat check.out; fail "--check does not say that overlap_p2p_comm is on"; }
+
+# same_bits OFF ON: ON's metrics and checkpoints are OFF's, bit for bit
+same_bits() {
+    bad=0
+    for k in loss grad_norm aux_loss z_loss val_loss; do close "$1" "$2" $k 0 || bad=1; done
+    n=0
+    for d in "$1"/iter_*; do
+        same_ckpt "$d" "$2/${d##*/}" || bad=1
+        n=$((n + 1))
+    done
+    [ $bad = 0 ] && [ $n = 2 ] || fail "$2 is not $1, bit for bit ($n checkpoints)"
+    echo "$2 against $1: losses, norms and $n checkpoints identical"
+}
+
+# ahead RUN: each stage's log line counts the transfers started ahead (> 0)
+ahead() {
+    n=$(grep -c 'overlap_p2p_comm: [1-9][0-9]* transfers per step started before the compute' "$1.log")
+    grep -o 'peak pipeline messages.*' "$1.log" | sed 's/^/  /'
+    [ "$n" = 2 ] || fail "$1: not both stages started transfers ahead"
+}
+
+# shellcheck disable=SC2086
+run pp2_vpp2 2 $SHORT $LAYOUT
+# shellcheck disable=SC2086
+run pp2_vpp2_p2p 2 $SHORT $LAYOUT $ON
+same_bits pp2_vpp2 pp2_vpp2_p2p
+ahead pp2_vpp2_p2p
+! grep -q 'overlap_p2p_comm:' pp2_vpp2.log || fail "pp2_vpp2: overlap counted with the key off"
+
+# the guard backend (a start on its device memory completes where it starts)
+# shellcheck disable=SC2086
+run pp2_vpp2_p2p_guard 2 --backend=guard $SHORT $LAYOUT $ON
+same_bits pp2_vpp2 pp2_vpp2_p2p_guard
+ahead pp2_vpp2_p2p_guard
+
+# refused without the interleaved schedule, naming the key and the fix
+for l in "parallel%pipeline_model_parallel_size=2" ""; do
+    # shellcheck disable=SC2086
+    "$MOETRAIN" "$nml" --check --world-size 2 model%num_layers=4 moe%layer_freq=1,0,1,1 $l $ON > err.out 2>&1 &&
+        fail "overlap_p2p_comm without VPP accepted ($l)"
+    grep -qF "&parallel overlap_p2p_comm = .true. needs the interleaved pipeline schedule" err.out ||
+        { cat err.out; fail "overlap_p2p_comm without VPP: not the expected message"; }
+done
+echo "overlap_p2p_comm refused without the interleaved schedule"
+
+# from-megatron maps --overlap-p2p-communication and refuses the warmup/flush variant (a
+# note naming it, as for every refused flag)
+M="--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8
+--max-position-embeddings 8 --micro-batch-size 1 --global-batch-size 8 --train-iters 2 --lr 1e-3
+--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --mock-data
+--vocab-size 257"
+# shellcheck disable=SC2086
+"$MOETRAIN" from-megatron -o mapped.nml -- $M --overlap-p2p-communication \
+    --overlap-p2p-communication-warmup-flush > mapped.out 2> mapped.err ||
+    { cat mapped.err; fail "from-megatron --overlap-p2p-communication failed"; }
+grep -q 'overlap_p2p_comm = .true.' mapped.nml || { cat mapped.nml; fail "--overlap-p2p-communication not mapped"; }
+grep -qF -- "--overlap-p2p-communication-warmup-flush: refused: moetrain overlaps the transfers of the steady 1F1B phase only" mapped.err ||
+    { cat mapped.err; fail "--overlap-p2p-communication-warmup-flush: no refusal naming it"; }
+"$MOETRAIN" mapped.nml --check --world-size 2 > mapped.check 2>&1 ||
+    { cat mapped.check; fail "the mapped namelist does not pass --check"; }
+echo "from-megatron: --overlap-p2p-communication mapped, the warmup/flush variant refused"
