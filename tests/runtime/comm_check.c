@@ -15,6 +15,8 @@
  *   comm_check kill R S        the same, but rank R dies of SIGKILL.
  *   comm_check hang-nb R S     as hang, with a reduce_scatter started
  *                              (mt_reduce_scatter_start) whose wait must time out.
+ *   comm_check hang-p2p R S    as hang-nb, with a p2p batch started with the partner
+ *                              (mt_p2p_batch_start).
  *   (collectives also checks the nonblocking starts and their waits.)
  *
  * Exit status: 0 when every check passed on every process, else 1 (through
@@ -395,7 +397,11 @@ static _Noreturn void die(struct mt_world *w)
     mt_world_abort(w);
 }
 
-static int fault(struct mt_world *w, int victim, int kill_it, bool nonblocking)
+/* How the survivors wait for the victim: a blocking all_reduce, a started reduce_scatter
+ * (then waited for), a started p2p batch with its partner (then waited for). */
+enum fault_wait { WAIT_BLOCKING, WAIT_STARTED, WAIT_P2P_STARTED };
+
+static int fault(struct mt_world *w, int victim, int kill_it, enum fault_wait how)
 {
     struct mt_comm *pair;
     char name[32];
@@ -409,10 +415,16 @@ static int fault(struct mt_world *w, int victim, int kill_it, bool nonblocking)
         for (;;) pause();
     }
     double x[2] = { 1, 1 }, y = 0;
-    if (nonblocking) { /* started, then waited for: the wait times out */
+    if (how == WAIT_STARTED) { /* started, then waited for: the wait times out */
         struct mt_comm_req q = { 0 };
         if (mt_reduce_scatter_start(pair, x, &y, 1, MT_DT_F64, MT_OP_SUM, &q, &g_err) ||
             mt_comm_wait(&q, &g_err))
+            die(w);
+    } else if (how == WAIT_P2P_STARTED) { /* the same with the partner's message */
+        struct mt_comm_req q = { 0 };
+        const int partner = 1 - pair->rank;
+        struct mt_p2p ops[2] = { {true, x, 1, partner, 7}, {false, &y, 1, partner, 7} };
+        if (mt_p2p_batch_start(pair, ops, 2, MT_DT_F64, &q, &g_err) || mt_comm_wait(&q, &g_err))
             die(w);
     } else if (mt_all_reduce(pair, x, 1, MT_DT_F64, MT_OP_SUM, &g_err)) {
         die(w);
@@ -433,9 +445,12 @@ int main(int argc, char **argv)
         return 1;
     }
     g_rank = w->rank;
-    if (!strcmp(mode, "hang") || !strcmp(mode, "kill") || !strcmp(mode, "hang-nb"))
+    if (!strcmp(mode, "hang") || !strcmp(mode, "kill") || !strcmp(mode, "hang-nb") ||
+        !strcmp(mode, "hang-p2p"))
         return fault(w, argc > 2 ? atoi(argv[2]) : 1, !strcmp(mode, "kill"),
-                     !strcmp(mode, "hang-nb"));
+                     !strcmp(mode, "hang-nb")    ? WAIT_STARTED
+                     : !strcmp(mode, "hang-p2p") ? WAIT_P2P_STARTED
+                                                 : WAIT_BLOCKING);
     if (strcmp(mode, "collectives")) {
         fprintf(stderr, "comm_check: unknown mode '%s'\n", mode);
         return 2;

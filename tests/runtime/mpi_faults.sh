@@ -33,5 +33,10 @@ grep -Eq 'rank 3: all_reduce on tp\[1\] timed out: rank 1 of 2 \(world rank 3\)|
 run_fault hang-nb 1
 grep -Eq 'rank 0: reduce_scatter on tp\[0\] timed out: rank 0 of 2 \(world rank 0\) waited 2\.[0-9] s|rank [23]: barrier on world timed out' err ||
     { cat err; fail "hang-nb: no timeout message naming reduce_scatter on tp[0] (or the world barrier)"; }
+# The same while its partner waits for a started p2p batch (mt_p2p_batch_start): the
+# wait names the p2p batch and the group.
+run_fault hang-p2p 1
+grep -Eq 'rank 0: p2p batch on tp\[0\] timed out: rank 0 of 2 \(world rank 0\) waited 2\.[0-9] s|rank [23]: barrier on world timed out' err ||
+    { cat err; fail "hang-p2p: no timeout message naming the p2p batch on tp[0] (or the world barrier)"; }
 # Rank 1 is killed: mpirun or the timeout ends the job.
 run_fault kill 1

@@ -14,7 +14,11 @@
 #   - the same with ZeRO-1, without and with overlap_grad_reduce and overlap_param_gather
 #     (nonblocking NCCL collectives ordered by events, device work deferred per stream
 #     so that a missing event shows): the same figures, bit for bit, and not one host
-#     synchronisation more.
+#     synchronisation more;
+#   - PP 2 x VPP 2 without and with overlap_p2p_comm (the pipeline's batches started on
+#     the comm stream and waited for by the compute stream, deferred per stream): the
+#     same figures, bit for bit, transfers started ahead on both stages, and the same
+#     host synchronisations.
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
@@ -111,3 +115,25 @@ syncs() { sed -n 's/^moetrain: host costs of the cuda backend since it started: 
 grep -q 'host synchronisations (the same)' overlap/out.log ||
     { cat overlap/out.log; fail "overlapped run: the emulator did not see the backend's count"; }
 echo "ok: ZeRO-1 overlapped over the emulated NCCL: the same losses and norms, $(syncs overlap) host synchronisations as without"
+
+# The pipeline's transfers started ahead over the emulated NCCL (mt_p2p_batch_start):
+# PP 2 x VPP 2, 4 micro-batches (a steady phase), without and with overlap_p2p_comm, the
+# overlapped run's device work deferred per stream.
+set -- "$@" training%global_batch_size=4 training%micro_batch_size=1 training%seq_length=32 \
+    model%num_layers=4 'moe%layer_freq=4*1' parallel%pipeline_model_parallel_size=2 \
+    parallel%virtual_pipeline_model_parallel_size=2 parallel%distributed_timeout_minutes=1
+mkdir pp pp_overlap
+(cd pp && mpirun_np 2 "$emu" "$@" > out.log 2>&1 < /dev/null) ||
+    { cat pp/out.log; fail "moetrain-emu on two processes (PP 2 x VPP 2)"; }
+(cd pp_overlap && MT_EMU_STREAMS=deferred mpirun_np 2 "$emu" "$@" parallel%overlap_p2p_comm=T \
+    > out.log 2>&1 < /dev/null) ||
+    { cat pp_overlap/out.log; fail "moetrain-emu on two processes (PP 2 x VPP 2, overlap_p2p_comm)"; }
+[ "$(grep -c 'overlap_p2p_comm: [1-9][0-9]* transfers per step started before the compute' pp_overlap/out.log)" = 2 ] ||
+    { cat pp_overlap/out.log; fail "overlap_p2p_comm: not both stages started transfers ahead"; }
+for key in loss grad_norm; do
+    values $key pp > a; values $key pp_overlap > b
+    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the run with overlap_p2p_comm differs"; }
+done
+[ -n "$(syncs pp)" ] && [ "$(syncs pp)" = "$(syncs pp_overlap)" ] ||
+    { grep -h 'host costs' pp/out.log pp_overlap/out.log; fail "overlap_p2p_comm: the host synchronisations differ"; }
+echo "ok: PP 2 x VPP 2 with overlap_p2p_comm over the emulated NCCL: the same losses and norms, $(syncs pp_overlap) host synchronisations as without"
