@@ -793,6 +793,38 @@ static int model_rules(struct conv *c)
     return MT_OK;
 }
 
+/* The override of key (e.g. "parallel%overlap_p2p_comm="), or -1. */
+static int override_of(const struct conv *c, const char *key)
+{
+    for (int i = 0; i < c->out->noverrides; i++)
+        if (!strncmp(c->out->overrides[i], key, strlen(key))) return i;
+    return -1;
+}
+
+/* Megatron's p2p overlap: on by default with the interleaved schedule (only
+ * --no-overlap-p2p-communication turns it off), turned off without it whatever the flags
+ * say (older versions' --overlap-p2p-communication included). */
+static int pipeline_rule(struct conv *c)
+{
+    const int v = override_of(c, "parallel%virtual_pipeline_model_parallel_size=");
+    const bool vpp = v >= 0 && atol(strchr(c->out->overrides[v], '=') + 1) > 1;
+    const int o = override_of(c, "parallel%overlap_p2p_comm=");
+    if (vpp && o < 0) {
+        MT_CHECK(add_override(c, strdup("parallel%overlap_p2p_comm=.true.")));
+        return add_note(c, strdup("--no-overlap-p2p-communication (not given)"), "default",
+                        "Megatron's default with the interleaved schedule: "
+                        "parallel%%overlap_p2p_comm = .true.");
+    }
+    if (!vpp && o >= 0 && strstr(c->out->overrides[o], ".true.")) {
+        free(c->out->overrides[o]);
+        c->out->overrides[o] = c->out->overrides[--c->out->noverrides];
+        return add_note(c, strdup("--overlap-p2p-communication"), "not applicable",
+                        "ignored, as Megatron turns p2p overlap off without the interleaved "
+                        "schedule (no virtual pipeline)");
+    }
+    return MT_OK;
+}
+
 /* Each override against the schema alone: one it rejects becomes a note. */
 static int check_overrides(struct conv *c)
 {
@@ -863,6 +895,7 @@ static int convert(struct conv *c, int argc, char *const argv[])
         if (!find_given(c, f->flag)) MT_CHECK(absent_flag(c, f));
     MT_CHECK(vocab_rule(c));
     MT_CHECK(model_rules(c));
+    MT_CHECK(pipeline_rule(c));
     MT_CHECK(schedule_rule(c));
     return check_overrides(c);
 }

@@ -109,7 +109,8 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     S("--overlap-grad-reduce", "parallel%overlap_grad_reduce"),
     S("--overlap-param-gather", "parallel%overlap_param_gather"),
     V("--ddp-bucket-size", "parallel%ddp_bucket_size"),
-    S("--overlap-p2p-communication", "parallel%overlap_p2p_comm"),
+    S("--overlap-p2p-communication", "parallel%overlap_p2p_comm"), /* older Megatron's */
+    S("--no-overlap-p2p-communication", "parallel%overlap_p2p_comm=.false."),
     RF("--overlap-p2p-communication-warmup-flush",
        "moetrain overlaps the transfers of the steady 1F1B phase only (overlap_p2p_comm); "
        "those of the warmup and the flush stay one blocking batch each: drop the flag"),

@@ -7,8 +7,8 @@
 # at every step and byte-identical checkpoints, over PP 2 x VPP 2 (8 micro-batches: a
 # steady phase) on the CPU and on the guard backend; the log counts the transfers
 # started ahead (none would mean the schedule posts nothing ahead). Refused without the
-# interleaved schedule (as Megatron's non-interleaved schedule refuses it), and
-# Megatron's --overlap-p2p-communication-warmup-flush by from-megatron.
+# interleaved schedule (as Megatron's non-interleaved schedule refuses it); from-megatron
+# follows Megatron's default and refuses --overlap-p2p-communication-warmup-flush.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
 LAYOUT="model%num_layers=4 moe%layer_freq=1,0,1,1 parallel%pipeline_model_parallel_size=2
@@ -67,19 +67,37 @@ for l in "parallel%pipeline_model_parallel_size=2" ""; do
 done
 echo "overlap_p2p_comm refused without the interleaved schedule"
 
-# from-megatron maps --overlap-p2p-communication and refuses the warmup/flush variant (a
+# from-megatron: Megatron's p2p overlap is on by default with the interleaved schedule
+# (--no-overlap-p2p-communication turns it off), off without it whatever the flags say
+# (older versions' --overlap-p2p-communication); the warmup/flush variant is refused (a
 # note naming it, as for every refused flag)
 M="--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 8
 --max-position-embeddings 8 --micro-batch-size 1 --global-batch-size 8 --train-iters 2 --lr 1e-3
---pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --mock-data
---vocab-size 257"
+--pipeline-model-parallel-size 2 --mock-data --vocab-size 257"
+VPP="--num-layers-per-virtual-pipeline-stage 1"
+# mapped NAME WANT ARGS...: from-megatron ARGS writes overlap_p2p_comm = WANT
+mapped() {
+    name=$1 want=$2
+    shift 2
+    # shellcheck disable=SC2086
+    "$MOETRAIN" from-megatron -o "$name.nml" -- $M "$@" > "$name.out" 2> "$name.err" ||
+        { cat "$name.err"; fail "from-megatron $name failed"; }
+    grep -q "overlap_p2p_comm = $want" "$name.nml" ||
+        { cat "$name.err"; fail "from-megatron $name: not overlap_p2p_comm = $want"; }
+}
 # shellcheck disable=SC2086
-"$MOETRAIN" from-megatron -o mapped.nml -- $M --overlap-p2p-communication \
-    --overlap-p2p-communication-warmup-flush > mapped.out 2> mapped.err ||
-    { cat mapped.err; fail "from-megatron --overlap-p2p-communication failed"; }
-grep -q 'overlap_p2p_comm = .true.' mapped.nml || { cat mapped.nml; fail "--overlap-p2p-communication not mapped"; }
-grep -qF -- "--overlap-p2p-communication-warmup-flush: refused: moetrain overlaps the transfers of the steady 1F1B phase only" mapped.err ||
-    { cat mapped.err; fail "--overlap-p2p-communication-warmup-flush: no refusal naming it"; }
-"$MOETRAIN" mapped.nml --check --world-size 2 > mapped.check 2>&1 ||
-    { cat mapped.check; fail "the mapped namelist does not pass --check"; }
-echo "from-megatron: --overlap-p2p-communication mapped, the warmup/flush variant refused"
+mapped vpp_default .true. $VPP
+grep -qF -- "--no-overlap-p2p-communication (not given): default: Megatron's default with the interleaved schedule" vpp_default.err ||
+    { cat vpp_default.err; fail "from-megatron: the default not noted"; }
+"$MOETRAIN" vpp_default.nml --check --world-size 2 > vpp_default.check 2>&1 ||
+    { cat vpp_default.check; fail "the mapped namelist does not pass --check"; }
+# shellcheck disable=SC2086
+mapped vpp_off .false. $VPP --no-overlap-p2p-communication
+mapped novpp .false. --overlap-p2p-communication
+grep -qF -- "--overlap-p2p-communication: not applicable: ignored, as Megatron turns p2p overlap off without the interleaved schedule" novpp.err ||
+    { cat novpp.err; fail "from-megatron: --overlap-p2p-communication without VPP not noted"; }
+# shellcheck disable=SC2086
+mapped flush .true. $VPP --overlap-p2p-communication-warmup-flush
+grep -qF -- "--overlap-p2p-communication-warmup-flush: refused: moetrain overlaps the transfers of the steady 1F1B phase only" flush.err ||
+    { cat flush.err; fail "--overlap-p2p-communication-warmup-flush: no refusal naming it"; }
+echo "from-megatron: p2p overlap on by default with VPP, off by flag and without VPP, the warmup/flush variant refused"
