@@ -212,6 +212,46 @@ static void test_self_send_recv(void **state)
     mt_comm_destroy(c);
 }
 
+/* A started p2p batch on a group of one: done at the start (a send to oneself and its
+ * receive), nothing pending; more transfers than a request holds, refused; on the dual
+ * comm with guarded device memory, completed at the start between enter and leave. */
+static void test_p2p_batch_start(void **state)
+{
+    (void)state;
+    struct mt_comm *c, *host, *dev, *d;
+    struct mt_err err = { 0 };
+    assert_int_equal(mt_comm_self_create("pp[0]", 0, &c, &err), MT_OK);
+    float a[3] = { 1, 2, 3 }, got[3] = { 0 };
+    struct mt_p2p ops[MT_P2P_START_MAX + 1] = { {true, a, 3, 0, 1}, {false, got, 3, 0, 1} };
+    struct mt_comm_req q = { 0 };
+    assert_int_equal(mt_p2p_batch_start(c, ops, 2, MT_DT_F32, &q, &err), MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_memory_equal(got, a, sizeof a);
+    assert_int_equal(mt_comm_wait(&q, &err), MT_OK);
+    for (int i = 2; i <= MT_P2P_START_MAX; i++) ops[i] = (struct mt_p2p){true, a, 3, 0, 2};
+    assert_int_equal(mt_p2p_batch_start(c, ops, MT_P2P_START_MAX + 1, MT_DT_F32, &q, &err),
+                     MT_EINVAL);
+    assert_non_null(strstr(err.msg, "p2p batch on pp[0]"));
+    assert_non_null(strstr(err.msg, "at most"));
+    ops[0].peer = 1; /* a group of one has no rank 1 */
+    assert_int_equal(mt_p2p_batch_start(c, ops, 2, MT_DT_F32, &q, &err), MT_EINVAL);
+    mt_comm_destroy(c);
+
+    assert_int_equal(mt_comm_self_create("host", 0, &host, &err), MT_OK);
+    assert_int_equal(mt_comm_self_create("dev", 0, &dev, &err), MT_OK);
+    const struct mt_device_memory guarded = { NULL, is_fake_device, enter, leave };
+    assert_int_equal(mt_comm_dual_create(host, dev, true, &guarded, &d, &err), MT_OK);
+    entered = left = 0;
+    for (int i = 0; i < 4; i++) fake_device[i] = 20 + i;
+    struct mt_p2p dops[2] = { {true, fake_device, 4, 0, 1}, {false, fake_device + 4, 4, 0, 1} };
+    assert_int_equal(mt_p2p_batch_start(d, dops, 2, MT_DT_I32, &q, &err), MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_true(entered == 1 && left == 1);
+    assert_int_equal(fake_device[7], 23);
+    mt_comm_destroy(d);
+    mt_comm_destroy(host);
+}
+
 static void test_parallel_one_process(void **state)
 {
     (void)state;
@@ -301,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_self_nonblocking),
         cmocka_unit_test(test_dual_nonblocking),
         cmocka_unit_test(test_self_send_recv),
+        cmocka_unit_test(test_p2p_batch_start),
         cmocka_unit_test(test_parallel_one_process),
         cmocka_unit_test(test_launch_without_pmix),
         cmocka_unit_test(test_launcher_rank),
