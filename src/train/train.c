@@ -84,8 +84,9 @@ struct trainer {
     int msg_nfree;
     float **q_mem;
     bool dry;
-    /* &parallel overlap_p2p_comm (interleaved schedule): transfers of the steady phase
-     * started before the compute that follows them; how many the last step started so */
+    /* &parallel overlap_p2p_comm (interleaved schedule): the steady phase's transfers are
+     * started before the compute that follows them; how many of them the last step had
+     * in flight during a compute pass */
     bool overlap_p2p;
     long long p2p_ahead;
 };
@@ -447,6 +448,8 @@ struct il_inflight {
     struct mt_comm_req req;
     float *sent, *recv;
     struct pp_queue *into;
+    int n;           /* its transfers */
+    long long pass;  /* the compute passes run before its start */
 };
 
 struct il_state {
@@ -455,7 +458,8 @@ struct il_state {
     int nmb;
     struct pp_queue qx[MT_MAX_VPP], qg[MT_MAX_VPP];
     struct il_inflight fwd, bwd; /* activations forward, gradients back (overlap_p2p) */
-    long long ahead;             /* transfers started before a compute they overlap */
+    long long passes;            /* forward and backward passes run so far */
+    long long ahead;             /* transfers in flight during a compute pass */
 };
 
 static void q_push(struct pp_queue *q, float *x) { q->q[q->tail++] = x; }
@@ -552,7 +556,8 @@ static int il_start(struct il_state *S, struct il_inflight *f, float *send, int 
         f->sent = f->recv = NULL;
         return rc;
     }
-    S->ahead += n;
+    f->n = n;
+    f->pass = S->passes;
     return MT_OK;
 }
 
@@ -563,6 +568,8 @@ static int il_finish(struct il_state *S, struct il_inflight *f, struct mt_err *e
     struct trainer *t = S->t;
     int rc = mt_comm_wait(&f->req, err);
     if (rc) return rc; /* the buffers may still be in use: left to the abort that follows */
+    if (S->passes > f->pass) S->ahead += f->n;
+    f->n = 0;
     msg_free(t, f->sent);
     if (f->recv) q_push(f->into, f->recv);
     f->sent = f->recv = NULL;
@@ -575,6 +582,7 @@ static int il_fwd(struct il_state *S, int k, float **out, struct mt_err *err)
 {
     struct trainer *t = S->t;
     const int c = chunk_of(t, k, true);
+    S->passes++;
     const bool head = t->last && c == t->vpp - 1;
     float *x = t->first && c == 0 ? NULL : q_pop(&S->qx[c]);
     if (!(t->first && c == 0) && !x)
@@ -593,6 +601,7 @@ static int il_bwd(struct il_state *S, int k, float **dx, struct mt_err *err)
 {
     struct trainer *t = S->t;
     const int c = chunk_of(t, k, false);
+    S->passes++;
     const bool head = t->last && c == t->vpp - 1, embed = t->first && c == 0;
     float *g = head ? NULL : q_pop(&S->qg[c]);
     if (!head && !g)
@@ -781,8 +790,8 @@ static int pp_log(struct trainer *t, struct mt_err *err)
                "peak activation bytes %lld", x[3], x[0], x[2], x[1]);
         if (t->vpp > 1) say(t, " | peak pipeline messages %lld (planned %lld)", x[4], x[5]);
         if (t->overlap_p2p)
-            say(t, " | overlap_p2p_comm: %lld transfers per step started before the compute "
-                   "they overlap", x[AHEAD]);
+            say(t, " | overlap_p2p_comm: %lld transfers per step in flight during a compute "
+                   "pass", x[AHEAD]);
         say(t, "\n");
     }
     free(all);

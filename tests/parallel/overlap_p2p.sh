@@ -38,7 +38,7 @@ same_bits() {
 
 # ahead RUN: each stage's log line counts the transfers started ahead (> 0)
 ahead() {
-    n=$(grep -c 'overlap_p2p_comm: [1-9][0-9]* transfers per step started before the compute' "$1.log")
+    n=$(grep -c 'overlap_p2p_comm: [1-9][0-9]* transfers per step in flight during a compute pass' "$1.log")
     grep -o 'peak pipeline messages.*' "$1.log" | sed 's/^/  /'
     [ "$n" = 2 ] || fail "$1: not both stages started transfers ahead"
 }
