@@ -51,12 +51,15 @@ int mt_graph_begin(const struct mt_pass *p, enum mt_graph_module mod, int layer,
     *run = true;
     if (!(m->graphs.modules & (1u << mod))) return MT_OK;
     const struct mt_graph_ops *g = m->k->graph;
-    /* the forward's record of the step's scalars (mt_model_record) is one per forward: a
-     * scope that adds to it is held per record, so the step's micro-batches replay their
-     * own graphs instead of recapturing one (the signature holds the record's address) */
+    /* the forward's record of the step's scalars (mt_model_record) is one per forward:
+     * the router and plan scopes add to it, and are held per record, so the step's
+     * micro-batches replay their own graphs instead of recapturing one (their signatures
+     * hold the record's address) */
+    const bool per_record = !backward && (mod == MT_GM_MOE_ROUTER || mod == MT_GM_MOE_PREPROCESS);
+    const int rec = per_record ? m->rec_cur : 0;
     const uint64_t key = (uint64_t)mod << 56 | (uint64_t)pass_of(p, backward) << 52 |
                          (uint64_t)(segment & 0xf) << 48 | (uint64_t)(layer & 0xfff) << 36 |
-                         (uint64_t)(m->rec_cur & 0xfff) << 24 | (uint64_t)(m->off.slot & 0xffffff);
+                         (uint64_t)(rec & 0xfff) << 24 | (uint64_t)(m->off.slot & 0xffffff);
     /* the micro-batch size and the loss scale are host values the ops take */
     uint32_t scale;
     memcpy(&scale, &p->scale, sizeof scale);

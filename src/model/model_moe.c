@@ -261,15 +261,22 @@ done:
     return rc;
 }
 
-/* The signature of layer l's router scope (&cuda_graph moe_router). */
-static uint64_t router_sig(const pass_t *p, int l)
+/* The signature of layer l's router buffers (the experts' scopes chain it). */
+static uint64_t router_bufs_sig(const pass_t *p, int l)
 {
     const struct mt_model *m = p->m;
     const struct mt_layer_acts *a = &m->la[l];
     return MT_GRAPH_SIG((uintptr_t)a->ln2, (uintptr_t)a->logits, (uintptr_t)a->aux_counts,
                         (uintptr_t)a->z_lse, (uintptr_t)a->topk_idx, (uintptr_t)a->topk_prob,
-                        (uintptr_t)mt_model_record(m), (uintptr_t)m->expert_bias_dev,
-                        (uintptr_t)m->expert_bias_on, (uintptr_t)W(p, m->lt[l].router).data);
+                        (uintptr_t)m->expert_bias_dev, (uintptr_t)m->expert_bias_on,
+                        (uintptr_t)W(p, m->lt[l].router).data);
+}
+
+/* The signature of layer l's router scope (&cuda_graph moe_router): its buffers and the
+ * forward's record its losses are added to. */
+static uint64_t router_sig(const pass_t *p, int l)
+{
+    return mt_graph_sig(router_bufs_sig(p, l), (const uintptr_t[]){(uintptr_t)mt_model_record(p->m)}, 1);
 }
 
 /* The signature of layer l's plan scope (&cuda_graph moe_preprocess). */
@@ -291,7 +298,7 @@ static uint64_t experts_sig(const pass_t *p, int l)
     const struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     return mt_graph_sig(
-        router_sig(p, l),
+        router_bufs_sig(p, l),
         (const uintptr_t[]){(uintptr_t)a->rows, (uintptr_t)a->x_rows, (uintptr_t)a->xp,
                             (uintptr_t)a->xs, (uintptr_t)a->ey, (uintptr_t)a->eg, (uintptr_t)a->eu,
                             (uintptr_t)a->ea, (uintptr_t)a->x_offsets, (uintptr_t)a->plan.offsets,
