@@ -37,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/quant_recipe.h"
 
@@ -466,6 +467,56 @@ struct mt_quant_spec {
     void *work;
     size_t work_bytes;
 };
+
+/* The FP8/FP4 recipes (&precision fp8_recipe, fp4_recipe; doc/fp8.md), a GEMM operand's
+ * role (the activation x, the weight w, the output gradient g) and the GEMM it is used
+ * in (forward, dgrad, wgrad). */
+enum mt_q_recipe { MT_RECIPE_DELAYED, MT_RECIPE_TENSORWISE, MT_RECIPE_BLOCKWISE, MT_RECIPE_MXFP8,
+                   MT_RECIPE_NVFP4 };
+enum mt_q_role { MT_Q_X, MT_Q_W, MT_Q_G };
+enum mt_q_use { MT_Q_FWD, MT_Q_DGRAD, MT_Q_WGRAD };
+
+/* What recipe r does to an operand of role in use: its scaling, element format (hybrid:
+ * E5M2 gradients under delayed and tensorwise scaling), the dimension its blocks run
+ * along (the use's reduction dimension: the rows, down which the stored tensor's columns
+ * run, for w in dgrad and both wgrad operands), rounding (stochastic for NVFP4's
+ * gradients) and NVFP4's Hadamard transform of the wgrad inputs. The caller adds what is
+ * its own: delayed scaling's scale, margin and amax, the random streams' seed and
+ * numbers, shards, scratch. */
+static inline struct mt_quant_spec mt_quant_operand_spec(enum mt_q_recipe r, bool hybrid,
+                                                         enum mt_q_role role, enum mt_q_use u)
+{
+    const bool weight = role == MT_Q_W;
+    struct mt_quant_spec q;
+    memset(&q, 0, sizeof q);
+    q.along = (weight && u == MT_Q_DGRAD) || u == MT_Q_WGRAD ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW;
+    q.rnd = MT_Q_RN;
+    switch (r) {
+    case MT_RECIPE_DELAYED:
+    case MT_RECIPE_TENSORWISE:
+        q.scaling = MT_Q_TENSOR;
+        q.elem = hybrid && role == MT_Q_G ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
+        q.along = MT_Q_ALONG_ROW;
+        break;
+    case MT_RECIPE_BLOCKWISE:
+        q.scaling = weight ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128;
+        q.elem = MT_Q_ELEM_E4M3;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        break;
+    case MT_RECIPE_MXFP8:
+        q.scaling = MT_Q_MX;
+        q.elem = MT_Q_ELEM_E4M3;
+        break;
+    case MT_RECIPE_NVFP4:
+        q.scaling = weight ? MT_Q_NVFP4_2D : MT_Q_NVFP4;
+        q.elem = MT_Q_ELEM_E2M1;
+        if (weight) q.along = MT_Q_ALONG_ROW;
+        if (role == MT_Q_G) q.rnd = MT_Q_SR;
+        q.rht = u == MT_Q_WGRAD;
+        break;
+    }
+    return q;
+}
 
 /* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the
  * recipes yet (the model refuses fp8_format/fp4_format on it, naming the CPU backend). */

@@ -11,7 +11,7 @@
  *   dgrad    dx  = beta dx + q(dy) q'(W)       dy along dout, W quantised again along
  *                                              its columns (dout, its reduction here)
  *   wgrad    dW += q'(dy)^T q'(x)              both along the tokens (their columns);
- *                                              NVFP4: Hadamard-transformed first
+ *                                              MT_RECIPE_NVFP4: Hadamard-transformed first
  * Routed experts do the same per expert (each expert its own tensors, scales and
  * GEMM: the expert row counts are on the host). */
 #include "model/model_internal.h"
@@ -27,12 +27,10 @@
  * every rank, whatever layers it holds). Routed experts: EXP_* + 3 e per expert e. */
 enum { K_WQ, K_WK, K_WV, K_WO, K_GATE, K_UP, K_DOWN, K_SH_GATE, K_SH_UP, K_SH_DOWN, K_EXP };
 /* The three operands of a linear with scale state. */
-enum { R_X, R_W, R_G, R_COUNT };
-
-enum recipe { DELAYED, TENSORWISE, BLOCKWISE, MXFP8, NVFP4 };
+enum { R_X = MT_Q_X, R_W = MT_Q_W, R_G = MT_Q_G, R_COUNT };
 
 struct mt_lowp {
-    enum recipe recipe;
+    enum mt_q_recipe recipe;
     bool hybrid;                /* E5M2 gradients (delayed and tensorwise) */
     int per_layer;              /* slots per layer: K_EXP + 3 E */
     int nslots;                 /* L * per_layer */
@@ -56,7 +54,7 @@ struct mt_lowp {
      * (both are found before the GEMM quantises either) */
     float *tamax;
     int32_t *hoffs;             /* (E_l + 1): the expert-side row offsets, on the host */
-    /* randomness of stochastic rounding and of the Hadamard signs (NVFP4): keyed by
+    /* randomness of stochastic rounding and of the Hadamard signs (MT_RECIPE_NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
     uint64_t seed;
     long long iter;             /* optimizer steps taken (restored with the buffers) */
@@ -75,7 +73,7 @@ static bool streq(const char *a, const char *b) { return strcmp(a, b) == 0; }
  * bits... kept exact in fp32), then per delayed history count, latest, scale, amax[len]. */
 static size_t state_floats(const struct mt_lowp *lp)
 {
-    size_t per = lp->recipe == DELAYED ? (size_t)3 + (size_t)lp->hist_len : 0;
+    size_t per = lp->recipe == MT_RECIPE_DELAYED ? (size_t)3 + (size_t)lp->hist_len : 0;
     return 4 + per * (size_t)lp->nslots * R_COUNT;
 }
 
@@ -136,11 +134,11 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     struct mt_lowp *lp = calloc(1, sizeof *lp);
     if (!lp) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     m->lp = lp;
-    lp->recipe = fp4                            ? NVFP4
-                 : streq(q->fp8_recipe, "delayed")    ? DELAYED
-                 : streq(q->fp8_recipe, "tensorwise") ? TENSORWISE
-                 : streq(q->fp8_recipe, "blockwise")  ? BLOCKWISE
-                                                      : MXFP8;
+    lp->recipe = fp4                            ? MT_RECIPE_NVFP4
+                 : streq(q->fp8_recipe, "delayed")    ? MT_RECIPE_DELAYED
+                 : streq(q->fp8_recipe, "tensorwise") ? MT_RECIPE_TENSORWISE
+                 : streq(q->fp8_recipe, "blockwise")  ? MT_RECIPE_BLOCKWISE
+                                                      : MT_RECIPE_MXFP8;
     lp->hybrid = fp8 && streq(q->fp8_format, "hybrid");
     lp->per_layer = K_EXP + 3 * m->E;
     lp->nslots = m->L * lp->per_layer;
@@ -197,7 +195,7 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
                           "(2 x %zu bytes)", lp->wbytes);
     *scratch_bytes = 2 * lp->wbytes;
-    if (lp->recipe == DELAYED) {
+    if (lp->recipe == MT_RECIPE_DELAYED) {
         const size_t ns = (size_t)lp->nslots * R_COUNT;
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
         lp->amax_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
@@ -247,7 +245,7 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     if (!lp) return 0;
     *device = 2 * sizeof(float); /* tamax */
     const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
-    if (lp->recipe != DELAYED) return *device + hoffs;
+    if (lp->recipe != MT_RECIPE_DELAYED) return *device + hoffs;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
     *device += 2 * sizeof(float) * ns;
     return *device + hoffs + 2 * sizeof(float) * ns + ns * sizeof(float) * (size_t)lp->hist_len;
@@ -260,7 +258,7 @@ void mt_lowp_save(const struct mt_model *m, float *out)
     const struct mt_lowp *lp = m->lp;
     const uint64_t it = (uint64_t)lp->iter;
     for (int i = 0; i < 4; i++) out[i] = (float)((it >> (16 * i)) & 0xffffu);
-    if (lp->recipe != DELAYED) return;
+    if (lp->recipe != MT_RECIPE_DELAYED) return;
     float *o = out + 4;
     for (size_t i = 0; i < (size_t)lp->nslots * R_COUNT; i++) {
         const struct mt_amax_history *h = &lp->hist[i];
@@ -279,7 +277,7 @@ void mt_lowp_load(struct mt_model *m, const float *in)
     for (int i = 0; i < 4; i++) it |= (uint64_t)in[i] << (16 * i);
     lp->iter = (long long)it;
     lp->nbwd = 0;
-    if (lp->recipe != DELAYED) return;
+    if (lp->recipe != MT_RECIPE_DELAYED) return;
     const float *s = in + 4;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
     for (size_t i = 0; i < ns; i++) {
@@ -300,7 +298,7 @@ int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
     if (!lp) return MT_OK;
     lp->iter++;
     lp->nbwd = 0;
-    if (lp->recipe != DELAYED) return MT_OK;
+    if (lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
     const struct mt_kernels *k = m->k;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
     /* the largest over the ranks: data-parallel replicas saw other micro-batches,
@@ -330,7 +328,7 @@ void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
 {
     struct mt_lowp *lp = m->lp;
     if (!lp) return;
-    if (lp->recipe == DELAYED && loss_scale != lp->grad_unit) {
+    if (lp->recipe == MT_RECIPE_DELAYED && loss_scale != lp->grad_unit) {
         lp->grad_unit = loss_scale;
         upload_scales(m);
     }
@@ -342,56 +340,28 @@ uint64_t mt_lowp_backward_seed(const struct mt_model *m) { return m->lp ? m->lp-
 
 /* ------------------------------------------------------------ operand specs */
 
-enum use { U_FWD, U_DGRAD, U_WGRAD };
+enum use { U_FWD = MT_Q_FWD, U_DGRAD = MT_Q_DGRAD, U_WGRAD = MT_Q_WGRAD };
 
 /* The quantisation of operand role of slot s for one use. */
 static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum use u)
 {
     const struct mt_lowp *lp = p->m->lp;
-    const bool weight = role == R_W;
-    /* the operand's reduction dimension in this use: its rows (columns of the
-     * stored tensor run along them) for W in dgrad and for both wgrad operands */
-    const enum mt_q_dim along = (weight && u == U_DGRAD) || u == U_WGRAD ? MT_Q_ALONG_COL
-                                                                         : MT_Q_ALONG_ROW;
-    struct mt_quant_spec q = { 0 };
-    q.along = along;
-    q.rnd = MT_Q_RN;
-    switch (lp->recipe) {
-    case DELAYED:
-    case TENSORWISE:
-        q.scaling = MT_Q_TENSOR;
-        q.elem = lp->hybrid && role == R_G ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
-        if (lp->recipe == DELAYED) {
-            const size_t i = (size_t)s * R_COUNT + role;
-            /* an empty history (the first step) scales the tensor by its own amax:
-             * Transformer Engine's scale of 1 would quantise the first gradients
-             * against a fixed range, where their size (1 / micro-batches of the rank)
-             * depends on the layout; every later scale follows the amaxes */
-            if (lp->hist[i].count > 0) q.scale = lp->scale_dev + i;
-            q.margin = p->m->cfg.precision.fp8_margin;
-            if (p->train) q.amax = lp->amax_dev + i;
-        }
-        q.along = MT_Q_ALONG_ROW;
-        break;
-    case BLOCKWISE:
-        q.scaling = weight ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128;
-        q.elem = MT_Q_ELEM_E4M3;
-        if (weight) q.along = MT_Q_ALONG_ROW;
-        break;
-    case MXFP8:
-        q.scaling = MT_Q_MX;
-        q.elem = MT_Q_ELEM_E4M3;
-        break;
-    case NVFP4:
-        q.scaling = weight ? MT_Q_NVFP4_2D : MT_Q_NVFP4;
-        q.elem = MT_Q_ELEM_E2M1;
-        if (weight) q.along = MT_Q_ALONG_ROW;
-        if (role == R_G) q.rnd = MT_Q_SR;
-        q.rht = u == U_WGRAD;
+    struct mt_quant_spec q = mt_quant_operand_spec(lp->recipe, lp->hybrid, (enum mt_q_role)role,
+                                                   (enum mt_q_use)u);
+    if (lp->recipe == MT_RECIPE_DELAYED) {
+        const size_t i = (size_t)s * R_COUNT + role;
+        /* an empty history (the first step) scales the tensor by its own amax:
+         * Transformer Engine's scale of 1 would quantise the first gradients against a
+         * fixed range, where their size (1 / micro-batches of the rank) depends on the
+         * layout; every later scale follows the amaxes */
+        if (lp->hist[i].count > 0) q.scale = lp->scale_dev + i;
+        q.margin = p->m->cfg.precision.fp8_margin;
+        if (p->train) q.amax = lp->amax_dev + i;
+    }
+    if (lp->recipe == MT_RECIPE_NVFP4) {
         q.rht_stream = (uint32_t)s;
         q.seed = lp->bwd_seed;
         q.stream = (uint32_t)(((uint64_t)s * R_COUNT + role) * 3 + u);
-        break;
     }
     return q;
 }

@@ -972,46 +972,23 @@ static void run_gemm_gb200(void)
 
 // ---------------------------------------------------------------- the quantised GEMM op
 
-enum recipe { DELAYED, TENSORWISE, BLOCKWISE, MXFP8, NVFP4 };
+enum recipe { DELAYED = MT_RECIPE_DELAYED, TENSORWISE = MT_RECIPE_TENSORWISE, BLOCKWISE = MT_RECIPE_BLOCKWISE,
+              MXFP8 = MT_RECIPE_MXFP8, NVFP4 = MT_RECIPE_NVFP4 };
 static const char *recipe_name[] = {"delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"};
-enum role { RX, RW, RG };
-enum use { FWD, DGRAD, WGRAD };
+enum role { RX = MT_Q_X, RW = MT_Q_W, RG = MT_Q_G };
+enum use { FWD = MT_Q_FWD, DGRAD = MT_Q_DGRAD, WGRAD = MT_Q_WGRAD };
 static const char *use_name[] = {"forward", "dgrad", "wgrad"};
 
-// The model's spec of an operand (src/model/model_lowp.c, spec()); 'hybrid' E5M2
-// gradients for delayed and tensorwise.
+// The model's spec of an operand (mt_quant_operand_spec, as src/model/model_lowp.c takes
+// it); 'hybrid' E5M2 gradients for delayed and tensorwise; NVFP4's random streams fixed.
 static struct mt_quant_spec model_spec(enum recipe r, enum role role, enum use u)
 {
-    const bool weight = role == RW;
-    struct mt_quant_spec q = {};
-    q.along = (weight && u == DGRAD) || u == WGRAD ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW;
-    q.rnd = MT_Q_RN;
-    switch (r) {
-    case DELAYED:
-    case TENSORWISE:
-        q.scaling = MT_Q_TENSOR;
-        q.elem = role == RG ? MT_Q_ELEM_E5M2 : MT_Q_ELEM_E4M3;
-        q.along = MT_Q_ALONG_ROW;
-        break;
-    case BLOCKWISE:
-        q.scaling = weight ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128;
-        q.elem = MT_Q_ELEM_E4M3;
-        if (weight) q.along = MT_Q_ALONG_ROW;
-        break;
-    case MXFP8:
-        q.scaling = MT_Q_MX;
-        q.elem = MT_Q_ELEM_E4M3;
-        break;
-    case NVFP4:
-        q.scaling = weight ? MT_Q_NVFP4_2D : MT_Q_NVFP4;
-        q.elem = MT_Q_ELEM_E2M1;
-        if (weight) q.along = MT_Q_ALONG_ROW;
-        if (role == RG) q.rnd = MT_Q_SR;
-        q.rht = u == WGRAD;
+    struct mt_quant_spec q = mt_quant_operand_spec((enum mt_q_recipe)r, true, (enum mt_q_role)role,
+                                                   (enum mt_q_use)u);
+    if (r == NVFP4) {
         q.rht_stream = 9;
         q.seed = 0xfeedfacecafebeefull;
         q.stream = (uint32_t)(role * 3 + u);
-        break;
     }
     return q;
 }
