@@ -531,7 +531,12 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     }
     MT_CHECK(mt_model_expert_rows(p, l, a, total, true));
     a->x_rows = (int)total;
-    if (same) return MT_OK; /* static shapes (drop-and-pad): the maps on the device hold */
+    /* static shapes (drop-and-pad): the maps on the device hold, where nothing else wrote
+     * their buffers since: the layer keeps its activations (a recomputed layer's share
+     * one buffer with the other layers' rebuilds) and they are its own (not an
+     * overflow's, which went back) */
+    const bool own = m->drop[l] == 0 && !a->over;
+    if (same && own) return MT_OK;
     int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
     int32_t r = 0;
     offs[0] = 0;
@@ -549,7 +554,7 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     void *const dst[3] = {a->sort_map, a->unsort_map, a->x_offsets};
     const size_t bytes[3] = {sizeof(int32_t) * (size_t)total, sizeof(int32_t) * (size_t)total,
                              sizeof(int32_t) * ((size_t)El + 1)};
-    a->maps_of_counts = true;
+    a->maps_of_counts = own;
     if (mt_moe_dynamic(m, p->N) && total <= m->x_rows_max) {
         /* dropless: through the staging on the copy stream, no wait; the staging is
          * written again only after the next MoE layer's read of its offsets (route),
