@@ -99,7 +99,7 @@ expect_fail "'pp' must come last" --check --world-size 4 "$small" "parallel%orde
 # ASan's shadow memory)
 if (ulimit -d 1000000 && timeout 20 "$MOETRAIN" --version) > /dev/null 2>&1; then
     (ulimit -d 1000000
-     expect_fail "out of memory allocating the host token buffers (3221225472 bytes" "$small" \
+     expect_fail "out of memory allocating the host routing buffers (8589934912 bytes" "$small" \
          training%micro_batch_size=8388608 training%global_batch_size=0 training%train_iters=3 \
          data%mock_data=T "data%data_path=''") || exit 1
 fi
