@@ -288,6 +288,20 @@ int mt_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum 
     return started(req, c->ops->p2p_batch_start(c, ops, n, dt, req, err));
 }
 
+int mt_all_to_all_v_start(struct mt_comm *c, const void *send, const size_t *send_counts,
+                          const size_t *send_displs, void *recv, const size_t *recv_counts,
+                          const size_t *recv_displs, enum mt_dt dt, struct mt_comm_req *req,
+                          struct mt_err *err)
+{
+    MT_CHECK(check_call(c, "all_to_all_v", dt, err));
+    MT_CHECK(take_request(c, "all_to_all_v", req, err));
+    if (!c->ops->all_to_all_v_start)
+        return c->ops->all_to_all_v(c, send, send_counts, send_displs, recv, recv_counts,
+                                    recv_displs, dt, err);
+    return started(req, c->ops->all_to_all_v_start(c, send, send_counts, send_displs, recv,
+                                                   recv_counts, recv_displs, dt, req, err));
+}
+
 int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err)
 {
     if (!req || !mt_comm_pending(req)) return MT_OK;
@@ -430,6 +444,16 @@ static int self_all_gather_start(struct mt_comm *c, const void *send, void *recv
     return self_all_gather(c, send, recv, count, dt, err);
 }
 
+static int self_all_to_all_v_start(struct mt_comm *c, const void *send,
+                                   const size_t *send_counts, const size_t *send_displs,
+                                   void *recv, const size_t *recv_counts,
+                                   const size_t *recv_displs, enum mt_dt dt,
+                                   struct mt_comm_req *req, struct mt_err *err)
+{
+    return self_all_to_all_v(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                             dt, err);
+}
+
 static int self_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
 {
     return MT_OK;
@@ -460,6 +484,7 @@ static const struct mt_comm_ops self_ops = {
     .reduce_scatter_start = self_reduce_scatter_start,
     .all_gather_start = self_all_gather_start,
     .wait = self_wait,
+    .all_to_all_v_start = self_all_to_all_v_start,
 };
 
 int mt_comm_self_create_at(const char *name, double timeout_s, int world_rank,

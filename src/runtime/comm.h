@@ -96,6 +96,14 @@ struct mt_comm_ops {
      * without waiting, completed by wait like the collectives' starts. */
     int (*p2p_batch_start)(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
                            struct mt_comm_req *req, struct mt_err *err);
+    /* Optional (NULL: mt_all_to_all_v_start runs the blocking all_to_all_v):
+     * all_to_all_v started without waiting, completed by wait. The counts and
+     * displacements may be reused once it returns (a backend that needs them later
+     * keeps a copy). */
+    int (*all_to_all_v_start)(struct mt_comm *c, const void *send, const size_t *send_counts,
+                              const size_t *send_displs, void *recv, const size_t *recv_counts,
+                              const size_t *recv_displs, enum mt_dt dt, struct mt_comm_req *req,
+                              struct mt_err *err);
 };
 
 struct mt_comm {
@@ -161,6 +169,18 @@ int mt_all_gather_start(struct mt_comm *c, const void *send, void *recv, size_t 
  * stream wait, as the collectives' starts. Self: done at the start. */
 int mt_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int n, enum mt_dt dt,
                        struct mt_comm_req *req, struct mt_err *err);
+/* mt_all_to_all_v started (the MoE dispatcher's all-to-all overlapped with the shared
+ * expert, &moe moe_shared_expert_overlap) and completed by mt_comm_wait(req); send and
+ * recv stay untouched until then, the count and displacement arrays may be reused as
+ * soon as it returns. At most one started all_to_all_v per comm is pending at a time.
+ * MPI: MPI_Ialltoallv (its int counts kept with the comm until the wait), tested at the
+ * wait within the comm's timeout. NCCL: the grouped ncclSend/ncclRecv enqueued on the
+ * comm's stream after the compute work queued so far, the wait a stream wait, as the
+ * collectives' starts. Self: done at the start. */
+int mt_all_to_all_v_start(struct mt_comm *c, const void *send, const size_t *send_counts,
+                          const size_t *send_displs, void *recv, const size_t *recv_counts,
+                          const size_t *recv_displs, enum mt_dt dt, struct mt_comm_req *req,
+                          struct mt_err *err);
 /* Completes req (nothing to do when nothing is pending); req is free again after. */
 int mt_comm_wait(struct mt_comm_req *req, struct mt_err *err);
 /* Whether req holds a started collective not yet waited for. */

@@ -188,6 +188,19 @@ static int d_all_gather_start(struct mt_comm *c, const void *send, void *recv, s
             mt_all_gather(to, send, recv, count, dt, err), send, recv);
 }
 
+static int d_all_to_all_v_start(struct mt_comm *c, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_displs, enum mt_dt dt,
+                                struct mt_comm_req *req, struct mt_err *err)
+{
+    STARTED("all_to_all_v",
+            mt_all_to_all_v_start(to, send, send_counts, send_displs, recv, recv_counts,
+                                  recv_displs, dt, req, err),
+            mt_all_to_all_v(to, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                            dt, err),
+            send, recv);
+}
+
 static int d_barrier(struct mt_comm *c, struct mt_err *err)
 {
     return mt_barrier(dual(c)->host, err);
@@ -216,6 +229,7 @@ static const struct mt_comm_ops dual_ops = {
     .all_gather_start = d_all_gather_start,
     .wait = NULL, /* requests belong to the comm a start routed to */
     .p2p_batch_start = d_p2p_batch_start,
+    .all_to_all_v_start = d_all_to_all_v_start,
 };
 
 int mt_comm_dual_create(struct mt_comm *host, struct mt_comm *device, bool own_device,

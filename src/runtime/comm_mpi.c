@@ -15,12 +15,15 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct mpi_impl {
     struct mt_comm_common common;
     MPI_Comm comm;
-    int counts[];  /* 4 x size: all_to_all_v's int counts and displacements, kept with the
-                      comm so that a call allocates nothing */
+    bool a2a_started; /* a started all_to_all_v holds the second half of counts */
+    int counts[];  /* 8 x size: all_to_all_v's int counts and displacements, kept with the
+                      comm so that a call allocates nothing; the second 4 x size those of
+                      a started one, which MPI reads until it completes */
 };
 
 #define PIECE ((size_t)1 << 30)
@@ -149,31 +152,39 @@ static int mpi_all_gather(struct mt_comm *c, const void *send, void *recv, size_
     return finish(c, "all_gather", rc, &req, NULL, &d, err);
 }
 
+/* The int counts and displacements of an all_to_all_v into v (4 x size: send counts,
+ * send displacements, receive counts, receive displacements). */
+static int a2a_ints(struct mt_comm *c, int *v, const size_t *send_counts,
+                    const size_t *send_displs, const size_t *recv_counts,
+                    const size_t *recv_displs, struct mt_err *err)
+{
+    const char *op = "all_to_all_v";
+    const int n = c->size;
+    for (int i = 0; i < n; i++) {
+        MT_CHECK(check_int(c, op, "send_counts", i, send_counts[i], err));
+        MT_CHECK(check_int(c, op, "send_displs", i, send_displs[i], err));
+        MT_CHECK(check_int(c, op, "recv_counts", i, recv_counts[i], err));
+        MT_CHECK(check_int(c, op, "recv_displs", i, recv_displs[i], err));
+        v[i] = (int)send_counts[i];
+        v[n + i] = (int)send_displs[i];
+        v[2 * n + i] = (int)recv_counts[i];
+        v[3 * n + i] = (int)recv_displs[i];
+    }
+    return MT_OK;
+}
+
 static int mpi_all_to_all_v(struct mt_comm *c, const void *send, const size_t *send_counts,
                             const size_t *send_displs, void *recv, const size_t *recv_counts,
                             const size_t *recv_displs, enum mt_dt dt, struct mt_err *err)
 {
-    const char *op = "all_to_all_v";
-    int n = c->size, rc = MT_OK;
+    const int n = c->size;
     int *v = ((struct mpi_impl *)c->impl)->counts;
-    int *sc = v, *sd = v + n, *rcn = v + 2 * n, *rd = v + 3 * n;
-    for (int i = 0; i < n; i++) {
-        MT_CHECK_GOTO(check_int(c, op, "send_counts", i, send_counts[i], err), out);
-        MT_CHECK_GOTO(check_int(c, op, "send_displs", i, send_displs[i], err), out);
-        MT_CHECK_GOTO(check_int(c, op, "recv_counts", i, recv_counts[i], err), out);
-        MT_CHECK_GOTO(check_int(c, op, "recv_displs", i, recv_displs[i], err), out);
-        sc[i] = (int)send_counts[i];
-        sd[i] = (int)send_displs[i];
-        rcn[i] = (int)recv_counts[i];
-        rd[i] = (int)recv_displs[i];
-    }
+    MT_CHECK(a2a_ints(c, v, send_counts, send_displs, recv_counts, recv_displs, err));
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
     MPI_Request req;
-    int started = MPI_Ialltoallv(send, sc, sd, mpi_type(dt), recv, rcn, rd, mpi_type(dt),
-                                 handle(c), &req);
-    rc = finish(c, op, started, &req, NULL, &d, err);
-out:
-    return rc;
+    int started = MPI_Ialltoallv(send, v, v + n, mpi_type(dt), recv, v + 2 * n, v + 3 * n,
+                                 mpi_type(dt), handle(c), &req);
+    return finish(c, "all_to_all_v", started, &req, NULL, &d, err);
 }
 
 static int mpi_broadcast(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int root,
@@ -355,11 +366,35 @@ static int mpi_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int 
     return MT_OK;
 }
 
+static int mpi_all_to_all_v_start(struct mt_comm *c, const void *send,
+                                  const size_t *send_counts, const size_t *send_displs,
+                                  void *recv, const size_t *recv_counts,
+                                  const size_t *recv_displs, enum mt_dt dt,
+                                  struct mt_comm_req *req, struct mt_err *err)
+{
+    struct mpi_impl *mi = c->impl;
+    const int n = c->size;
+    if (mi->a2a_started)
+        return mt_err_set(err, MT_EINVAL,
+                          "all_to_all_v on %s: started while another started all_to_all_v is "
+                          "pending (an internal error: wait for the first)",
+                          c->name);
+    int *v = mi->counts + 4 * n;
+    MT_CHECK(a2a_ints(c, v, send_counts, send_displs, recv_counts, recv_displs, err));
+    int rc = MPI_Ialltoallv(send, v, v + n, mpi_type(dt), recv, v + 2 * n, v + 3 * n,
+                            mpi_type(dt), handle(c), request_of(req));
+    MT_CHECK(pending(c, req, rc, err));
+    mi->a2a_started = true;
+    return MT_OK;
+}
+
 /* Tests the request until done, bounded by the timeout from now (the collective may
  * have been started long before: the bound is on how long the caller blocks). */
 static int mpi_wait(struct mt_comm *c, struct mt_comm_req *req, struct mt_err *err)
 {
     struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    if (req->op && !strcmp(req->op, "all_to_all_v")) /* its counts are free again */
+        ((struct mpi_impl *)c->impl)->a2a_started = false;
     if (req->nops > 0) /* a started p2p batch (its dt: bytes or elements, as posted) */
         return p2p_complete(c, req->ops, req->nops, req->dt, request_of(req), &d, err);
     return finish(c, req->op, MPI_SUCCESS, request_of(req), NULL, &d, err);
@@ -391,6 +426,7 @@ static const struct mt_comm_ops mpi_ops = {
     .all_gather_start = mpi_all_gather_start,
     .wait = mpi_wait,
     .p2p_batch_start = mpi_p2p_batch_start,
+    .all_to_all_v_start = mpi_all_to_all_v_start,
 };
 
 int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int world_rank,
@@ -400,7 +436,7 @@ int mt_comm_mpi_create(MPI_Comm comm, const char *name, double timeout_s, int wo
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     MT_CHECK(mt_comm_alloc(&mpi_ops, rank, size, name, timeout_s, world_rank,
-                           sizeof(struct mpi_impl) + sizeof(int) * 4 * (size_t)size, out, err));
+                           sizeof(struct mpi_impl) + sizeof(int) * 8 * (size_t)size, out, err));
     ((struct mpi_impl *)(*out)->impl)->comm = comm;
     return MT_OK;
 }

@@ -14,7 +14,7 @@
  * ...) return once the collective is enqueued, with an event recorded after it on the
  * comm stream; the wait makes the compute stream wait for that event, so compute work
  * queued between start and wait runs beside the collective and nothing waits on the
- * host; mt_p2p_batch_start likewise. all_to_all_v and p2p_batch are
+ * host; mt_p2p_batch_start and mt_all_to_all_v_start likewise. all_to_all_v and p2p_batch are
  * grouped ncclSend/ncclRecv; barrier is an all_reduce of one int.
  *
  * Communicators of parallel groups are split from one parent (mt_comm_nccl_split,
@@ -193,13 +193,12 @@ static int nccl_all_gather(struct mt_comm *c, const void *send, void *recv, size
                   ncclAllGather(send, recv, count, nccl_type(dt), n->comm, n->stream), &d, err);
 }
 
-static int nccl_all_to_all_v(struct mt_comm *c, const void *send, const size_t *send_counts,
-                             const size_t *send_displs, void *recv, const size_t *recv_counts,
-                             const size_t *recv_displs, enum mt_dt dt, struct mt_err *err)
+/* The grouped sends and receives of an all_to_all_v, enqueued on the comm stream. */
+static ncclResult_t a2a_enqueue(struct mt_comm *c, const void *send, const size_t *send_counts,
+                                const size_t *send_displs, void *recv, const size_t *recv_counts,
+                                const size_t *recv_displs, enum mt_dt dt)
 {
     struct nccl_impl *n = impl_of(c);
-    struct mt_deadline d = mt_deadline_start(c->timeout_s);
-    MT_CHECK(order_before(c, __func__, err));
     size_t sz = mt_dt_size(dt);
     ncclResult_t r = ncclGroupStart();
     for (int p = 0; p < c->size && r == ncclSuccess; p++) {
@@ -211,7 +210,19 @@ static int nccl_all_to_all_v(struct mt_comm *c, const void *send, const size_t *
                          n->comm, n->stream);
     }
     ncclResult_t end = ncclGroupEnd();
-    return finish(c, "all_to_all_v", r != ncclSuccess ? r : end, &d, err);
+    return r != ncclSuccess ? r : end;
+}
+
+static int nccl_all_to_all_v(struct mt_comm *c, const void *send, const size_t *send_counts,
+                             const size_t *send_displs, void *recv, const size_t *recv_counts,
+                             const size_t *recv_displs, enum mt_dt dt, struct mt_err *err)
+{
+    struct mt_deadline d = mt_deadline_start(c->timeout_s);
+    MT_CHECK(order_before(c, __func__, err));
+    return finish(c, "all_to_all_v",
+                  a2a_enqueue(c, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                              dt),
+                  &d, err);
 }
 
 static int nccl_broadcast(struct mt_comm *c, void *buf, size_t count, enum mt_dt dt, int root,
@@ -390,6 +401,19 @@ static int nccl_p2p_batch_start(struct mt_comm *c, const struct mt_p2p *ops, int
     return start_finish(c, req, p2p_enqueue(c, ops, nops, dt), err);
 }
 
+static int nccl_all_to_all_v_start(struct mt_comm *c, const void *send,
+                                   const size_t *send_counts, const size_t *send_displs,
+                                   void *recv, const size_t *recv_counts,
+                                   const size_t *recv_displs, enum mt_dt dt,
+                                   struct mt_comm_req *req, struct mt_err *err)
+{
+    MT_CHECK(order_before(c, req->op, err));
+    return start_finish(c, req,
+                        a2a_enqueue(c, send, send_counts, send_displs, recv, recv_counts,
+                                    recv_displs, dt),
+                        err);
+}
+
 /* With a compute stream: it waits for the request's event on the device, and the host
  * goes on at once (an error NCCL already knows of is reported; a hang shows at the next
  * call that waits on the host). Without: the host polls the event within the timeout. */
@@ -468,6 +492,7 @@ static const struct mt_comm_ops nccl_ops = {
     .all_gather_start = nccl_all_gather_start,
     .wait = nccl_wait,
     .p2p_batch_start = nccl_p2p_batch_start,
+    .all_to_all_v_start = nccl_all_to_all_v_start,
 };
 
 /* A comm of rank of size, named name, with its own stream and barrier scratch; its NCCL
