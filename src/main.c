@@ -114,6 +114,9 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
         printf("experts: %d per MoE layer, top-%d, expert FFN %d%s\n", c->moe.num_experts,
                c->moe.router_topk, c->moe.moe_ffn_hidden_size,
                c->moe.shared_expert_intermediate_size ? ", with a shared expert" : "");
+    if (c->moe.moe_shared_expert_overlap)
+        printf("shared expert: computed while the expert-parallel all-to-alls are in flight "
+               "(moe_shared_expert_overlap)\n");
     printf("layout: world %d = TP %d x CP %d x PP %d x DP %d; experts: ETP %d x EP %d x EDP %d "
            "x PP %d; VPP %d; order %s\n",
            l->world_size, l->tp, l->cp, l->pp, l->dp, l->etp, l->ep, l->edp, l->pp, l->vpp,

@@ -1067,6 +1067,24 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "both, or overlap_p2p_comm = .false. (Megatron: the non-interleaved "
                           "schedule does not support overlapping p2p communication)",
                           l->pp, l->vpp);
+    if (e->moe_shared_expert_overlap) {
+        const char *why = NULL;
+        if (e->num_experts == 0 || e->shared_expert_intermediate_size == 0)
+            why = "a shared expert to overlap (set shared_expert_intermediate_size > 0)";
+        else if (l->ep <= 1)
+            why = "expert parallelism, whose all-to-all it overlaps (set &parallel "
+                  "expert_model_parallel_size > 1)";
+        else if (!strcmp(e->token_dispatcher_type, "allgather"))
+            why = "the alltoall dispatcher (set token_dispatcher_type = 'alltoall'; the "
+                  "allgather dispatcher has no all-to-all to overlap)";
+        if (why)
+            return mt_err_set(err, MT_EINVAL,
+                              "&moe moe_shared_expert_overlap = .true. needs %s, or set "
+                              "moe_shared_expert_overlap = .false. (as Megatron, which "
+                              "overlaps the shared expert with the alltoall dispatcher's "
+                              "communication only)",
+                              why);
+    }
     if (l->tp > 1) {
         if (!p->sequence_parallel)
             return mt_err_set(err, MT_EINVAL,

@@ -61,6 +61,7 @@ struct mt_config_moe {
     char token_drop_policy[16];      /* probs | position */
     char token_dispatcher_type[16];  /* alltoall | allgather */
     int shared_expert_intermediate_size; /* 0: no shared expert */
+    bool moe_shared_expert_overlap;  /* EP all-to-alls in flight during the shared expert */
     bool use_upcycling;              /* initialise from a dense model: experts = its MLP */
     bool moe_router_padding_for_fp8; /* refused: the CPU quantised GEMMs take any row count */
 };

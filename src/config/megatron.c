@@ -88,7 +88,7 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     NI("--moe-input-jitter-eps", "router input jitter"),
     RF("--moe-layer-recompute",
        "deprecated in Megatron; give --recompute-granularity selective --recompute-modules moe"),
-    NI("--moe-shared-expert-overlap", "overlapping the shared expert with dispatch"),
+    S("--moe-shared-expert-overlap", "moe%moe_shared_expert_overlap"),
     NI("--moe-per-layer-logging", "per-layer MoE logging; the log has totals"),
     /* parallelism */
     V("--tensor-model-parallel-size", "parallel%tensor_model_parallel_size"),

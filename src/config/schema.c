@@ -92,6 +92,13 @@ const struct mt_key mt_schema[] = {
           "how tokens reach experts on other expert-parallel ranks"),
     KINT(moe, shared_expert_intermediate_size, 0, 0, IMAX,
          "width of the shared expert applied to every token; 0 = none"),
+    KBOOL(moe, moe_shared_expert_overlap, 0,
+          "all-to-all dispatcher with expert_model_parallel_size > 1 and a shared expert: "
+          "start each expert-parallel all-to-all and compute the shared expert while it is in "
+          "flight (its gate/up and activation during the dispatch, its down projection during "
+          "the combine, its backward during the gradients' dispatch), then wait for it "
+          "(Megatron's --moe-shared-expert-overlap). Results are the same, bit for bit "
+          "(doc/host-overhead.md, Overlap)"),
     KBOOL(moe, use_upcycling, 0,
           ".true.: initialise this MoE model from a dense model's weights (checkpoint%load_hf, "
           "else the checkpoint checkpoint%load finds), every routed expert a copy of the dense "

@@ -1244,6 +1244,8 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         m->z_coeff = (float)mo->z_loss_coeff;
         m->capacity_factor = mo->expert_capacity_factor;
         m->pad_to_capacity = mo->pad_expert_input_to_capacity;
+        m->shared_overlap = mo->moe_shared_expert_overlap && m->Fs > 0 &&
+                            m->dispatch == MT_DISPATCH_ALLTOALL;
         m->drop_policy = streq(mo->token_drop_policy, "position") ? MT_DROP_POSITION : MT_DROP_PROBS;
         m->force_balance = mo->router_force_load_balancing;
         m->expert_bias_on = mo->router_enable_expert_bias;
@@ -1817,6 +1819,8 @@ int mt_model_read_stats(struct mt_model *m, struct mt_model_stats *st, int max, 
 }
 
 int mt_model_num_moe_layers(const struct mt_model *m) { return m->nmoe; }
+
+long long mt_model_a2a_overlapped(const struct mt_model *m) { return m->a2a_overlapped; }
 
 const long long *mt_model_expert_counts(const struct mt_model *m) { return m->expert_counts; }
 long long *mt_model_expert_counts_mut(struct mt_model *m) { return m->expert_counts; }

@@ -275,6 +275,10 @@ bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out);
 void mt_model_params_updated_range(struct mt_model *m, size_t offset, size_t n);
 
 int mt_model_num_moe_layers(const struct mt_model *m);
+/* &moe moe_shared_expert_overlap: the expert-parallel all-to-alls that were still in
+ * flight after their start while the shared expert ran, since the model was created
+ * (0 where every start completes at once: a self comm, the guard backend's memory). */
+long long mt_model_a2a_overlapped(const struct mt_model *m);
 /* Per MoE layer, tokens routed to each expert since the last reset ([nmoe][num_experts],
  * assignments kept after capacity dropping, padding excluded); used for logging min/max
  * load and the expert-bias update. This rank's tokens only: the trainer sums the counts

@@ -330,6 +330,11 @@ struct mt_model {
     int32_t *h_offs;            /* (E+1) */
     long long *h_send, *h_recv, *h_start; /* (E), (ep*E_l), (etp*ep*E_l) */
     size_t *h_cnt;              /* 8 x max(ep, etp): exchange counts and displacements */
+    /* &moe moe_shared_expert_overlap: the EP all-to-all in flight while the shared expert
+     * runs, and how many all-to-alls were left in flight by their start then */
+    bool shared_overlap;
+    struct mt_comm_req a2a_req;
+    long long a2a_overlapped;
     float *h_force;             /* (Bmax*T,E) forced router logits (force_balance), or NULL */
     /* expert-side scratch of a layer whose rows overflow the plan (its forward or
      * backward only), and the views it replaced */

@@ -448,6 +448,70 @@ static int experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
     return MT_OK;
 }
 
+/* ------------------------------------------------------------ the shared expert */
+
+/* The shared expert, a TP-sharded SwiGLU MLP on every token, added to the block's output
+ * without a gate. &moe moe_shared_expert_overlap runs its parts while an EP all-to-all
+ * is in flight, as Megatron does: gate, up and activation during the dispatch, the down
+ * projection during the combine, the backward during the gradients' dispatch (whole:
+ * its scratch, d_f1..d_f3, is the routed experts' too). Each part writes only buffers
+ * the all-to-alls and the routed experts do not touch, so the results are those of the
+ * parts run one after the other. */
+typedef int (*shared_part_fn)(const pass_t *p, int l);
+
+/* sg, su, sa (N,Fs_l) from ln2 (gathered over TP into ln2_full) */
+static int shared_fc1_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, m->H, mt_pass_act_dt(p)));
+    return mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, a->sg, a->su, a->sa, p->N,
+                               m->Fs_l);
+}
+
+/* tmp2b (Nl,H) = sa Wd^T, reduced over TP (through full2 and tmp2) */
+static int shared_fc2_fwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    MT_CHECK(mt_pass_qlinear_fwd(p, m->lt[l].sh_down, mt_pass_rowpar_dst(p, m->full2, m->tmp2b),
+                                 ACT(p, a->sa, p->N, m->Fs_l), p->N, m->H, m->Fs_l));
+    return mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b);
+}
+
+/* d_ln (Nl,H) = the shared expert's input gradient from d_res (Nl,H); weight grads +=. */
+static int shared_bwd(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
+    const struct mt_layer_tensors *t = &m->lt[l];
+    const int H = m->H;
+    float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
+    MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
+    float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
+    MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
+                             t->sh_gate, t->sh_up, t->sh_down));
+    return mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H);
+}
+
+/* The EP all-to-all-v; with a part of the shared expert (else NULL), started, the part
+ * run while it is in flight, then waited for. */
+static int ep_all_to_all(const pass_t *p, int l, const void *send, const size_t *send_counts,
+                         const size_t *send_at, void *recv, const size_t *recv_counts,
+                         const size_t *recv_at, enum mt_dt dt, shared_part_fn part)
+{
+    struct mt_model *m = p->m;
+    if (!part)
+        return mt_all_to_all_v(m->ep_comm, send, send_counts, send_at, recv, recv_counts,
+                               recv_at, dt, p->err);
+    MT_CHECK(mt_all_to_all_v_start(m->ep_comm, send, send_counts, send_at, recv, recv_counts,
+                                   recv_at, dt, &m->a2a_req, p->err));
+    m->a2a_overlapped += mt_comm_pending(&m->a2a_req);
+    MT_CHECK(part(p, l));
+    return mt_comm_wait(&m->a2a_req, p->err);
+}
+
 /* ------------------------------------------------------------ all-to-all dispatcher */
 
 /* Counts and displacements of the exchanges, in floats (rows of H). */
@@ -572,17 +636,19 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     return MT_OK;
 }
 
-/* rows (R,H) in plan order -> out (Rx,H) in expert order: all-to-all over EP, all-gather
- * over ETP, sort; both in dt (the activations forward, fp32 gradients backward). Uses
- * stage and stage2 (sized for fp32 rows). */
-static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const void *rows,
-                        void *out, enum mt_dtype dt)
+/* Layer l's rows (R,H) in plan order -> out (Rx,H) in expert order: all-to-all over EP
+ * (part, or NULL, of the shared expert run while it is in flight), all-gather over ETP,
+ * sort; both in dt (the activations forward, fp32 gradients backward). Uses stage and
+ * stage2 (sized for fp32 rows). */
+static int a2a_dispatch(const pass_t *p, int l, const void *rows, void *out, enum mt_dtype dt,
+                        shared_part_fn part)
 {
     struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
     const enum mt_dt cdt = dt == MT_BF16 ? MT_DT_BF16 : MT_DT_F32;
     struct a2a_counts c = a2a_counts_of(p, a);
-    MT_CHECK(mt_all_to_all_v(m->ep_comm, rows, c.send, c.send_at, m->stage, c.recv, c.recv_at,
-                             cdt, p->err));
+    MT_CHECK(ep_all_to_all(p, l, rows, c.send, c.send_at, m->stage, c.recv, c.recv_at, cdt,
+                           part));
     const void *got = m->stage;
     if (m->sc.etp > 1) { /* every ETP peer gets the same rows: displacement 0 for all */
         for (int q = 0; q < m->sc.etp; q++) c.mine_at[q] = 0;
@@ -595,13 +661,15 @@ static int a2a_dispatch(const pass_t *p, const struct mt_layer_acts *a, const vo
     return MT_OK;
 }
 
-/* xrows (Rx,H) in expert order, partial over ETP -> out (R,H) in plan order, summed:
- * unsort, reduce-scatter over ETP (summed in rank order), reverse all-to-all over EP.
- * Uses stage and stage2. */
-static int a2a_combine(const pass_t *p, const struct mt_layer_acts *a, const float *xrows,
-                       float *out)
+/* Layer l's xrows (Rx,H) in expert order, partial over ETP -> out (R,H) in plan order,
+ * summed: unsort, reduce-scatter over ETP (summed in rank order), reverse all-to-all
+ * over EP (part, or NULL, of the shared expert run while it is in flight). Uses stage
+ * and stage2. */
+static int a2a_combine(const pass_t *p, int l, const float *xrows, float *out,
+                       shared_part_fn part)
 {
     struct mt_model *m = p->m;
+    const struct mt_layer_acts *a = &m->la[l];
     const int etp = m->sc.etp;
     struct a2a_counts c = a2a_counts_of(p, a);
     p->o->permute_fwd(p->ctx, F32(m->stage, a->x_rows, m->H), F32(xrows, a->x_rows, m->H),
@@ -615,8 +683,8 @@ static int a2a_combine(const pass_t *p, const struct mt_layer_acts *a, const flo
             p->o->add(p->ctx, F32(m->stage, 1, (int64_t)n), F32(m->stage, 1, (int64_t)n),
                       F32(m->stage2 + q * n, 1, (int64_t)n), n);
     }
-    return mt_all_to_all_v(m->ep_comm, m->stage, c.recv, c.recv_at, out, c.send, c.send_at,
-                           MT_DT_F32, p->err);
+    return ep_all_to_all(p, l, m->stage, c.recv, c.recv_at, out, c.send, c.send_at, MT_DT_F32,
+                         part);
 }
 
 /* ------------------------------------------------------------ all-gather dispatcher */
@@ -670,6 +738,7 @@ int mt_moe_fwd(const pass_t *p, int l)
     const struct mt_layer_tensors *t = &m->lt[l];
     const int Nl = p->Nl, H = m->H, k = m->topk;
     void *out = m->tmpb; /* the block's output, (Nl,H) in adt */
+    const bool ov = m->shared_overlap; /* the shared expert runs during the all-to-alls */
     MT_CHECK(route(p, l));
     /* &cuda_graph moe (local dispatch only: no collective inside): the experts, then the
      * combination and the shared expert, around the host's bookkeeping of expert rows */
@@ -686,10 +755,10 @@ int mt_moe_fwd(const pass_t *p, int l)
         p->o->permute_fwd(p->ctx, ACT(p, a->xp, a->rows, H), ACT(p, a->ln2, Nl, H), a->plan.row_slot,
                           a->rows, k, H);
         MT_CHECK(a2a_prepare(p, l, a));
-        MT_CHECK(a2a_dispatch(p, a, a->xp, a->xs, m->adt));
+        MT_CHECK(a2a_dispatch(p, l, a->xp, a->xs, m->adt, ov ? shared_fc1_fwd : NULL));
         MT_CHECK(experts_fwd(p, a, t, a->x_offsets, a->x_rows, F32(m->d_x, a->x_rows, H)));
         /* partial sums over ETP, summed in fp32, then stored in adt */
-        MT_CHECK(a2a_combine(p, a, m->d_x, m->d_rows));
+        MT_CHECK(a2a_combine(p, l, m->d_x, m->d_rows, ov ? shared_fc2_fwd : NULL));
         p->o->convert(p->ctx, ACT(p, a->ey, a->rows, H), F32(m->d_rows, a->rows, H));
         break;
     case MT_DISPATCH_ALLGATHER: {
@@ -717,12 +786,11 @@ int mt_moe_fwd(const pass_t *p, int l)
 }
 
 /* The block's output in tmpb: the experts' rows combined per token, plus the shared
- * expert. */
+ * expert's output (tmp2b). */
 static int moe_combine_fwd(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
-    const struct mt_layer_tensors *t = &m->lt[l];
     const int Nl = p->Nl, H = m->H, k = m->topk;
     void *out = m->tmpb;
     if (m->dispatch != MT_DISPATCH_ALLGATHER) {
@@ -731,11 +799,11 @@ static int moe_combine_fwd(const pass_t *p, int l)
                             a->topk_prob, Nl, k, H);
     }
     mt_pass_round(p, out, (size_t)Nl * H);
-    if (m->Fs > 0) { /* shared expert on every token, added without a gate (TP-sharded MLP) */
-        MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, H, mt_pass_act_dt(p)));
-        MT_CHECK(mt_pass_mlp_fwd(p, mt_pass_rowpar_dst(p, m->full2, m->tmp2b), a->ln2_full, t->sh_gate,
-                        t->sh_up, t->sh_down, a->sg, a->su, a->sa, p->N, m->Fs_l));
-        MT_CHECK(mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b));
+    if (m->Fs > 0) { /* the shared expert, computed here unless during the all-to-alls */
+        if (!m->shared_overlap) {
+            MT_CHECK(shared_fc1_fwd(p, l));
+            MT_CHECK(shared_fc2_fwd(p, l));
+        }
         const int64_t n = (int64_t)Nl * H;
         p->o->add(p->ctx, ACT(p, out, 1, n), ACT(p, out, 1, n), ACT(p, m->tmp2b, 1, n), (size_t)n);
         mt_pass_round(p, out, (size_t)Nl * H);
@@ -779,16 +847,13 @@ static int moe_block_bwd(const pass_t *p, int l)
     const float *dout = m->d_res;
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
-    if (m->Fs > 0) {
-        float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
-        MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
-        float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
-        MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
-                        t->sh_gate, t->sh_up, t->sh_down));
-        MT_CHECK(mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H));
-    } else {
+    /* d_ln = the shared expert's input gradient (during the gradients' dispatch with
+     * moe_shared_expert_overlap), then the routed experts' is added */
+    const bool ov = m->shared_overlap;
+    if (m->Fs == 0)
         p->o->memset(p->ctx, m->d_ln, 0, sizeof(float) * (size_t)Nl * H);
-    }
+    else if (!ov)
+        MT_CHECK(shared_bwd(p, l));
 
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
@@ -800,9 +865,9 @@ static int moe_block_bwd(const pass_t *p, int l)
     case MT_DISPATCH_ALLTOALL:
         p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
-        MT_CHECK(a2a_dispatch(p, a, m->d_rows, m->d_x, MT_F32));
+        MT_CHECK(a2a_dispatch(p, l, m->d_rows, m->d_x, MT_F32, ov ? shared_bwd : NULL));
         MT_CHECK(experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2));
-        MT_CHECK(a2a_combine(p, a, m->d_x2, m->d_rows2));
+        MT_CHECK(a2a_combine(p, l, m->d_x2, m->d_rows2, NULL));
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
     case MT_DISPATCH_ALLGATHER: {

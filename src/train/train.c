@@ -35,6 +35,7 @@ struct trainer {
     struct mt_data *data;
     struct mt_optim *optim;
     bool overlap_logged;          /* the first step's overlap said */
+    bool shared_overlap_logged;   /* the first step's moe_shared_expert_overlap said */
     bool last_pass;               /* the backward running is its chunk's last of the step:
                                      the gradients it finishes are complete (overlap) */
     int32_t *tokens;              /* (micro_batch, seq_length+1) */
@@ -1625,6 +1626,12 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
                "backward of the first step (rank 0), the rest after it\n",
             early, total);
         t->overlap_logged = true;
+    }
+    if (!t->shared_overlap_logged && c->moe.moe_shared_expert_overlap) {
+        say(t, "moe_shared_expert_overlap: %lld expert-parallel all-to-alls were in flight "
+               "while the shared expert ran in the first step (rank 0)\n",
+            mt_model_a2a_overlapped(t->model));
+        t->shared_overlap_logged = true;
     }
     double lr = mt_lr_at(&c->optimizer, t->st.iteration - 1);
     *lr_out = lr;

@@ -19,7 +19,7 @@ PARALLEL_SH = tests/parallel/equivalence.sh tests/parallel/pipeline.sh tests/par
 	tests/parallel/memory_plan.sh tests/parallel/bf16_storage.sh tests/parallel/hf_roundtrip.sh \
 	tests/parallel/upcycle.sh tests/parallel/recompute.sh tests/parallel/host_overhead.sh \
 	tests/parallel/fp8_layouts.sh tests/parallel/overlap.sh tests/parallel/host_syncs.sh \
-	tests/parallel/overlap_p2p.sh
+	tests/parallel/overlap_p2p.sh tests/parallel/shared_overlap.sh
 TESTS += $(PARALLEL_SH)
 tests/parallel/host_overhead.log: $(MT_ALLOCCOUNT)
 EXTRA_DIST += $(PARALLEL_SH) tests/parallel/common.sh tests/parallel/routing.awk \
