@@ -102,7 +102,7 @@ endif
 EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh \
 	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh \
 	tests/runtime/recompute_nccl_emu.sh
-EXTRA_DIST += tests/runtime/offload_nccl_emu.sh tests/runtime/shared_overlap_nccl_emu.sh
+EXTRA_DIST += tests/runtime/offload_nccl_emu.sh
 if CUDA_EMULATION
 # The emulated NCCL waits for a call's stream through the program's mt_emu_stream_wait
 # (the emulator's uncounted cudaStreamSynchronize; or cudaStreamSynchronize itself), as
@@ -131,8 +131,6 @@ TESTS += tests/runtime/parallel_nccl_emu.sh
 TESTS += tests/runtime/recompute_nccl_emu.sh
 # activation offloading's per-slot host blocks under pipeline schedules
 TESTS += tests/runtime/offload_nccl_emu.sh
-# the EP all-to-all started on the comm stream while the shared expert computes
-TESTS += tests/runtime/shared_overlap_nccl_emu.sh
 tests_runtime_parallel_check_emu_SOURCES = tests/runtime/parallel_check.c tests/runtime/check.h
 tests_runtime_parallel_check_emu_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
 tests_runtime_parallel_check_emu_LDADD = libmt_cuda_emu.la $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) -lstdc++

@@ -6,7 +6,8 @@
 # dispatch), then waited for. The training is the same as without it, bit for bit
 # (losses, gradient norms, validation losses, checkpoints after every step), at EP 2
 # and TP 2 x EP 2 (the shared expert's own TP collectives run while the EP all-to-all
-# is in flight), and matches one process as the layout tests do. The first step's log
+# is in flight), in bf16 and with the MoE block recomputed, and matches one process as
+# the layout tests do. The first step's log
 # counts the all-to-alls left in flight by their start while the shared expert ran:
 # 3 per MoE layer and micro-batch on MPI, none on the guard backend (whose device
 # memory a collective cannot stay in flight on). Refused where there is nothing to
@@ -74,6 +75,13 @@ reference one training%micro_batch_size=1 training%global_batch_size=8 training%
     run ep2_bf16 2 $SHORT "$seed" $EP2 $BF16
     run ep2_bf16_ov 2 $SHORT "$seed" $EP2 $BF16 $ON
     NCKPT=2 same_bits ep2_bf16 ep2_bf16_ov
+
+    # selective recompute of the MoE block: its rebuild runs the dispatch, and the
+    # shared expert during it, again
+    RC="recompute%granularity='selective' recompute%modules='moe'"
+    run ep2_rc 2 $SHORT "$seed" $EP2 $RC
+    run ep2_rc_ov 2 $SHORT "$seed" $EP2 $RC $ON
+    same_bits ep2_rc ep2_rc_ov
 
     # the guard backend: the same training, nothing left in flight by a start
     run ep2_ov_guard 2 --backend=guard $SHORT "$seed" $EP2 $ON

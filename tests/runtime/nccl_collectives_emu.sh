@@ -19,6 +19,10 @@
 #     the comm stream and waited for by the compute stream, deferred per stream): the
 #     same figures, bit for bit, transfers started ahead on both stages, and the same
 #     host synchronisations.
+#   - EP 2 without and with moe_shared_expert_overlap (the EP all-to-alls started on the
+#     comm stream while the shared expert's kernels queue on the compute stream,
+#     deferred per stream): the same figures, bit for bit, 12 all-to-alls in flight in
+#     the first step, and the same host synchronisations.
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
@@ -137,3 +141,32 @@ done
 [ -n "$(syncs pp)" ] && [ "$(syncs pp)" = "$(syncs pp_overlap)" ] ||
     { grep -h 'host costs' pp/out.log pp_overlap/out.log; fail "overlap_p2p_comm: the host synchronisations differ"; }
 echo "ok: PP 2 x VPP 2 with overlap_p2p_comm over the emulated NCCL: the same losses and norms, $(syncs pp_overlap) host synchronisations as without"
+
+# The EP all-to-all started on the comm stream while the shared expert computes
+# (&moe moe_shared_expert_overlap, mt_all_to_all_v_start): the layout model of
+# tests/parallel (a shared expert) at EP 2, 2 micro-batches a rank, without and with the
+# key, the overlapped run's device work deferred per stream. A start not ordered after
+# the compute that wrote its rows would send stale rows (without that event the run
+# differs); the wait's event cannot show here, since the emulated NCCL runs a
+# collective when it is enqueued.
+set -- --backend=cuda "$MT_TOP_SRCDIR/tests/parallel/moe.nml" "precision%params_dtype='bf16'" \
+    parallel%expert_model_parallel_size=2 training%train_iters=3 training%micro_batch_size=1 \
+    training%global_batch_size=4 training%seq_length=16 training%eval_interval=3 \
+    training%eval_iters=1 logging%log_interval=1 "logging%metrics_file='m.jsonl'" \
+    parallel%distributed_timeout_minutes=1
+mkdir ep ep_overlap
+(cd ep && mpirun_np 2 "$emu" "$@" > out.log 2>&1 < /dev/null) ||
+    { cat ep/out.log; fail "moetrain-emu on two processes (EP 2)"; }
+(cd ep_overlap && MT_EMU_STREAMS=deferred mpirun_np 2 "$emu" "$@" moe%moe_shared_expert_overlap=T \
+    > out.log 2>&1 < /dev/null) ||
+    { cat ep_overlap/out.log; fail "moetrain-emu on two processes (EP 2, moe_shared_expert_overlap)"; }
+# 2 MoE layers x 2 micro-batches x (forward dispatch and combine, backward dispatch)
+grep -qF 'moe_shared_expert_overlap: 12 expert-parallel all-to-alls were in flight while the shared expert ran in the first step (rank 0)' \
+    ep_overlap/out.log || { cat ep_overlap/out.log; fail "moe_shared_expert_overlap: not 12 all-to-alls in flight"; }
+for key in loss grad_norm aux_loss z_loss val_loss expert_load_min expert_load_max; do
+    values $key ep > a; values $key ep_overlap > b
+    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the run with moe_shared_expert_overlap differs"; }
+done
+[ -n "$(syncs ep)" ] && [ "$(syncs ep)" = "$(syncs ep_overlap)" ] ||
+    { grep -h 'host costs' ep/out.log ep_overlap/out.log; fail "moe_shared_expert_overlap: the host synchronisations differ"; }
+echo "ok: EP 2 with moe_shared_expert_overlap over the emulated NCCL: the same figures, $(syncs ep_overlap) host synchronisations as without"
