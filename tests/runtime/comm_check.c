@@ -118,8 +118,10 @@ static void check_all_gather(struct mt_comm *c)
 }
 
 /* The pattern of check.h with a gap of one element between blocks, so that
- * displacements matter. */
-static void check_all_to_all_v(struct mt_comm *c)
+ * displacements matter; started (mt_all_to_all_v_start: the counts overwritten while it
+ * is pending, which the backend must not read any more, and a second start on the comm
+ * refused) or blocking. */
+static void check_all_to_all_v(struct mt_comm *c, bool started)
 {
     int n = c->size, r = c->rank;
     size_t stot, rtot, *v = a2a_pattern(n, r, 1, &stot, &rtot);
@@ -128,13 +130,32 @@ static void check_all_to_all_v(struct mt_comm *c)
     for (int p = 0; p < n; p++)
         for (size_t k = 0; k < sc[p]; k++) send[sd[p] + k] = a2a_value(r, p, k);
     for (size_t i = 0; i < rtot; i++) recv[i] = -7;
-    CALL(mt_all_to_all_v(c, send, sc, sd, recv, rc, rd, MT_DT_I64, &g_err));
+    if (started) {
+        struct mt_comm_req q = { 0 }, q2 = { 0 };
+        CALL(mt_all_to_all_v_start(c, send, sc, sd, recv, rc, rd, MT_DT_I64, &q, &g_err));
+        size_t *saved = malloc(4 * (size_t)n * sizeof *saved);
+        memcpy(saved, v, 4 * (size_t)n * sizeof *v);
+        memset(v, 0xff, 4 * (size_t)n * sizeof *v);
+        int64_t x = 0;
+        size_t one = 1, zero = 0;
+        int rc2 = n == 1 ? MT_OK
+                         : mt_all_to_all_v_start(c, &x, &one, &zero, &x, &one, &zero, MT_DT_I64,
+                                                 &q2, &g_err);
+        CHECK(n == 1 || (rc2 == MT_EINVAL && strstr(g_err.msg, "another started all_to_all_v")),
+              "a second started all_to_all_v on %s: rc %d, %s", c->name, rc2, g_err.msg);
+        CALL(mt_comm_wait(&q, &g_err));
+        CHECK(!mt_comm_pending(&q), "all_to_all_v's request still pending");
+        memcpy(v, saved, 4 * (size_t)n * sizeof *v);
+        free(saved);
+    } else {
+        CALL(mt_all_to_all_v(c, send, sc, sd, recv, rc, rd, MT_DT_I64, &g_err));
+    }
     int bad = 0;
     for (int p = 0; p < n; p++) {
         for (size_t k = 0; k < rc[p]; k++) bad += recv[rd[p] + k] != a2a_value(p, r, k);
         bad += recv[rd[p] + rc[p]] != -7; /* the gap is untouched */
     }
-    CHECK(!bad, "all_to_all_v on %s: %d wrong", c->name, bad);
+    CHECK(!bad, "%sall_to_all_v on %s: %d wrong", started ? "started " : "", c->name, bad);
     free(send);
     free(recv);
 
@@ -227,7 +248,8 @@ static void check_comm(struct mt_comm *c)
     check_all_reduce(c);
     check_reduce_scatter(c);
     check_all_gather(c);
-    check_all_to_all_v(c);
+    check_all_to_all_v(c, false);
+    check_all_to_all_v(c, true);
     check_broadcast(c);
     check_send_recv(c);
     CALL(mt_barrier(c, &g_err));

@@ -112,8 +112,9 @@ static void check_nonblocking(struct mt_comm *c, cudaStream_t s)
     cudaFree(other);
 }
 
-/* The pattern of check.h, blocks packed. */
-static void check_all_to_all_v(struct mt_comm *c)
+/* The pattern of check.h, blocks packed; started (mt_all_to_all_v_start, ordered with
+ * the compute stream s: the counts overwritten while it is pending) or blocking. */
+static void check_all_to_all_v(struct mt_comm *c, bool started, cudaStream_t s)
 {
     int n = c->size, r = c->rank;
     size_t stot, rtot, *v = a2a_pattern(n, r, 0, &stot, &rtot);
@@ -123,12 +124,25 @@ static void check_all_to_all_v(struct mt_comm *c)
         for (size_t k = 0; k < sc[p]; k++) hs[sd[p] + k] = (int32_t)a2a_value(r, p, k);
     int32_t *ds = dev(sizeof *hs * stot), *dr = dev(sizeof *hr * rtot);
     CUDA(cudaMemcpy(ds, hs, sizeof *hs * stot, cudaMemcpyHostToDevice));
-    CALL(mt_all_to_all_v(c, ds, sc, sd, dr, rc, rd, MT_DT_I32, &g_err));
+    if (started) {
+        struct mt_comm_req q = { 0 };
+        CALL(mt_all_to_all_v_start(c, ds, sc, sd, dr, rc, rd, MT_DT_I32, &q, &g_err));
+        CHECK(mt_comm_pending(&q), "a started all_to_all_v is not pending");
+        size_t *saved = malloc(4 * (size_t)n * sizeof *saved);
+        memcpy(saved, v, 4 * (size_t)n * sizeof *v);
+        memset(v, 0, 4 * (size_t)n * sizeof *v);
+        CALL(mt_comm_wait(&q, &g_err));
+        memcpy(v, saved, 4 * (size_t)n * sizeof *v);
+        free(saved);
+        CUDA(cudaStreamSynchronize(s));
+    } else {
+        CALL(mt_all_to_all_v(c, ds, sc, sd, dr, rc, rd, MT_DT_I32, &g_err));
+    }
     CUDA(cudaMemcpy(hr, dr, sizeof *hr * rtot, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int p = 0; p < n; p++)
         for (size_t k = 0; k < rc[p]; k++) bad += hr[rd[p] + k] != a2a_value(p, r, k);
-    CHECK(!bad, "all_to_all_v: %d wrong", bad);
+    CHECK(!bad, "%sall_to_all_v: %d wrong", started ? "started " : "", bad);
     cudaFree(ds);
     cudaFree(dr);
     free(hs);
@@ -267,7 +281,7 @@ int main(int argc, char **argv)
     } else if (c) {
         check_all_reduce_and_broadcast(c);
         check_scatter_gather(c);
-        check_all_to_all_v(c);
+        check_all_to_all_v(c, false, NULL);
         check_send_recv(c);
         check_p2p_batch(c);
         CALL(mt_barrier(c, &g_err));
@@ -276,8 +290,10 @@ int main(int argc, char **argv)
         CALL(mt_comm_nccl_set_stream(c, s, &g_err));
         check_all_reduce_and_broadcast(c);
         check_nonblocking(c, s);
+        check_all_to_all_v(c, true, s);
         CALL(mt_comm_nccl_set_stream(c, NULL, &g_err));
         check_nonblocking(c, NULL);
+        check_all_to_all_v(c, true, NULL);
         cudaStreamDestroy(s);
         mt_comm_destroy(c);
     }

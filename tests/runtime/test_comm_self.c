@@ -136,6 +136,16 @@ static void test_self_nonblocking(void **state)
     assert_memory_equal(in, out, sizeof in);
     assert_int_equal(mt_all_reduce_start(c, in, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
     assert_int_equal(mt_comm_wait(&q, &err), MT_OK);
+    size_t sc = 2, sd = 1, rc = 2, rd = 2;
+    int32_t res[4] = { 0, 0, 0, 0 };
+    assert_int_equal(mt_all_to_all_v_start(c, in, &sc, &sd, res, &rc, &rd, MT_DT_I32, &q, &err),
+                     MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_true(res[0] == 0 && res[1] == 0 && res[2] == 6 && res[3] == 7);
+    rc = 1;
+    assert_int_equal(mt_all_to_all_v_start(c, in, &sc, &sd, res, &rc, &rd, MT_DT_I32, &q, &err),
+                     MT_EINVAL);
+    assert_false(mt_comm_pending(&q));
     assert_int_equal(mt_all_reduce_start(c, in, 4, MT_DT_BF16, MT_OP_SUM, &q, &err), MT_EINVAL);
     assert_non_null(strstr(err.msg, "bf16"));
     assert_int_equal(mt_reduce_scatter_start(c, in, out, 4, MT_DT_I32, MT_OP_SUM, NULL, &err),
@@ -177,8 +187,16 @@ static void test_dual_nonblocking(void **state)
     assert_false(mt_comm_pending(&q));
     assert_true(entered == 1 && left == 1);
     assert_int_equal(fake_device[4], 10);
+    size_t n4 = 4, at0 = 0, at4 = 4;
+    fake_device[4] = 0;
+    assert_int_equal(mt_all_to_all_v_start(d, fake_device, &n4, &at0, fake_device, &n4, &at4,
+                                           MT_DT_I32, &q, &err),
+                     MT_OK);
+    assert_false(mt_comm_pending(&q));
+    assert_true(entered == 2 && left == 2);
+    assert_int_equal(fake_device[4], 10);
     assert_int_equal(mt_all_reduce_start(d, h, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
-    assert_true(entered == 1 && left == 1); /* host memory: the host comm's */
+    assert_true(entered == 2 && left == 2); /* host memory: the host comm's */
     assert_int_equal(mt_all_reduce_start(d, h, 4, MT_DT_I32, MT_OP_SUM, &q, &err), MT_OK);
     assert_int_equal(mt_reduce_scatter_start(d, h, fake_device, 4, MT_DT_I32, MT_OP_SUM, &q, &err),
                      MT_EINVAL); /* both sides */
