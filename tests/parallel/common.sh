@@ -191,6 +191,22 @@ same_as() {
     [ $bad = 0 ] || fail "$2 differs from $1"
 }
 
+# same_bits OFF ON N: ON's metrics (losses, norms, expert loads) and its N checkpoints are
+# OFF's, bit for bit (an overlap key against the step without it)
+same_bits() {
+    bad=0
+    for k in loss grad_norm aux_loss z_loss val_loss expert_load_min expert_load_max; do
+        close "$1" "$2" $k 0 || bad=1
+    done
+    n=0
+    for d in "$1"/iter_*; do
+        same_ckpt "$d" "$2/${d##*/}" || bad=1
+        n=$((n + 1))
+    done
+    [ $bad = 0 ] && [ $n = "$3" ] || fail "$2 is not $1, bit for bit ($n checkpoints)"
+    echo "$2 against $1: losses, norms and $n checkpoints identical"
+}
+
 # Layout overrides
 TP2="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
 TP4="parallel%tensor_model_parallel_size=4 parallel%sequence_parallel=T"

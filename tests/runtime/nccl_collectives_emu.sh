@@ -109,13 +109,20 @@ mkdir zero overlap
     { cat overlap/out.log; fail "moetrain-emu on two processes (ZeRO-1, overlapped)"; }
 grep -q 'overlap_grad_reduce: [1-9][0-9]* of [0-9]* gradient buckets were started during the backward' overlap/out.log ||
     { cat overlap/out.log; fail "overlapped run: no bucket started during backward"; }
-for key in loss grad_norm; do
-    values $key zero > a; values $key overlap > b
-    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the overlapped run differs from the ZeRO-1 run"; }
-done
 syncs() { sed -n 's/^moetrain: host costs of the cuda backend since it started: [0-9]* kernel launches, \([0-9]*\) host synchronisations.*/\1/p' "$1/out.log" | sort -u; }
-[ -n "$(syncs zero)" ] && [ "$(syncs zero)" = "$(syncs overlap)" ] ||
-    { grep -h 'host costs' zero/out.log overlap/out.log; fail "the overlapped run's host synchronisations differ"; }
+# same_figures BASE RUN WHAT KEY...: RUN's values of each KEY are BASE's, bit for bit, and
+# so is its count of host synchronisations
+same_figures() {
+    base=$1 run=$2 what=$3
+    shift 3
+    for key in "$@"; do
+        values "$key" "$base" > a; values "$key" "$run" > b
+        [ -s a ] && cmp -s a b || { paste a b; fail "$key: $what differs"; }
+    done
+    [ -n "$(syncs "$base")" ] && [ "$(syncs "$base")" = "$(syncs "$run")" ] ||
+        { grep -h 'host costs' "$base/out.log" "$run/out.log"; fail "$what: the host synchronisations differ"; }
+}
+same_figures zero overlap "the overlapped ZeRO-1 run" loss grad_norm
 grep -q 'host synchronisations (the same)' overlap/out.log ||
     { cat overlap/out.log; fail "overlapped run: the emulator did not see the backend's count"; }
 echo "ok: ZeRO-1 overlapped over the emulated NCCL: the same losses and norms, $(syncs overlap) host synchronisations as without"
@@ -134,12 +141,7 @@ mkdir pp pp_overlap
     { cat pp_overlap/out.log; fail "moetrain-emu on two processes (PP 2 x VPP 2, overlap_p2p_comm)"; }
 [ "$(grep -c 'overlap_p2p_comm: [1-9][0-9]* transfers per step in flight during a compute pass' pp_overlap/out.log)" = 2 ] ||
     { cat pp_overlap/out.log; fail "overlap_p2p_comm: not both stages started transfers ahead"; }
-for key in loss grad_norm; do
-    values $key pp > a; values $key pp_overlap > b
-    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the run with overlap_p2p_comm differs"; }
-done
-[ -n "$(syncs pp)" ] && [ "$(syncs pp)" = "$(syncs pp_overlap)" ] ||
-    { grep -h 'host costs' pp/out.log pp_overlap/out.log; fail "overlap_p2p_comm: the host synchronisations differ"; }
+same_figures pp pp_overlap "the run with overlap_p2p_comm" loss grad_norm
 echo "ok: PP 2 x VPP 2 with overlap_p2p_comm over the emulated NCCL: the same losses and norms, $(syncs pp_overlap) host synchronisations as without"
 
 # The EP all-to-all started on the comm stream while the shared expert computes
@@ -163,10 +165,6 @@ mkdir ep ep_overlap
 # 2 MoE layers x 2 micro-batches x (forward dispatch and combine, backward dispatch)
 grep -qF 'moe_shared_expert_overlap: 12 expert-parallel all-to-alls were in flight while the shared expert ran in the first step (rank 0)' \
     ep_overlap/out.log || { cat ep_overlap/out.log; fail "moe_shared_expert_overlap: not 12 all-to-alls in flight"; }
-for key in loss grad_norm aux_loss z_loss val_loss expert_load_min expert_load_max; do
-    values $key ep > a; values $key ep_overlap > b
-    [ -s a ] && cmp -s a b || { paste a b; fail "$key: the run with moe_shared_expert_overlap differs"; }
-done
-[ -n "$(syncs ep)" ] && [ "$(syncs ep)" = "$(syncs ep_overlap)" ] ||
-    { grep -h 'host costs' ep/out.log ep_overlap/out.log; fail "moe_shared_expert_overlap: the host synchronisations differ"; }
+same_figures ep ep_overlap "the run with moe_shared_expert_overlap" loss grad_norm aux_loss \
+    z_loss val_loss expert_load_min expert_load_max
 echo "ok: EP 2 with moe_shared_expert_overlap over the emulated NCCL: the same figures, $(syncs ep_overlap) host synchronisations as without"
