@@ -466,6 +466,11 @@ struct mt_quant_spec {
      * backend puts the operand's fp32 values. */
     void *work;
     size_t work_bytes;
+    /* backend memory, or NULL: the operand's quantised copy that the backend's save
+     * wrote from this operand under this spec (struct mt_quant_ops save); the quantised
+     * GEMM reads the operand's values from it and takes from x its shape only (x's data
+     * is not read, no amax is recorded: save recorded it) */
+    const void *saved;
 };
 
 /* The FP8/FP4 recipes (&precision fp8_recipe, fp4_recipe; doc/fp8.md), a GEMM operand's
@@ -518,6 +523,14 @@ static inline struct mt_quant_spec mt_quant_operand_spec(enum mt_q_recipe r, boo
     return q;
 }
 
+/* Whether an operand quantised under s is quantised as its transpose (cols,rows) along
+ * the rows: 1 x 128 tiles and NVFP4's 1 x 16 blocks run along rows only, and s wants
+ * them down the columns (the wgrad GEMM's reduction over the tokens). */
+static inline bool mt_quant_spec_transposed(const struct mt_quant_spec *s)
+{
+    return s->along == MT_Q_ALONG_COL && (s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_NVFP4);
+}
+
 /* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the
  * recipes yet (the model refuses fp8_format/fp4_format on it, naming the CPU backend). */
 struct mt_quant_ops {
@@ -544,6 +557,16 @@ struct mt_quant_ops {
     void (*gemm)(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                  struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b,
                  float beta, struct mt_tensor c);
+    // Optional (NULL: the model keeps the high-precision operands for backward and
+    // quantises them there again). save: saved (backend memory of saved_bytes(s, rows,
+    // cols)) = x (rows,cols) quantised under s, its codes and scales as the backend's
+    // gemm reads them back (spec saved): the same quantisation as qdq's and gemm's of x
+    // (amax recorded, shard placed, Hadamard transform), kept in a byte an element (half
+    // for E2M1) and its scales, where the high-precision operand took two or four. The
+    // model saves its linears' inputs so in forward for the wgrad GEMM of backward
+    // (doc/fp8.md, "FP8 copies saved for backward"). Does not wait for the device.
+    void (*save)(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x);
+    size_t (*saved_bytes)(const struct mt_quant_spec *s, int64_t rows, int64_t cols);
     // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
     // the tensor and the tensor's amax); false: only whole tensors, and the model refuses
     // FP8/FP4 where tensor or expert-tensor parallelism would split one.

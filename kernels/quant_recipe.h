@@ -42,6 +42,7 @@
 #ifndef MT_KERNELS_QUANT_RECIPE_H
 #define MT_KERNELS_QUANT_RECIPE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/quant.h"
@@ -98,6 +99,21 @@ static inline int mt_q_is_nvfp4(enum mt_q_scaling s) { return s == MT_Q_NVFP4 ||
 int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
                     enum mt_q_dim along, int64_t rows, int64_t cols, struct mt_err *err);
 void mt_qtensor_free(struct mt_qtensor *q);
+/* What mt_qtensor_init sets but the arrays (NULL), without its checks: q's shape and
+ * its scale matrix's. */
+void mt_qtensor_shape(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
+                      enum mt_q_dim along, int64_t rows, int64_t cols);
+/* The bytes of q's data, and of its scales (fp32, or a byte each for MT_Q_MX and NVFP4). */
+size_t mt_qtensor_data_bytes(const struct mt_qtensor *q);
+size_t mt_qtensor_scale_bytes(const struct mt_qtensor *q);
+/* A quantised tensor packed in one buffer (a copy kept for later, struct mt_quant_ops
+ * save): its global scale in a 16-byte header, its scales, its data, each part 16-byte
+ * aligned; mt_qtensor_packed_bytes of a shaped q. mt_qtensor_pack_view points the arrays
+ * of a shaped q into buf and reads its global scale from the header;
+ * mt_qtensor_pack_global writes it there (after quantising into the view). */
+size_t mt_qtensor_packed_bytes(const struct mt_qtensor *q);
+void mt_qtensor_pack_view(struct mt_qtensor *q, void *buf);
+void mt_qtensor_pack_global(const struct mt_qtensor *q, void *buf);
 
 /* Largest |x| of a (rows, cols) fp32 view with row stride ld; NaN if one is NaN. */
 float mt_q_amax(const float *x, int64_t rows, int64_t cols, int64_t ld);

@@ -717,6 +717,7 @@ static void qgemm_spec(const char *arg, const struct mt_quant_spec *s)
     if (s->amax) range("quantised gemm", "spec->amax", s->amax, sizeof(float));
     dev("quantised gemm", "spec->work", s->work);
     if (s->work) range("quantised gemm", "spec->work", s->work, s->work_bytes);
+    dev("quantised gemm", "spec->saved", s->saved);
 }
 
 /* The quantised GEMM, counted as one GEMM launch (the CUDA backend charges its
@@ -734,7 +735,22 @@ static void g_qgemm(void *ctx, bool ta, bool tb, const struct mt_quant_spec *sa,
     RUN(MT_OP_GEMM, cpu->quant->gemm(ctx, ta, tb, sa, a, sb, b, beta, c));
 }
 
-static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .shards = true };
+/* The copy kept for backward, counted with convert's launches as qdq is; saved is
+ * backend memory of saved_bytes. */
+static void g_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x)
+{
+    host("save", "spec", s);
+    tensor("save", "x", x, -1, -1);
+    dev("save", "spec->scale", s->scale), dev("save", "spec->amax", s->amax);
+    dev("save", "spec->tensor_amax", s->tensor_amax);
+    dev("save", "saved", saved);
+    range("save", "saved", saved, cpu->quant->saved_bytes(s, x.rows, x.cols));
+    RUN(MT_OP_CONVERT, cpu->quant->save(ctx, s, saved, x));
+}
+
+static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .save = g_save,
+                                                     .saved_bytes = mt_cpu_quant_saved_bytes,
+                                                     .shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {

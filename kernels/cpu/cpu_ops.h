@@ -245,6 +245,8 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
 void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                   struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
                   struct mt_tensor c);
+void mt_cpu_quant_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x);
+size_t mt_cpu_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols);
 
 /* cpu_typed.c: the op table's typed entry points (fp32 kernels above behind them) */
 void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,

@@ -18,14 +18,6 @@ static float elem_max(enum mt_q_elem e)
     return e == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : e == MT_Q_ELEM_E5M2 ? MT_E5M2_MAX : MT_E2M1_MAX;
 }
 
-/* Whether the scaling's 1-D tiles along a column are made by quantising the transpose
- * (the quantisers of 1 x 128 tiles and of NVFP4's 16-element blocks run along rows). */
-static bool via_transpose(const struct mt_quant_spec *s)
-{
-    return s->along == MT_Q_ALONG_COL &&
-           (s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_NVFP4);
-}
-
 static void quantise(const struct mt_quant_spec *s, struct mt_qtensor *q, const float *x,
                      float amax, struct mt_err *err)
 {
@@ -45,35 +37,61 @@ static void quantise(const struct mt_quant_spec *s, struct mt_qtensor *q, const 
     if (rc) die("quantise", err);
 }
 
+/* The shape of the quantised tensor an (R, C) operand is stored as under s: its
+ * transpose for tiles that run along rows only (mt_quant_spec_transposed). */
+static void stored_shape(const struct mt_quant_spec *s, struct mt_qtensor *q, int64_t R, int64_t C)
+{
+    const bool tr = mt_quant_spec_transposed(s);
+    mt_qtensor_shape(q, s->scaling, s->elem, s->scaling == MT_Q_MX ? s->along : MT_Q_ALONG_ROW,
+                     tr ? C : R, tr ? R : C);
+}
+
+/* q (stored_shape, its arrays allocated or a packed view) = the (R, C) fp32 tensor w
+ * quantised under s; amax: what the per-tensor scales come from. */
+static void quantise_dense(const struct mt_quant_spec *s, struct mt_qtensor *q, const float *w,
+                           int64_t R, int64_t C, float amax)
+{
+    struct mt_err err = { 0 };
+    float *t = NULL;
+    const float *src = w;
+    if (mt_quant_spec_transposed(s)) {
+        t = mt_cpu_scratch("qdq", sizeof(float) * (size_t)R * (size_t)C);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) t[c * R + r] = w[r * C + c];
+        src = t;
+    }
+    quantise(s, q, src, amax, &err);
+    if (t) mt_cpu_scratch_give(t);
+}
+
+/* w (R, C) fp32 = the values q (stored_shape) holds. */
+static void dequantise_dense(const struct mt_quant_spec *s, const struct mt_qtensor *q, float *w,
+                             int64_t R, int64_t C)
+{
+    struct mt_err err = { 0 };
+    if (!mt_quant_spec_transposed(s)) {
+        if (mt_dequant(q, w, C, &err)) die("dequantise", &err);
+        return;
+    }
+    float *t = mt_cpu_scratch("qdq", sizeof(float) * (size_t)R * (size_t)C);
+    if (mt_dequant(q, t, R, &err)) die("dequantise", &err);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) w[r * C + c] = t[c * R + r];
+    mt_cpu_scratch_give(t);
+}
+
 /* Quantises the (R, C) fp32 tensor w in place to the values its quantisation holds;
  * amax: what the per-tensor scales come from. */
 static void qdq_dense(const struct mt_quant_spec *s, float *w, int64_t R, int64_t C, float amax)
 {
     struct mt_err err = { 0 };
-    const bool tr = via_transpose(s);
-    const size_t n = (size_t)R * (size_t)C;
-    float *t = NULL, *src = w;
-    int64_t qr = R, qc = C;
-    if (tr) {
-        t = mt_cpu_scratch("qdq", sizeof(float) * n);
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++) t[c * R + r] = w[r * C + c];
-        src = t;
-        qr = C;
-        qc = R;
-    }
-    struct mt_qtensor q;
-    if (mt_qtensor_init(&q, s->scaling, s->elem, s->scaling == MT_Q_MX ? s->along : MT_Q_ALONG_ROW,
-                        qr, qc, &err))
+    struct mt_qtensor q, shape;
+    stored_shape(s, &shape, R, C);
+    if (mt_qtensor_init(&q, shape.scaling, shape.elem, shape.along, shape.rows, shape.cols, &err))
         die("quantised tensor", &err);
-    quantise(s, &q, src, amax, &err);
-    if (mt_dequant(&q, src, qc, &err)) die("dequantise", &err);
+    quantise_dense(s, &q, w, R, C, amax);
+    dequantise_dense(s, &q, w, R, C);
     mt_qtensor_free(&q);
-    if (tr) {
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++) w[r * C + c] = t[c * R + r];
-        mt_cpu_scratch_give(t);
-    }
 }
 
 /* NVFP4 on a shard: quantised inside a zero tensor of the logical shape, so that
@@ -97,9 +115,10 @@ static void qdq_nvfp4_shard(const struct mt_quant_spec *s, float *w, int64_t R, 
     mt_cpu_scratch_give(L);
 }
 
-void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
+/* out (R, C) fp32 = x in fp32, Hadamard-transformed where s says, its amax recorded
+ * where s says; returns that amax. The arguments checked. */
+static float prepare(const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
 {
-    (void)ctx;
     const int64_t R = x.rows, C = x.cols;
     struct mt_err err = { 0 };
     if (out.dtype != MT_F32 || out.rows != R || out.cols != C || out.ld != C || x.ld != C ||
@@ -122,7 +141,7 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
         mt_err_set(&err, MT_EINVAL, "an NVFP4 tensor amax needs the shard's place in its tensor");
         die("arguments", &err);
     }
-    if (R <= 0 || C <= 0) return;
+    if (R <= 0 || C <= 0) return 0.0f;
     const size_t n = (size_t)R * (size_t)C;
     float *w = out.data; /* the work happens in out: x in fp32, then its quantised values */
     if (x.dtype == MT_F32) {
@@ -138,10 +157,52 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
         die("Hadamard transform", &err);
     const float amax = mt_q_amax(w, R, C, C);
     if (s->amax && !(amax <= *s->amax)) *s->amax = amax; /* a NaN is recorded */
-    if (shard && (s->scaling == MT_Q_NVFP4 || s->scaling == MT_Q_NVFP4_2D))
-        qdq_nvfp4_shard(s, w, R, C);
+    return amax;
+}
+
+/* Whether s quantises x as a shard of a larger tensor. */
+static bool is_shard(const struct mt_quant_spec *s, struct mt_tensor x)
+{
+    return s->lrows > 0 && (s->lrows > x.rows || s->lcols > x.cols);
+}
+
+void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x)
+{
+    (void)ctx;
+    const float amax = prepare(s, out, x);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    if (is_shard(s, x) && (s->scaling == MT_Q_NVFP4 || s->scaling == MT_Q_NVFP4_2D))
+        qdq_nvfp4_shard(s, out.data, x.rows, x.cols);
     else
-        qdq_dense(s, w, R, C, s->tensor_amax ? *s->tensor_amax : amax);
+        qdq_dense(s, out.data, x.rows, x.cols, s->tensor_amax ? *s->tensor_amax : amax);
+}
+
+size_t mt_cpu_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols)
+{
+    struct mt_qtensor q;
+    stored_shape(s, &q, rows, cols);
+    return mt_qtensor_packed_bytes(&q);
+}
+
+void mt_cpu_quant_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x)
+{
+    (void)ctx;
+    const int64_t R = x.rows, C = x.cols;
+    if (R <= 0 || C <= 0) return;
+    if (is_shard(s, x) && (s->scaling == MT_Q_NVFP4 || s->scaling == MT_Q_NVFP4_2D)) {
+        struct mt_err err = { 0 };
+        mt_err_set(&err, MT_EUNSUPPORTED, "an NVFP4 shard is quantised in its logical tensor, "
+                   "which save does not keep");
+        die("save", &err);
+    }
+    float *w = mt_cpu_scratch("quantised copy", sizeof(float) * (size_t)R * (size_t)C);
+    const float amax = prepare(s, mt_f32(w, R, C), x);
+    struct mt_qtensor q;
+    stored_shape(s, &q, R, C);
+    mt_qtensor_pack_view(&q, saved);
+    quantise_dense(s, &q, w, R, C, s->tensor_amax ? *s->tensor_amax : amax);
+    mt_qtensor_pack_global(&q, saved);
+    mt_cpu_scratch_give(w);
 }
 
 /* One operand of the quantised GEMM: its quantised values in fp32, in s->work when it
@@ -153,7 +214,15 @@ static struct mt_tensor operand_values(const struct mt_quant_spec *s, struct mt_
     *taken = NULL;
     if (!v) v = *taken = mt_cpu_scratch("quantised gemm", bytes);
     const struct mt_tensor out = mt_f32(v, x.rows, x.cols);
-    mt_cpu_qdq(NULL, s, out, x);
+    if (!s->saved) {
+        mt_cpu_qdq(NULL, s, out, x);
+        return out;
+    }
+    if (x.rows <= 0 || x.cols <= 0) return out;
+    struct mt_qtensor q; /* the copy save kept: its values are qdq's of x */
+    stored_shape(s, &q, x.rows, x.cols);
+    mt_qtensor_pack_view(&q, (void *)s->saved);
+    dequantise_dense(s, &q, v, x.rows, x.cols);
     return out;
 }
 

@@ -19,23 +19,10 @@ static int64_t row_bytes(const struct mt_qtensor *q)
     return q->elem == MT_Q_ELEM_E2M1 ? (q->cols + 1) / 2 : q->cols;
 }
 
-int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
-                    enum mt_q_dim along, int64_t rows, int64_t cols, struct mt_err *err)
+void mt_qtensor_shape(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
+                      enum mt_q_dim along, int64_t rows, int64_t cols)
 {
     memset(q, 0, sizeof *q);
-    if (rows <= 0 || cols <= 0)
-        return mt_err_set(err, MT_EINVAL, "quantised tensor: shape (%lld, %lld) is empty",
-                          (long long)rows, (long long)cols);
-    int fp4 = elem == MT_Q_ELEM_E2M1;
-    if (mt_q_is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
-        return mt_err_set(err, MT_EINVAL,
-                          "quantised tensor: %s scaling takes %s elements",
-                          mt_q_scaling_name(scaling),
-                          mt_q_is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
-    if (along == MT_Q_ALONG_COL && scaling != MT_Q_MX)
-        return mt_err_set(err, MT_EINVAL,
-                          "quantised tensor: %s scaling has blocks along the row only; "
-                          "transpose the tensor first", mt_q_scaling_name(scaling));
     q->scaling = scaling;
     q->elem = elem;
     q->along = along;
@@ -53,9 +40,61 @@ int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_e
     case MT_Q_NVFP4:
     case MT_Q_NVFP4_2D: q->srows = rows; q->scols = cdiv(cols, 16); break;
     }
+}
+
+/* Whether the scales are bytes (UE8M0, UE4M3), else fp32. */
+static int scales_are_bytes(enum mt_q_scaling s) { return s == MT_Q_MX || mt_q_is_nvfp4(s); }
+
+size_t mt_qtensor_data_bytes(const struct mt_qtensor *q) { return (size_t)(q->rows * row_bytes(q)); }
+
+size_t mt_qtensor_scale_bytes(const struct mt_qtensor *q)
+{
+    return (size_t)(q->srows * q->scols) * (scales_are_bytes(q->scaling) ? 1 : sizeof(float));
+}
+
+/* The packed layout: the global scale in a 16-byte header, the scales, the data (each
+ * part 16-byte aligned). */
+static size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+size_t mt_qtensor_packed_bytes(const struct mt_qtensor *q)
+{
+    return 16 + align16(mt_qtensor_scale_bytes(q)) + mt_qtensor_data_bytes(q);
+}
+
+void mt_qtensor_pack_view(struct mt_qtensor *q, void *buf)
+{
+    char *b = buf;
+    memcpy(&q->global, b, sizeof(float));
+    if (scales_are_bytes(q->scaling))
+        q->scale8 = (uint8_t *)(b + 16);
+    else
+        q->scale = (float *)(void *)(b + 16);
+    q->data = (uint8_t *)(b + 16 + align16(mt_qtensor_scale_bytes(q)));
+}
+
+void mt_qtensor_pack_global(const struct mt_qtensor *q, void *buf) { memcpy(buf, &q->global, sizeof(float)); }
+
+int mt_qtensor_init(struct mt_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
+                    enum mt_q_dim along, int64_t rows, int64_t cols, struct mt_err *err)
+{
+    memset(q, 0, sizeof *q);
+    if (rows <= 0 || cols <= 0)
+        return mt_err_set(err, MT_EINVAL, "quantised tensor: shape (%lld, %lld) is empty",
+                          (long long)rows, (long long)cols);
+    int fp4 = elem == MT_Q_ELEM_E2M1;
+    if (mt_q_is_nvfp4(scaling) != fp4 || (scaling == MT_Q_MX && elem != MT_Q_ELEM_E4M3))
+        return mt_err_set(err, MT_EINVAL,
+                          "quantised tensor: %s scaling takes %s elements",
+                          mt_q_scaling_name(scaling),
+                          mt_q_is_nvfp4(scaling) ? "E2M1" : scaling == MT_Q_MX ? "E4M3" : "E4M3 or E5M2");
+    if (along == MT_Q_ALONG_COL && scaling != MT_Q_MX)
+        return mt_err_set(err, MT_EINVAL,
+                          "quantised tensor: %s scaling has blocks along the row only; "
+                          "transpose the tensor first", mt_q_scaling_name(scaling));
+    mt_qtensor_shape(q, scaling, elem, along, rows, cols);
     size_t nscale = (size_t)(q->srows * q->scols);
-    q->data = calloc((size_t)(rows * row_bytes(q)), 1);
-    if (scaling == MT_Q_MX || mt_q_is_nvfp4(scaling))
+    q->data = calloc(mt_qtensor_data_bytes(q), 1);
+    if (scales_are_bytes(scaling))
         q->scale8 = calloc(nscale, 1);
     else
         q->scale = calloc(nscale, sizeof(float));

@@ -531,6 +531,9 @@ static void swap_scratch(struct mt_model *m, struct mt_expert_scratch *s)
 struct act_arenas {
     struct arena keep, rc;
     size_t rc_max;
+    /* FP8/FP4: the bytes of the copies saved for backward outside the recompute buffer,
+     * and of the high-precision inputs they replace there (struct mt_model lp_copies) */
+    size_t copies, replaced;
     /* activation offloading: a layer's offloaded tensors go to off, restarted for each
      * layer at the start of its half off_base[l % 2] (NULL: sizing); off_max the largest
      * layer's, chunk_off the chunk's sum */
@@ -550,8 +553,35 @@ static struct arena *arena_off(struct act_arenas *A, unsigned mods, unsigned fla
     return mods & flag ? &A->off : a;
 }
 
+/* FP8/FP4 (mt_lowp_saves, qx): where the high-precision input of a quantised linear
+ * goes when backward reads the linear's saved copy instead and nothing else reads it:
+ * the recompute buffer, written by forward and not kept (its bytes counted as replaced
+ * where a would have kept them). Else a, where it was. */
+static struct arena *unkept(struct act_arenas *A, bool qx, struct arena *a, size_t bytes)
+{
+    if (!qx || a == &A->rc) return a;
+    A->replaced = sat_add(A->replaced, bytes);
+    return &A->rc;
+}
+
+/* The copy of linear ql's (rows, cols) input saved for backward, in a (the arena of the
+ * tensors whose forward writes it, so that a recompute that runs the linear again
+ * rebuilds it); share: the linear whose copy of the same input it reads where copies
+ * are shared, or -1. */
+static void take_copy(struct mt_model *m, struct act_arenas *A, struct mt_layer_acts *x,
+                      struct arena *a, int ql, int share, size_t rows, size_t cols)
+{
+    if (share >= 0 && mt_lowp_shares_copies(m)) {
+        x->qx[ql] = x->qx[share];
+        return;
+    }
+    const size_t bytes = mt_lowp_copy_bytes(m, (int64_t)rows, (int64_t)cols);
+    if (a != &A->rc) A->copies = sat_add(A->copies, bytes);
+    x->qx[ql] = take(a, bytes, 1);
+}
+
 static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned drop,
-                            unsigned off, struct mt_layer_acts *x)
+                            unsigned off, bool qx, struct mt_layer_acts *x)
 {
     const size_t Nl = tokens_local(m), R = (size_t)m->rows_max, Rx = (size_t)m->x_rows_max;
     const size_t G = tokens_gathered(m), k = (size_t)m->topk;
@@ -587,9 +617,16 @@ static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned d
     if (m->Fs > 0) {
         const size_t N = tokens_all(m);
         struct arena *s = arena_for(A, drop, MT_RC_MOE | MT_RC_SHARED);
+        const size_t asz = mt_dtype_size(m->adt);
         x->sg = TAKE_A(s, N * m->Fs_l);
         x->su = TAKE_A(s, N * m->Fs_l);
-        x->sa = TAKE_A(s, N * m->Fs_l);
+        x->sa = TAKE_A(unkept(A, qx, s, N * m->Fs_l * asz), N * m->Fs_l);
+        if (qx) {
+            take_copy(m, A, x, s, MT_QL_SH_GATE, -1, N, m->H);
+            take_copy(m, A, x, s, MT_QL_SH_UP, MT_QL_SH_GATE, N, m->H);
+            /* shared_experts recompute runs gate, up and SwiGLU again, not down */
+            take_copy(m, A, x, arena_for(A, drop, MT_RC_MOE), MT_QL_SH_DOWN, -1, N, m->Fs_l);
+        }
     }
 }
 
@@ -652,8 +689,12 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
     for (int l = m->l0; l < m->l1; l++) {
         struct mt_layer_acts *x = &m->la[l];
         const unsigned drop = m->drop[l];
-        /* a recompute group starts again at the top of the shared buffer */
-        if (drop == MT_RC_LAYER ? m->rc_first[l] == l : drop != 0) A->rc.off = 0;
+        /* FP8/FP4: the quantised linears' inputs saved as copies for backward */
+        const bool qx = mt_lowp_saves(m, l);
+        const size_t asz = mt_dtype_size(m->adt);
+        /* a recompute group starts again at the top of the shared buffer, and so do a
+         * layer's tensors not kept for its saved copies */
+        if (drop == MT_RC_LAYER ? m->rc_first[l] == l : drop != 0 || qx) A->rc.off = 0;
         const unsigned off = m->off.mods[l] = plan_offload(m, l);
         A->off = (struct arena){A->off_base[l % 2], 0};
         /* the residual stream: a full-recompute group keeps only its first input */
@@ -667,9 +708,18 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
         struct arena *ln1 = arena_for(A, drop, MT_RC_LN1);
         /* qkv_linear offloads the projections' input: ln1 gathered (ln1 itself with
          * tp = 1; with TP the local ln1 is not read again after its gather) */
-        x->ln1 = TAKE_A(tp ? ln1 : arena_off(A, off, MT_OFF_QKV, ln1), Nl * m->H);
+        x->ln1 = TAKE_A(tp ? ln1 : unkept(A, qx, arena_off(A, off, MT_OFF_QKV, ln1), Nl * m->H * asz),
+                        Nl * m->H);
         x->ln1_rstd = TAKE_F(a, Nl);
-        x->ln1_full = tp ? TAKE_A(arena_off(A, off, MT_OFF_QKV, ln1), N * m->H) : x->ln1;
+        x->ln1_full = tp ? TAKE_A(unkept(A, qx, arena_off(A, off, MT_OFF_QKV, ln1), N * m->H * asz),
+                                  N * m->H)
+                         : x->ln1;
+        if (qx) { /* offloaded in ln1_full's place by qkv_linear */
+            struct arena *c = arena_off(A, off, MT_OFF_QKV, a);
+            take_copy(m, A, x, c, MT_QL_Q, -1, N, m->H);
+            take_copy(m, A, x, c, MT_QL_K, MT_QL_Q, N, m->H);
+            take_copy(m, A, x, c, MT_QL_V, MT_QL_Q, N, m->H);
+        }
         struct arena *qkv = arena_off(A, off, MT_OFF_CORE_ATTN, a);
         x->q = TAKE_A(a, N * m->Q_l);
         x->k = TAKE_A(a, N * m->KV_l);
@@ -684,13 +734,23 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
         x->att_lse = TAKE_F(core, N * m->nh_l);
         /* attn_proj offloads o_proj's input: y, which is att_out in fp32 training */
         x->att_out = TAKE_F(m->bf16 ? core : arena_off(A, off, MT_OFF_ATTN_PROJ, core), N * m->Q_l);
-        x->y = m->bf16 ? TAKE_A(arena_off(A, off, MT_OFF_ATTN_PROJ, core), N * m->Q_l) : x->att_out;
+        /* (bf16: y is o_proj's input only; fp32: att_out, which attention's backward reads) */
+        x->y = m->bf16 ? TAKE_A(unkept(A, qx, arena_off(A, off, MT_OFF_ATTN_PROJ, core), N * m->Q_l * asz),
+                                N * m->Q_l)
+                       : x->att_out;
+        if (qx) take_copy(m, A, x, arena_off(A, off, MT_OFF_ATTN_PROJ, a), MT_QL_O, -1, N, m->Q_l);
         x->res_mid = TAKE_A(arena_off(A, off, MT_OFF_MLP_NORM, a), Nl * m->H);
-        x->ln2 = TAKE_A(arena_for(A, drop, MT_RC_LN2), Nl * m->H);
-        x->ln2_rstd = TAKE_F(a, Nl);
         bool moe = m->moe_of_layer[l] >= 0;
+        /* a dense layer's ln2 is its MLP's input only; a MoE layer's routes tokens */
+        const bool qx2 = qx && !moe;
+        x->ln2 = TAKE_A(tp ? arena_for(A, drop, MT_RC_LN2)
+                           : unkept(A, qx2, arena_for(A, drop, MT_RC_LN2), Nl * m->H * asz),
+                        Nl * m->H);
+        x->ln2_rstd = TAKE_F(a, Nl);
         if (tp && (!moe || m->Fs > 0))
-            x->ln2_full = TAKE_A(arena_for(A, drop, MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED | MT_RC_MOE),
+            x->ln2_full = TAKE_A(unkept(A, qx2, arena_for(A, drop, MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED |
+                                                                     MT_RC_MOE),
+                                        N * m->H * asz),
                                  N * m->H);
         else
             x->ln2_full = x->ln2;
@@ -698,9 +758,15 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
             struct arena *f = arena_for(A, drop, MT_RC_MLP);
             x->gate = TAKE_A(f, N * m->F_l);
             x->up = TAKE_A(f, N * m->F_l);
-            x->act = TAKE_A(f, N * m->F_l);
+            x->act = TAKE_A(unkept(A, qx, f, N * m->F_l * asz), N * m->F_l);
+            if (qx) {
+                take_copy(m, A, x, f, MT_QL_GATE, -1, N, m->H);
+                take_copy(m, A, x, f, MT_QL_UP, MT_QL_GATE, N, m->H);
+                /* mlp recompute runs gate, up and SwiGLU again, not down */
+                take_copy(m, A, x, a, MT_QL_DOWN, -1, N, m->F_l);
+            }
         } else {
-            layout_moe_acts(m, A, drop, off, x);
+            layout_moe_acts(m, A, drop, off, qx, x);
         }
         if (A->rc.off > A->rc_max) A->rc_max = A->rc.off;
         /* whole 64-byte lines, as the tensors took in the slot's arena */
@@ -1296,10 +1362,17 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     o->memset(k->ctx, m->params, 0, param_bytes);
     o->memset(k->ctx, m->grads, 0, param_bytes);
 
+    /* the recipes' buffers first: the activations' layout asks which copies they save */
+    if ((rc = lowp_setup(m, par, err)) != MT_OK) {
+        mt_model_destroy(m);
+        return rc;
+    }
     struct act_arenas a = {.rc_max = 0};
     layout_acts(m, &a);
     m->acts_bytes = a.keep.off;
     m->rc_bytes = a.rc_max;
+    m->lp_copies = a.copies;
+    m->lp_replaced = a.replaced;
     m->off.half = offload_half(a.off_max);
     const size_t chunk_off = a.chunk_off;
     struct arena s = {NULL, 0};
@@ -1322,10 +1395,6 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     m->scratch = dev_alloc(k, m->scratch_bytes);
     NEED(m->scratch, "scratch buffers", m->scratch_bytes);
 #undef NEED
-    if ((rc = lowp_setup(m, par, err)) != MT_OK) {
-        mt_model_destroy(m);
-        return rc;
-    }
     if (m->acts) {
         a = (struct act_arenas){.keep = {m->acts, 0}, .rc = {m->rc_mem, 0}, .off_base = {m->off.mem[0], m->off.mem[1]}};
         layout_acts(m, &a);
@@ -1546,6 +1615,8 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
         struct act_arenas a = {.rc_max = 0};
         layout_acts(m, &a);
         m->slot_bytes[c] = a.keep.off;
+        m->lp_copies = c ? sat_add(m->lp_copies, a.copies) : a.copies;
+        m->lp_replaced = c ? sat_add(m->lp_replaced, a.replaced) : a.replaced;
         if (a.rc_max > m->rc_bytes) m->rc_bytes = a.rc_max;
         if (a.off_max > off_max) off_max = a.off_max;
         chunk_off[c] = a.chunk_off;
@@ -1853,6 +1924,8 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->grads = sizeof(float) * m->nparams;
     r->working_copy = m->bf16 ? mt_dtype_size(m->wdt) * m->nparams : 0;
     r->activations = m->acts_bytes;
+    r->lowp_copies = m->lp_copies;
+    r->lowp_replaced = m->lp_replaced;
     r->recompute = m->rc_bytes;
     r->scratch = m->scratch_bytes + m->lp_scratch; /* with the quantised GEMM operands */
     size_t lp_dev = 0, lp = mt_lowp_state_bytes(m, &lp_dev);

@@ -302,6 +302,9 @@ struct mt_memory_report {
     size_t grads;         /* fp32 gradients */
     size_t working_copy;  /* bf16 working weights (0 in fp32; on CPU stored widened to fp32) */
     size_t activations;   /* what forward saves for backward, for max_micro_batch */
+    size_t lowp_copies;   /* FP8/FP4: of one micro-batch's activations, the linears' inputs
+                             saved quantised for backward (data and scales) */
+    size_t lowp_replaced; /* the high-precision inputs those copies replace (not kept) */
     size_t recompute;     /* the one buffer backward rebuilds what forward did not keep in
                              (&recompute), shared by every layer, slot and chunk */
     size_t scratch;       /* backward temporaries */

@@ -98,6 +98,13 @@ struct mt_layer_tensors {
  * with _l are this rank's shards (heads, F/tp, ...). */
 /* Stored activations (void *) are in the model's activation dtype (adt: bf16 in bf16
  * training); statistics, router scores and routing weights (float *) are fp32. */
+/* The dense quantised linears of a layer, in model_lowp.c's numbering of its scale
+ * state: the copies of their inputs saved for backward (struct mt_layer_acts qx). */
+enum mt_qlinear {
+    MT_QL_Q, MT_QL_K, MT_QL_V, MT_QL_O, MT_QL_GATE, MT_QL_UP, MT_QL_DOWN,
+    MT_QL_SH_GATE, MT_QL_SH_UP, MT_QL_SH_DOWN, MT_QL_COUNT
+};
+
 struct mt_layer_acts {
     void *ln1;                  /* (Nl,H) */
     float *ln1_rstd;            /* (Nl) */
@@ -135,6 +142,10 @@ struct mt_layer_acts {
     int32_t *g_slot_row;        /* ALLGATHER: (G*Nl,k) slot -> expert row of the gathered tokens */
     float *g_prob;              /* ALLGATHER: (G*Nl,k) gathered routing weights */
     void *sg, *su, *sa;         /* shared expert (N,Fs_l) */
+    /* FP8/FP4 (mt_lowp_saves): each quantised linear's input quantised in forward for
+     * the wgrad GEMM of backward (mt_lowp_copy_bytes each; q, k and v share one, gate and
+     * up one, where mt_lowp_shares_copies) */
+    void *qx[MT_QL_COUNT];
     int rows;                   /* R: rows of the plan of the last forward */
     int x_rows;                 /* Rx */
     long long *h_offsets;       /* host copy of plan.offsets (E+1) */
@@ -356,6 +367,9 @@ struct mt_model {
     /* the FP8/FP4 recipes (model_lowp.c); NULL when &precision sets neither */
     struct mt_lowp *lp;
     size_t lp_scratch;          /* its quantised-operand buffers */
+    /* the copies saved for backward of one micro-batch (all chunks), kept in the
+     * activations or offloaded, and the high-precision inputs they replace there */
+    size_t lp_copies, lp_replaced;
     float *buffers;             /* host: what mt_model_buffers returns (expert biases and
                                    the FP8/FP4 state), when both exist */
 };
@@ -516,6 +530,13 @@ void mt_lowp_load(struct mt_model *m, const float *in);
  * for that loss scale. */
 void mt_lowp_backward_begin(struct mt_model *m, float loss_scale);
 uint64_t mt_lowp_backward_seed(const struct mt_model *m);
+/* FP8 copies saved for backward (doc/fp8.md): whether layer l's quantised linears save
+ * their inputs quantised for the wgrad GEMM (then their high-precision inputs read by
+ * nothing else in backward are not kept), the bytes of the copy of a (rows, cols) input,
+ * and whether the linears reading one input share its copy. */
+bool mt_lowp_saves(const struct mt_model *m, int l);
+size_t mt_lowp_copy_bytes(const struct mt_model *m, int64_t rows, int64_t cols);
+bool mt_lowp_shares_copies(const struct mt_model *m);
 /* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
  * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). Errors: the amax
  * reduction of a shard's current scaling (p->err). */

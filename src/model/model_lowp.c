@@ -12,6 +12,10 @@
  *                                              its columns (dout, its reduction here)
  *   wgrad    dW += q'(dy)^T q'(x)              both along the tokens (their columns);
  *                                              MT_RECIPE_NVFP4: Hadamard-transformed first
+ * Where the backend saves quantised copies (struct mt_quant_ops save), a dense linear's
+ * forward keeps x quantised for wgrad in the micro-batch's activations (q'(x); per-tensor
+ * scaling: q(x), which the forward GEMM reads too), and wgrad reads that copy. NVFP4
+ * keeps none: its q'(x) is Hadamard-transformed with signs of the backward pass.
  * Routed experts do the same per expert (each expert its own tensors, scales and
  * GEMM: the expert row counts are on the host). */
 #include "model/model_internal.h"
@@ -25,7 +29,8 @@
 
 /* The quantised linears of a layer, for the numbering of scale state (the same on
  * every rank, whatever layers it holds). Routed experts: EXP_* + 3 e per expert e. */
-enum { K_WQ, K_WK, K_WV, K_WO, K_GATE, K_UP, K_DOWN, K_SH_GATE, K_SH_UP, K_SH_DOWN, K_EXP };
+enum { K_WQ = MT_QL_Q, K_WK, K_WV, K_WO, K_GATE, K_UP, K_DOWN, K_SH_GATE, K_SH_UP, K_SH_DOWN, K_EXP };
+_Static_assert((int)K_EXP == (int)MT_QL_COUNT, "the dense linears are enum mt_qlinear's, in its order");
 /* The three operands of a linear with scale state. */
 enum { R_X = MT_Q_X, R_W = MT_Q_W, R_G = MT_Q_G, R_COUNT };
 
@@ -423,19 +428,85 @@ static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, 
 }
 
 /* c = beta c + op(q(a)) op(q(b)), the quantised GEMM of slot s's operands ra and rb for
- * use u (struct mt_quant_ops gemm), each operand with its scratch buffer. */
+ * use u (struct mt_quant_ops gemm), each operand with its scratch buffer; xcopy, or
+ * NULL: the saved copy of the operand x (role R_X) that the GEMM reads instead of
+ * quantising it. */
 static int qgemm(const struct mt_pass *p, int s, enum use u, bool ta, int ra, struct mt_tensor a,
-                 bool tb, int rb, struct mt_tensor b, float beta, struct mt_tensor c)
+                 bool tb, int rb, struct mt_tensor b, float beta, struct mt_tensor c,
+                 const void *xcopy)
 {
     const struct mt_lowp *lp = p->m->lp;
     struct mt_quant_spec qa = spec(p, s, ra, u), qb = spec(p, s, rb, u);
     qa.work = lp->wa;
     qb.work = lp->wb;
     qa.work_bytes = qb.work_bytes = lp->wbytes;
+    if (ra == R_X) qa.saved = xcopy;
+    if (rb == R_X) qb.saved = xcopy;
     /* each probe writes the other operand's buffer, which it quantises only later */
-    MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb, lp->tamax));
-    MT_CHECK(place_shard(p, &qb, s, rb, b, lp->wa, lp->tamax + 1));
+    if (!qa.saved) MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb, lp->tamax));
+    if (!qb.saved) MT_CHECK(place_shard(p, &qb, s, rb, b, lp->wa, lp->tamax + 1));
     p->m->k->quant->gemm(p->ctx, ta, tb, &qa, a, &qb, b, beta, c);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------ copies saved for backward */
+
+bool mt_lowp_saves(const struct mt_model *m, int l)
+{
+    const struct mt_lowp *lp = m->lp;
+    return lp && m->k->quant->save && lp->recipe != MT_RECIPE_NVFP4 && !layer_bf16(m, l);
+}
+
+/* The use whose quantisation of x the copy is: the forward's under per-tensor scaling
+ * (one copy: the wgrad GEMM reads the same codes and scale transposed), the wgrad GEMM's
+ * for the block recipes (blocks along the tokens, quantised from the high-precision
+ * values, not from the forward's blocks along the features). */
+static enum use copy_use(const struct mt_lowp *lp)
+{
+    return lp->recipe == MT_RECIPE_DELAYED || lp->recipe == MT_RECIPE_TENSORWISE ? U_FWD : U_WGRAD;
+}
+
+size_t mt_lowp_copy_bytes(const struct mt_model *m, int64_t rows, int64_t cols)
+{
+    const struct mt_lowp *lp = m->lp;
+    const struct mt_quant_spec q = mt_quant_operand_spec(lp->recipe, lp->hybrid, MT_Q_X,
+                                                         (enum mt_q_use)copy_use(lp));
+    return m->k->quant->saved_bytes(&q, rows, cols);
+}
+
+/* Delayed scaling quantises each linear's input with its own history's scale; every
+ * other recipe quantises one input alike for each linear that reads it. */
+bool mt_lowp_shares_copies(const struct mt_model *m) { return m->lp->recipe != MT_RECIPE_DELAYED; }
+
+/* The copy of slot s's input in the activations of the pass's micro-batch, or NULL
+ * where its linear keeps none (a routed expert, NVFP4, evaluation). */
+static void *copy_of(const struct mt_pass *p, int s)
+{
+    const struct mt_model *m = p->m;
+    const int l = s / m->lp->per_layer, kind = s % m->lp->per_layer;
+    if (!p->train || kind >= K_EXP || !mt_lowp_saves(m, l)) return NULL;
+    return m->la[l].qx[kind];
+}
+
+/* Whether slot s's linear reads the copy that the linear before it, on the same input,
+ * made in this forward (k and v after q, up after gate). */
+static bool copy_made_before(const struct mt_pass *p, int s)
+{
+    const int kind = s % p->m->lp->per_layer;
+    return mt_lowp_shares_copies(p->m) &&
+           (kind == K_WK || kind == K_WV || kind == K_UP || kind == K_SH_UP);
+}
+
+/* copy = x, slot s's input, quantised as copy_use says (its amax recorded, a shard
+ * placed in its tensor as the GEMMs place it). */
+static int save_copy(const struct mt_pass *p, int s, struct mt_tensor x, void *copy)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    struct mt_quant_spec q = spec(p, s, R_X, copy_use(lp));
+    q.work = lp->wa;
+    q.work_bytes = lp->wbytes;
+    MT_CHECK(place_shard(p, &q, s, R_X, x, lp->wb, lp->tamax));
+    p->m->k->quant->save(p->ctx, &q, copy, x);
     return MT_OK;
 }
 
@@ -457,7 +528,10 @@ int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor ou
         return MT_OK;
     }
     (void)N, (void)dout, (void)din; /* out and in carry their shapes */
-    return qgemm(p, s, U_FWD, false, R_X, in, true, R_W, w, 0.0f, out);
+    void *copy = copy_of(p, s);
+    if (copy && !copy_made_before(p, s)) MT_CHECK(save_copy(p, s, in, copy));
+    const bool fwd_reads_copy = copy && copy_use(p->m->lp) == U_FWD;
+    return qgemm(p, s, U_FWD, false, R_X, in, true, R_W, w, 0.0f, out, fwd_reads_copy ? copy : NULL);
 }
 
 // din (N,din) = beta din + dout W; dW (dout,din) += dout^T in
@@ -473,8 +547,9 @@ int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float b
         return MT_OK;
     }
     const struct mt_tensor dy = mt_f32(dout, N, d_out);
-    MT_CHECK(qgemm(p, s, U_DGRAD, false, R_G, dy, false, R_W, w, beta, mt_f32(din, N, d_in)));
-    return qgemm(p, s, U_WGRAD, true, R_G, dy, false, R_X, in, 1.0f, mt_f32(dw, d_out, d_in));
+    MT_CHECK(qgemm(p, s, U_DGRAD, false, R_G, dy, false, R_W, w, beta, mt_f32(din, N, d_in), NULL));
+    return qgemm(p, s, U_WGRAD, true, R_G, dy, false, R_X, in, 1.0f, mt_f32(dw, d_out, d_in),
+                 copy_of(p, s));
 }
 
 /* ------------------------------------------------------------ routed experts */
@@ -540,7 +615,7 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
         const struct mt_tensor we = slab_of(p, tensor, e, dout, din);
         if (r1 > r0) {
             MT_CHECK(qgemm(p, se, U_FWD, false, R_X, rows_of(x, r0, r1, din), true, R_W, we, 0.0f,
-                           rows_of(out, r0, r1, dout)));
+                           rows_of(out, r0, r1, dout), NULL));
             continue;
         }
         /* an expert without rows: its weight's amax still goes to delayed scaling's
@@ -572,9 +647,9 @@ int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *off
         const int se = s + 3 * e;
         const struct mt_tensor dye = rows_of(dyt, r0, r1, dout);
         MT_CHECK(qgemm(p, se, U_DGRAD, false, R_G, dye, false, R_W, slab_of(p, tensor, e, dout, din), beta,
-                       rows_of(dxt, r0, r1, din)));
+                       rows_of(dxt, r0, r1, din), NULL));
         MT_CHECK(qgemm(p, se, U_WGRAD, true, R_G, dye, false, R_X, rows_of(x, r0, r1, din), 1.0f,
-                       rows_of(dw, (long long)e * dout, (long long)(e + 1) * dout, din)));
+                       rows_of(dw, (long long)e * dout, (long long)(e + 1) * dout, din), NULL));
     }
     return MT_OK;
 }

@@ -59,7 +59,8 @@ static const char *differs(const struct mt_rank_memory *a, const struct mt_rank_
     if (a->grads != b->grads) return "gradients";
     if (a->optimizer != b->optimizer) return "optimizer state";
     if (a->act_per_mb != b->act_per_mb || a->inflight != b->inflight ||
-        a->activations != b->activations)
+        a->activations != b->activations || a->lowp_copies != b->lowp_copies ||
+        a->lowp_replaced != b->lowp_replaced)
         return "activations";
     if (a->recompute != b->recompute) return "recompute";
     if (a->pipeline != b->pipeline) return "pipeline";

@@ -1037,12 +1037,16 @@ static void print_layout(const struct planner *pl, int *shown, const struct layo
         snprintf(host, sizeof host, "; offloaded to pinned host memory %.2f GiB, %zu bytes each "
                  "way per step", gib(r->offload_host), r->offload_step);
     }
+    char lowp[128] = ""; /* FP8/FP4 copies saved for backward, per micro-batch */
+    if (r->lowp_copies)
+        snprintf(lowp, sizeof lowp, "; FP8 copies %.2f per micro-batch in place of %.2f",
+                 gib(r->lowp_copies), gib(r->lowp_replaced));
     fprintf(out, "    memory, the most loaded rank (%lld, stage %lld), GiB: parameters %.2f | "
                  "master weights %.2f | gradients %.2f | optimizer state %.2f | activations "
-                 "%.2f (%lld in flight) | recompute %.2f | pipeline %.2f | communication %.2f | "
+                 "%.2f (%lld in flight%s) | recompute %.2f | pipeline %.2f | communication %.2f | "
                  "workspace %.2f | other %.2f%s | total %.2f (%zu bytes) of %.1f%s\n",
             r->rank, r->stage, gib(r->params), gib(r->master), gib(r->grads), gib(r->optimizer),
-            gib(r->activations), r->inflight, gib(r->recompute), gib(r->pipeline), gib(r->comm),
+            gib(r->activations), r->inflight, lowp, gib(r->recompute), gib(r->pipeline), gib(r->comm),
             gib(r->workspace), gib(r->other), buf, gib(r->total), r->total, pl->usable_gib, host);
     check_command(pl, x, out);
 }

@@ -1173,6 +1173,8 @@ static void memory_of(const struct trainer *t, struct mt_rank_memory *r)
     r->inflight = t->pp_comm ? t->nslots : 1;
     r->activations = m.activations;
     r->act_per_mb = m.activations / (size_t)r->inflight;
+    r->lowp_copies = m.lowp_copies;
+    r->lowp_replaced = m.lowp_replaced;
     r->recompute = m.recompute;
     r->pipeline = t->p_x ? 2 * pp_bytes(t, TAG_PP_FWD) +
                                pp_bytes(t, TAG_PP_BWD) * (2 + (size_t)t->msgs_plan)
@@ -1287,16 +1289,21 @@ static double gib(size_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
 void mt_train_memory_line(char *buf, size_t n, const struct mt_rank_memory *r)
 {
-    char off[160] = "";
+    char off[160] = "", lowp[200] = "";
     if (r->offload_host)
         snprintf(off, sizeof off, "offload buffer %zu | ", r->offload);
+    /* FP8/FP4: the quantised copies in those activations, and what they save */
+    if (r->lowp_copies)
+        snprintf(lowp, sizeof lowp, "; of which FP8/FP4 copies %zu in place of %zu of "
+                 "high-precision inputs, %lld saved", r->lowp_copies, r->lowp_replaced,
+                 (long long)r->lowp_replaced - (long long)r->lowp_copies);
     int w = snprintf(buf, n,
                      "  stage %lld, rank %lld: parameters %zu | master weights %zu | gradients %zu | "
-                     "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight) | "
+                     "optimizer state %zu | activations %zu (%zu per micro-batch x %lld in flight%s) | "
                      "recompute %zu | pipeline %zu | communication %zu | workspace %zu | other %zu | "
                      "%stotal %zu (%.2f GiB)",
                      r->stage, r->rank, r->params, r->master, r->grads, r->optimizer, r->activations,
-                     r->act_per_mb, r->inflight, r->recompute, r->pipeline, r->comm, r->workspace,
+                     r->act_per_mb, r->inflight, lowp, r->recompute, r->pipeline, r->comm, r->workspace,
                      r->other, off, r->total, gib(r->total));
     /* activation offloading: what it holds on the host and moves over PCIe / C2C */
     if (r->offload_host && w > 0 && (size_t)w < n)

@@ -41,6 +41,9 @@ struct mt_rank_memory {
                                model chunk of the stage) */
     long long inflight;     /* micro-batches held at once under the schedule */
     size_t activations;     /* act_per_mb x inflight */
+    size_t lowp_copies;     /* FP8/FP4: of act_per_mb, the linears' inputs saved quantised
+                               for backward (data and scales; offloaded ones included) */
+    size_t lowp_replaced;   /* the high-precision inputs they replace, which are not kept */
     size_t recompute;       /* the buffer backward rebuilds unkept activations in
                                (&recompute; one per rank) */
     size_t pipeline;        /* stage-boundary buffers, and the interleaved schedule's

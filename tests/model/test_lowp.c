@@ -272,6 +272,59 @@ static void test_blockwise(void **s) { (void)s; run(BLOCKWISE); }
 static void test_mxfp8(void **s) { (void)s; run(MXFP8); }
 static void test_nvfp4(void **s) { (void)s; run(NVFP4); }
 
+/* FP8 copies saved for backward: the forward keeps x quantised for the wgrad GEMM, which
+ * reads that copy, so a backward given NaN for x computes dx and dW bit for bit as the
+ * backward given x (they would be NaN if it quantised x again). NVFP4 keeps no copy
+ * (its wgrad copy takes the backward pass's Hadamard signs): its dW is NaN then. */
+static void saved_copy(enum recipe r)
+{
+    struct mt_config cfg;
+    config(&cfg, r);
+    struct mt_model *m;
+    struct mt_err err;
+    assert_int_equal(mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err), MT_OK);
+    mt_model_init(m, 42);
+    const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
+    assert_int_equal(mt_lowp_saves(m, 0), r != NVFP4);
+    struct mt_model_stats st;
+    struct mt_pass p = {m, &m->k->op, m->k->ctx, B_, N, N, 0, true, false, 1.0f, &st, &err};
+    float *x = malloc(sizeof(float) * N * din), *nan = malloc(sizeof(float) * N * din);
+    float *dy = malloc(sizeof(float) * N * dout), *out = malloc(sizeof(float) * N * dout);
+    float *dx[2], *dw[2];
+    fill(x, N, din, 11, 1.0f);
+    fill(dy, N, dout, 12, 1e-3f);
+    for (int i = 0; i < N * din; i++) nan[i] = NAN;
+    fill(mt_model_weight(m, tensor).data, dout, din, 13, 0.05f);
+    const size_t nw = (size_t)dout * din;
+    for (int pass = 0; pass < 2; pass++) {
+        mt_model_zero_grad(m);
+        dx[pass] = calloc((size_t)N * din, sizeof(float));
+        dw[pass] = malloc(sizeof(float) * nw);
+        assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
+        assert_int_equal(mt_pass_qlinear_bwd(&p, tensor, dx[pass], 0.0f, dy, mt_f32(pass ? nan : x, N, din), N,
+                                             dout, din), MT_OK);
+        memcpy(dw[pass], mt_model_view(m->grads, m, tensor), sizeof(float) * nw);
+    }
+    assert_memory_equal(dx[0], dx[1], sizeof(float) * (size_t)N * din); /* dgrad reads no x */
+    bool any_nan = false;
+    for (size_t i = 0; i < nw; i++) any_nan |= isnan(dw[1][i]);
+    if (r == NVFP4) {
+        assert_true(any_nan);
+    } else {
+        assert_false(any_nan);
+        assert_memory_equal(dw[0], dw[1], sizeof(float) * nw);
+    }
+    for (int i = 0; i < 2; i++) free(dx[i]), free(dw[i]);
+    free(x), free(nan), free(dy), free(out);
+    mt_model_destroy(m);
+}
+
+static void test_saved_delayed(void **s) { (void)s; saved_copy(DELAYED); }
+static void test_saved_tensorwise(void **s) { (void)s; saved_copy(TENSORWISE); }
+static void test_saved_blockwise(void **s) { (void)s; saved_copy(BLOCKWISE); }
+static void test_saved_mxfp8(void **s) { (void)s; saved_copy(MXFP8); }
+static void test_saved_nvfp4(void **s) { (void)s; saved_copy(NVFP4); }
+
 /* first_last_layers_bf16 keeps the ends high precision: with the only layer kept, the
  * linear is the plain fp32 one. */
 static void test_first_last_bf16(void **s)
@@ -302,6 +355,9 @@ int main(void)
         cmocka_unit_test(test_delayed),  cmocka_unit_test(test_tensorwise),
         cmocka_unit_test(test_blockwise), cmocka_unit_test(test_mxfp8),
         cmocka_unit_test(test_nvfp4),    cmocka_unit_test(test_first_last_bf16),
+        cmocka_unit_test(test_saved_delayed), cmocka_unit_test(test_saved_tensorwise),
+        cmocka_unit_test(test_saved_blockwise), cmocka_unit_test(test_saved_mxfp8),
+        cmocka_unit_test(test_saved_nvfp4),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
