@@ -2,7 +2,8 @@
 # FP8/FP4 training on the CPU backend (doc/fp8.md): a resumed run is bit-identical to
 # a straight one with delayed scaling (amax histories of 4 steps, 'max') and with
 # NVFP4 (its random bits keyed by the iteration); --check and --log-memory agree on
-# the quantised path's memory, which --check shows beside bf16's; the keys that would
+# the quantised path's memory, which --check shows beside bf16's, with the FP8 copies
+# saved for backward in place of the inputs they replace; the keys that would
 # change nothing are refused by name; the guard backend runs them as the CPU does.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
 cd "$tmp"
@@ -40,6 +41,28 @@ c=$(bytes fp8.check); l=$(bytes fp8.log); p=$(bytes plain.check)
 [ -n "$c" ] && [ "$c" = "$l" ] || fail "--check says $c bytes, --log-memory $l"
 [ "$c" -gt "$p" ] || fail "the quantised path's buffers are not counted ($c vs $p bytes)"
 echo "memory: fp8 $c bytes (--check = --log-memory), bf16 path $p"
+# the copies saved for backward (bf16 training, MXFP8: the dense linears' inputs along
+# the tokens): --check counts the run's, and the activations they leave are smaller
+# than bf16's by at least what the line says they save, less the 64-byte alignment of
+# each replaced tensor (at most 5 a layer)
+acts() { sed -n 's/.*| activations \([0-9]*\) (.*/\1/p' "$1" | head -1; }
+copies() { sed -n 's/.*of which FP8\/FP4 copies \([0-9]*\) in place of \([0-9]*\) .*/\1 \2/p' "$1" | head -1; }
+MX="precision%fp8_format='e4m3' precision%fp8_recipe='mxfp8'"
+"$MOETRAIN" --check "$small" precision%params_dtype="'bf16'" > bf16.check 2>&1 || { cat bf16.check; fail "--check bf16"; }
+# shellcheck disable=SC2086
+"$MOETRAIN" --check "$small" precision%params_dtype="'bf16'" $MX > mx.check 2>&1 || { cat mx.check; fail "--check mxfp8"; }
+# shellcheck disable=SC2086
+"$MOETRAIN" "$small" precision%params_dtype="'bf16'" $MX training%train_iters=2 optimizer%lr_warmup_iters=1 logging%log_memory=T > mx.log 2>&1 || { cat mx.log; fail "mxfp8 run"; }
+cc=$(copies mx.check); cl=$(copies mx.log); ab=$(acts bf16.check); am=$(acts mx.check)
+[ -n "$cc" ] || { cat mx.check; fail "--check does not count the FP8 copies saved for backward"; }
+[ "$cc" = "$cl" ] && [ "$am" = "$(acts mx.log)" ] && [ "$(bytes mx.check)" = "$(bytes mx.log)" ] ||
+    fail "--check says copies $cc, activations $am; the run $cl, $(acts mx.log)"
+# shellcheck disable=SC2086 # two numbers
+set -- $cc
+[ "$1" -gt 0 ] && [ "$1" -lt "$2" ] || fail "the copies ($1 bytes) do not replace more ($2 bytes)"
+[ $((ab - am)) -ge $(($2 - $1 - 2 * 5 * 64)) ] && [ "$am" -lt "$ab" ] ||
+    fail "activations $am with the copies, $ab in bf16: not the $(($2 - $1)) bytes saved"
+echo "memory: mxfp8 copies $1 bytes in place of $2 (--check = --log-memory); activations $am, bf16 $ab"
 
 expect_refused() { # expect_refused NEEDLE ARGS...: --check exits 1 naming NEEDLE
     needle=$1; shift
