@@ -4,7 +4,8 @@
  * as each recipe prescribes, for every recipe. The GEMMs run on BLAS, so results are
  * compared within the bound of fp32 accumulation, (K + 2) 2^-24 sum |a b|, far below
  * what any other choice of scaling, block direction, element format, rounding or
- * Hadamard signs moves them (at least a quantisation step, 2^-4 relative and more). */
+ * Hadamard signs moves them (at least a quantisation step, 2^-4 relative and more).
+ * And the wgrad GEMM reads the copy of x the forward saved (test_saved_*). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
