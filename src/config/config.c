@@ -775,6 +775,58 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
     return MT_OK;
 }
 
+/* &cuda_graph impl = 'full_iteration': what one graph of the whole iteration can hold
+ * (doc/host-overhead.md, "The full iteration"): static shapes, no collective (one
+ * process), and nothing the host decides or uploads inside the iteration. */
+static int check_full_iteration(const struct mt_config *c, const struct mt_layout *l,
+                                bool dropless_moe, struct mt_err *err)
+{
+    const struct mt_config_moe *e = &c->moe;
+    const char *pre = "&cuda_graph impl = 'full_iteration'";
+    if (dropless_moe)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s: a whole iteration is one graph only where every shape is static, "
+                          "and dropless routing (&moe expert_capacity_factor = %g%s) gives each "
+                          "expert a number of rows known only after routing; set "
+                          "expert_capacity_factor > 0 with pad_expert_input_to_capacity = .true. "
+                          "(drop-and-pad), or use impl = 'local' with modules",
+                          pre, e->expert_capacity_factor,
+                          e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
+    if (l->world_size > 1)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s: one process only (the world is %d: tensor %d, pipeline %d, expert "
+                          "%d, expert tensor %d, data %d): the iteration's collectives are not "
+                          "captured; run one process, or use impl = 'local' with modules",
+                          pre, l->world_size, l->tp, l->pp, l->ep, l->etp, l->dp);
+    if (e->router_enable_expert_bias)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s with &moe router_enable_expert_bias: the biases are updated on the "
+                          "host and uploaded each step, which the graph would not see; remove "
+                          "router_enable_expert_bias, or use impl = 'local'", pre);
+    if (e->router_force_load_balancing)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s with &moe router_force_load_balancing: the forced logits are "
+                          "copied from host memory in the iteration, which a graph cannot hold; "
+                          "remove router_force_load_balancing", pre);
+    if (c->precision.fp8_format[0] || c->precision.fp4_format[0])
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s with &precision fp8_format = '%s', fp4_format = '%s': the "
+                          "low-precision recipes keep per-step host state (delayed scaling "
+                          "reads the amaxes each step); set both to '', or use impl = 'local'",
+                          pre, c->precision.fp8_format, c->precision.fp4_format);
+    if (strcmp(c->recompute.granularity, "none") != 0 ||
+        c->recompute.fine_grained_activation_offloading)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s with &recompute granularity = '%s'%s: recompute and offloading "
+                          "are not captured in the whole iteration; set granularity = 'none' "
+                          "and fine_grained_activation_offloading = .false., or use impl = "
+                          "'local' (which combines with both)",
+                          pre, c->recompute.granularity,
+                          c->recompute.fine_grained_activation_offloading
+                              ? " with fine_grained_activation_offloading" : "");
+    return MT_OK;
+}
+
 /* &cuda_graph: the modules this model has, and the scopes whose shapes are static. */
 static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, struct mt_err *err)
 {
@@ -795,20 +847,11 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
         return MT_OK;
     }
     if (strcmp(g->impl, "full_iteration") == 0) {
-        if (moe && dropless)
-            return mt_err_set(err, MT_EUNSUPPORTED,
-                              "&cuda_graph impl = 'full_iteration': a whole iteration is one graph "
-                              "only where every shape is static, and dropless routing (&moe "
-                              "expert_capacity_factor = %g%s) gives each expert a number of rows "
-                              "known only after routing; moetrain does not capture a whole "
-                              "iteration in any case yet (the step reads its losses and routing "
-                              "offsets on the host); use impl = 'local' with modules",
-                              e->expert_capacity_factor, nopad);
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&cuda_graph impl = 'full_iteration': moetrain does not capture a whole "
-                          "iteration yet (the step reads its losses and routing offsets on the "
-                          "host, which a graph cannot hold); use impl = 'local' with modules "
-                          "(doc/host-overhead.md, CUDA graphs)");
+        MT_CHECK(check_full_iteration(c, l, moe && dropless, err));
+        if (g->modules_len)
+            return mt_err_set(err, MT_EINVAL,
+                              "&cuda_graph modules applies only with impl = 'local' (impl "
+                              "'full_iteration' captures the whole iteration); remove modules");
     }
     if (g->warmup_steps < 1)
         return mt_err_set(err, MT_EINVAL,
@@ -817,6 +860,7 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
                           "the RoPE tables, with copies from host memory that a graph cannot "
                           "hold); set warmup_steps >= 1 (Megatron's default is 3)",
                           g->warmup_steps);
+    if (strcmp(g->impl, "full_iteration") == 0) return MT_OK;
     if (g->modules_len == 0) { /* Megatron's advice for dropless MoE; a dense model's layers */
         const char *def[] = {"attn", moe ? "moe_router" : "mlp", "moe_preprocess"};
         g->modules_len = moe ? 3 : 2;

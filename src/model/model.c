@@ -1127,7 +1127,8 @@ static void free_stats(struct mt_model *m)
     m->acc = m->acc_host = NULL;
     m->host_tokens_all = m->host_tokens = NULL;
     m->rec_valid = NULL;
-    m->nrec_max = m->nrec = 0;
+    m->rec_B = NULL;
+    m->nrec_max = m->nrec = m->nahead = 0;
 }
 
 /* (Re)allocates them for n records, cleared. MT_ENOMEM when one cannot be had. */
@@ -1138,7 +1139,9 @@ static int alloc_stats(struct mt_model *m, int n)
     m->acc = dev_alloc(k, step_acc_bytes(m, n));
     m->host_tokens_all = k->op.alloc_host(k->ctx, token_staging_bytes(m, n));
     m->acc_host = calloc(1, step_acc_bytes(m, n));
-    m->rec_valid = calloc((size_t)n, sizeof(long long));
+    /* each record's valid targets, then its micro-batch size */
+    m->rec_valid = calloc((size_t)n, sizeof(long long) + sizeof(int));
+    m->rec_B = m->rec_valid ? (int *)(m->rec_valid + n) : NULL;
     if (!m->acc || !m->host_tokens_all || !m->acc_host || !m->rec_valid) {
         free_stats(m);
         return MT_ENOMEM;
@@ -1885,7 +1888,7 @@ int mt_model_read_stats(struct mt_model *m, struct mt_model_stats *st, int max, 
     if (sumsq) *sumsq = m->acc_host->sumsq;
     *n = m->nrec;
     k->op.memset(k->ctx, m->acc, 0, bytes);
-    m->nrec = 0;
+    m->nrec = m->nahead = 0;
     return MT_OK;
 }
 

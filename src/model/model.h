@@ -267,6 +267,20 @@ void mt_model_set_hooks(struct mt_model *m, const struct mt_model_hooks *hooks);
  * (the trainer sets it once warmup_steps iterations are done); before, they run
  * eagerly. Without graphs it changes nothing. */
 void mt_model_set_graph_capture(struct mt_model *m, bool capture);
+/* &cuda_graph impl = 'full_iteration': the trainer's iteration as one graph scope, from
+ * begin to end (no scope of the passes inside it). sig: what the caller's part of it
+ * depends on (micro-batch count and size); the model adds its allocations. With a graph
+ * of the same signature it is launched and *run is false: skip to end (the host's part,
+ * mt_model_stage_tokens, before begin). Else *run is true, and the iteration runs
+ * eagerly (warm-up) or is captured, end then launching it. Without full_iteration,
+ * *run is true and both do nothing. */
+int mt_model_iteration_begin(struct mt_model *m, uint64_t sig, bool *run, struct mt_err *err);
+int mt_model_iteration_end(struct mt_model *m, struct mt_err *err);
+/* Fills the next record's token slot from tokens (B sequences of T + 1) ahead of its
+ * forward, which is then called with tokens NULL and takes them in order (the upload
+ * stays in the forward, reading the slot: a replayed iteration uploads what was staged
+ * for it). Needs mt_model_defer_stats. */
+int mt_model_stage_tokens(struct mt_model *m, const int32_t *tokens, int B, struct mt_err *err);
 /* The backend's graph counts (struct mt_graph_stats); false when the model captures
  * no scope. */
 bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out);

@@ -1,7 +1,8 @@
 /* CUDA graph scopes of the model (&cuda_graph, doc/host-overhead.md "CUDA graphs"): each
  * scope's ops captured once per (module, layer, micro-batch slot, pass, segment) after the
  * trainer's warm-up and replayed with one launch after that, through the backend's
- * struct mt_graph_ops. A scope never holds a collective (a segment ends before one and
+ * struct mt_graph_ops; or, with impl = 'full_iteration', the trainer's iteration as one
+ * scope (mt_model_iteration_begin), with none inside it. A scope never holds a collective (a segment ends before one and
  * the next begins after it), a host read or an allocation that outlives it. */
 #include "model/model_internal.h"
 
@@ -21,12 +22,16 @@ int mt_graph_setup(struct mt_model *m, struct mt_err *err)
 {
     const struct mt_config_cuda_graph *g = &m->cfg.cuda_graph;
     m->graphs = (struct mt_model_graphs){0};
-    if (strcmp(g->impl, "local") != 0) return MT_OK; /* none; full_iteration is refused */
+    if (strcmp(g->impl, "none") == 0) return MT_OK;
     if (!m->k->graph)
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&cuda_graph impl = 'local': the %s backend has no CUDA graphs; run "
+                          "&cuda_graph impl = '%s': the %s backend has no CUDA graphs; run "
                           "--backend cuda, or set impl = 'none'",
-                          m->k->name);
+                          g->impl, m->k->name);
+    if (strcmp(g->impl, "full_iteration") == 0) { /* the trainer's one scope, none inside */
+        m->graphs.full = true;
+        return MT_OK;
+    }
     for (int i = 0; i < g->modules_len; i++)
         for (int j = 0; j < MT_GM_COUNT; j++)
             if (strcmp(g->modules[i], module_names[j]) == 0) m->graphs.modules |= 1u << j;
@@ -81,11 +86,44 @@ int mt_graph_end(const struct mt_pass *p)
     return m->k->graph->end(m->k->ctx, p->err);
 }
 
+/* The key of the whole iteration: a module number past the scopes'. */
+#define ITERATION_KEY ((uint64_t)MT_GM_COUNT << 56)
+
+int mt_model_iteration_begin(struct mt_model *m, uint64_t sig, bool *run, struct mt_err *err)
+{
+    *run = true;
+    if (!m->graphs.full) return MT_OK;
+    /* what every kernel of the iteration addresses: the model's allocations (each view
+     * is at a fixed place in one), the step's scalars and the token staging the
+     * graph's copies read, and the expert-side overflow block when one is held */
+    const uintptr_t words[] = {(uintptr_t)m->params, (uintptr_t)m->grads, (uintptr_t)m->work,
+                               (uintptr_t)m->acts, (uintptr_t)m->scratch, (uintptr_t)m->acc,
+                               (uintptr_t)m->host_tokens_all, (uintptr_t)m->rc_mem,
+                               (uintptr_t)m->scratch_over, (uintptr_t)m->expert_bias_dev,
+                               (uintptr_t)m->nrec_max};
+    sig = mt_graph_sig(sig, words, sizeof words / sizeof words[0]);
+    bool replayed = false;
+    if (m->k->graph->begin(m->k->ctx, ITERATION_KEY, sig, m->graphs.capture, &replayed, err))
+        return mt_err_prefix(err, "&cuda_graph impl = 'full_iteration'");
+    *run = !replayed;
+    m->graphs.iteration_open = !replayed;
+    return MT_OK;
+}
+
+int mt_model_iteration_end(struct mt_model *m, struct mt_err *err)
+{
+    if (!m->graphs.iteration_open) return MT_OK;
+    m->graphs.iteration_open = false;
+    if (m->k->graph->end(m->k->ctx, err))
+        return mt_err_prefix(err, "&cuda_graph impl = 'full_iteration'");
+    return MT_OK;
+}
+
 void mt_model_set_graph_capture(struct mt_model *m, bool capture) { m->graphs.capture = capture; }
 
 bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out)
 {
-    if (!m->graphs.modules) return false;
+    if (!m->graphs.modules && !m->graphs.full) return false;
     m->k->graph->stats(m->k->ctx, out);
     return true;
 }

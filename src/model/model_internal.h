@@ -194,6 +194,8 @@ struct mt_model_graphs {
     unsigned modules;           /* 1 << enum mt_graph_module, 0: no graphs */
     bool capture;               /* past &cuda_graph warmup_steps: capture what is not held */
     bool open;                  /* a scope is open (begun, not replayed) */
+    bool full;                  /* impl = 'full_iteration': the trainer's one scope */
+    bool iteration_open;        /* that scope is open (begun, not replayed) */
 };
 /* What one counted forward (a micro-batch, an evaluation batch; not a rebuild for
  * backward) adds up in backend memory. */
@@ -325,6 +327,8 @@ struct mt_model {
     int nrec_max, nrec, rec_cur;
     bool defer;                 /* mt_model_defer_stats: the passes leave them for the caller */
     long long *rec_valid;       /* (nrec_max) */
+    int *rec_B;                 /* (nrec_max) each record's micro-batch size */
+    int nahead;                 /* records mt_model_stage_tokens filled that no forward took yet */
     /* (nrec_max,3,Bmax,T) alloc_host staging of inputs, targets, shard inputs, one slot
      * per record (a slot is written again only after the read, by which the copy that
      * took it has run); host_tokens: the current pass's slot */

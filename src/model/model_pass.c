@@ -414,20 +414,16 @@ static int mlp_block_bwd(const pass_t *p, int l)
 
 /* ------------------------------------------------------------ embedding and loss */
 
-/* Takes the pass's record (struct mt_fwd_record) and its token staging slot, writes the
- * micro-batch's inputs, targets and shard inputs there and uploads them on the copy
- * stream, so that the host does not wait: the copy first waits for the compute that
- * used the previous tokens, the compute then for the copy. *valid: the targets that
- * count. */
-static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long long *valid,
-                        struct mt_err *err)
+/* Takes the next record (struct mt_fwd_record) and its token staging slot, and writes
+ * the micro-batch's inputs, targets and shard inputs there (host memory only). */
+static int fill_record(struct mt_model *m, const int32_t *tokens, int B, struct mt_err *err)
 {
     const struct mt_kernels *k = m->k;
     if (!m->defer && m->nrec > 0) { /* a pass that failed before reading its own */
         k->op.memset(k->ctx, m->acc, 0, sizeof(struct mt_step_acc) +
                                             sizeof(int64_t) * (size_t)m->nmoe * m->E +
                                             sizeof(struct mt_fwd_record) * (size_t)m->nrec);
-        m->nrec = 0;
+        m->nrec = m->nahead = 0;
     }
     if (m->nrec == m->nrec_max)
         return mt_err_set(err, MT_EINVAL,
@@ -453,14 +449,53 @@ static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long l
             in_v[(size_t)b * T + t] = x >= m->v0 && x < m->v0 + m->V_l ? x - m->v0 : -1;
             count += y >= 0;
         }
-    m->host_tokens = in;
     m->rec_cur = m->nrec++;
     m->rec_valid[m->rec_cur] = count;
+    m->rec_B[m->rec_cur] = B;
+    return MT_OK;
+}
+
+int mt_model_stage_tokens(struct mt_model *m, const int32_t *tokens, int B, struct mt_err *err)
+{
+    if (!m->defer)
+        return mt_err_set(err, MT_EINVAL, "model: mt_model_stage_tokens needs mt_model_defer_stats");
+    if (B < 1 || B > m->Bmax)
+        return mt_err_set(err, MT_EINVAL, "model: micro batch %d is outside [1, %d] (max_micro_batch)",
+                          B, m->Bmax);
+    MT_CHECK(fill_record(m, tokens, B, err));
+    m->nahead++;
+    return MT_OK;
+}
+
+/* The pass's record and token slot: filled from tokens here, or (tokens NULL) the next
+ * one mt_model_stage_tokens filled ahead. The slot is uploaded on the copy stream, so
+ * that the host does not wait: the copy first waits for the compute that used the
+ * previous tokens, the compute then for the copy. *valid: the targets that count. */
+static int stage_tokens(struct mt_model *m, const int32_t *tokens, int B, long long *valid,
+                        struct mt_err *err)
+{
+    if (tokens && m->nahead)
+        return mt_err_set(err, MT_EINVAL, "model: a forward given tokens while %d staged "
+                          "micro-batches wait (mt_model_stage_tokens)", m->nahead);
+    if (tokens) {
+        MT_CHECK(fill_record(m, tokens, B, err));
+    } else {
+        if (!m->nahead)
+            return mt_err_set(err, MT_EINVAL, "model: a forward without tokens, and none staged "
+                              "(mt_model_stage_tokens)");
+        m->rec_cur = m->nrec - m->nahead--;
+        if (m->rec_B[m->rec_cur] != B)
+            return mt_err_set(err, MT_EINVAL, "model: a forward of micro batch %d on the staged "
+                              "one of %d sequences", B, m->rec_B[m->rec_cur]);
+    }
+    const size_t N = (size_t)B * m->T;
+    int32_t *in = m->host_tokens_all + (size_t)m->rec_cur * 3 * m->Bmax * m->T;
+    m->host_tokens = in;
     void *const dst[3] = {m->inputs, m->targets, m->inputs_v};
-    const void *const src[3] = {in, tg, in_v};
+    const void *const src[3] = {in, in + N, in + 2 * N};
     const size_t bytes[3] = {sizeof(int32_t) * N, sizeof(int32_t) * N, sizeof(int32_t) * N};
     mt_model_upload(m, m->inputs_v != m->inputs ? 3 : 2, dst, src, bytes);
-    *valid = count;
+    *valid = m->rec_valid[m->rec_cur];
     return MT_OK;
 }
 

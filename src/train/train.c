@@ -1579,16 +1579,52 @@ static int read_step(struct trainer *t, double all, double *loss, double *auxz,
     return MT_OK;
 }
 
+/* The micro-batches of a step without a pipeline, forward and backward, and the
+ * gradients' reduction; with &cuda_graph impl = 'full_iteration' all of it one graph
+ * (mt_model_iteration_begin), its tokens staged on the host before it. */
+static int run_micro_batches(struct trainer *t, long long *dropped, long long *overflows,
+                             long long offload[2], struct mt_err *err)
+{
+    const int mbs = t->cfg->training.micro_batch_size;
+    const int nmb = t->layout->num_micro_batches;
+    const bool staged = strcmp(t->cfg->cuda_graph.impl, "full_iteration") == 0;
+    for (int mb = 0; staged && mb < nmb; mb++) {
+        MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                            micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+        MT_CHECK(mt_model_stage_tokens(t->model, t->tokens, mbs, err));
+    }
+    bool run;
+    MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
+    if (!run) return MT_OK; /* replayed: its host-side results are the zeros of static shapes */
+    mt_model_zero_grad(t->model);
+    for (int mb = 0; mb < nmb; mb++) {
+        if (!staged)
+            MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                                micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+        struct mt_model_stats s = { 0 };
+        t->last_pass = mb == nmb - 1;
+        int rc = mt_model_forward_backward(t->model, staged ? NULL : t->tokens, mbs,
+                                           1.0f / (float)nmb, &s, err);
+        t->last_pass = false;
+        MT_CHECK(rc);
+        *dropped += s.dropped_tokens;
+        *overflows += s.expert_overflows;
+        offload[0] += s.offload_d2h_bytes;
+        offload[1] += s.offload_h2d_bytes;
+    }
+    MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
+    return mt_model_iteration_end(t->model, err);
+}
+
 /* One iteration: forward/backward over this rank's micro-batches, then the update
  * unless the loss or gradients are not finite. */
 static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
 {
     const struct mt_config *c = t->cfg;
-    const int mbs = c->training.micro_batch_size;
     const int nmb = t->layout->num_micro_batches;      /* this DP rank's */
     const double all = (double)nmb * t->dp;             /* the global batch's */
     double t0 = now_ms();
-    mt_model_zero_grad(t->model);
+    if (t->pp_comm) mt_model_zero_grad(t->model); /* else in run_micro_batches */
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
     long long dropped = 0, overflows = 0, offload[2] = {0, 0};
@@ -1606,22 +1642,11 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
             MT_CHECK(pp_log(t, err));
             t->pp_logged = true;
         }
-    }
-    for (int mb = 0; !t->pp_comm && mb < nmb; mb++) {
-        MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
-                            micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
-        struct mt_model_stats s = { 0 };
-        t->last_pass = mb == nmb - 1;
-        int rc = mt_model_forward_backward(t->model, t->tokens, mbs, 1.0f / (float)nmb, &s, err);
-        t->last_pass = false;
-        MT_CHECK(rc);
-        dropped += s.dropped_tokens;
-        overflows += s.expert_overflows;
-        offload[0] += s.offload_d2h_bytes;
-        offload[1] += s.offload_h2d_bytes;
+        MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
+    } else {
+        MT_CHECK(run_micro_batches(t, &dropped, &overflows, offload, err));
     }
     double gnorm;
-    MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
     MT_CHECK(read_step(t, all, &loss, auxz, &dropped, &gnorm, err));
     MT_CHECK(reduce_stats(t, &loss, auxz, &dropped, &overflows, err));
     t->st.consumed_samples += c->training.global_batch_size;
