@@ -34,6 +34,7 @@
 #ifndef MT_KERNELS_KERNELS_H
 #define MT_KERNELS_KERNELS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -147,12 +148,35 @@ enum mt_op {
     MT_OP_LSE_COMBINE,
     MT_OP_LOSS_SUM,
     MT_OP_ADAMW,
+    MT_OP_ADAMW_DEV,
     MT_OP_BF16_ROUND,
     MT_OP_CONVERT,
     MT_OP_SCALE,
     MT_OP_SUMSQ,
     MT_OP_COUNT
 };
+
+/* AdamW's constants of step t (t >= 1), computed on the host once for a tensor's update
+ * (adamw computes them from its arguments so; adamw_dev takes them from backend memory):
+ * param = param * decay - step * m / (sqrt(v) / bc2_sqrt + eps). */
+struct mt_adamw_consts {
+    float step, decay, bc2_sqrt, beta1, beta2, one_m_b1, one_m_b2, eps;
+};
+static inline struct mt_adamw_consts mt_adamw_consts_of(float lr, float beta1, float beta2, float eps,
+                                                        float weight_decay, long long t)
+{
+    struct mt_adamw_consts k;
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    k.bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
+    k.step = lr / bc1;
+    k.decay = 1.0f - lr * weight_decay;
+    k.beta1 = beta1;
+    k.beta2 = beta2;
+    k.one_m_b1 = 1.0f - beta1;
+    k.one_m_b2 = 1.0f - beta2;
+    k.eps = eps;
+    return k;
+}
 
 /* A backend's two streams: every op runs on COMPUTE in call order; copy_async runs on
  * COPY, beside it. Events order one against the other. */
@@ -398,6 +422,16 @@ struct mt_kernel_ops {
     void (*adamw)(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t);
+    // adamw with its constants *k (mt_adamw_consts_of) in backend memory and its gate
+    // decided on the device, so that the step needs no host value (a captured
+    // iteration's, doc/host-overhead.md): nothing is written when *sumsq or one of the
+    // n_loss values loss[i * loss_stride] (doubles) is not finite; else grad_scale =
+    // clip > 0 && sqrt(*sumsq) > clip ? clip / (sqrt(*sumsq) + 1e-6) : 1 in fp64, rounded
+    // to float (the trainer's clipping coefficient of the gradient norm), and the update
+    // is adamw's with k
+    void (*adamw_dev)(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                      const struct mt_adamw_consts *k, const double *sumsq, const double *loss,
+                      int loss_stride, int n_loss, double clip);
     // out (n) = x rounded to bfloat16 (round to nearest, ties to even; NaN stays NaN,
     // sign kept; +-Inf kept), stored widened to fp32; out may alias x
     void (*bf16_round)(void *ctx, float *out, const float *x, size_t n);

@@ -13,7 +13,7 @@ const char *const mt_op_names[] = {
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
     "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
     "dispatch_plan", "drop_mask", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
-    "cross_entropy_fwd", "cross_entropy_bwd", "lse_combine", "loss_sum", "adamw", "bf16_round", "convert", "scale", "sumsq",
+    "cross_entropy_fwd", "cross_entropy_bwd", "lse_combine", "loss_sum", "adamw", "adamw_dev", "bf16_round", "convert", "scale", "sumsq",
 };
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
                "mt_op_names must name every enum mt_op");
@@ -120,6 +120,7 @@ static const struct mt_kernels cpu_kernels = {
         .lse_combine = mt_cpu_lse_combine,
         .loss_sum = mt_cpu_loss_sum,
         .adamw = mt_cpu_adamw,
+        .adamw_dev = mt_cpu_adamw_dev,
         .bf16_round = mt_cpu_bf16_round,
         .convert = mt_cpu_t_convert,
         .scale = mt_cpu_scale,
@@ -181,6 +182,7 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_LSE_COMBINE: return o->lse_combine != NULL;
     case MT_OP_LOSS_SUM: return o->loss_sum != NULL;
     case MT_OP_ADAMW: return o->adamw != NULL;
+    case MT_OP_ADAMW_DEV: return o->adamw_dev != NULL;
     case MT_OP_BF16_ROUND: return o->bf16_round != NULL;
     case MT_OP_CONVERT: return o->convert != NULL;
     case MT_OP_SCALE: return o->scale != NULL;

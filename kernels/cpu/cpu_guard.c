@@ -674,6 +674,17 @@ static void g_adamw(void *ctx, float *param, const float *grad, float *m, float 
                       t));
 }
 
+static void g_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                        const struct mt_adamw_consts *k, const double *sumsq, const double *loss,
+                        int loss_stride, int n_loss, double clip)
+{
+    dev("adamw_dev", "param", param), dev("adamw_dev", "grad", grad);
+    dev("adamw_dev", "m", m), dev("adamw_dev", "v", v);
+    dev("adamw_dev", "k", k), dev("adamw_dev", "sumsq", sumsq);
+    if (n_loss > 0) dev("adamw_dev", "loss", loss);
+    RUN(MT_OP_ADAMW_DEV, cpu->op.adamw_dev(ctx, param, grad, m, v, n, k, sumsq, loss, loss_stride, n_loss, clip));
+}
+
 static void g_bf16_round(void *ctx, float *out, const float *x, size_t n)
 {
     dev("bf16_round", "out", out), dev("bf16_round", "x", x);
@@ -811,6 +822,7 @@ static const struct mt_kernels guard_kernels = {
         .lse_combine = g_lse_combine,
         .loss_sum = g_loss_sum,
         .adamw = g_adamw,
+        .adamw_dev = g_adamw_dev,
         .bf16_round = g_bf16_round,
         .convert = g_convert,
         .scale = g_scale,

@@ -64,21 +64,41 @@ void mt_cpu_loss_sum(void *ctx, double *acc, const float *lse, const float *tlog
     *acc += s;
 }
 
+/* AdamW's update of n values with the constants of its step. */
+static void adamw_apply(float *param, const float *grad, float *m, float *v, size_t n,
+                        const struct mt_adamw_consts *k, float grad_scale)
+{
+    const float beta1 = k->beta1, beta2 = k->beta2, one_m_b1 = k->one_m_b1, one_m_b2 = k->one_m_b2;
+    const float step = k->step, decay = k->decay, bc2_sqrt = k->bc2_sqrt, eps = k->eps;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        m[i] = beta1 * m[i] + one_m_b1 * g;
+        v[i] = beta2 * v[i] + one_m_b2 * g * g;
+        param[i] = param[i] * decay - step * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
 void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t)
 {
     (void)ctx;
-    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
-    const float step = lr / bc1, decay = 1.0f - lr * weight_decay;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        param[i] = param[i] * decay - step * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
-    }
+    const struct mt_adamw_consts k = mt_adamw_consts_of(lr, beta1, beta2, eps, weight_decay, t);
+    adamw_apply(param, grad, m, v, n, &k, grad_scale);
+}
+
+void mt_cpu_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                      const struct mt_adamw_consts *k, const double *sumsq, const double *loss,
+                      int loss_stride, int n_loss, double clip)
+{
+    (void)ctx;
+    bool finite = isfinite(*sumsq);
+    for (int i = 0; i < n_loss; i++) finite = finite && isfinite(loss[(size_t)i * loss_stride]);
+    if (!finite) return;
+    const double norm = sqrt(*sumsq);
+    const float scale = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
+    adamw_apply(param, grad, m, v, n, k, scale);
 }
 
 void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n)

@@ -237,6 +237,9 @@ void mt_cpu_loss_sum(void *ctx, double *acc, const float *lse, const float *tlog
 void mt_cpu_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   float grad_scale, long long t);
+void mt_cpu_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                      const struct mt_adamw_consts *k, const double *sumsq, const double *loss,
+                      int loss_stride, int n_loss, double clip);
 void mt_cpu_bf16_round(void *ctx, float *out, const float *x, size_t n);
 void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);

@@ -69,6 +69,7 @@ static struct mt_kernels cuda_kernels = {
         .lse_combine = mt_cuda_lse_combine,
         .loss_sum = mt_cuda_loss_sum,
         .adamw = mt_cuda_adamw,
+        .adamw_dev = mt_cuda_adamw_dev,
         .bf16_round = mt_cuda_bf16_round,
         .convert = mt_cuda_convert,
         .scale = mt_cuda_scale,

@@ -126,6 +126,9 @@ void mt_cuda_loss_sum(void *ctx, double *acc, const float *lse, const float *tlo
 void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
                    float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, long long t);
+void mt_cuda_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                       const struct mt_adamw_consts *k, const double *sumsq, const double *loss,
+                       int loss_stride, int n_loss, double clip);
 void mt_cuda_bf16_round(void *ctx, float *out, const float *x, size_t n);
 void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
 void mt_cuda_scale(void *ctx, float *x, float s, size_t n);

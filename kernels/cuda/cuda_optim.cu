@@ -4,22 +4,17 @@
 // in the same order with every product and sum rounded on its own (the _rn intrinsics
 // keep nvcc from contracting them into FMAs, which the CPU build, ISO C on x86-64,
 // never does), and its step-dependent constants are computed on the host by the same
-// expressions; bf16 rounding is round-to-nearest-even through cuda_bf16.h, with NaNs
+// expressions (mt_adamw_consts_of); bf16 rounding is round-to-nearest-even through cuda_bf16.h, with NaNs
 // quieted and sign kept exactly as the CPU does.
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <math.h>
 #include <stdio.h>
 
-struct adamw_consts {
-    float beta1, beta2, one_m_b1, one_m_b2, eps, step, decay, bc2_sqrt, grad_scale;
-};
-
-__global__ static void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, adamw_consts k)
+__device__ __forceinline__ void adamw_at(size_t i, float *param, const float *grad, float *m, float *v,
+                                         const mt_adamw_consts &k, float grad_scale)
 {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float g = __fmul_rn(grad[i], k.grad_scale);
+    const float g = __fmul_rn(grad[i], grad_scale);
     const float mi = __fadd_rn(__fmul_rn(k.beta1, m[i]), __fmul_rn(k.one_m_b1, g));
     const float vi = __fadd_rn(__fmul_rn(k.beta2, v[i]), __fmul_rn(__fmul_rn(k.one_m_b2, g), g));
     m[i] = mi;
@@ -28,24 +23,51 @@ __global__ static void adamw_kernel(float *param, const float *grad, float *m, f
     param[i] = __fsub_rn(__fmul_rn(param[i], k.decay), __fdiv_rn(__fmul_rn(k.step, mi), denom));
 }
 
+__global__ static void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, mt_adamw_consts k,
+                                    float grad_scale)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) adamw_at(i, param, grad, m, v, k, grad_scale);
+}
+
 extern "C" void mt_cuda_adamw(void *ctx, float *param, const float *grad, float *m, float *v, size_t n, float lr,
                               float beta1, float beta2, float eps, float weight_decay, float grad_scale, long long t)
 {
     MT_CUDA_OP(ctx, MT_OP_ADAMW);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
-    adamw_consts k;
-    const float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    k.bc2_sqrt = (float)sqrt(1.0 - pow((double)beta2, (double)t));
-    k.step = lr / bc1;
-    k.decay = 1.0f - lr * weight_decay;
-    k.beta1 = beta1;
-    k.beta2 = beta2;
-    k.one_m_b1 = 1.0f - beta1;
-    k.one_m_b2 = 1.0f - beta2;
-    k.eps = eps;
-    k.grad_scale = grad_scale;
-    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, adamw_kernel)(param, grad, m, v, n, k);
+    const mt_adamw_consts k = mt_adamw_consts_of(lr, beta1, beta2, eps, weight_decay, t);
+    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, adamw_kernel)(param, grad, m, v, n, k, grad_scale);
+    MT_CUDA_LAUNCHED();
+}
+
+// Every thread decides the gate itself from the few scalars (the squared norm, one loss
+// sum per micro-batch): sqrt, the sum and the quotient in fp64 are correctly rounded on
+// the device as on the host, and there is no product to contract.
+__global__ static void adamw_dev_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                                        const mt_adamw_consts *k, const double *sumsq, const double *loss,
+                                        int loss_stride, int n_loss, double clip)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const double s = *sumsq;
+    bool finite = isfinite(s);
+    for (int r = 0; r < n_loss; r++) finite = finite && isfinite(loss[(size_t)r * loss_stride]);
+    if (!finite) return;
+    const double norm = sqrt(s);
+    const float scale = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
+    adamw_at(i, param, grad, m, v, *k, scale);
+}
+
+extern "C" void mt_cuda_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
+                                  const mt_adamw_consts *k, const double *sumsq, const double *loss, int loss_stride,
+                                  int n_loss, double clip)
+{
+    MT_CUDA_OP(ctx, MT_OP_ADAMW_DEV);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    MT_LAUNCH(mt_cdiv(n, 256), 256, 0, c->stream, adamw_dev_kernel)(param, grad, m, v, n, k, sumsq, loss, loss_stride,
+                                                                    n_loss, clip);
     MT_CUDA_LAUNCHED();
 }
 

@@ -1840,6 +1840,16 @@ struct mt_fwd_record *mt_model_record(const struct mt_model *m)
 
 double *mt_model_sumsq_acc(struct mt_model *m) { return &m->acc->sumsq; }
 
+const double *mt_model_loss_sums(struct mt_model *m, int *stride, int *n)
+{
+    _Static_assert(sizeof(struct mt_fwd_record) % sizeof(double) == 0 &&
+                       offsetof(struct mt_fwd_record, lm_sum) == 0,
+                   "a record's loss sum is at a whole number of doubles from the next one's");
+    *stride = (int)(sizeof(struct mt_fwd_record) / sizeof(double));
+    *n = m->nrec;
+    return &((struct mt_fwd_record *)(m->acc->load + (size_t)m->nmoe * m->E))->lm_sum;
+}
+
 void mt_model_upload(struct mt_model *m, int n, void *const *dst, const void *const *src,
                      const size_t *bytes)
 {

@@ -281,6 +281,15 @@ int mt_model_iteration_end(struct mt_model *m, struct mt_err *err);
  * stays in the forward, reading the slot: a replayed iteration uploads what was staged
  * for it). Needs mt_model_defer_stats. */
 int mt_model_stage_tokens(struct mt_model *m, const int32_t *tokens, int B, struct mt_err *err);
+/* n copies src[i] (alloc_host memory) -> dst[i] (backend memory) of bytes[i] on the copy
+ * stream, after the compute queued so far and before the compute queued next; the host
+ * does not wait, and must not write src until a read of device memory has waited for
+ * the compute queued after them. */
+void mt_model_upload(struct mt_model *m, int n, void *const *dst, const void *const *src,
+                     const size_t *bytes);
+/* The loss sums of the forwards since the last read in backend memory (the records'
+ * cross-entropy sums): *n of them, one every *stride doubles. */
+const double *mt_model_loss_sums(struct mt_model *m, int *stride, int *n);
 /* The backend's graph counts (struct mt_graph_stats); false when the model captures
  * no scope. */
 bool mt_model_graph_stats(const struct mt_model *m, struct mt_graph_stats *out);

@@ -213,12 +213,6 @@ struct mt_step_acc {
 };
 /* The current pass's record in backend memory. */
 struct mt_fwd_record *mt_model_record(const struct mt_model *m);
-/* n copies src[i] (alloc_host memory) -> dst[i] (backend memory) of bytes[i] on the copy
- * stream, after the compute queued so far and before the compute queued next; the host
- * does not wait, and must not write src until a read of device memory has waited for
- * the compute queued after them. */
-void mt_model_upload(struct mt_model *m, int n, void *const *dst, const void *const *src,
-                     const size_t *bytes);
 
 struct mt_model {
     struct mt_config cfg;

@@ -56,6 +56,9 @@ struct mt_optim {
     float *packed;           /* overlap: every bucket's own staging, padded */
     size_t packed_n;
     int early, last_early;   /* buckets started during backward: this step, the last */
+    /* mt_optim_stage_step: AdamW's constants of the next step for tensors with and without
+     * weight decay, written on the host (page-locked) and uploaded by mt_optim_step_dev */
+    struct mt_adamw_consts *consts_host, *consts_dev;
 };
 
 /* ---- packed ranges ---------------------------------------------------------------------- */
@@ -263,6 +266,8 @@ void mt_optim_destroy(struct mt_optim *o)
     free(o->pos_done);
     if (o->m_full) k->op.free(k->ctx, o->m_full);
     if (o->v_full) k->op.free(k->ctx, o->v_full);
+    if (o->consts_host) k->op.free_host(k->ctx, o->consts_host);
+    if (o->consts_dev) k->op.free(k->ctx, o->consts_dev);
     free(o);
 }
 
@@ -600,6 +605,48 @@ int mt_optim_params_wait(struct mt_optim *o, struct mt_err *err)
     for (int ci = 0; o->gathers && ci < 2; ci++)
         for (int bi = 0; bi < o->c[ci].nbuckets; bi++)
             if (o->c[ci].b[bi].gathering) MT_CHECK(finish_gather(o, &o->c[ci], &o->c[ci].b[bi], err));
+    return MT_OK;
+}
+
+int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
+                        long long t, struct mt_err *err)
+{
+    const struct mt_kernels *k = o->k;
+    if (o->zero || o->par)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "optimizer: the step with its scalars on the device runs in one "
+                          "process without the distributed optimizer");
+    if (!o->consts_host) { /* before the first step, never inside a captured one */
+        o->consts_host = k->op.alloc_host(k->ctx, 2 * sizeof *o->consts_host);
+        o->consts_dev = k->op.alloc(k->ctx, 2 * sizeof *o->consts_dev);
+        if (!o->consts_host || !o->consts_dev)
+            return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory for AdamW's constants");
+    }
+    for (int wd = 0; wd < 2; wd++)
+        o->consts_host[wd] = mt_adamw_consts_of((float)lr, (float)c->adam_beta1, (float)c->adam_beta2,
+                                                (float)c->adam_eps, wd ? (float)c->weight_decay : 0.0f, t);
+    return MT_OK;
+}
+
+int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, struct mt_err *err)
+{
+    struct mt_model *m = o->model;
+    if (!o->consts_dev)
+        return mt_err_set(err, MT_EINVAL, "optimizer: mt_optim_step_dev without mt_optim_stage_step");
+    void *const dst[1] = {o->consts_dev};
+    const void *const src[1] = {o->consts_host};
+    const size_t bytes[1] = {2 * sizeof *o->consts_dev};
+    mt_model_upload(m, 1, dst, src, bytes);
+    int stride, nloss;
+    const double *loss = mt_model_loss_sums(m, &stride, &nloss);
+    float *params = mt_model_params(m), *grads = mt_model_grads(m);
+    for (int i = 0; i < mt_model_num_tensors(m); i++) {
+        const struct mt_param_info *pi = mt_model_tensor(m, i);
+        o->k->op.adamw_dev(o->k->ctx, params + pi->offset, grads + pi->offset, o->m_full + pi->offset,
+                           o->v_full + pi->offset, pi->numel, o->consts_dev + !pi->no_weight_decay,
+                           mt_model_sumsq_acc(m), loss, stride, nloss, c->clip_grad);
+    }
+    mt_model_params_updated(m);
     return MT_OK;
 }
 

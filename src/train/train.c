@@ -1580,19 +1580,22 @@ static int read_step(struct trainer *t, double all, double *loss, double *auxz,
 }
 
 /* The micro-batches of a step without a pipeline, forward and backward, and the
- * gradients' reduction; with &cuda_graph impl = 'full_iteration' all of it one graph
- * (mt_model_iteration_begin), its tokens staged on the host before it. */
-static int run_micro_batches(struct trainer *t, long long *dropped, long long *overflows,
-                             long long offload[2], struct mt_err *err)
+ * gradients' reduction; with &cuda_graph impl = 'full_iteration' (staged) the optimizer
+ * step too, and all of it one graph (mt_model_iteration_begin), with what the host gives
+ * it written before it: the tokens, AdamW's constants of the step (the learning rate). */
+static int run_micro_batches(struct trainer *t, bool staged, long long *dropped,
+                             long long *overflows, long long offload[2], struct mt_err *err)
 {
+    const struct mt_config_optimizer *oc = &t->cfg->optimizer;
     const int mbs = t->cfg->training.micro_batch_size;
     const int nmb = t->layout->num_micro_batches;
-    const bool staged = strcmp(t->cfg->cuda_graph.impl, "full_iteration") == 0;
     for (int mb = 0; staged && mb < nmb; mb++) {
         MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
                             micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
         MT_CHECK(mt_model_stage_tokens(t->model, t->tokens, mbs, err));
     }
+    if (staged)
+        MT_CHECK(mt_optim_stage_step(t->optim, oc, mt_lr_at(oc, t->st.iteration), t->st.adam_step + 1, err));
     bool run;
     MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
     if (!run) return MT_OK; /* replayed: its host-side results are the zeros of static shapes */
@@ -1613,6 +1616,7 @@ static int run_micro_batches(struct trainer *t, long long *dropped, long long *o
         offload[1] += s.offload_h2d_bytes;
     }
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
+    if (staged) MT_CHECK(mt_optim_step_dev(t->optim, oc, err));
     return mt_model_iteration_end(t->model, err);
 }
 
@@ -1622,6 +1626,9 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
 {
     const struct mt_config *c = t->cfg;
     const int nmb = t->layout->num_micro_batches;      /* this DP rank's */
+    /* &cuda_graph impl = 'full_iteration': the step's update decided and run on the
+     * device in the iteration (mt_optim_step_dev), as the host decides it below */
+    const bool staged = strcmp(c->cuda_graph.impl, "full_iteration") == 0;
     const double all = (double)nmb * t->dp;             /* the global batch's */
     double t0 = now_ms();
     if (t->pp_comm) mt_model_zero_grad(t->model); /* else in run_micro_batches */
@@ -1644,7 +1651,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
         }
         MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
     } else {
-        MT_CHECK(run_micro_batches(t, &dropped, &overflows, offload, err));
+        MT_CHECK(run_micro_batches(t, staged, &dropped, &overflows, offload, err));
     }
     double gnorm;
     MT_CHECK(read_step(t, all, &loss, auxz, &dropped, &gnorm, err));
@@ -1691,7 +1698,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     if (c->optimizer.clip_grad > 0 && gnorm > c->optimizer.clip_grad)
         clip = c->optimizer.clip_grad / (gnorm + 1e-6);
     t->st.adam_step++;
-    MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
+    if (!staged) MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
     accumulate_counts(t);
     mt_model_update_expert_bias(t->model);
     MT_CHECK(mt_model_lowp_step(t->model, err));

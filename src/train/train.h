@@ -277,6 +277,16 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
  * their position or mt_optim_params_wait has run. */
 int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                   double clip_coeff, long long t, struct mt_err *err);
+/* The step of a captured iteration (&cuda_graph impl = 'full_iteration'; one process,
+ * without the distributed optimizer), in two parts: mt_optim_stage_step, on the host
+ * before the iteration, writes AdamW's constants of step t with learning rate lr;
+ * mt_optim_step_dev, in it after mt_optim_reduce_grads (norm NULL), uploads them and
+ * updates every tensor with adamw_dev: the clipping coefficient comes from the squared
+ * norm, and the step is skipped when it or a forward's loss is not finite, all on the
+ * device (the trainer's decision, read afterwards). */
+int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
+                        long long t, struct mt_err *err);
+int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, struct mt_err *err);
 /* overlap_param_gather: forward is about to read the weights at `position`
  * (mt_model_set_hooks): every bucket in flight that holds a part of them is waited for,
  * unpacked and refreshed. Nothing to do otherwise. */
