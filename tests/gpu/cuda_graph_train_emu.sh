@@ -6,6 +6,12 @@
 # - tiny_moe with the default scopes (attn, moe_router, moe_preprocess), with device
 #   work run at once and deferred per stream (MT_EMU_STREAMS=deferred);
 # - tiny_moe with drop-and-pad (capacity with padding) and the whole-block moe scope;
+# - impl = 'full_iteration' (the whole iteration, optimizer step included, one graph):
+#   tiny_moe with drop-and-pad, in both MT_EMU_STREAMS modes, and a dense model: one
+#   launch and one host wait per step after warm-up, the final checkpoint (weights and
+#   moments) byte-identical to the eager run's; then a run whose gradient turns
+#   non-finite at once (a huge learning rate), where the device's skip must match the
+#   eager run's skips;
 # - tests/parallel/moe.nml (a dense layer, a shared expert) with the attn, mlp,
 #   moe_router and moe_preprocess scopes under full recompute, which adds the
 #   recompute pass's graphs;
@@ -20,11 +26,13 @@
 # the refusals at --check and at start. Never skipped (the two-process cases say why when
 # they do not run).
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
+. "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"
 EMU="${MT_TOP_BUILDDIR:-.}/tests/gpu/moetrain-emu"
 PLAIN="${MOETRAIN:-${MT_TOP_BUILDDIR:-.}/moetrain}"
 export MOETRAIN_DATADIR="${MT_TOP_BUILDDIR:-.}"
 tiny="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
 layers="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
+dense="moe%num_experts=0 moe%layer_freq=0,0" # tiny_moe's two layers dense
 graphs="cuda_graph%impl='local' cuda_graph%warmup_steps=1"
 LAUNCH=""
 
@@ -40,6 +48,11 @@ train() {
     grep -o '"\(loss\|val_loss\|aux_loss\|z_loss\|grad_norm\|dropped_tokens\)": [^,}]*' \
         "$tmp/$name.jsonl" > "$tmp/$name.values"
     grep -q '"val_loss": ' "$tmp/$name.values" || { cat "$tmp/$name.log"; fail "$name: no val_loss"; }
+}
+
+# syncs NAME: host synchronisations per step of the last iteration
+syncs() {
+    grep -o 'host synchronisations [0-9][0-9.]*' "$tmp/$1.log" | tail -1 | sed 's/.* //'
 }
 
 # launches NAME: kernel launches per step of the last iteration
@@ -76,6 +89,45 @@ train pad_eager "$tiny" $pad
 # shellcheck disable=SC2086
 train pad_moe "$tiny" $pad $graphs "cuda_graph%modules='attn','moe'" logging%log_memory=T
 compare pad_eager pad_moe
+
+# the whole iteration: one graph launch and one read per step once captured
+full="cuda_graph%impl='full_iteration' cuda_graph%warmup_steps=1 logging%log_memory=T"
+# full_compare EAGER GRAPHED: compare, one launch and one host wait per step, the same checkpoint
+full_compare() {
+    compare "$1" "$2"
+    [ "$(launches "$2")" = 1 ] && [ "$(syncs "$2")" = 1.0 ] ||
+        fail "$2: $(launches "$2") kernel launches and $(syncs "$2") host waits per step, not 1 and 1"
+    same_ckpt "$tmp/$1.ckpt/iter_0000004" "$tmp/$2.ckpt/iter_0000004" ||
+        fail "$2: the final weights or moments differ from $1's"
+    echo "  $2: 1 launch and 1 host wait per step; final checkpoint byte-identical"
+}
+# shellcheck disable=SC2086
+train pad_ckpt "$tiny" $pad "checkpoint%save='$tmp/pad_ckpt.ckpt'"
+# shellcheck disable=SC2086
+train pad_full "$tiny" $pad $full "checkpoint%save='$tmp/pad_full.ckpt'"
+full_compare pad_ckpt pad_full
+# shellcheck disable=SC2086
+MT_EMU_STREAMS=deferred train pad_full_deferred "$tiny" $pad $full "checkpoint%save='$tmp/pad_full_deferred.ckpt'"
+full_compare pad_ckpt pad_full_deferred
+# shellcheck disable=SC2086
+train dense_ckpt "$tiny" $dense "checkpoint%save='$tmp/dense_ckpt.ckpt'"
+# shellcheck disable=SC2086
+train dense_full "$tiny" $dense $full "checkpoint%save='$tmp/dense_full.ckpt'"
+full_compare dense_ckpt dense_full
+# a step whose loss or gradient is not finite is skipped on the device as the host
+# skips it eagerly (the same iterations skipped, the same weights after)
+blow="optimizer%lr=1e30 optimizer%lr_warmup_iters=0 optimizer%clip_grad=0"
+# shellcheck disable=SC2086
+train blow_ckpt "$tiny" $pad $blow "checkpoint%save='$tmp/blow_ckpt.ckpt'"
+# shellcheck disable=SC2086
+train blow_full "$tiny" $pad $blow $full "checkpoint%save='$tmp/blow_full.ckpt'"
+grep -q '"step_skipped": true' "$tmp/blow_ckpt.jsonl" || fail "blow_ckpt: no step skipped (the case tests nothing)"
+grep -o '"iteration": [0-9]*, [^}]*"step_skipped": true' "$tmp/blow_ckpt.jsonl" > "$tmp/blow_ckpt.skips"
+grep -o '"iteration": [0-9]*, [^}]*"step_skipped": true' "$tmp/blow_full.jsonl" > "$tmp/blow_full.skips"
+cmp -s "$tmp/blow_ckpt.skips" "$tmp/blow_full.skips" || fail "blow_full: other steps skipped than eagerly"
+same_ckpt "$tmp/blow_ckpt.ckpt/iter_0000004" "$tmp/blow_full.ckpt/iter_0000004" ||
+    fail "blow_full: the state after skipped steps differs from the eager run's"
+echo "  blow_full: $(wc -l < "$tmp/blow_full.skips") steps skipped on the device as eagerly; final checkpoint byte-identical"
 
 train layers_eager "$layers"
 # shellcheck disable=SC2086
@@ -128,9 +180,28 @@ refused "moe scope with capacity but no padding" \
 refused "full iteration with dropless routing" \
     "&cuda_graph impl = 'full_iteration': a whole iteration is one graph only where every shape is static, and dropless routing" \
     "$tiny" --check "cuda_graph%impl='full_iteration'"
-refused "full iteration with drop-and-pad" \
-    "&cuda_graph impl = 'full_iteration': moetrain does not capture a whole iteration yet" \
-    "$tiny" --check "cuda_graph%impl='full_iteration'" moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T
+# shellcheck disable=SC2086
+refused "full iteration over 2 processes" \
+    "&cuda_graph impl = 'full_iteration': one process only (the world is 2: tensor 1, pipeline 2" \
+    "$tiny" --check --world-size 2 parallel%pipeline_model_parallel_size=2 "cuda_graph%impl='full_iteration'" $pad
+# shellcheck disable=SC2086
+refused "full iteration with the expert bias" \
+    "&cuda_graph impl = 'full_iteration' with &moe router_enable_expert_bias" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad moe%router_enable_expert_bias=T
+# shellcheck disable=SC2086
+refused "full iteration with recompute" \
+    "&cuda_graph impl = 'full_iteration' with &recompute granularity = 'full'" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "recompute%granularity='full'" \
+    "recompute%method='uniform'" recompute%num_layers=1
+# shellcheck disable=SC2086
+refused "full iteration with FP8" \
+    "&cuda_graph impl = 'full_iteration' with &precision fp8_format = 'e4m3'" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "precision%fp8_format='e4m3'" \
+    "precision%fp8_recipe='tensorwise'"
+# shellcheck disable=SC2086
+refused "full iteration with modules" \
+    "&cuda_graph modules applies only with impl = 'local' (impl 'full_iteration'" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "cuda_graph%modules='attn'"
 refused "moe scope with expert parallelism" \
     "&cuda_graph modules: 'moe' with tensor_model_parallel_size = 1, expert_model_parallel_size = 2" \
     "$tiny" --check --world-size 2 parallel%expert_model_parallel_size=2 "cuda_graph%impl='local'" \
@@ -151,4 +222,4 @@ refused "the CPU backend at --check" "&cuda_graph impl = 'local': CUDA graphs ne
     "$tiny" --check --backend cpu "cuda_graph%impl='local'"
 refused "the CPU backend at start" "&cuda_graph impl = 'local': CUDA graphs need the cuda backend (the cpu backend" \
     "$tiny" --backend cpu training%train_iters=1 optimizer%lr_warmup_iters=0 "cuda_graph%impl='local'"
-echo "PASS: CUDA graph scopes replay what the eager ops compute, with fewer launches"
+echo "PASS: CUDA graph scopes and the full iteration replay what the eager ops compute, with fewer launches"

@@ -1799,6 +1799,52 @@ static void test_adamw(void)
     }
 }
 
+/* adamw_dev against the CPU's, and against adamw with the clipping coefficient the
+ * trainer computes: a norm under the threshold (scale 1), one over it (clipped), and a
+ * NaN among the loss sums (nothing written) */
+static void test_adamw_dev(void)
+{
+    const size_t n = 4099;
+    const double clip = 1.0;
+    static const double sumsqs[] = {0.25, 9.0, 9.0};
+    for (int s = 0; s < 3; s++) {
+        float *p = hrandn(n, 1.0f), *g = hrandn(n, 0.1f), *m = hrandn(n, 0.01f), *v = hrandn(n, 0.01f);
+        for (size_t i = 0; i < n; i++) v[i] = v[i] * v[i];
+        float *p0 = malloc(sizeof(float) * n), *m0 = malloc(sizeof(float) * n), *v0 = malloc(sizeof(float) * n);
+        memcpy(p0, p, sizeof(float) * n);
+        memcpy(m0, m, sizeof(float) * n);
+        memcpy(v0, v, sizeof(float) * n);
+        float *dp = dup_to_dev(p, sizeof(float) * n), *dg = dup_to_dev(g, sizeof(float) * n);
+        float *dm = dup_to_dev(m, sizeof(float) * n), *dv = dup_to_dev(v, sizeof(float) * n);
+        const struct mt_adamw_consts k = mt_adamw_consts_of(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7);
+        const double loss[4] = {1.5, -1.0, s == 2 ? NAN : 2.5, -1.0}; /* stride 2: 1.5, 2.5 */
+        const double sumsq = sumsqs[s];
+        struct mt_adamw_consts *dk = dup_to_dev(&k, sizeof k);
+        double *dsumsq = dup_to_dev(&sumsq, sizeof sumsq), *dloss = dup_to_dev(loss, sizeof loss);
+        C->op.adamw_dev(C->ctx, p, g, m, v, n, &k, &sumsq, loss, 2, 2, clip);
+        G->op.adamw_dev(G->ctx, dp, dg, dm, dv, n, dk, dsumsq, dloss, 2, 2, clip);
+        char what[96];
+        snprintf(what, sizeof what, "adamw_dev case %d: param", s);
+        expect_bytes_dev(what, p, dp, sizeof(float) * n);
+        snprintf(what, sizeof what, "adamw_dev case %d: m", s);
+        expect_bytes_dev(what, m, dm, sizeof(float) * n);
+        snprintf(what, sizeof what, "adamw_dev case %d: v", s);
+        expect_bytes_dev(what, v, dv, sizeof(float) * n);
+        /* the host's decision: adamw with the trainer's coefficient, or nothing */
+        if (s < 2) {
+            const double norm = sqrt(sumsq);
+            const double scale = norm > clip ? clip / (norm + 1e-6) : 1.0;
+            C->op.adamw(C->ctx, p0, g, m0, v0, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, (float)scale, 7);
+        }
+        snprintf(what, sizeof what, "adamw_dev case %d against adamw on the host's decision", s);
+        expect_true(what, memcmp(p0, p, sizeof(float) * n) == 0 && memcmp(m0, m, sizeof(float) * n) == 0 &&
+                              memcmp(v0, v, sizeof(float) * n) == 0,
+                    s == 2 ? "skipped: nothing written" : "the same update");
+        free(p), free(g), free(m), free(v), free(p0), free(m0), free(v0);
+        dfree(dp), dfree(dg), dfree(dm), dfree(dv), dfree(dk), dfree(dsumsq), dfree(dloss);
+    }
+}
+
 static void test_bf16_round(void)
 {
     static const uint32_t special[] = {
@@ -1935,6 +1981,7 @@ int main(void)
     test_cross_entropy();
     test_loss_ops();
     test_adamw();
+    test_adamw_dev();
     test_bf16_round();
     test_scale_sumsq();
     if (!selftest) {
