@@ -22,13 +22,14 @@ int mt_graph_setup(struct mt_model *m, struct mt_err *err)
 {
     const struct mt_config_cuda_graph *g = &m->cfg.cuda_graph;
     m->graphs = (struct mt_model_graphs){0};
-    if (strcmp(g->impl, "none") == 0) return MT_OK;
+    const bool full = strcmp(g->impl, "full_iteration") == 0;
+    if (!full && strcmp(g->impl, "local") != 0) return MT_OK; /* none */
     if (!m->k->graph)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph impl = '%s': the %s backend has no CUDA graphs; run "
                           "--backend cuda, or set impl = 'none'",
                           g->impl, m->k->name);
-    if (strcmp(g->impl, "full_iteration") == 0) { /* the trainer's one scope, none inside */
+    if (full) { /* the trainer's one scope, none inside */
         m->graphs.full = true;
         return MT_OK;
     }

@@ -1,6 +1,7 @@
 /* The model's contract beyond its gradients: determinism, bf16 emulation, config
  * rejections, the parameter table, layout-independent init, expert counts and bias
- * updates, memory accounting, FLOPs, loss scaling and accumulation. */
+ * updates, memory accounting, FLOPs, loss scaling and accumulation, and what the whole
+ * iteration's graph is signed with. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -459,6 +460,110 @@ static void test_memory_and_flops(void **state)
     mt_model_destroy(m);
 }
 
+/* ---- &cuda_graph impl = 'full_iteration' on a recording graph layer: the CPU backend
+ * runs every op, a table of (key, signature) stands for the graphs held */
+static struct {
+    uint64_t key, sig;
+    bool held, open;
+    struct mt_graph_stats st;
+} fake;
+
+static int fake_begin(void *ctx, uint64_t key, uint64_t sig, bool capture, bool *replayed,
+                      struct mt_err *err)
+{
+    (void)ctx, (void)err;
+    *replayed = fake.held && fake.key == key && fake.sig == sig;
+    if (*replayed) {
+        fake.st.replays++;
+        return MT_OK;
+    }
+    if (fake.held && fake.key == key) fake.st.recaptures++;
+    if (capture) {
+        fake.key = key, fake.sig = sig, fake.open = true;
+        fake.held = false;
+    }
+    return MT_OK;
+}
+
+static int fake_end(void *ctx, struct mt_err *err)
+{
+    (void)ctx, (void)err;
+    if (fake.open) fake.held = true, fake.st.captures++;
+    fake.open = false;
+    return MT_OK;
+}
+
+static void fake_stats(void *ctx, struct mt_graph_stats *out) { (void)ctx, *out = fake.st; }
+static void fake_reset(void *ctx) { (void)ctx, fake.held = false; }
+static const struct mt_graph_ops fake_graph = {fake_begin, fake_end, fake_stats, fake_reset};
+
+/* One step's micro-batches as the trainer runs them under full_iteration; whether the
+ * iteration ran (true) or its graph was replayed. */
+static bool full_step(struct mt_model *m, const int32_t *tok, int B, int nmb)
+{
+    struct mt_err err;
+    for (int i = 0; i < nmb; i++) assert_int_equal(mt_model_stage_tokens(m, tok, B, &err), MT_OK);
+    bool run;
+    assert_int_equal(mt_model_iteration_begin(m, (uint64_t)nmb << 32 | (uint64_t)B, &run, &err), MT_OK);
+    for (int i = 0; run && i < nmb; i++)
+        assert_int_equal(mt_model_forward_backward(m, NULL, B, 1.0f / (float)nmb, NULL, &err), MT_OK);
+    assert_int_equal(mt_model_iteration_end(m, &err), MT_OK);
+    struct mt_model_stats st[4];
+    int n;
+    assert_int_equal(mt_model_read_stats(m, st, 4, &n, NULL, &err), MT_OK);
+    assert_int_equal(n, nmb);
+    return run;
+}
+
+/* A replay only where nothing the iteration addresses has changed: a new allocation of
+ * the step's scalars and token staging, or another micro-batch size or count, is
+ * captured again, never replayed; forwards take the staged micro-batches and no others. */
+static void test_full_iteration_signature(void **state)
+{
+    (void)state;
+    struct mt_config cfg;
+    tiny_config(&cfg);
+    cfg.moe.expert_capacity_factor = 1.0;
+    cfg.moe.pad_expert_input_to_capacity = true;
+    strcpy(cfg.cuda_graph.impl, "full_iteration");
+    struct mt_kernels k = *mt_kernels_cpu();
+    k.graph = &fake_graph;
+    k.name = "cuda"; /* graphs are accepted by the backend's name; the ops are the CPU's */
+    struct mt_model *m;
+    struct mt_err err;
+    int rc = mt_model_create(&cfg, &k, B_, NULL, &m, &err);
+    if (rc != MT_OK) printf("# %s\n", err.msg);
+    assert_int_equal(rc, MT_OK);
+    mt_model_init(m, 42);
+    assert_int_equal(mt_model_defer_stats(m, 2, &err), MT_OK);
+    int32_t *tok = tokens_for(&cfg, 5);
+    assert_true(full_step(m, tok, B_, 2)); /* warm-up: eager */
+    mt_model_set_graph_capture(m, true);
+    assert_true(full_step(m, tok, B_, 2)); /* captured */
+    assert_false(full_step(m, tok, B_, 2)); /* replayed */
+    assert_false(full_step(m, tok, B_, 2));
+    assert_true(full_step(m, tok, 1, 2));  /* another micro-batch size */
+    assert_true(full_step(m, tok, 1, 1));  /* another count */
+    assert_false(full_step(m, tok, 1, 1));
+    /* the step's scalars and token staging allocated again, for 3 forwards */
+    assert_int_equal(mt_model_defer_stats(m, 3, &err), MT_OK);
+    assert_true(full_step(m, tok, 1, 1));
+    assert_false(full_step(m, tok, 1, 1));
+    assert_int_equal(fake.st.captures, 4);
+    assert_int_equal(fake.st.recaptures, 3);
+    assert_int_equal(fake.st.replays, 4);
+    /* the forwards and the staging agree, or fail */
+    assert_int_equal(mt_model_forward_backward(m, NULL, B_, 1.0f, NULL, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "none staged"));
+    assert_int_equal(mt_model_stage_tokens(m, tok, B_, &err), MT_OK);
+    assert_int_equal(mt_model_forward_backward(m, tok, B_, 1.0f, NULL, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "staged micro-batches wait"));
+    assert_int_equal(mt_model_forward_backward(m, NULL, 1, 1.0f, NULL, &err), MT_EINVAL);
+    assert_non_null(strstr(err.msg, "on the staged one of 2 sequences"));
+    free(tok);
+    mt_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_force_balance),
         cmocka_unit_test(test_scale_and_accumulate),
         cmocka_unit_test(test_memory_and_flops),
+        cmocka_unit_test(test_full_iteration_signature),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
