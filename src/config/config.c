@@ -913,8 +913,10 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph modules: 'moe' with tensor_model_parallel_size = %d, "
                           "expert_model_parallel_size = %d, expert_tensor_parallel_size = %d: the "
-                          "block's experts are captured only where no collective runs inside it "
-                          "(all three 1); capture moe_router and moe_preprocess instead",
+                          "block would hold the collectives of expert and tensor parallelism, "
+                          "and a captured collective is not run by the emulated NCCL every scope "
+                          "is tested on (doc/host-overhead.md, CUDA graphs); set all three to 1, "
+                          "or capture moe_router and moe_preprocess instead",
                           l->tp, l->ep, l->etp);
     if ((has[2] || has[3]) && e->router_force_load_balancing)
         return mt_err_set(err, MT_EUNSUPPORTED,

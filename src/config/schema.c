@@ -337,9 +337,12 @@ const struct mt_key mt_schema[] = {
     KENUM(cuda_graph, impl, "none", "none|local|full_iteration",
           "CUDA graphs (GPU backends; Megatron's --cuda-graph-impl): 'local' captures the "
           "scopes in modules per layer, micro-batch slot and pass after warmup_steps "
-          "iterations and replays them with one launch each; 'full_iteration' (a whole "
-          "iteration as one graph) is refused: moetrain does not capture it yet; 'none' runs "
-          "every kernel eagerly (doc/host-overhead.md, CUDA graphs)"),
+          "iterations and replays them with one launch each; 'full_iteration' captures the "
+          "whole iteration (every micro-batch's forward and backward, the gradients' "
+          "reduction, the optimizer step) as one graph, launched once per iteration: one "
+          "process, static shapes (a dense model, or expert_capacity_factor with "
+          "pad_expert_input_to_capacity); 'none' runs every kernel eagerly "
+          "(doc/host-overhead.md, CUDA graphs)"),
     KSARR(cuda_graph, modules,
           "impl = 'local': the scopes captured (Megatron's --cuda-graph-modules), from attn "
           "(attention from the q/k/v projections to o_proj, forward and backward), mlp (a "
@@ -349,7 +352,8 @@ const struct mt_key mt_schema[] = {
           "pad_expert_input_to_capacity); empty = attn, moe_router, moe_preprocess for an MoE "
           "model, attn, mlp for a dense one"),
     KINT(cuda_graph, warmup_steps, 3, 0, IMAX,
-         "impl = 'local': iterations run eagerly before the scopes are captured, at least 1 "
+         "impl = 'local' or 'full_iteration': iterations run eagerly before the scopes (the "
+         "iteration) are captured, at least 1 "
          "(Megatron's --cuda-graph-warmup-steps)"),
 
     { NULL, NULL, MT_KEY_INT, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL },
