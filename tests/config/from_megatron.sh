@@ -219,7 +219,8 @@ has nogc 'manual_gc = .false.'
 has nogc 'manual_gc_interval = 0'
 has nogc 'manual_gc_eval = .true.'
 # CUDA graphs: the implementation (transformer_engine captures the same scopes), the
-# scopes under either name, full_iteration as moetrain's impl, the warm-up
+# scopes under either name, full_iteration as moetrain's impl (a dense model; refused
+# with dropless MoE), the warm-up
 from_megatron cg --num-layers 2 --swiglu --disable-bias-linear --mock-data --num-experts 4 \
     --cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router moe_preprocess \
     --cuda-graph-warmup-steps 5
@@ -233,8 +234,11 @@ has cgmod "impl = 'local'"
 grep -q "^  modules = 'attn'," cgmod.nml && grep -q "'mlp'" cgmod.nml ||
     { cat cgmod.nml; fail "cgmod.nml: modules are not attn, mlp"; }
 has cgmod 'warmup_steps = 3'
-expect_error "&cuda_graph impl = 'full_iteration'" -- --num-layers 2 --mock-data \
+from_megatron cgfull --num-layers 2 --swiglu --disable-bias-linear --mock-data \
     --cuda-graph-impl local --cuda-graph-modules full_iteration
+has cgfull "impl = 'full_iteration'"
+expect_error "&cuda_graph impl = 'full_iteration': a whole iteration is one graph only where every shape is static" \
+    -- --num-layers 2 --mock-data --num-experts 4 --cuda-graph-impl local --cuda-graph-modules full_iteration
 # FP8 and FP4 (Transformer Engine's flags): the recipe keys, and Megatron's defaults
 from_megatron fp8 --num-layers 4 --swiglu --disable-bias-linear --mock-data --bf16 \
     --fp8-format hybrid --fp8-recipe delayed --fp8-margin 1 --fp8-amax-history-len 16 \
