@@ -601,10 +601,24 @@ struct mt_quant_ops {
     // (doc/fp8.md, "FP8 copies saved for backward"). Does not wait for the device.
     void (*save)(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x);
     size_t (*saved_bytes)(const struct mt_quant_spec *s, int64_t rows, int64_t cols);
+    // Optional (NULL: the caller calls gemm for each group): n of gemm's products at
+    // once, group g c[g] = beta c[g] + op(q_a(a[g])) op(q_b(b[g])) under sa[g], sb[g]
+    // (the routed experts' row ranges, each expert its own operands and scales). Every
+    // group's operands of one scaling and format, c's of one dtype, none empty (m, n
+    // and k > 0). The same quantisation as gemm's; the products summed in fp32 (the CUDA
+    // backend: each group's operands quantised, then one kernel over all the groups'
+    // tiles, cuda_qdq.cu "The grouped quantised GEMM"). The specs' work may be NULL
+    // (the backend's allocator). Does not wait for the device.
+    void (*grouped_gemm)(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                         const struct mt_tensor *a, const struct mt_quant_spec *sb,
+                         const struct mt_tensor *b, float beta, const struct mt_tensor *c);
     // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
-    // the tensor and the tensor's amax); false: only whole tensors, and the model refuses
-    // FP8/FP4 where tensor or expert-tensor parallelism would split one.
+    // the tensor and the tensor's amax) under the FP8 recipes (shards) and under NVFP4
+    // (fp4_shards: its stochastic rounding's element indices and fp32 scale in the
+    // logical tensor as well); false: only whole tensors, and the model refuses the
+    // recipes where tensor or expert-tensor parallelism would split one.
     bool shards;
+    bool fp4_shards;
 };
 
 /* CUDA graphs (&cuda_graph, doc/host-overhead.md "CUDA graphs"): a scope of ops, named

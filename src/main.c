@@ -380,10 +380,11 @@ static void report_backend(const struct mt_kernels *k, const struct mt_world *w)
             who, s.shapes, s.calls, s.compute, s.fallback_compute, s.fallback_shapes,
             s.fallback_shapes == 1 ? "" : "s", s.fallback_calls, s.fallback_calls == 1 ? "" : "s",
             s.fallback_shapes ? " (each shape and its fix on stderr)" : "");
-    if (s.lowp_calls && w->rank == 0)
+    if ((s.lowp_calls || s.lowp_grouped) && w->rank == 0)
         printf("moetrain: low-precision GEMMs: %lld cuBLASLt FP8/FP4 matmuls, scale modes %s; %lld "
-               "through the epilogue (padding, NVFP4's per-tensor scales)\n",
-               s.lowp_calls, s.lowp_modes, s.lowp_epilogues);
+               "through the epilogue (padding, NVFP4's per-tensor scales); %lld grouped launches of "
+               "%lld expert GEMMs\n",
+               s.lowp_calls, s.lowp_modes, s.lowp_epilogues, s.lowp_grouped, s.lowp_groups);
 #else
     (void)k;
     (void)w;

@@ -70,7 +70,7 @@ static void cpu_event_wait(void *ctx, enum mt_stream s, void *ev) { (void)ctx, (
 static const struct mt_quant_ops cpu_quant_ops = { .qdq = mt_cpu_qdq, .gemm = mt_cpu_qgemm,
                                                    .save = mt_cpu_quant_save,
                                                    .saved_bytes = mt_cpu_quant_saved_bytes,
-                                                   .shards = true };
+                                                   .shards = true, .fp4_shards = true };
 
 static const struct mt_kernels cpu_kernels = {
     .name = "cpu",

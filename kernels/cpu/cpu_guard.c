@@ -761,7 +761,7 @@ static void g_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct
 
 static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .save = g_save,
                                                      .saved_bytes = mt_cpu_quant_saved_bytes,
-                                                     .shards = true };
+                                                     .shards = true, .fp4_shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)
 {

@@ -19,8 +19,11 @@ static const struct mt_graph_ops cuda_graph_ops = {
     .reset = mt_cuda_graph_reset,
 };
 
-/* whole tensors only: the shards of tensor and expert-tensor parallelism are refused */
-static const struct mt_quant_ops cuda_quant_ops = { .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .shards = false };
+/* the FP8 recipes on the shards of tensor and expert-tensor parallelism (cuda_qdq.cu,
+ * "Shards"); NVFP4's on whole tensors only */
+static const struct mt_quant_ops cuda_quant_ops = {
+    .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .grouped_gemm = mt_cuda_qgemm_grouped, .shards = true,
+    .fp4_shards = false };
 
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",

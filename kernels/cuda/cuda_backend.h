@@ -89,9 +89,10 @@ struct mt_cuda_gemm_stats {
     long long shapes, calls;      /* distinct shapes (cached plans), cublasLtMatmul calls */
     long long fallback_shapes, fallback_calls; /* of which on fallback_compute */
     /* the FP8/FP4 recipes' GEMMs (struct mt_quant_ops gemm): cuBLASLt FP8/FP4 matmuls,
-     * those written through the epilogue (padding, NVFP4's per-tensor scales), and
-     * the scale modes they used, e.g. "VEC128_32F, BLK128x128_32F" */
-    long long lowp_calls, lowp_epilogues;
+     * those written through the epilogue (padding, NVFP4's per-tensor scales), the
+     * scale modes they used, e.g. "VEC128_32F, BLK128x128_32F", and the grouped
+     * quantised GEMM's launches (struct mt_quant_ops grouped_gemm) and their groups */
+    long long lowp_calls, lowp_epilogues, lowp_grouped, lowp_groups;
     char lowp_modes[96];
 };
 /* All zero (names NULL) when the backend is not built. */

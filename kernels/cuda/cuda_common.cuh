@@ -61,11 +61,12 @@ struct mt_cuda_ctx {
     cublasComputeType_t gemm_compute;
     std::unordered_map<mt_gemm_key, mt_gemm_plan, mt_gemm_key_hash> gemm_plans;
     // the quantised GEMMs (cuda_qdq.cu): cublasLtMatmul calls, those through the epilogue,
-    // the scale modes used (bit cublasLtMatmulMatrixScale_t); their plans cached per
+    // the grouped GEMM's launches and the groups they multiplied, the scale modes used
+    // (bit cublasLtMatmulMatrixScale_t); the matmuls' plans cached per
     // shape, types, scale modes, D's leading dimension and the pointers' alignments
     // (the scale pointers are set on the descriptor at each call)
     struct {
-        long long calls, epilogues;
+        long long calls, epilogues, grouped, groups;
         unsigned modes;
         std::map<std::array<int64_t, 11>, mt_gemm_plan> plans;
     } lowp;

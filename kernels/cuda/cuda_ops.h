@@ -139,6 +139,9 @@ void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out,
 void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                    struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
                    struct mt_tensor c);
+void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                           const struct mt_tensor *a, const struct mt_quant_spec *sb, const struct mt_tensor *b,
+                           float beta, const struct mt_tensor *c);
 /* The names of the scale modes set in modes (bit cublasLtMatmulMatrixScale_t), ", "
  * between them, into buf. */
 void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n);

@@ -14,6 +14,17 @@
 //   quantise  cuda_quant.cu's quantiser of the scaling, from out into scratch
 //   dequant   code x block scale x per-tensor scale, each product rounded as the CPU's
 //             mt_dequant rounds it, into out (transposed back where it was loaded so)
+// Shards (tensor and expert-tensor parallelism; doc/fp8.md "Parallel layouts"): x may be
+// rows row0.. or columns col0.. of a logical (lrows, lcols) tensor that other ranks hold
+// the rest of. Under the FP8 recipes a shard quantises as the logical tensor's part:
+// the per-tensor scale of current scaling comes from s->tensor_amax (the shards' amaxes,
+// max-reduced by the model) instead of x's amax, and the blocks of the block scalings
+// are the logical tensor's when the shard starts and ends on block boundaries, which
+// qdq_check_shard demands (config.c refuses widths that would not). No FP8 recipe
+// rounds stochastically; NVFP4 shards (their random bits drawn by logical index, their
+// fp32 scale from the tensor's amax) are refused here, as the model refuses them on
+// this backend (struct mt_quant_ops fp4_shards).
+//
 // The codes, scales and scalars live in one block of scratch, at most
 // mt_quant_scratch_bytes(rows * cols) (kernels/kernels.h): the spec's work buffer (the
 // model's, counted as workspace), else a block of the caching allocator for the call. Launches are charged to MT_OP_CONVERT: qdq is a
@@ -22,6 +33,8 @@
 #include "kernels/cuda/cuda_quant.h"
 
 #include <stdio.h>
+
+#include <vector>
 
 #define QDQ_THREADS 256
 
@@ -99,16 +112,68 @@ static struct mt_cuda_qtensor qdq_layout(const char *op, const struct mt_quant_s
     return q;
 }
 
+// The elements of x (rows, columns) that one block of s's scaling covers.
+static void qdq_block_extent(const struct mt_quant_spec *s, int64_t *br, int64_t *bc)
+{
+    const bool col = s->along == MT_Q_ALONG_COL;
+    *br = *bc = 1;
+    switch (s->scaling) {
+    case MT_Q_TENSOR: break;
+    case MT_Q_BLOCK_1X128: *(col ? br : bc) = 128; break;
+    case MT_Q_BLOCK_128X128: *br = *bc = 128; break;
+    case MT_Q_MX: *(col ? br : bc) = 32; break;
+    case MT_Q_NVFP4: *(col ? br : bc) = 16; break;
+    case MT_Q_NVFP4_2D: *br = *bc = 16; break;
+    }
+}
+
+// A shard (s->lrows > 0, the top of this file, "Shards") that this backend quantises as
+// its part of the logical tensor: along one dimension of it, on block boundaries (its
+// start, and its end unless that is the tensor's), FP8 with nearest rounding; anything
+// else is fatal, naming what.
+static void qdq_check_shard(const char *op, const struct mt_quant_spec *s, int64_t R, int64_t C)
+{
+    if (s->lrows <= 0) {
+        if (s->tensor_amax && mt_q_is_nvfp4(s->scaling))
+            mt_cuda_fatal(__FILE__, __LINE__, op, "an NVFP4 tensor amax needs the shard's place in its tensor");
+        return;
+    }
+    char msg[300];
+    const int64_t LR = s->lrows, LC = s->lcols;
+    if (LR < s->row0 + R || LC < s->col0 + C || s->row0 < 0 || s->col0 < 0 || (LR > R && LC > C)) {
+        snprintf(msg, sizeof msg, "the shard (%lld,%lld) at (%lld,%lld) does not lie along one dimension of the "
+                 "logical (%lld,%lld) tensor", (long long)R, (long long)C, (long long)s->row0, (long long)s->col0,
+                 (long long)LR, (long long)LC);
+        mt_cuda_fatal(__FILE__, __LINE__, op, msg);
+    }
+    if (mt_q_is_nvfp4(s->scaling) || s->rnd == MT_Q_SR) {
+        snprintf(msg, sizeof msg, "a shard of a %s tensor%s: the CUDA backend quantises FP8 shards with nearest "
+                 "rounding only (struct mt_quant_ops fp4_shards)", mt_q_scaling_name(s->scaling),
+                 s->rnd == MT_Q_SR ? " rounded stochastically" : "");
+        mt_cuda_fatal(__FILE__, __LINE__, op, msg);
+    }
+    int64_t br, bc;
+    qdq_block_extent(s, &br, &bc);
+    if (s->row0 % br || s->col0 % bc || (s->row0 + R < LR && R % br) || (s->col0 + C < LC && C % bc)) {
+        snprintf(msg, sizeof msg, "the shard (%lld,%lld) at (%lld,%lld) of the logical (%lld,%lld) tensor is not "
+                 "whole %lld x %lld blocks of its %s scaling", (long long)R, (long long)C, (long long)s->row0,
+                 (long long)s->col0, (long long)LR, (long long)LC, (long long)br, (long long)bc,
+                 mt_q_scaling_name(s->scaling));
+        mt_cuda_fatal(__FILE__, __LINE__, op, msg);
+    }
+}
+
 // Steps 1 to 4 (the top of this file) for x (R, C) under s: x into w as fp32, as it is
 // or, tr, transposed (qr = tr ? C : R rows of qc), then zero rows up to q->rows; the
 // Hadamard transform; the amax (recorded, or the tensorwise scale's); the quantiser
 // into q, whose buffers the caller placed. scalars: three device floats (the amax, the
-// tensorwise scale and q->global).
+// tensorwise scale and q->global). A shard's current scale comes from s->tensor_amax.
 static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_spec *s, struct mt_tensor x, bool tr,
                          float *w, const struct mt_cuda_qtensor *q, float *scalars)
 {
     const int64_t R = x.rows, C = x.cols, qr = tr ? C : R, qc = tr ? R : C;
     struct mt_err err = {};
+    qdq_check_shard(op, s, R, C);
     mt_with_elem(x.dtype, [&](auto tag) {
         MT_LAUNCH(mt_cdiv((size_t)(q->rows * qc), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
                   qdq_load_kernel<MT_ELEM(tag)>)(w, (const MT_ELEM(tag) *)x.data, R, C, (int)tr, q->rows);
@@ -122,7 +187,7 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
     }
     float *amax = scalars, *tscale = scalars + 1;
     const bool current = s->scaling == MT_Q_TENSOR && !s->scale;
-    if (s->amax || current) {
+    if (s->amax || (current && !s->tensor_amax)) {
         if (mt_cuda_q_amax(amax, w, qr, qc, qc, c->stream, &err)) qdq_fail(op, "amax", &err);
         if (s->amax) {
             MT_LAUNCH(1, 1, 0, c->stream, qdq_record_amax_kernel)(s->amax, amax);
@@ -134,7 +199,9 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
     case MT_Q_TENSOR:
         if (current) {
             const float fmax = s->elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
-            if (mt_cuda_q_tensor_scale(tscale, amax, fmax, s->margin, c->stream, &err)) qdq_fail(op, "scale", &err);
+            if (mt_cuda_q_tensor_scale(tscale, s->tensor_amax ? s->tensor_amax : amax, fmax, s->margin, c->stream,
+                                       &err))
+                qdq_fail(op, "scale", &err);
         }
         rc = mt_cuda_quant_tensorwise(q, w, qc, current ? tscale : s->scale, s->rnd, s->seed, s->stream, c->stream,
                                       &err);
@@ -284,9 +351,11 @@ struct qgemm_operand {
 };
 
 // Quantises x (R, C) under s as `rows` rows of k (x transposed when tr), k padded to
-// kpad in the codes.
+// kpad in the codes; lt: for cuBLASLt (its scale mode and its order of the block scales,
+// blockwise as UE8M0 off Hopper), else the codes (rows, k) and the quantiser's own
+// scales as they are (the grouped GEMM below reads those; kpad must be k).
 static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s,
-                                    struct mt_tensor x, bool tr, int64_t rows, int64_t kpad)
+                                    struct mt_tensor x, bool tr, int64_t rows, int64_t kpad, bool lt)
 {
     const int64_t k = tr ? x.rows : x.cols;
     const bool one_d = s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_MX || s->scaling == MT_Q_NVFP4;
@@ -303,16 +372,12 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
                  "would not be the CPU's)", arg, mt_q_scaling_name(s->scaling));
         mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
     }
-    if (s->lrows > 0) {
-        snprintf(msg, sizeof msg, "%s: a shard of a tensor (the CUDA backend quantises whole tensors)", arg);
-        mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
-    }
     qgemm_operand o = {};
     o.q = qdq_layout("quantised gemm", s, rows, k, tr);
     struct mt_err err = {};
     const bool tensor = s->scaling == MT_Q_TENSOR;
     const bool blk2d = s->scaling == MT_Q_BLOCK_128X128;
-    const bool as_mx = (blk2d || s->scaling == MT_Q_BLOCK_1X128) && !qgemm_hopper(c);
+    const bool as_mx = lt && (blk2d || s->scaling == MT_Q_BLOCK_1X128) && !qgemm_hopper(c);
     // blockwise as MXFP8: the view of its codes with UE8M0 scales
     struct mt_cuda_qtensor mx = o.q;
     mx.scaling = MT_Q_MX;
@@ -322,7 +387,7 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     mx.scale = nullptr;
     const size_t s8_bytes = as_mx ? (size_t)(mx.srows * mx.scols) : 0;
     size_t lt_bytes = 0;
-    if (!tensor && mt_cuda_q_cublaslt_scale_mode(as_mx ? &mx : &o.q, &o.mode, &lt_bytes, &err))
+    if (lt && !tensor && mt_cuda_q_cublaslt_scale_mode(as_mx ? &mx : &o.q, &o.mode, &lt_bytes, &err))
         qdq_fail("quantised gemm", "scale mode", &err);
     const bool fp4 = o.q.elem == MT_Q_ELEM_E2M1;
     const size_t row_bytes = (size_t)(fp4 ? (k + 1) / 2 : k), pad_row_bytes = (size_t)(fp4 ? kpad / 2 : kpad);
@@ -346,7 +411,9 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     float *scalars = (float *)(ws + at_scalars);
     o.q.global = scalars + 2;
     qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
-    if (tensor) {
+    if (!lt) {
+        o.scales = o.q.scale ? (const void *)o.q.scale : (const void *)o.q.scale8;
+    } else if (tensor) {
         o.mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
         o.scales = o.q.scale; // the decode scale the quantiser stored
     } else {
@@ -476,8 +543,8 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
     const int64_t kpad = qgemm_round(k, fp4 ? 32 : 16);
     const int64_t mpad = blocks128 ? qgemm_round(m, 4) : m, npad = qgemm_round(n, bf16 ? 8 : 4);
     // A = b's quantisation (npad rows), B = a's (mpad rows), both with k contiguous
-    qgemm_operand qb = qgemm_quantise(c, "b", sb, b, !trans_b, npad, kpad);
-    qgemm_operand qa = qgemm_quantise(c, "a", sa, a, trans_a, mpad, kpad);
+    qgemm_operand qb = qgemm_quantise(c, "b", sb, b, !trans_b, npad, kpad, true);
+    qgemm_operand qa = qgemm_quantise(c, "a", sa, a, trans_a, mpad, kpad, true);
     const size_t esz = mt_dtype_size(cc.dtype);
     const bool nvfp4 = fp4;
     const bool direct = !nvfp4 && mpad == m && npad == n && ((size_t)cc.ld * esz) % 16 == 0 &&
@@ -515,6 +582,204 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
     }
     if (qa.own) mt_cuda_scratch_free(c, qa.own);
     if (qb.own) mt_cuda_scratch_free(c, qb.own);
+}
+
+// ---------------------------------------------------------------- the grouped quantised GEMM
+//
+// n quantised GEMMs of one form at once (struct mt_quant_ops grouped_gemm; the routed
+// experts' row ranges, doc/fp8.md "On the GPU"): each group's operands quantised as
+// mt_cuda_qgemm quantises them (qgemm_quantise, the same kernels and codes), but with
+// their scales as the quantiser wrote them, then one launch of qgg_kernel over every
+// group's output tiles, reading the codes and scales itself (cuBLASLt has no grouped
+// FP8 matmul with block scales: CUDA 13's cublasLt.h batches only matrices of one
+// shape). Its arithmetic is cuBLASLt's with fp32 accumulation: per block of the
+// reduction (the scaling's 16, 32 or 128 elements; all of k for per-tensor scales) the
+// products of the code values summed in fp32 in k order (each product is exact: FP8 and
+// FP4 values have at most 4 significant bits), times the two block scales, added to the
+// fp32 total; then times the per-tensor decode scales. The emulated cuBLASLt sums each
+// block exactly (fp64), so the two agree to the fp32 rounding of the sums
+// (tests/gpu/emu_quant.cc "grouped").
+
+#define QGG_TILE 16
+#define QGG_MAX 64 // groups a launch: the descriptors travel as the kernel's parameter
+
+struct qgg_operand {
+    const uint8_t *codes; // (rows, k), k contiguous; E2M1: two a byte, (k + 1) / 2 a row
+    const float *scale;   // MT_Q_TENSOR (the decode scale), 1 x 128, 128 x 128
+    const uint8_t *scale8; // MXFP8 (UE8M0), NVFP4 (UE4M3)
+    const float *global;  // NVFP4's per-tensor decode scale
+    int64_t scols;        // the scales' row stride
+};
+struct qgg_group {
+    qgg_operand a, b; // a (m, k), b (n, k)
+    void *c;          // (m, n), row stride ldc
+    int64_t m, n, k, ldc, tile0;
+};
+struct qgg_args {
+    int n;
+    enum mt_q_scaling sa, sb;
+    enum mt_q_elem ea, eb;
+    float beta;
+    qgg_group g[QGG_MAX];
+};
+
+// The code value of element (r, j) of an operand of e.
+__device__ __forceinline__ float qgg_code(const qgg_operand &o, enum mt_q_elem e, int64_t k, int64_t r, int64_t j)
+{
+    if (e == MT_Q_ELEM_E2M1) {
+        const uint8_t b = o.codes[r * ((k + 1) / 2) + j / 2];
+        return mt_e2m1_to_float((uint8_t)(j & 1 ? b >> 4 : b & 0x0f));
+    }
+    const uint8_t b = o.codes[r * k + j];
+    return e == MT_Q_ELEM_E4M3 ? mt_e4m3_to_float(b) : mt_e5m2_to_float(b);
+}
+
+// The block scale of row r at reduction index j (1 for per-tensor scales).
+__device__ __forceinline__ float qgg_block_scale(const qgg_operand &o, enum mt_q_scaling s, int64_t r, int64_t j)
+{
+    switch (s) {
+    case MT_Q_TENSOR: return 1.0f;
+    case MT_Q_BLOCK_1X128: return o.scale[r * o.scols + j / 128];
+    case MT_Q_BLOCK_128X128: return o.scale[(r / 128) * o.scols + j / 128];
+    case MT_Q_MX: return mt_e8m0_to_float(o.scale8[r * o.scols + j / 32]);
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D: return mt_e4m3_to_float(o.scale8[r * o.scols + j / 16]);
+    }
+    return 1.0f;
+}
+
+// The per-tensor decode scale.
+__device__ __forceinline__ float qgg_tensor_scale(const qgg_operand &o, enum mt_q_scaling s)
+{
+    return s == MT_Q_TENSOR ? *o.scale : s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D ? *o.global : 1.0f;
+}
+
+// Elements of k under one block scale: the scalings' blocks along the reduction (all of
+// k for per-tensor scales, marked 0).
+__device__ __forceinline__ int qgg_block(enum mt_q_scaling s)
+{
+    return s == MT_Q_TENSOR ? 0 : s == MT_Q_MX ? 32 : s == MT_Q_NVFP4 || s == MT_Q_NVFP4_2D ? 16 : 128;
+}
+
+// A block of QGG_TILE^2 threads a QGG_TILE x QGG_TILE tile of one group's c, the groups'
+// tiles numbered from tile0 on; a thread one element: c = beta c + g total (the top of
+// this section).
+template <typename TC>
+__global__ static void __launch_bounds__(QGG_TILE *QGG_TILE) qgg_kernel(const __grid_constant__ qgg_args args)
+{
+    MT_SHARED(float, sa, [QGG_TILE][QGG_TILE + 1]);
+    MT_SHARED(float, sb, [QGG_TILE][QGG_TILE + 1]);
+    const int64_t t = blockIdx.x;
+    int gi = 0;
+    while (gi + 1 < args.n && args.g[gi + 1].tile0 <= t) gi++;
+    const qgg_group &G = args.g[gi];
+    const int64_t tiles_n = (G.n + QGG_TILE - 1) / QGG_TILE;
+    const int64_t r0 = (t - G.tile0) / tiles_n * QGG_TILE, c0 = (t - G.tile0) % tiles_n * QGG_TILE;
+    const int ty = threadIdx.x / QGG_TILE, tx = threadIdx.x % QGG_TILE;
+    const int64_t row = r0 + ty, col = c0 + tx;
+    // the block scales' extent along k: the smaller of the two operands' (they nest)
+    const int ba = qgg_block(args.sa), bb = qgg_block(args.sb);
+    const int64_t blk = ba && bb ? (ba < bb ? ba : bb) : ba ? ba : bb ? bb : G.k;
+    float part = 0.0f, total = 0.0f;
+    for (int64_t k0 = 0; k0 < G.k; k0 += QGG_TILE) {
+        const int64_t j = k0 + tx, ra = r0 + ty, rb = c0 + ty;
+        sa[ty][tx] = ra < G.m && j < G.k ? qgg_code(G.a, args.ea, G.k, ra, j) : 0.0f;
+        sb[ty][tx] = rb < G.n && j < G.k ? qgg_code(G.b, args.eb, G.k, rb, j) : 0.0f;
+        __syncthreads();
+        for (int kk = 0; kk < QGG_TILE; kk++) part = __fadd_rn(part, __fmul_rn(sa[ty][kk], sb[tx][kk]));
+        __syncthreads();
+        const int64_t next = k0 + QGG_TILE;
+        if (next >= G.k || next % blk == 0) {
+            if (row < G.m && col < G.n) {
+                const int64_t kb = next - 1 < G.k ? next - 1 : G.k - 1;
+                const float s = __fmul_rn(qgg_block_scale(G.a, args.sa, row, kb), qgg_block_scale(G.b, args.sb, col, kb));
+                total = __fadd_rn(total, __fmul_rn(part, s));
+            }
+            part = 0.0f;
+        }
+    }
+    if (row >= G.m || col >= G.n) return;
+    const float v = __fmul_rn(total, __fmul_rn(qgg_tensor_scale(G.a, args.sa), qgg_tensor_scale(G.b, args.sb)));
+    TC *cp = (TC *)G.c;
+    const size_t e = (size_t)(row * G.ldc + col);
+    mt_st(cp, e, args.beta == 0.0f ? v : __fadd_rn(__fmul_rn(args.beta, mt_ld(cp, e)), v));
+}
+
+static qgg_operand qgg_of(const qgemm_operand &o, int64_t k)
+{
+    (void)k;
+    qgg_operand g = {};
+    g.codes = o.codes;
+    g.scale = o.q.scale;
+    g.scale8 = o.q.scale8;
+    g.global = o.q.global;
+    g.scols = o.q.scols;
+    return g;
+}
+
+extern "C" void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
+                                      const struct mt_tensor *a, const struct mt_quant_spec *sb,
+                                      const struct mt_tensor *b, float beta, const struct mt_tensor *cc)
+{
+    MT_CUDA_OP(ctx, MT_OP_GEMM);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    char msg[300];
+    for (int g0 = 0; g0 < n; g0 += QGG_MAX) {
+        const int ng = n - g0 < QGG_MAX ? n - g0 : QGG_MAX;
+        qgg_args args = {};
+        std::vector<qgemm_operand> held;
+        int64_t tiles = 0;
+        enum mt_dtype ct = cc[g0].dtype;
+        for (int i = g0; i < g0 + ng; i++) {
+            mt_cuda_tensor_check("grouped quantised gemm", "a", a[i], true);
+            mt_cuda_tensor_check("grouped quantised gemm", "b", b[i], true);
+            mt_cuda_tensor_check("grouped quantised gemm", "c", cc[i], false);
+            const int64_t m = cc[i].rows, nn = cc[i].cols, k = trans_a ? a[i].rows : a[i].cols;
+            if ((trans_a ? a[i].cols : a[i].rows) != m || (trans_b ? b[i].rows : b[i].cols) != nn ||
+                (trans_b ? b[i].cols : b[i].rows) != k) {
+                snprintf(msg, sizeof msg, "group %d: op(a) (%lld,%lld) op(b) (%lld,%lld) does not give c (%lld,%lld)",
+                         i, (long long)(trans_a ? a[i].cols : a[i].rows), (long long)k,
+                         (long long)(trans_b ? b[i].cols : b[i].rows), (long long)(trans_b ? b[i].rows : b[i].cols),
+                         (long long)m, (long long)nn);
+                mt_cuda_fatal(__FILE__, __LINE__, "grouped quantised gemm", msg);
+            }
+            if (sa[i].scaling != sa[g0].scaling || sb[i].scaling != sb[g0].scaling || sa[i].elem != sa[g0].elem ||
+                sb[i].elem != sb[g0].elem || cc[i].dtype != ct) {
+                snprintf(msg, sizeof msg, "group %d: its operands' scalings or formats or c's dtype are not group "
+                         "%d's (one launch multiplies operands of one kind)", i, g0);
+                mt_cuda_fatal(__FILE__, __LINE__, "grouped quantised gemm", msg);
+            }
+            if (ct == MT_BF16 && beta != 0.0f)
+                mt_cuda_fatal(__FILE__, __LINE__, "grouped quantised gemm", "c is bf16 with beta != 0");
+            if (m <= 0 || nn <= 0 || k <= 0) {
+                snprintf(msg, sizeof msg, "group %d: an empty product (%lld,%lld) x %lld (the caller leaves it out)",
+                         i, (long long)m, (long long)nn, (long long)k);
+                mt_cuda_fatal(__FILE__, __LINE__, "grouped quantised gemm", msg);
+            }
+            // b's quantisation (n, k), then a's (m, k), as mt_cuda_qgemm orders them
+            held.push_back(qgemm_quantise(c, "b", &sb[i], b[i], !trans_b, nn, k, false));
+            held.push_back(qgemm_quantise(c, "a", &sa[i], a[i], trans_a, m, k, false));
+            qgg_group &G = args.g[i - g0];
+            G.b = qgg_of(held[held.size() - 2], k);
+            G.a = qgg_of(held.back(), k);
+            G.c = cc[i].data;
+            G.m = m, G.n = nn, G.k = k, G.ldc = cc[i].ld, G.tile0 = tiles;
+            tiles += (m + QGG_TILE - 1) / QGG_TILE * ((nn + QGG_TILE - 1) / QGG_TILE);
+        }
+        args.n = ng;
+        args.sa = sa[g0].scaling, args.sb = sb[g0].scaling;
+        args.ea = sa[g0].elem, args.eb = sb[g0].elem;
+        args.beta = beta;
+        mt_with_elem(ct, [&](auto tag) {
+            using TC = MT_ELEM(tag);
+            MT_LAUNCH((size_t)tiles, QGG_TILE * QGG_TILE, 0, c->stream, qgg_kernel<TC>)(args);
+        });
+        MT_CUDA_LAUNCHED();
+        c->lowp.grouped++;
+        c->lowp.groups += ng;
+        for (const qgemm_operand &o : held)
+            if (o.own) mt_cuda_scratch_free(c, o.own);
+    }
 }
 
 extern "C" void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n)

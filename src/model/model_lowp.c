@@ -17,7 +17,8 @@
  * scaling: q(x), which the forward GEMM reads too), and wgrad reads that copy. NVFP4
  * keeps none: its q'(x) is Hadamard-transformed with signs of the backward pass.
  * Routed experts do the same per expert (each expert its own tensors, scales and
- * GEMM: the expert row counts are on the host). */
+ * GEMM: the expert row counts are on the host), all experts' GEMMs of a use in one
+ * call of the backend's grouped GEMM where it has one (one launch on CUDA). */
 #include "model/model_internal.h"
 
 #include <math.h>
@@ -33,6 +34,20 @@ enum { K_WQ = MT_QL_Q, K_WK, K_WV, K_WO, K_GATE, K_UP, K_DOWN, K_SH_GATE, K_SH_U
 _Static_assert((int)K_EXP == (int)MT_QL_COUNT, "the dense linears are enum mt_qlinear's, in its order");
 /* The three operands of a linear with scale state. */
 enum { R_X = MT_Q_X, R_W = MT_Q_W, R_G = MT_Q_G, R_COUNT };
+
+/* The largest product (multiply-adds) of one expert for which the routed experts'
+ * quantised GEMMs of a use run as the backend's one grouped launch: 2^20, about a
+ * microsecond of the grouped kernel's CUDA-core arithmetic, the price of one launch
+ * (doc/fp8.md, "The grouped expert GEMM"); above it, a tensor-core matmul per expert. */
+#define MT_QGROUPED_MAX_MACS 1048576.0
+
+/* The quantised GEMMs of one use for a set of experts (qgemm_experts). */
+struct expert_gemms {
+    int n;
+    int *se;
+    struct mt_tensor *a, *b, *c;
+    struct mt_quant_spec *qa, *qb;
+};
 
 struct mt_lowp {
     enum mt_q_recipe recipe;
@@ -56,8 +71,10 @@ struct mt_lowp {
     struct mt_comm *world;      /* amaxes are reduced (max) over every rank */
     /* current scaling of a shard (TP, ETP): the logical tensor's amax, backend memory,
      * reduced (max) over the group holding the shards; one for each operand of a GEMM
-     * (both are found before the GEMM quantises either) */
+     * (both are found before the GEMM quantises either), then a pair for each expert of
+     * the grouped GEMM (all found before it quantises any): 2 (1 + E_l) */
     float *tamax;
+    struct expert_gemms eg;     /* the experts' GEMMs of a use (E_l each), host memory */
     int32_t *hoffs;             /* (E_l + 1): the expert-side row offsets, on the host */
     /* randomness of stochastic rounding and of the Hadamard signs (MT_RECIPE_NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
@@ -126,16 +143,17 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
                           "recipes yet; --backend cpu runs every recipe today",
                           fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
                           m->k->name);
-    if (!m->k->quant->shards && (m->sc.tp > 1 || m->sc.etp > 1))
+    if (!(fp4 ? m->k->quant->fp4_shards : m->k->quant->shards) && (m->sc.tp > 1 || m->sc.etp > 1))
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&precision %s = '%s' with tensor_model_parallel_size = %d and "
                           "expert_tensor_parallel_size = %d: the '%s' backend quantises whole "
-                          "tensors only, and these layouts split them over ranks (each shard must "
-                          "be quantised in its place in the tensor, with the tensor's amax); use "
-                          "tensor and expert-tensor parallelism 1 with FP8/FP4 on this backend "
-                          "(data, pipeline and expert parallelism run it), or --backend cpu",
+                          "tensors only under %s, and these layouts split them over ranks (each "
+                          "shard must be quantised in its place in the tensor, with the tensor's "
+                          "amax); use tensor and expert-tensor parallelism 1 with it on this "
+                          "backend (data, pipeline and expert parallelism run it)%s, or --backend cpu",
                           fp8 ? "fp8_format" : "fp4_format", fp8 ? q->fp8_format : q->fp4_format,
-                          m->sc.tp, m->sc.etp, m->k->name);
+                          m->sc.tp, m->sc.etp, m->k->name, fp4 ? "NVFP4" : "this recipe",
+                          fp4 && m->k->quant->shards ? ", an FP8 recipe (they run on shards here)" : "");
     struct mt_lowp *lp = calloc(1, sizeof *lp);
     if (!lp) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     m->lp = lp;
@@ -192,10 +210,17 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     const struct mt_kernels *k = m->k;
     lp->wa = k->op.alloc(k->ctx, lp->wbytes);
     lp->wb = k->op.alloc(k->ctx, lp->wbytes);
-    lp->tamax = k->op.alloc(k->ctx, 2 * sizeof(float));
+    lp->tamax = k->op.alloc(k->ctx, 2 * sizeof(float) * (1 + (size_t)m->E_l));
     lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
-    if (!lp->tamax || !lp->hoffs)
+    const size_t E = (size_t)m->E_l;
+    lp->eg.se = malloc(sizeof(int) * (E ? E : 1));
+    lp->eg.a = malloc(sizeof(struct mt_tensor) * 3 * (E ? E : 1));
+    lp->eg.qa = malloc(sizeof(struct mt_quant_spec) * 2 * (E ? E : 1));
+    if (!lp->tamax || !lp->hoffs || !lp->eg.se || !lp->eg.a || !lp->eg.qa)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
+    lp->eg.b = lp->eg.a + E;
+    lp->eg.c = lp->eg.b + E;
+    lp->eg.qb = lp->eg.qa + E;
     if (!lp->wa || !lp->wb)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the quantised GEMM operands "
                           "(2 x %zu bytes)", lp->wbytes);
@@ -231,6 +256,7 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->wb) k->op.free(k->ctx, lp->wb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->hoffs);
+    free(lp->eg.se), free(lp->eg.a), free(lp->eg.qa);
     if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
     if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
     if (lp->hist)
@@ -248,7 +274,7 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     const struct mt_lowp *lp = m->lp;
     *device = 0;
     if (!lp) return 0;
-    *device = 2 * sizeof(float); /* tamax */
+    *device = 2 * sizeof(float) * (1 + (size_t)m->E_l); /* tamax */
     const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
     if (lp->recipe != MT_RECIPE_DELAYED) return *device + hoffs;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
@@ -601,6 +627,52 @@ static int fit_rows(const struct mt_pass *p, int rows, int width)
     return MT_OK;
 }
 
+/* The quantised GEMMs of one use for a set of experts: expert i's slot se[i], its
+ * operands a[i] and b[i] and its product c[i] (rows of the grouped activations, slabs
+ * of the experts' weights); the arrays are the model's (struct mt_lowp eg), allocated
+ * with it, so that a step allocates nothing. */
+static struct expert_gemms expert_gemms_of(const struct mt_pass *p)
+{
+    struct expert_gemms g = p->m->lp->eg;
+    g.n = 0;
+    return g;
+}
+
+/* c[i] = beta c[i] + op(q(a[i])) op(q(b[i])) for every expert of g, operands of roles ra
+ * and rb under use u: one call of the backend's grouped GEMM where it has one (struct
+ * mt_quant_ops grouped_gemm), else qgemm each. Every expert's shards are placed before
+ * the grouped call quantises any, each with its pair of tensor amaxes. */
+static int qgemm_experts(const struct mt_pass *p, struct expert_gemms *g, enum use u, bool ta, int ra, bool tb,
+                         int rb, float beta)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    const struct mt_quant_ops *qo = p->m->k->quant;
+    /* The backend's grouped kernel (CUDA: qgg_kernel) runs on the CUDA cores, the
+     * per-expert matmuls (cuBLASLt) on the FP8 tensor cores: the single launch pays only
+     * where every expert's product is launch-bound, at most MT_QGROUPED_MAX_MACS
+     * multiply-adds (doc/fp8.md, "The grouped expert GEMM"). */
+    bool small = true;
+    for (int i = 0; i < g->n && small; i++) {
+        const int64_t k = ta ? g->a[i].rows : g->a[i].cols;
+        small = (double)g->c[i].rows * (double)g->c[i].cols * (double)k <= MT_QGROUPED_MAX_MACS;
+    }
+    if (!qo->grouped_gemm || !small) {
+        for (int i = 0; i < g->n; i++)
+            MT_CHECK(qgemm(p, g->se[i], u, ta, ra, g->a[i], tb, rb, g->b[i], beta, g->c[i], NULL));
+        return MT_OK;
+    }
+    if (!g->n) return MT_OK;
+    for (int i = 0; i < g->n; i++) {
+        g->qa[i] = spec(p, g->se[i], ra, u);
+        g->qb[i] = spec(p, g->se[i], rb, u);
+        /* each probe writes the model's operand scratch, which the grouped call does not use */
+        MT_CHECK(place_shard(p, &g->qa[i], g->se[i], ra, g->a[i], lp->wb, lp->tamax + 2 * (i + 1)));
+        MT_CHECK(place_shard(p, &g->qb[i], g->se[i], rb, g->b[i], lp->wa, lp->tamax + 2 * (i + 1) + 1));
+    }
+    qo->grouped_gemm(p->ctx, g->n, ta, tb, g->qa, g->a, g->qb, g->b, beta, g->c);
+    return MT_OK;
+}
+
 // out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
 int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
                          struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out)
@@ -609,13 +681,17 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
     const int s = slot_of(p, tensor);
     MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
     const int32_t *ho = host_offsets(p, offs);
-    for (int e = 0; e < p->m->E_l; e++) {
+    struct expert_gemms g = expert_gemms_of(p);
+    int rc = MT_OK;
+    for (int e = 0; e < p->m->E_l && !rc; e++) {
         const long long r0 = ho[e], r1 = ho[e + 1];
         const int se = s + 3 * e;
         const struct mt_tensor we = slab_of(p, tensor, e, dout, din);
         if (r1 > r0) {
-            MT_CHECK(qgemm(p, se, U_FWD, false, R_X, rows_of(x, r0, r1, din), true, R_W, we, 0.0f,
-                           rows_of(out, r0, r1, dout), NULL));
+            g.se[g.n] = se;
+            g.a[g.n] = rows_of(x, r0, r1, din);
+            g.b[g.n] = we;
+            g.c[g.n++] = rows_of(out, r0, r1, dout);
             continue;
         }
         /* an expert without rows: its weight's amax still goes to delayed scaling's
@@ -624,10 +700,11 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
         if (!qw.amax) continue;
         qw.work = lp->wb;
         qw.work_bytes = lp->wbytes;
-        MT_CHECK(place_shard(p, &qw, se, R_W, we, lp->wa, lp->tamax));
-        p->m->k->quant->qdq(p->ctx, &qw, mt_f32(lp->wa, dout, din), we);
+        rc = place_shard(p, &qw, se, R_W, we, lp->wa, lp->tamax);
+        if (!rc) p->m->k->quant->qdq(p->ctx, &qw, mt_f32(lp->wa, dout, din), we);
     }
-    return MT_OK;
+    if (!rc) rc = qgemm_experts(p, &g, U_FWD, false, R_X, true, R_W, 0.0f);
+    return rc;
 }
 
 // dx (rows,din) = beta dx + per expert dy_e W_e; dW_e (dout,din) += dy_e^T x_e
@@ -641,15 +718,24 @@ int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *off
     const int32_t *ho = host_offsets(p, offs);
     const struct mt_tensor dyt = mt_f32(dy, rows, dout), dxt = mt_f32(dx, rows, din);
     const struct mt_tensor dw = mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)m->E_l * dout, din);
+    struct expert_gemms g = expert_gemms_of(p);
+    /* dgrad: dy_e and W_e into dx's rows */
     for (int e = 0; e < m->E_l; e++) {
         const long long r0 = ho[e], r1 = ho[e + 1];
         if (r1 <= r0) continue;
-        const int se = s + 3 * e;
-        const struct mt_tensor dye = rows_of(dyt, r0, r1, dout);
-        MT_CHECK(qgemm(p, se, U_DGRAD, false, R_G, dye, false, R_W, slab_of(p, tensor, e, dout, din), beta,
-                       rows_of(dxt, r0, r1, din), NULL));
-        MT_CHECK(qgemm(p, se, U_WGRAD, true, R_G, dye, false, R_X, rows_of(x, r0, r1, din), 1.0f,
-                       rows_of(dw, (long long)e * dout, (long long)(e + 1) * dout, din), NULL));
+        g.se[g.n] = s + 3 * e;
+        g.a[g.n] = rows_of(dyt, r0, r1, dout);
+        g.b[g.n] = slab_of(p, tensor, e, dout, din);
+        g.c[g.n++] = rows_of(dxt, r0, r1, din);
     }
-    return MT_OK;
+    int rc = qgemm_experts(p, &g, U_DGRAD, false, R_G, false, R_W, beta);
+    /* wgrad: dy_e and x_e into W_e's gradient */
+    for (int i = 0, e = 0; e < m->E_l; e++) {
+        const long long r0 = ho[e], r1 = ho[e + 1];
+        if (r1 <= r0) continue;
+        g.b[i] = rows_of(x, r0, r1, din);
+        g.c[i++] = rows_of(dw, (long long)e * dout, (long long)(e + 1) * dout, din);
+    }
+    if (!rc) rc = qgemm_experts(p, &g, U_WGRAD, true, R_G, false, R_X, 1.0f);
+    return rc;
 }
