@@ -31,7 +31,15 @@
 //           delayed, tensorwise and blockwise; qgemm-gb200 MXFP8, NVFP4 and blockwise
 //           (as VEC32_UE8M0: Blackwell has no 1 x 128 or 128 x 128 mode).
 //
-// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200
+//   grouped the CUDA backend's grouped quantised GEMM (struct mt_quant_ops grouped_gemm,
+//           the routed experts' GEMMs of a use in one launch) against the per-expert loop
+//           of its quantised GEMM, each recipe's forward, dgrad and wgrad: within
+//           (K + 4) 2^-24 sum_k |a_k b_k| (the grouped kernel sums in fp32, the emulated
+//           cuBLASLt exactly), one grouped kernel and fewer launches than the loop.
+//   qdq also quantises halves of a tensor split as tensor parallelism splits it, each
+//           with its place and the tensor's amax: the CPU's bits, the whole tensor's.
+//
+// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|grouped-gb200
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -452,6 +460,55 @@ static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, 
     if (ds.work) gpu->op.free(gpu->ctx, ds.work);
 }
 
+// A shard of a logical (LR, LC) tensor, split in two along the rows (rows) or the
+// columns, as tensor parallelism splits one (doc/fp8.md "Parallel layouts"): each half
+// quantised by the CUDA backend's qdq with its place and the tensor's amax (struct
+// mt_quant_spec lrows.., tensor_amax) gives the CPU backend's bits for the same half,
+// and those are the whole tensor's quantisation there (the CPU's qdq of the whole).
+static void qdq_shard(const struct mt_kernels *gpu, const struct mt_kernels *cpu, const qdq_case &qc, int64_t LR,
+                      int64_t LC, bool rows)
+{
+    const std::vector<float> x = make_tensor(LR, LC, LC, PLAIN);
+    const size_t nl = (size_t)(LR * LC);
+    std::vector<float> whole(nl);
+    struct mt_quant_spec ws = qc.s;
+    cpu->quant->qdq(cpu->ctx, &ws, mt_f32(whole.data(), LR, LC), mt_f32(x.data(), LR, LC));
+    float amax = 0.0f;
+    for (float v : x) amax = fabsf(v) > amax ? fabsf(v) : amax;
+    float *damax = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof(float)));
+    gpu->op.copy(gpu->ctx, damax, &amax, sizeof amax);
+    const int64_t R = rows ? LR / 2 : LR, C = rows ? LC : LC / 2;
+    const size_t n = (size_t)(R * C);
+    void *dx = gpu->op.alloc(gpu->ctx, n * sizeof(float));
+    float *dout = static_cast<float *>(gpu->op.alloc(gpu->ctx, n * sizeof(float)));
+    int bad_cpu = 0, bad_whole = 0;
+    for (int half = 0; half < 2; half++) {
+        std::vector<float> xs(n), hout(n), g(n);
+        const int64_t r0 = rows ? half * R : 0, c0 = rows ? 0 : half * C;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) xs[(size_t)(r * C + c)] = x[(size_t)((r0 + r) * LC + c0 + c)];
+        struct mt_quant_spec hs = qc.s;
+        hs.lrows = LR, hs.lcols = LC, hs.row0 = r0, hs.col0 = c0;
+        struct mt_quant_spec ds = hs;
+        const bool current = qc.s.scaling == MT_Q_TENSOR; // the shard's scale from the tensor's amax
+        if (current) hs.tensor_amax = &amax, ds.tensor_amax = damax;
+        cpu->quant->qdq(cpu->ctx, &hs, mt_f32(hout.data(), R, C), mt_f32(xs.data(), R, C));
+        gpu->op.copy(gpu->ctx, dx, xs.data(), n * sizeof(float));
+        gpu->quant->qdq(gpu->ctx, &ds, mt_f32(dout, R, C), mt_f32(static_cast<const float *>(dx), R, C));
+        gpu->op.copy(gpu->ctx, g.data(), dout, n * sizeof(float));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++) {
+                const size_t i = (size_t)(r * C + c);
+                bad_cpu += bits(g[i]) != bits(hout[i]);
+                bad_whole += bits(g[i]) != bits(whole[(size_t)((r0 + r) * LC + c0 + c)]);
+            }
+    }
+    emu_check(!bad_cpu && !bad_whole, "qdq %s, halves of %lldx%lld split along the %s: every value as on the CPU "
+              "(%d differ) and as in the whole tensor's quantisation (%d differ)", qc.name, (long long)LR,
+              (long long)LC, rows ? "rows" : "columns", bad_cpu, bad_whole);
+    for (void *p : {dx, (void *)dout, (void *)damax}) gpu->op.free(gpu->ctx, p);
+}
+
 // The CUDA backend (the emulated device), and its teardown; either failing ends the test.
 static const struct mt_kernels *cuda_backend(void)
 {
@@ -491,6 +548,13 @@ static void run_qdq(void)
     for (const qdq_case &qc : cases) {
         qdq_one(gpu, cpu, qc, shapes[2], WITH_NAN, false);
         qdq_one(gpu, cpu, qc, shapes[2], WITH_INF, false);
+    }
+    // tensor-parallel shards of the FP8 recipes (NVFP4's are the CPU's only); halves of
+    // whole blocks, a partial block along the other dimension
+    for (const qdq_case &qc : cases) {
+        if (qc.s.scaling == MT_Q_NVFP4 || qc.s.scaling == MT_Q_NVFP4_2D || qc.delayed) continue;
+        qdq_shard(gpu, cpu, qc, 256, 200, true);
+        qdq_shard(gpu, cpu, qc, 72, 256, false);
     }
     cuda_backend_done();
 }
@@ -1121,6 +1185,161 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
     if (sb.work) gpu->op.free(gpu->ctx, sb.work);
 }
 
+// The grouped quantised GEMM (struct mt_quant_ops grouped_gemm) against the per-expert
+// loop of the quantised GEMM it replaces (the model's routed experts, model_lowp.c): for
+// use u, experts of `rows` tokens each (contiguous rows of x and dy, slabs of W and of
+// its gradient), one call against one gemm an expert, from the same c. Within
+// (K + 4) 2^-24 sum_k |a_k b_k| of each other (+ a bf16 c's ulp, + NVFP4's per-tensor
+// scales' rounding): the grouped kernel sums each block's products in fp32, the emulated
+// cuBLASLt exactly. Delayed scaling's amax records equal; the grouped call one launch of
+// its kernel and no cuBLASLt matmul, and fewer launches than the loop (printed).
+static void qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
+                          const std::vector<int64_t> &rows, int64_t dout, int64_t din, bool bf16, float beta,
+                          double *worst)
+{
+    const int E = (int)rows.size();
+    int64_t N = 0;
+    for (int64_t t : rows) N += t;
+    const bool delayed = r == DELAYED;
+    enum role ra, rb;
+    bool ta, tb;
+    switch (u) {
+    case FWD: ra = RX, rb = RW, ta = false, tb = true; break;
+    case DGRAD: ra = RG, rb = RW, ta = false, tb = false; break;
+    default: ra = RG, rb = RX, ta = true, tb = false; break;
+    }
+    // the model's buffers: x (N, din), dy (N, dout), W and dW (E dout, din), out (N, dout), dx (N, din)
+    const int64_t acols = ra == RX ? din : dout;
+    const int64_t brows = rb == RW ? (int64_t)E * dout : N, bcols = din;
+    const int64_t crows = u == WGRAD ? (int64_t)E * dout : N, ccols = u == FWD ? dout : din;
+    const bool cbf16 = bf16 && u == FWD;
+    qg_operand a = qg_make(gpu, N, acols, bf16 && ra != RG), b = qg_make(gpu, brows, bcols, bf16 && rb != RG);
+    const size_t nc = (size_t)(crows * ccols), cb = nc * (cbf16 ? 2 : 4);
+    std::vector<float> c0(nc);
+    for (size_t i = 0; i < nc; i++) c0[i] = (float)((int)(rnd_u64() % 17) - 8);
+    const std::vector<uint16_t> c0b = to_bf16(c0);
+    const void *c0h = cbf16 ? (const void *)c0b.data() : (const void *)c0.data();
+    const enum mt_dtype cdt = cbf16 ? MT_BF16 : MT_F32, adt = a.bf16 ? MT_BF16 : MT_F32, bdt = b.bf16 ? MT_BF16 : MT_F32;
+    void *dl = gpu->op.alloc(gpu->ctx, cb), *dg = gpu->op.alloc(gpu->ctx, cb);
+    gpu->op.copy(gpu->ctx, dl, c0h, cb);
+    gpu->op.copy(gpu->ctx, dg, c0h, cb);
+    // delayed: the encode scales, then an amax record pair an expert for each run
+    std::vector<float> hs(2 + 4 * (size_t)E, 0.0f);
+    hs[0] = 2.5f, hs[1] = 3.0f;
+    float *ds = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof(float) * hs.size()));
+    gpu->op.copy(gpu->ctx, ds, hs.data(), sizeof(float) * hs.size());
+    const size_t ea = (size_t)(a.bf16 ? 2 : 4), eb = (size_t)(b.bf16 ? 2 : 4), ec = cbf16 ? 2 : 4;
+    std::vector<struct mt_quant_spec> sa(E), sb(E), pa(E), pb(E);
+    std::vector<struct mt_tensor> ta_(E), tb_(E), tl(E), tg(E), ha(E), hb(E);
+    int64_t r0 = 0;
+    for (int e = 0; e < E; e++) {
+        const int64_t t = rows[e];
+        ta_[e] = mt_tview((char *)a.dev + ea * (size_t)(r0 * acols), adt, t, acols);
+        ha[e] = mt_tview((const char *)a.host() + ea * (size_t)(r0 * acols), adt, t, acols);
+        const int64_t b0 = rb == RW ? e * dout : r0, bn = rb == RW ? dout : t;
+        tb_[e] = mt_tview((char *)b.dev + eb * (size_t)(b0 * bcols), bdt, bn, bcols);
+        hb[e] = mt_tview((const char *)b.host() + eb * (size_t)(b0 * bcols), bdt, bn, bcols);
+        const int64_t c_0 = u == WGRAD ? e * dout : r0, cn = u == WGRAD ? dout : t;
+        tl[e] = mt_tview((char *)dl + ec * (size_t)(c_0 * ccols), cdt, cn, ccols);
+        tg[e] = mt_tview((char *)dg + ec * (size_t)(c_0 * ccols), cdt, cn, ccols);
+        sa[e] = model_spec(r, ra, u), sb[e] = model_spec(r, rb, u);
+        pa[e] = sa[e], pb[e] = sb[e];
+        if (delayed) {
+            sa[e].scale = ds, sb[e].scale = ds + 1;
+            pa[e].scale = &hs[0], pb[e].scale = &hs[1];
+        }
+        r0 += t;
+    }
+    // the loop, then the grouped call; each with its own amax records
+    struct mt_op_counts k0, k1, k2;
+    struct mt_cuda_gemm_stats st1, st2;
+    gpu->counts(gpu->ctx, &k0);
+    for (int e = 0; e < E; e++) {
+        struct mt_quant_spec qa = sa[e], qb = sb[e];
+        if (delayed) qa.amax = ds + 2 + 2 * e, qb.amax = ds + 3 + 2 * e;
+        gpu->quant->gemm(gpu->ctx, ta, tb, &qa, ta_[e], &qb, tb_[e], beta, tl[e]);
+    }
+    gpu->counts(gpu->ctx, &k1);
+    mt_cuda_gemm_stats(gpu, &st1);
+    std::vector<struct mt_quant_spec> ga = sa, gb = sb;
+    if (delayed)
+        for (int e = 0; e < E; e++) ga[e].amax = ds + 2 + 2 * E + 2 * e, gb[e].amax = ds + 3 + 2 * E + 2 * e;
+    gpu->quant->grouped_gemm(gpu->ctx, E, ta, tb, ga.data(), ta_.data(), gb.data(), tb_.data(), beta, tg.data());
+    gpu->counts(gpu->ctx, &k2);
+    mt_cuda_gemm_stats(gpu, &st2);
+    std::vector<char> hl(cb), hg(cb);
+    gpu->op.copy(gpu->ctx, hl.data(), dl, cb);
+    gpu->op.copy(gpu->ctx, hg.data(), dg, cb);
+    gpu->op.copy(gpu->ctx, hs.data(), ds, sizeof(float) * hs.size());
+    auto value = [&](const std::vector<char> &v, size_t i) {
+        if (!cbf16) return (double)reinterpret_cast<const float *>(v.data())[i];
+        const uint32_t w = (uint32_t)reinterpret_cast<const uint16_t *>(v.data())[i] << 16;
+        float f;
+        memcpy(&f, &w, 4);
+        return (double)f;
+    };
+    int bad = 0;
+    for (int e = 0; e < E; e++) {
+        // the dequantised operands (the CPU's qdq) for sum |a b|
+        const int64_t ar = ha[e].rows, br = hb[e].rows;
+        std::vector<float> qa((size_t)(ar * acols)), qb((size_t)(br * bcols));
+        cpu->quant->qdq(cpu->ctx, &pa[e], mt_f32(qa.data(), ar, acols), ha[e]);
+        cpu->quant->qdq(cpu->ctx, &pb[e], mt_f32(qb.data(), br, bcols), hb[e]);
+        const int64_t m = tl[e].rows, n = ccols, k = ta ? ar : acols;
+        const size_t base = (size_t)((char *)tl[e].data - (char *)dl) / ec;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double mag = 0;
+                for (int64_t kk = 0; kk < k; kk++)
+                    mag += fabs((double)qa[(size_t)(ta ? kk * acols + i : i * acols + kk)] *
+                                qb[(size_t)(tb ? j * bcols + kk : kk * bcols + j)]);
+                const size_t at = base + (size_t)(i * n + j);
+                const double want = value(hl, at), got = value(hg, at);
+                const double bound = (double)(k + 4) * ldexp(mag, -24) + fabs((double)beta * c0[at]) * ldexp(1.0, -23) +
+                                     (cbf16 ? ldexp(fmax(fabs(want), fabs(got)), -7) : 0.0) +
+                                     (r == NVFP4 ? ldexp(fabs(want), -22) : 0.0);
+                const double err = fabs(got - want);
+                if (!(err <= bound)) bad++;
+                if (!cbf16 && mag > 0 && err / mag > *worst) *worst = err / mag;
+            }
+    }
+    bool amax_ok = true;
+    if (delayed)
+        for (int e = 0; e < 2 * E; e++) amax_ok = amax_ok && bits(hs[2 + (size_t)e]) == bits(hs[2 + 2 * (size_t)E + e]);
+    const long long loop = k1.launches[MT_OP_GEMM] - k0.launches[MT_OP_GEMM];
+    const long long grouped = k2.launches[MT_OP_GEMM] - k1.launches[MT_OP_GEMM];
+    const long long kernels = st2.lowp_grouped - st1.lowp_grouped, mm = st2.lowp_calls - st1.lowp_calls;
+    emu_check(!bad && amax_ok && kernels == 1 && mm == 0 && grouped < loop,
+              "grouped quantised gemm %s %s: %d experts, %lld tokens, W (%lld,%lld), %s, beta %g: within (K + 4) "
+              "2^-24 sum|ab| of the per-expert loop (%d outside)%s; %lld grouped kernel and %lld cuBLASLt matmuls "
+              "(want 1 and 0); %lld launches against the loop's %lld",
+              recipe_name[r], use_name[u], E, (long long)N, (long long)dout, (long long)din,
+              bf16 ? "bf16 activations and weights" : "fp32", (double)beta, bad,
+              delayed ? (amax_ok ? ", amaxes recorded as by the loop" : ", amaxes NOT recorded as by the loop") : "",
+              kernels, mm, grouped, loop);
+    for (void *p : {a.dev, b.dev, dl, dg, (void *)ds}) gpu->op.free(gpu->ctx, p);
+}
+
+static void run_qgrouped(bool h100)
+{
+    const struct mt_kernels *gpu = cuda_backend();
+    const struct mt_kernels *cpu = mt_kernels_cpu();
+    const std::vector<enum recipe> mine =
+        h100 ? std::vector<enum recipe>{DELAYED, TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, NVFP4};
+    // experts' tokens not multiples of 4 or 16 (the wgrad's k), one of a single token;
+    // a weight with a partial 128-block (din 160) and D rows not a multiple of 4 (dout 30)
+    const std::vector<int64_t> rows = {37, 1, 64, 19};
+    double worst = 0;
+    for (const enum recipe r : mine)
+        for (int u = FWD; u <= WGRAD; u++) {
+            const float beta = u == FWD ? 0.0f : 1.0f;
+            qgrouped_case(gpu, cpu, r, (enum use)u, rows, 64, 160, false, beta, &worst);
+            qgrouped_case(gpu, cpu, r, (enum use)u, rows, 30, 64, true, beta, &worst);
+        }
+    printf("largest |grouped - loop| / sum|ab| of an fp32 c: %.3g\n", worst);
+    cuda_backend_done();
+}
+
 static void run_qgemm(bool h100)
 {
     const struct mt_kernels *gpu = cuda_backend();
@@ -1152,6 +1371,8 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "qdq")) run_qdq();
     else if (!strcmp(mode, "qgemm-h100")) run_qgemm(true);
     else if (!strcmp(mode, "qgemm-gb200")) run_qgemm(false);
+    else if (!strcmp(mode, "grouped-h100")) run_qgrouped(true);
+    else if (!strcmp(mode, "grouped-gb200")) run_qgrouped(false);
     else if (!strncmp(mode, "gemm-", 5)) {
         if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
         int dev = 0;
@@ -1168,7 +1389,8 @@ int main(int argc, char **argv)
         else run_gemm_gb200();
         cublasLtDestroy(lt);
     } else {
-        fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200\n");
+        fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|"
+                "grouped-gb200\n");
         return 2;
     }
     printf("%d checks, %d failed\n", emu_checks, emu_failures);

@@ -4,14 +4,16 @@
 # scales in cuBLASLt's documented order, and the emulated cuBLASLt's FP8
 # and FP4 matmuls against the CPU reference GEMM, and the CUDA backend's quantised GEMM
 # op (cuBLASLt FP8/FP4 matmuls) against the CPU backend's: on the emulated H100
-# (delayed, tensorwise, blockwise) and GB200 (MXFP8, NVFP4). Never skipped.
+# (delayed, tensorwise, blockwise) and GB200 (MXFP8, NVFP4); the grouped quantised GEMM
+# of the routed experts against the per-expert loop; qdq of tensor-parallel shards.
+# Never skipped.
 prog="${MT_TOP_BUILDDIR:-.}/tests/gpu/emu_quant"
 status=0
-for mode in quant order qdq gemm-h100 qgemm-h100; do
+for mode in quant order qdq gemm-h100 qgemm-h100 grouped-h100; do
     echo "== emu_quant $mode"
     MT_EMU_DEVICE=h100 "$prog" "$mode" || status=1
 done
-for mode in gemm-gb200 qgemm-gb200; do
+for mode in gemm-gb200 qgemm-gb200 grouped-gb200; do
     echo "== emu_quant $mode"
     MT_EMU_DEVICE=gb200 "$prog" "$mode" || status=1
 done
