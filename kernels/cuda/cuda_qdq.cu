@@ -705,9 +705,9 @@ __global__ static void __launch_bounds__(QGG_TILE *QGG_TILE) qgg_kernel(const __
     mt_st(cp, e, args.beta == 0.0f ? v : __fadd_rn(__fmul_rn(args.beta, mt_ld(cp, e)), v));
 }
 
-static qgg_operand qgg_of(const qgemm_operand &o, int64_t k)
+// What the grouped kernel reads of an operand qgemm_quantise made (lt false).
+static qgg_operand qgg_of(const qgemm_operand &o)
 {
-    (void)k;
     qgg_operand g = {};
     g.codes = o.codes;
     g.scale = o.q.scale;
@@ -760,8 +760,8 @@ extern "C" void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans
             held.push_back(qgemm_quantise(c, "b", &sb[i], b[i], !trans_b, nn, k, false));
             held.push_back(qgemm_quantise(c, "a", &sa[i], a[i], trans_a, m, k, false));
             qgg_group &G = args.g[i - g0];
-            G.b = qgg_of(held[held.size() - 2], k);
-            G.a = qgg_of(held.back(), k);
+            G.b = qgg_of(held[held.size() - 2]);
+            G.a = qgg_of(held.back());
             G.c = cc[i].data;
             G.m = m, G.n = nn, G.k = k, G.ldc = cc[i].ld, G.tile0 = tiles;
             tiles += (m + QGG_TILE - 1) / QGG_TILE * ((nn + QGG_TILE - 1) / QGG_TILE);

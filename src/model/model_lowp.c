@@ -638,10 +638,25 @@ static struct expert_gemms expert_gemms_of(const struct mt_pass *p)
     return g;
 }
 
+/* Scratch for an operand of elems elements from the model's operand buffer (*at, *left
+ * bytes of it): a slice of the bound the backend needs, 256-byte aligned, while the
+ * buffer holds one; else none (the backend's allocator). */
+static void take_work(struct mt_quant_spec *q, char **at, size_t *left, size_t elems)
+{
+    const size_t need = (mt_quant_gemm_scratch_bytes(elems) + 255) / 256 * 256;
+    if (need > *left) return;
+    q->work = *at;
+    q->work_bytes = need;
+    *at += need;
+    *left -= need;
+}
+
 /* c[i] = beta c[i] + op(q(a[i])) op(q(b[i])) for every expert of g, operands of roles ra
  * and rb under use u: one call of the backend's grouped GEMM where it has one (struct
  * mt_quant_ops grouped_gemm), else qgemm each. Every expert's shards are placed before
- * the grouped call quantises any, each with its pair of tensor amaxes. */
+ * the grouped call quantises any, each with its pair of tensor amaxes; the experts'
+ * operands share the model's two operand buffers (a's in one, b's in the other: the
+ * grouped activations and the stacked weights they were sized for), slice by slice. */
 static int qgemm_experts(const struct mt_pass *p, struct expert_gemms *g, enum use u, bool ta, int ra, bool tb,
                          int rb, float beta)
 {
@@ -662,12 +677,16 @@ static int qgemm_experts(const struct mt_pass *p, struct expert_gemms *g, enum u
         return MT_OK;
     }
     if (!g->n) return MT_OK;
+    char *wa = lp->wa, *wb = lp->wb;
+    size_t left_a = lp->wbytes, left_b = lp->wbytes;
     for (int i = 0; i < g->n; i++) {
         g->qa[i] = spec(p, g->se[i], ra, u);
         g->qb[i] = spec(p, g->se[i], rb, u);
-        /* each probe writes the model's operand scratch, which the grouped call does not use */
+        /* each probe writes the operand buffers before the grouped call quantises into them */
         MT_CHECK(place_shard(p, &g->qa[i], g->se[i], ra, g->a[i], lp->wb, lp->tamax + 2 * (i + 1)));
         MT_CHECK(place_shard(p, &g->qb[i], g->se[i], rb, g->b[i], lp->wa, lp->tamax + 2 * (i + 1) + 1));
+        take_work(&g->qa[i], &wa, &left_a, (size_t)(g->a[i].rows * g->a[i].cols));
+        take_work(&g->qb[i], &wb, &left_b, (size_t)(g->b[i].rows * g->b[i].cols));
     }
     qo->grouped_gemm(p->ctx, g->n, ta, tb, g->qa, g->a, g->qb, g->b, beta, g->c);
     return MT_OK;

@@ -629,8 +629,9 @@ static int add_kind(struct planner *pl, struct layout x, const struct mt_layout 
 
 /* Tries one layout: kept, once per recompute setting with its step model, when the
  * rules accept it, and again in the platform's FP8 recipe where they take it too
- * (check_low_precision) and the CUDA backend runs it (TP and ETP 1; a kind of its own:
- * its memory differs). MT_ENOMEM or MT_OK. */
+ * (check_low_precision; the platform's recipe is an FP8 one, which the CUDA backend runs
+ * on tensor- and expert-tensor-parallel shards too; a kind of its own: its memory
+ * differs). MT_ENOMEM or MT_OK. */
 static int try_layout(struct planner *pl, struct layout x)
 {
     struct mt_layout l;
@@ -641,9 +642,6 @@ static int try_layout(struct planner *pl, struct layout x)
     for (int s = 0; s < x.pp; s++) stage_layers(pl->work, s, &pl->stage_nd[s], &pl->stage_nm[s]);
     MT_CHECK(add_kind(pl, x, &l));
     if (!pl->fp8_searched) return MT_OK;
-    /* the CUDA backend's qdq takes whole tensors only (struct mt_quant_ops shards): it
-     * refuses FP8 at start where tensor or expert-tensor parallelism splits them */
-    if (x.tp > 1 || x.etp > 1) return MT_OK;
     x.fp8 = true;
     if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK;
     return add_kind(pl, x, &l);

@@ -1084,6 +1084,26 @@ static qg_operand qg_make(const struct mt_kernels *gpu, int64_t rows, int64_t co
     return o;
 }
 
+// Element i of a c read back from the device: fp32, or bf16 bits.
+static double c_value(const std::vector<char> &v, size_t i, bool bf16)
+{
+    if (!bf16) return (double)reinterpret_cast<const float *>(v.data())[i];
+    const uint32_t w = (uint32_t)reinterpret_cast<const uint16_t *>(v.data())[i] << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return (double)f;
+}
+
+// What two quantised GEMMs' element may differ by: the reference GEMM's
+// (K + 4) 2^-24 sum_k |a_k b_k|, beta c's rounding, a bf16 c's ulp (both round), NVFP4's
+// per-tensor scales' rounding.
+static double qgemm_bound(int64_t k, double mag, float beta, float c0, bool cbf16, bool nvfp4, double want,
+                          double got)
+{
+    return (double)(k + 4) * ldexp(mag, -24) + fabs((double)beta * c0) * ldexp(1.0, -23) +
+           (cbf16 ? ldexp(fmax(fabs(want), fabs(got)), -7) : 0.0) + (nvfp4 ? ldexp(fabs(want), -22) : 0.0);
+}
+
 // A case: c (m,n) = beta c + op(a) op(b) of use u, tokens N, the weight (dout, din).
 static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
                        int64_t N, int64_t dout, int64_t din, bool bf16, float beta, double *worst)
@@ -1145,13 +1165,6 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
     pa.amax = pb.amax = nullptr;
     cpu->quant->qdq(cpu->ctx, &pa, mt_f32(qa.data(), ar, ac), mt_tview(a.host(), a.bf16 ? MT_BF16 : MT_F32, ar, ac));
     cpu->quant->qdq(cpu->ctx, &pb, mt_f32(qb.data(), br, bc), mt_tview(b.host(), b.bf16 ? MT_BF16 : MT_F32, br, bc));
-    auto value = [&](const std::vector<char> &v, size_t i) {
-        if (!cbf16) return (double)reinterpret_cast<const float *>(v.data())[i];
-        const uint32_t w = (uint32_t)reinterpret_cast<const uint16_t *>(v.data())[i] << 16;
-        float f;
-        memcpy(&f, &w, 4);
-        return (double)f;
-    };
     int bad = 0;
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
@@ -1162,10 +1175,8 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
                 mag += fabs(av * bv);
             }
             const size_t e = (size_t)(i * n + j);
-            const double want = value(hc, e), got = value(gc, e);
-            const double bound = (double)(k + 4) * ldexp(mag, -24) + fabs((double)beta * c0[e]) * ldexp(1.0, -23) +
-                                 (cbf16 ? ldexp(fmax(fabs(want), fabs(got)), -7) : 0.0) +
-                                 (r == NVFP4 ? ldexp(fabs(want), -22) : 0.0);
+            const double want = c_value(hc, e, cbf16), got = c_value(gc, e, cbf16);
+            const double bound = qgemm_bound(k, mag, beta, c0[e], cbf16, r == NVFP4, want, got);
             const double err = fabs(got - want);
             if (!(err <= bound)) bad++;
             if (!cbf16 && mag > 0 && err / mag > *worst) *worst = err / mag;
@@ -1271,13 +1282,6 @@ static void qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels 
     gpu->op.copy(gpu->ctx, hl.data(), dl, cb);
     gpu->op.copy(gpu->ctx, hg.data(), dg, cb);
     gpu->op.copy(gpu->ctx, hs.data(), ds, sizeof(float) * hs.size());
-    auto value = [&](const std::vector<char> &v, size_t i) {
-        if (!cbf16) return (double)reinterpret_cast<const float *>(v.data())[i];
-        const uint32_t w = (uint32_t)reinterpret_cast<const uint16_t *>(v.data())[i] << 16;
-        float f;
-        memcpy(&f, &w, 4);
-        return (double)f;
-    };
     int bad = 0;
     for (int e = 0; e < E; e++) {
         // the dequantised operands (the CPU's qdq) for sum |a b|
@@ -1294,10 +1298,8 @@ static void qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels 
                     mag += fabs((double)qa[(size_t)(ta ? kk * acols + i : i * acols + kk)] *
                                 qb[(size_t)(tb ? j * bcols + kk : kk * bcols + j)]);
                 const size_t at = base + (size_t)(i * n + j);
-                const double want = value(hl, at), got = value(hg, at);
-                const double bound = (double)(k + 4) * ldexp(mag, -24) + fabs((double)beta * c0[at]) * ldexp(1.0, -23) +
-                                     (cbf16 ? ldexp(fmax(fabs(want), fabs(got)), -7) : 0.0) +
-                                     (r == NVFP4 ? ldexp(fabs(want), -22) : 0.0);
+                const double want = c_value(hl, at, cbf16), got = c_value(hg, at, cbf16);
+                const double bound = qgemm_bound(k, mag, beta, c0[at], cbf16, r == NVFP4, want, got);
                 const double err = fabs(got - want);
                 if (!(err <= bound)) bad++;
                 if (!cbf16 && mag > 0 && err / mag > *worst) *worst = err / mag;
