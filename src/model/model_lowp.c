@@ -36,10 +36,11 @@ _Static_assert((int)K_EXP == (int)MT_QL_COUNT, "the dense linears are enum mt_ql
 enum { R_X = MT_Q_X, R_W = MT_Q_W, R_G = MT_Q_G, R_COUNT };
 
 /* The largest product (multiply-adds) of one expert for which the routed experts'
- * quantised GEMMs of a use run as the backend's one grouped launch: 2^20, about a
- * microsecond of the grouped kernel's CUDA-core arithmetic, the price of one launch
- * (doc/fp8.md, "The grouped expert GEMM"); above it, a tensor-core matmul per expert. */
-#define MT_QGROUPED_MAX_MACS 1048576.0
+ * quantised GEMMs of a use run as the backend's one grouped launch: 2^22, about 2
+ * microseconds of the grouped kernel's CUDA-core arithmetic an expert, under the launch
+ * and host time of the per-expert matmul it replaces (doc/fp8.md, "The grouped expert
+ * GEMM"); above it, a tensor-core matmul per expert. */
+#define MT_QGROUPED_MAX_MACS 4194304.0
 
 /* The quantised GEMMs of one use for a set of experts (qgemm_experts). */
 struct expert_gemms {
