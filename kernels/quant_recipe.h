@@ -192,9 +192,12 @@ void mt_q_rht_matrix(float q[256], uint64_t seed, uint32_t stream);
  * 1-D blocks of each operand must lie along k. Products are of code values times their
  * block scales (exact for MX and NVFP4); tensor scales multiply the finished sum
  * (c = acc * scale_a * scale_b; NVFP4 likewise with the globals). Blockwise with
- * split_accum set: each run of 128 k (a scale block) is summed alone and added to the
- * fp32 accumulator times (scale_a * scale_b), as DeepSeek-V3 promotes partial sums on
- * Hopper; without it, the products of dequantised values are summed. */
+ * split_accum set: each run of 128 k (a scale block) is summed alone, exactly (the
+ * products of E4M3 codes have 8 significant bits and lie within 36 binades: 128 of them
+ * sum exactly in double), rounded to fp32 and added to the fp32 accumulator times
+ * (scale_a * scale_b), as DeepSeek-V3 promotes partial sums on Hopper and cuBLASLt's
+ * VEC128_32F / BLK128x128_32F modes define the product (doc/fp8.md, "Blockwise
+ * accumulation"); without it, the products of dequantised values are summed in fp32. */
 int mt_q_gemm(const struct mt_qtensor *a, int trans_a, const struct mt_qtensor *b,
               int trans_b, float *c, int64_t ldc, int split_accum, struct mt_err *err);
 

@@ -226,6 +226,69 @@ static struct mt_tensor operand_values(const struct mt_quant_spec *s, struct mt_
     return out;
 }
 
+/* x (rows, cols) as a dense (cols, rows) copy in scratch. */
+static float *transposed(const float *x, int64_t rows, int64_t cols)
+{
+    float *t = mt_cpu_scratch("quantised gemm", sizeof(float) * (size_t)rows * (size_t)cols);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) t[c * rows + r] = x[r * cols + c];
+    return t;
+}
+
+/* The blockwise recipe's GEMM (doc/fp8.md, "Blockwise accumulation"): on the quantised
+ * values qa, qb (fp32, as stored), each run of 128 k from k = 0 (one scale of each
+ * operand: its 1 x 128 tile or 128 x 128 block) is summed exactly, rounded to fp32 and
+ * added to an fp32 accumulator in k order; then c = acc (+ beta c). The run's sum is
+ * exact in double: its products are of E4M3 codes (4 significant bits each) times one
+ * power-of-two scale pair, at most 36 binades apart, 128 of them: 51 bits. So any order
+ * of the run gives the one sum, which is Hopper's promotion as cuBLASLt's VEC128_32F
+ * and BLK128x128_32F modes define it (the emulator's narrow_matmul, mt_q_gemm's
+ * split_accum). */
+static void split_gemm(bool trans_a, bool trans_b, struct mt_tensor qa, struct mt_tensor qb,
+                       int64_t k, float beta, struct mt_tensor c)
+{
+    const int64_t m = c.rows, n = c.cols;
+    /* both operands with k contiguous: a as (m, k), b as (n, k) */
+    float *ta = trans_a ? transposed(qa.data, qa.rows, qa.cols) : NULL;
+    float *tb = trans_b ? NULL : transposed(qb.data, qb.rows, qb.cols);
+    const float *A = ta ? ta : qa.data, *B = tb ? tb : qb.data;
+    float *out = c.dtype == MT_F32 ? NULL : mt_cpu_scratch("quantised gemm",
+                                                           sizeof(float) * (size_t)(m * n));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const float *x = A + i * k, *y = B + j * k;
+            float acc = 0.0f;
+            for (int64_t k0 = 0; k0 < k; k0 += 128) {
+                const int64_t k1 = k0 + 128 < k ? k0 + 128 : k;
+                double s[4] = { 0.0, 0.0, 0.0, 0.0 }; /* exact: any grouping */
+                int64_t l = k0;
+                for (; l + 4 <= k1; l += 4)
+                    for (int u = 0; u < 4; u++) s[u] += (double)x[l + u] * (double)y[l + u];
+                for (; l < k1; l++) s[0] += (double)x[l] * (double)y[l];
+                acc += (float)((s[0] + s[1]) + (s[2] + s[3]));
+            }
+            if (out) {
+                out[i * n + j] = acc;
+            } else {
+                float *cij = (float *)c.data + i * c.ld + j;
+                *cij = beta != 0.0f ? acc + beta * *cij : acc;
+            }
+        }
+    if (out) {
+        for (int64_t i = 0; i < m; i++)
+            mt_cpu_narrow((uint16_t *)c.data + i * c.ld, out + i * n, (size_t)n);
+        mt_cpu_scratch_give(out);
+    }
+    if (ta) mt_cpu_scratch_give(ta);
+    if (tb) mt_cpu_scratch_give(tb);
+}
+
+static bool blockwise(const struct mt_quant_spec *s)
+{
+    return s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_BLOCK_128X128;
+}
+
 void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                   struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,
                   struct mt_tensor c)
@@ -242,7 +305,23 @@ void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_s
     }
     void *ta, *tb;
     const struct mt_tensor qa = operand_values(sa, a, &ta), qb = operand_values(sb, b, &tb);
-    mt_cpu_t_gemm(ctx, trans_a, trans_b, (int)c.rows, (int)c.cols, (int)k, 1.0f, qa, qb, beta, c);
+    if (blockwise(sa) != blockwise(sb)) {
+        struct mt_err err = { 0 };
+        mt_err_set(&err, MT_EINVAL, "a blockwise operand times a %s one: a GEMM takes two "
+                   "operands of one recipe", blockwise(sa) ? mt_q_scaling_name(sb->scaling)
+                                                             : mt_q_scaling_name(sa->scaling));
+        die("gemm arguments", &err);
+    }
+    if (blockwise(sa)) {
+        if (c.dtype == MT_BF16 && beta != 0.0f) {
+            struct mt_err err = { 0 };
+            mt_err_set(&err, MT_EINVAL, "a bf16 c takes beta = 0");
+            die("gemm arguments", &err);
+        }
+        split_gemm(trans_a, trans_b, qa, qb, k, beta, c);
+    } else {
+        mt_cpu_t_gemm(ctx, trans_a, trans_b, (int)c.rows, (int)c.cols, (int)k, 1.0f, qa, qb, beta, c);
+    }
     if (ta) mt_cpu_scratch_give(ta);
     if (tb) mt_cpu_scratch_give(tb);
 }

@@ -426,16 +426,17 @@ int mt_q_gemm(const struct mt_qtensor *a, int trans_a, const struct mt_qtensor *
     float ga = tensor_scale(a), gb = tensor_scale(b);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
-            float acc = 0.0f, part = 0.0f;
+            float acc = 0.0f;
+            double part = 0.0; /* a run's code products: exact (quant_recipe.h) */
             for (int64_t l = 0; l < k; l++) {
                 int64_t ar = trans_a ? l : i, ac = trans_a ? i : l;
                 int64_t br = trans_b ? j : l, bc = trans_b ? l : j;
                 float va = code_value(a, ar, ac), vb = code_value(b, br, bc);
                 if (split_accum) {
-                    part += va * vb;
+                    part += (double)va * (double)vb;
                     if (l % 128 == 127 || l == k - 1) {
-                        acc += part * (block_scale(a, ar, ac) * block_scale(b, br, bc));
-                        part = 0.0f;
+                        acc += (float)part * (block_scale(a, ar, ac) * block_scale(b, br, bc));
+                        part = 0.0;
                     }
                 } else {
                     acc += (va * block_scale(a, ar, ac)) * (vb * block_scale(b, br, bc));

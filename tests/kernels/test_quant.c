@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/kernels.h"
 #include "kernels/quant_recipe.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -721,6 +722,125 @@ static void test_gemm(void **state)
     free(xbt);
 }
 
+/* The blockwise recipe's split accumulation (doc/fp8.md, "Blockwise accumulation") on
+ * a constructed input, c (1, 2) = a (1, 256) b^T, b (2, 256), both 1 x 128 tiles with
+ * power-of-two scales, every value exact in E4M3 under its tile's scale. k 0..127 (the
+ * first tile) gives 1 in both columns; k 128..255:
+ *   column 0: products 2^-24 and 2^-50 (a 1 and 2^-13; b 2^-24 and 2^-37). Exactly,
+ *     1 + 2^-24 + 2^-50 rounds up to 1 + 2^-23; split, the tile's sum rounds to 2^-24
+ *     first and 1 + 2^-24 is a tie that goes to 1.
+ *   column 1: 128 products of 2^-25. Split, the tile sums to 2^-18 and c = 1 + 2^-18,
+ *     the exact sum; summed one by one in fp32 each product is lost against 1 (c = 1).
+ * The CPU backend's quantised GEMM (the model's) must give mt_q_gemm's split result,
+ * bit for bit, on these and on a random (5, 300) x (300, 6) whose sums do round. */
+static void test_gemm_split(void **state)
+{
+    (void)state;
+    struct mt_err err;
+    enum { K = 256, N = 2 };
+    static float a[K], b[N * K];
+    a[0] = 1.0f;
+    b[0] = 1.0f;
+    b[K] = 1.0f;
+    a[128] = 1.0f;
+    a[129] = 0x1p-13f;
+    b[128] = 0x1p-24f;
+    b[129] = 0x1p-37f;
+    b[K + 128] = 0x1p-25f; /* column 1: 1 * 2^-25 */
+    b[K + 129] = 0x1p-12f; /* 2^-13 * 2^-12 */
+    for (int l = 130; l < K; l++) {
+        a[l] = 0x1p-12f;      /* column 0's b is zero there */
+        b[K + l] = 0x1p-13f;  /* 2^-12 * 2^-13 */
+    }
+    struct mt_qtensor qa, qb;
+    assert_int_equal(mt_qtensor_init(&qa, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, 1, K, &err), MT_OK);
+    assert_int_equal(mt_qtensor_init(&qb, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, K, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qa, a, K, 1, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qb, b, K, 1, &err), MT_OK);
+    float da[K], db[N * K];
+    assert_int_equal(mt_dequant(&qa, da, K, &err), MT_OK);
+    assert_int_equal(mt_dequant(&qb, db, K, &err), MT_OK);
+    assert_memory_equal(da, a, sizeof a); /* the input is its own quantisation */
+    assert_memory_equal(db, b, sizeof b);
+    float split[N], seq[N], model[N];
+    double exact[N];
+    assert_int_equal(mt_q_gemm(&qa, 0, &qb, 1, split, N, 1, &err), MT_OK);
+    assert_int_equal(mt_q_gemm(&qa, 0, &qb, 1, seq, N, 0, &err), MT_OK);
+    for (int j = 0; j < N; j++) {
+        exact[j] = 0;
+        for (int l = 0; l < K; l++) exact[j] += (double)a[l] * (double)b[j * K + l];
+    }
+    assert_true(exact[0] == 1.0 + 0x1p-24 + 0x1p-50);
+    assert_true((float)exact[0] == 1.0f + 0x1p-23f);
+    assert_true(split[0] == 1.0f); /* one fp32 ulp from the exact sum's rounding */
+    assert_true(exact[1] == 1.0 + 0x1p-18);
+    assert_true(split[1] == 1.0f + 0x1p-18f && seq[1] == 1.0f);
+
+    const struct mt_kernels *kc = mt_kernels_cpu();
+    assert_non_null(kc->quant);
+    struct mt_quant_spec sp;
+    memset(&sp, 0, sizeof sp);
+    sp.scaling = MT_Q_BLOCK_1X128;
+    sp.elem = MT_Q_ELEM_E4M3;
+    sp.along = MT_Q_ALONG_ROW;
+    sp.rnd = MT_Q_RN;
+    kc->quant->gemm(NULL, false, true, &sp, mt_tview(a, MT_F32, 1, K), &sp,
+                    mt_tview(b, MT_F32, N, K), 0.0f, mt_tview(model, MT_F32, 1, N));
+    assert_memory_equal(model, split, sizeof split);
+    mt_qtensor_free(&qa);
+    mt_qtensor_free(&qb);
+
+    /* random operands: x (M, KR) 1 x 128 tiles times w (NR, KR) 128 x 128 blocks, the
+     * model's forward; and the same x read transposed (its 128 x 1 tiles along k, the
+     * weight gradient's layout) times y (KR, NR) 128 x 1 tiles */
+    enum { M = 5, NR = 6, KR = 300 };
+    float *x = random_matrix(M, KR, 2.0f), *w = random_matrix(NR, KR, 0.5f);
+    float *xt = random_matrix(KR, M, 2.0f), *y = random_matrix(KR, NR, 0.5f);
+    float ref[M * NR], got[M * NR];
+    struct mt_quant_spec sx = sp, sw = sp;
+    sw.scaling = MT_Q_BLOCK_128X128;
+    assert_int_equal(mt_qtensor_init(&qa, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, M, KR, &err), MT_OK);
+    assert_int_equal(mt_qtensor_init(&qb, MT_Q_BLOCK_128X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, NR, KR, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qa, x, KR, 1, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qb, w, KR, 1, &err), MT_OK);
+    assert_int_equal(mt_q_gemm(&qa, 0, &qb, 1, ref, NR, 1, &err), MT_OK);
+    kc->quant->gemm(NULL, false, true, &sx, mt_tview(x, MT_F32, M, KR), &sw,
+                    mt_tview(w, MT_F32, NR, KR), 0.0f, mt_tview(got, MT_F32, M, NR));
+    assert_memory_equal(got, ref, sizeof ref);
+    mt_qtensor_free(&qa);
+    mt_qtensor_free(&qb);
+    /* 128 x 1 tiles: quantise the transposes along their rows (what qdq does for a
+     * column-wise 1 x 128 spec) and compare with the GEMM on the stored layouts */
+    float *xtt = malloc(sizeof(float) * M * KR), *yt = malloc(sizeof(float) * NR * KR);
+    assert_true(xtt && yt);
+    for (int l = 0; l < KR; l++) {
+        for (int i = 0; i < M; i++) xtt[i * KR + l] = xt[l * M + i];
+        for (int j = 0; j < NR; j++) yt[j * KR + l] = y[l * NR + j];
+    }
+    assert_int_equal(mt_qtensor_init(&qa, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, M, KR, &err), MT_OK);
+    assert_int_equal(mt_qtensor_init(&qb, MT_Q_BLOCK_1X128, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, NR, KR, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qa, xtt, KR, 1, &err), MT_OK);
+    assert_int_equal(mt_quant_blockwise(&qb, yt, KR, 1, &err), MT_OK);
+    assert_int_equal(mt_q_gemm(&qa, 0, &qb, 1, ref, NR, 1, &err), MT_OK);
+    sx.along = MT_Q_ALONG_COL;
+    struct mt_quant_spec sy = sx;
+    float c0[M * NR];
+    for (int i = 0; i < M * NR; i++) c0[i] = got[i] = 0.25f * (float)i;
+    kc->quant->gemm(NULL, true, false, &sx, mt_tview(xt, MT_F32, KR, M), &sy,
+                    mt_tview(y, MT_F32, KR, NR), 1.0f, mt_tview(got, MT_F32, M, NR));
+    for (int i = 0; i < M * NR; i++)
+        if (got[i] != ref[i] + c0[i])
+            fail_msg("c[%d] = %.9g, split %.9g + beta c %.9g", i, (double)got[i], (double)ref[i], (double)c0[i]);
+    mt_qtensor_free(&qa);
+    mt_qtensor_free(&qb);
+    free(x);
+    free(w);
+    free(xt);
+    free(y);
+    free(xtt);
+    free(yt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -737,6 +857,7 @@ int main(void)
         cmocka_unit_test(test_rht),
         cmocka_unit_test(test_rht_signs),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -736,7 +736,12 @@ static double narrow_scale(const narrow_problem_args &p, int x, uint64_t o, uint
 // D = scale_D (alpha scale_A scale_B op(A) op(B) + beta scale_C C) for the tensorwide mode,
 // D = alpha sum over K-blocks of (scale_A scale_B sum of the block's products) + beta C
 // for the block modes. Each block's products of code values are summed exactly in fp64
-// (FP8 and FP4 products have few significant bits), times the two block scales, and the
+// (FP8 and FP4 products have few significant bits). Hopper's VEC128_32F and
+// BLK128x128_32F: the block's sum rounded to fp32, times the two fp32 scales' fp32
+// product, added to an fp32 accumulator in K order (the promotion of each 128-deep
+// partial sum to fp32 CUDA-core registers that the fp32 block scales require:
+// doc/fp8.md, "Blockwise accumulation"); the other modes: times the two block scales
+// and the total kept exact (their scaled products are exact in fp32 anyway). Then the
 // total rounded once to fp32 with alpha (and the scalar scales); then beta C in fp32. The
 // amax of D is that of the fp32 values before scale_D. An FP8 D is rounded to nearest
 // even and saturated to the format's largest finite value (cuBLASLt does not document
@@ -747,12 +752,15 @@ static void narrow_matmul(const narrow_problem_args &p)
     const uint64_t blk = narrow_block(p);
     const bool scalar = !block_mode(m.scale_mode[0]);
     const double sab = scalar ? narrow_scale(p, 0, 0, 0) * narrow_scale(p, 1, 0, 0) : 1.0;
+    const bool promote = m.scale_mode[0] == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ||
+                         m.scale_mode[0] == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
     const float sc = m.scale_ptr[2] ? *static_cast<const float *>(m.scale_ptr[2]) : 1.0f;
     const float sd = m.scale_ptr[3] ? *static_cast<const float *>(m.scale_ptr[3]) : 1.0f;
     float amax = 0.0f;
     for (uint64_t j = 0; j < p.N; j++)
         for (uint64_t i = 0; i < p.M; i++) {
             double total = 0.0;
+            float acc = 0.0f; // promote: the fp32 accumulator
             for (uint64_t k0 = 0; k0 < p.K; k0 += blk) {
                 double part = 0.0;
                 for (uint64_t k = k0; k < k0 + blk && k < p.K; k++) {
@@ -760,8 +768,12 @@ static void narrow_matmul(const narrow_problem_args &p)
                     const uint64_t ib = m.tb == CUBLAS_OP_N ? k + j * p.ld[1] : j + k * p.ld[1];
                     part += narrow_element(p.A, p.type[0], ia) * narrow_element(p.B, p.type[1], ib);
                 }
-                total += scalar ? part : part * (narrow_scale(p, 0, i, k0) * narrow_scale(p, 1, j, k0));
+                if (promote)
+                    acc += (float)part * ((float)narrow_scale(p, 0, i, k0) * (float)narrow_scale(p, 1, j, k0));
+                else
+                    total += scalar ? part : part * (narrow_scale(p, 0, i, k0) * narrow_scale(p, 1, j, k0));
             }
+            if (promote) total = acc;
             float d = (float)((double)p.alpha * sab * total);
             if (p.beta != 0.0f) d += p.beta * (sc * element(p.C, p.type[2], i + j * p.ld[2]));
             const float mag = fabsf(d);
