@@ -58,4 +58,74 @@ blockwise precision%fp8_format='e4m3' precision%fp8_recipe='blockwise' $W128
 mxfp8 precision%fp8_format='e4m3' precision%fp8_recipe='mxfp8' $W32
 nvfp4 precision%fp4_format='e2m1'
 RECIPES
+# Expert-tensor parallelism: ETP 2 inside the TP group (4 ranks: TP 2 x ETP 2 x DP 2,
+# ZeRO-1), one step against one process: the experts' gate and up split by rows and
+# down by columns over ETP, every ETP rank with all the rows of the TP group's
+# micro-batch; tensorwise's amax of a split operand max-reduced over ETP, blockwise's
+# moe_ffn_hidden_size 256 split into whole 128-blocks.
+#
+# An expert group that spans data-parallel replicas (4 ranks, EP 2 x DP 4: ranks 0 and
+# 1, then 2 and 3, hold the 8 experts between them, each rank a replica of its own): an
+# expert's rows are the tokens of the two replicas' micro-batches (one step of 4
+# sequences, rank r's sample r). One process computes the same GEMMs with
+# micro_batch_size 2, whose micro-batch i is samples 2i, 2i + 1, tokens sequence by sequence, as the
+# dispatcher puts an expert's rows in source-rank order. Blockwise: the features' tiles
+# and blocks of the forward and dgrad GEMMs are per row; the weight gradient's 128 x 1
+# tiles along the tokens are the same rows when a sequence is 128 tokens (the dense and
+# attention GEMMs, a sequence a replica, one tile; the experts, the two sequences'
+# rows in the same order); the 2x between the two runs' gradients (a loss over one
+# sequence against two) is a power of two, which the power-of-two scales pass exactly.
+# Delayed scaling (a per-tensor recipe) after its first step: every scale is the
+# world-reduced history's, the same for any set of rows, so both resume one process's
+# checkpoint of step 1 and run step 2 (the first step scales by the tensor's own amax,
+# a set of rows that differs in the dense GEMMs: one sequence against two).
+# Tensorwise and NVFP4 cannot be compared so: a per-tensor amax over the rows (the
+# dense GEMMs' one sequence, the experts' two) or random bits keyed by the micro-batch.
+# same_but_routing REF RUN: same_as without the routing dumps, which key a decision by
+# its micro-batch (one sequence here, two in REF: no decision would find its match);
+# the expert loads and dropped tokens, which come from the same decisions, still
+# compare exactly
+same_but_routing() {
+    echo "$2 (routing: expert loads and drops only):"
+    bad=0
+    for k in loss val_loss; do close "$1" "$2" $k $TOL_LOSS || bad=1; done
+    for k in aux_loss z_loss; do close "$1" "$2" $k $TOL_AUX || bad=1; done
+    close "$1" "$2" grad_norm $TOL_NORM || bad=1
+    for k in lr consumed_samples dropped_tokens expert_load_min expert_load_max; do
+        close "$1" "$2" $k 0 || bad=1
+    done
+    it=$(printf %07d "$(cat "$1/latest_checkpointed_iteration.txt")")
+    "$ckpt_diff" "$1/iter_$it" "$2/iter_$it" $TOL_PARAMS > diff.out || bad=1
+    sed 's/^/  /' diff.out
+    [ $bad = 0 ] || fail "$2 differs from $1"
+}
+ETP_W="moe%moe_ffn_hidden_size=256"
+SPAN_ONE="training%micro_batch_size=2 training%global_batch_size=4 training%seq_length=128
+model%max_position_embeddings=128 training%train_iters=1 training%eval_interval=1 optimizer%lr_warmup_iters=0"
+SPAN="training%micro_batch_size=1 training%global_batch_size=4 training%seq_length=128
+model%max_position_embeddings=128 training%train_iters=1 training%eval_interval=1 optimizer%lr_warmup_iters=0"
+TWO="$BATCH training%train_iters=2 training%eval_interval=2 optimizer%lr_warmup_iters=0"
+DELAYED="precision%fp8_format='hybrid' precision%fp8_amax_history_len=4 precision%fp8_amax_compute_algo='max'"
+TENSORWISE="precision%fp8_format='hybrid' precision%fp8_recipe='tensorwise'"
+BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise' $W128"
+# shellcheck disable=SC2086 # lists of overrides
+{
+    reference one_etp_tensorwise $ONE $TENSORWISE
+    run tp2_etp2_dp2_zero1_tensorwise 4 $ONE "$seed" $TENSORWISE $TP2 $ETP2 $ZERO
+    same_as one_etp_tensorwise tp2_etp2_dp2_zero1_tensorwise
+    reference one_etp_blockwise $ONE $BLOCKWISE $ETP_W
+    run tp2_etp2_dp2_zero1_blockwise 4 $ONE "$seed" $BLOCKWISE $ETP_W $TP2 $ETP2 $ZERO
+    same_as one_etp_blockwise tp2_etp2_dp2_zero1_blockwise
+
+    reference one_span_blockwise $SPAN_ONE $BLOCKWISE
+    run ep2_dp4_blockwise 4 $SPAN "$seed" $BLOCKWISE $EP2
+    same_but_routing one_span_blockwise ep2_dp4_blockwise
+    reference first_delayed $ONE $DELAYED
+    run one_span_delayed 1 $TWO "$seed" $DELAYED "checkpoint%load='first_delayed'"
+    routing_margins one_span_delayed || true
+    run ep2_dp4_delayed 4 $TWO "$seed" $DELAYED $EP2 "checkpoint%load='first_delayed'"
+    grep -q "loaded checkpoint first_delayed/iter_0000001" ep2_dp4_delayed.log ||
+        fail "ep2_dp4_delayed did not resume step 1's checkpoint"
+    same_as one_span_delayed ep2_dp4_delayed
+}
 echo "every recipe's layouts match one process"
