@@ -1,7 +1,8 @@
 #!/bin/sh
 # FP8/FP4 in the parallel layouts (doc/fp8.md, "Parallel layouts"): each recipe family
 # in TP 2 (sequence parallel) x EP 2 with ZeRO-1 over 2 data-parallel replicas, and in
-# 2 pipeline stages, matches one process.
+# 2 pipeline stages, matches one process; so do a per-tensor and a block recipe with
+# ETP 2, and with an expert group across data-parallel replicas (at the end).
 #
 # TP x EP: the per-tensor scales of current scaling (tensorwise, NVFP4's fp32 scale,
 # delayed scaling's first step) come from the amax of the whole tensor, reduced over
