@@ -89,14 +89,14 @@ RECIPES
 same_but_routing() {
     echo "$2 (routing: expert loads and drops only):"
     bad=0
-    for k in loss val_loss; do close "$1" "$2" $k $TOL_LOSS || bad=1; done
-    for k in aux_loss z_loss; do close "$1" "$2" $k $TOL_AUX || bad=1; done
-    close "$1" "$2" grad_norm $TOL_NORM || bad=1
+    for k in loss val_loss; do close "$1" "$2" "$k" "$TOL_LOSS" || bad=1; done
+    for k in aux_loss z_loss; do close "$1" "$2" "$k" "$TOL_AUX" || bad=1; done
+    close "$1" "$2" grad_norm "$TOL_NORM" || bad=1
     for k in lr consumed_samples dropped_tokens expert_load_min expert_load_max; do
-        close "$1" "$2" $k 0 || bad=1
+        close "$1" "$2" "$k" 0 || bad=1
     done
     it=$(printf %07d "$(cat "$1/latest_checkpointed_iteration.txt")")
-    "$ckpt_diff" "$1/iter_$it" "$2/iter_$it" $TOL_PARAMS > diff.out || bad=1
+    "$ckpt_diff" "$1/iter_$it" "$2/iter_$it" "$TOL_PARAMS" > diff.out || bad=1
     sed 's/^/  /' diff.out
     [ $bad = 0 ] || fail "$2 differs from $1"
 }
@@ -106,10 +106,14 @@ model%max_position_embeddings=128 training%train_iters=1 training%eval_interval=
 SPAN="training%micro_batch_size=1 training%global_batch_size=4 training%seq_length=128
 model%max_position_embeddings=128 training%train_iters=1 training%eval_interval=1 optimizer%lr_warmup_iters=0"
 TWO="$BATCH training%train_iters=2 training%eval_interval=2 optimizer%lr_warmup_iters=0"
+# the quotes are moetrain's (namelist strings), split into words with the lists
+# shellcheck disable=SC2089
 DELAYED="precision%fp8_format='hybrid' precision%fp8_amax_history_len=4 precision%fp8_amax_compute_algo='max'"
+# shellcheck disable=SC2089
 TENSORWISE="precision%fp8_format='hybrid' precision%fp8_recipe='tensorwise'"
+# shellcheck disable=SC2089
 BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise' $W128"
-# shellcheck disable=SC2086 # lists of overrides
+# shellcheck disable=SC2086,SC2090 # lists of overrides
 {
     reference one_etp_tensorwise $ONE $TENSORWISE
     run tp2_etp2_dp2_zero1_tensorwise 4 $ONE "$seed" $TENSORWISE $TP2 $ETP2 $ZERO
