@@ -1,4 +1,4 @@
-/* CPU reference backend: cross-entropy, AdamW, bf16 rounding. */
+/* CPU reference backend: cross-entropy, AdamW, bf16 rounding, the sum of squares. */
 #include "kernels/cpu/cpu_ops.h"
 
 void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
@@ -117,10 +117,48 @@ void mt_cpu_scale(void *ctx, float *x, float s, size_t n)
 
 /* One running fp64 sum in index order: the same bits for any thread count, and
  * calls over consecutive pieces equal one call over the whole. */
+/* The sum of squares in a fixed order that no thread count changes: blocks of
+ * SUMSQ_BLOCK values, each summed in SUMSQ_LANES interleaved fp64 lanes (independent
+ * additions, so not one add's latency per value) combined pairwise; the blocks' sums
+ * added to acc in block order. The blocks of a group of SUMSQ_GROUP are summed in
+ * parallel. */
+#define SUMSQ_BLOCK 8192
+#define SUMSQ_LANES 8
+#define SUMSQ_GROUP 256
+
+static double sumsq_block(const float *x, size_t n)
+{
+    double lane[SUMSQ_LANES] = {0};
+    size_t i = 0;
+    for (; i + SUMSQ_LANES <= n; i += SUMSQ_LANES)
+#pragma omp simd
+        for (int j = 0; j < SUMSQ_LANES; j++) lane[j] += (double)x[i + j] * x[i + j];
+    for (int j = 0; i < n; i++, j++) lane[j] += (double)x[i] * x[i];
+    for (int w = SUMSQ_LANES / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+    return lane[0];
+}
+
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n)
 {
     (void)ctx;
     double a = *acc;
-    for (size_t i = 0; i < n; i++) a += (double)x[i] * x[i];
+    for (size_t g = 0; g < n; g += (size_t)SUMSQ_GROUP * SUMSQ_BLOCK) {
+        const size_t len = n - g < (size_t)SUMSQ_GROUP * SUMSQ_BLOCK
+                               ? n - g : (size_t)SUMSQ_GROUP * SUMSQ_BLOCK;
+        const int nb = (int)((len + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK);
+        double part[SUMSQ_GROUP];
+        if (nb < 4) { /* no region for a small one: libgomp allocates a team per region */
+            for (int b = 0; b < nb; b++)
+                part[b] = sumsq_block(x + g + (size_t)b * SUMSQ_BLOCK,
+                                      b == nb - 1 ? len - (size_t)b * SUMSQ_BLOCK : SUMSQ_BLOCK);
+        } else {
+#pragma omp parallel for schedule(static)
+            for (int b = 0; b < nb; b++)
+                part[b] = sumsq_block(x + g + (size_t)b * SUMSQ_BLOCK,
+                                      b == nb - 1 ? len - (size_t)b * SUMSQ_BLOCK : SUMSQ_BLOCK);
+        }
+        for (int b = 0; b < nb; b++) a += part[b];
+    }
     *acc = a;
 }

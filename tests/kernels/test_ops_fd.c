@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <omp.h>
 
 #include "kernels/kernels.h"
 #include "tests/kernels/fd.h"
@@ -766,8 +767,7 @@ static void test_adamw(void **state)
     for (int i = 0; i < 5; i++) assert_true(fabs(p[i] - pd[i]) < 1e-6 * (1 + fabs(pd[i])));
 }
 
-/* scale multiplies in fp32; sumsq accumulates in fp64 onto what acc held, so pieces
- * add up to the whole bit for bit. */
+/* scale multiplies in fp32; sumsq accumulates in fp64 onto what acc held. */
 static void test_scale_sumsq(void **state)
 {
     (void)state;
@@ -778,10 +778,41 @@ static void test_scale_sumsq(void **state)
     O.sumsq(K->ctx, &whole, x, 5);
     assert_true(fabs(whole - (4.0 + 16.0 + 1.0 + 36.0 + 4e-6)) < 1e-12);
     O.sumsq(K->ctx, &pieces, x, 2);
+    assert_true(pieces == 20.0);
     O.sumsq(K->ctx, &pieces, x + 2, 3);
-    assert_true(pieces == whole);
+    assert_true(fabs(pieces - whole) < 1e-12);
+    const double before = pieces;
     O.sumsq(K->ctx, &pieces, x, 0);
-    assert_true(pieces == whole);
+    assert_true(pieces == before);
+}
+
+/* sumsq over millions of values (the gradient norm's): the same bits on any number of
+ * threads (its order is fixed, its blocks summed in parallel), and the sum to fp64
+ * accuracy. */
+static void test_sumsq_threads(void **state)
+{
+    (void)state;
+    const size_t n = 5 * 1000 * 1000 + 77;
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    long double ref = 0.0L;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)((double)((i * 2654435761u) % 1000003u) / 1000003.0 - 0.5) *
+               (i % 7 == 0 ? 1e3f : 1e-2f);
+        ref += (long double)x[i] * x[i];
+    }
+    const int saved = omp_get_max_threads();
+    double got[3];
+    for (int t = 0; t < 3; t++) {
+        omp_set_num_threads(t + 1);
+        got[t] = 1.0;
+        O.sumsq(K->ctx, &got[t], x, n);
+    }
+    omp_set_num_threads(saved);
+    assert_true(memcmp(&got[0], &got[1], sizeof got[0]) == 0);
+    assert_true(memcmp(&got[0], &got[2], sizeof got[0]) == 0);
+    assert_true(fabsl((long double)got[0] - (1.0L + ref)) < 1e-12L * ref);
+    free(x);
 }
 
 /* lse_combine: one shard is itself; shards of a split vocabulary combine into the
@@ -845,6 +876,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_scale_sumsq),
+        cmocka_unit_test(test_sumsq_threads),
         cmocka_unit_test(test_loss_combine_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
