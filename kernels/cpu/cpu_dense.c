@@ -106,11 +106,48 @@ static void group_part(int i, int parts, bool trans_a, bool trans_b, const int32
     }
 }
 
+/* Groups may go whole to threads (one call each, no operand packed by two threads for
+ * one group) when that leaves the work balanced: each group in order to the thread with
+ * the least work so far, the lowest id on a tie, a group's work its rows (+1, so that
+ * empty ones spread too: a weight gradient's still scales its C). Balanced: no thread
+ * above an even share by more than 1/WHOLE_SLACK. Returns whether they go whole, and
+ * sets owner[g] then (threads <= WHOLE_MAX_THREADS, num_groups <= WHOLE_MAX_GROUPS). */
+#define WHOLE_MAX_THREADS 64
+#define WHOLE_MAX_GROUPS 1024
+#define WHOLE_SLACK 8
+
+static bool whole_groups(const int32_t *offsets, int num_groups, int threads,
+                         unsigned short *owner)
+{
+    if (threads > WHOLE_MAX_THREADS || num_groups > WHOLE_MAX_GROUPS || num_groups < threads)
+        return false;
+    long long load[WHOLE_MAX_THREADS] = {0}, total = 0, most = 0;
+    for (int g = 0; g < num_groups; g++) {
+        int t = 0;
+        for (int u = 1; u < threads; u++)
+            if (load[u] < load[t]) t = u;
+        const long long w = (long long)(offsets[g + 1] - offsets[g]) + 1;
+        load[t] += w;
+        total += w;
+        most = load[t] > most ? load[t] : most;
+        owner[g] = (unsigned short)t;
+    }
+    return most * threads * WHOLE_SLACK <= total * (WHOLE_SLACK + 1);
+}
+
 void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, bool trans_b,
                                 int num_groups, const int32_t *offsets, int M, int N, int K,
                                 float alpha, const float *A, const float *B, float beta, float *C)
 {
-    /* a group too small to split goes whole to one thread, round robin */
+    unsigned short owner[WHOLE_MAX_GROUPS];
+    if (team > 1 && whole_groups(offsets, num_groups, team, owner)) {
+        for (int g = 0; g < num_groups; g++)
+            if (owner[g] == id)
+                group_part(0, 1, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
+        return;
+    }
+    /* else a group too small to split goes whole to one thread, round robin, and the
+     * others are split over the team */
     for (int g = 0; g < num_groups; g++) {
         const int parts = group_parts(trans_a, offsets, g, M, N, K, threads);
         if (parts == 1) {
