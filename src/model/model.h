@@ -323,7 +323,7 @@ size_t mt_model_release_deferred(struct mt_model *m);
 struct mt_memory_report {
     size_t params;        /* fp32 master weights */
     size_t grads;         /* fp32 gradients */
-    size_t working_copy;  /* bf16 working weights (0 in fp32; on CPU stored widened to fp32) */
+    size_t working_copy;  /* bf16 working weights, 2 bytes each (0 in fp32) */
     size_t activations;   /* what forward saves for backward, for max_micro_batch */
     size_t lowp_copies;   /* FP8/FP4: of one micro-batch's activations, the linears' inputs
                              saved quantised for backward (data and scales) */
