@@ -138,6 +138,8 @@ enum mt_op {
     MT_OP_Z_LOSS_BWD,
     MT_OP_DISPATCH_PLAN,
     MT_OP_DROP_MASK,
+    MT_OP_EXPERT_SELECT,
+    MT_OP_EXPERT_BIAS_UPDATE,
     MT_OP_PERMUTE_FWD,
     MT_OP_PERMUTE_BWD,
     MT_OP_UNPERMUTE_FWD,
@@ -153,6 +155,7 @@ enum mt_op {
     MT_OP_CONVERT,
     MT_OP_SCALE,
     MT_OP_SUMSQ,
+    MT_OP_AMAX_HISTORY,
     MT_OP_COUNT
 };
 
@@ -378,6 +381,17 @@ struct mt_kernel_ops {
     // dropped (1, backend memory, or NULL) += those assignments. out may alias idx.
     void (*drop_mask)(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
                       size_t n, int64_t *dropped);
+    // The routing of a group's tokens seen by the holder of experts e0..e0+count-1:
+    // out (n) = idx - e0 where e0 <= idx < e0 + count, else -1 (another rank's expert, or
+    // dropped); selected (1, backend memory, or NULL) = how many are not -1. out may
+    // alias idx.
+    void (*expert_select)(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0,
+                          int count, int64_t *selected);
+    // Megatron's get_updated_expert_bias, per MoE layer i of nmoe: bias (nmoe,E) +=
+    // rate * sign(mean - load), load (nmoe,E) the step's assignments per expert, mean
+    // their mean over the layer's E experts (in fp64); the sign in fp32 (-1, 0 or 1)
+    void (*expert_bias_update)(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
+                               float rate);
     // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
     void (*permute_fwd)(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                         const int32_t *row_slot, int rows, int topk, int C);
@@ -444,6 +458,19 @@ struct mt_kernel_ops {
     // memory (one double), so that a global norm over many tensors needs one copy to
     // the host, not one per tensor
     void (*sumsq)(void *ctx, double *acc, const float *x, size_t n);
+    // Delayed scaling's amax histories (struct mt_amax_history, one per entry), held in
+    // backend memory: entry i of n is the operand of role i % 3 (enum mt_q_role) of a
+    // GEMM, its history hist (n,len) with the newest at column latest, count entries
+    // filled (latest and count after this step's entry), its scale hscale (n), starting
+    // at 1. With amax (n) non-NULL (a step's end): the amax a = amax[i] (a gradient's
+    // divided by grad_unit when > 0: its unit is the unscaled loss) goes to
+    // hist[i,latest], the scale becomes mt_q_tensor_scale(w, fmax, margin) of the window
+    // max (max_algo; else a itself) when w > 0 and finite, fmax the format maximum of
+    // the operands, gmax of the gradients, and amax[i] = 0. Always: the encode scale
+    // scale (n) = hscale, a gradient's divided by grad_unit when > 0.
+    void (*amax_history)(void *ctx, float *hist, float *hscale, float *scale, float *amax,
+                         int n, int len, int latest, int count, bool max_algo, float fmax,
+                         float gmax, int margin, float grad_unit);
 };
 
 /* What a device backend made the host do since it was created, per op (index

@@ -262,6 +262,23 @@ MT_QFN float mt_q_tensor_scale(float amax, float fmax, int margin)
     return s;
 }
 
+/* Delayed scaling: the encode scale an amax history (struct mt_amax_history) gives after
+ * its newest amax went in: hist holds count entries (newest among them, amaxes are
+ * magnitudes), max_algo takes the window's largest, else newest itself; a NaN anywhere
+ * there, or an amax of zero or infinity, keeps scale. */
+MT_QFN float mt_q_history_scale(const float *hist, int count, float newest, int max_algo,
+                                float fmax, int margin, float scale)
+{
+    float a = newest;
+    int nan = a != a;
+    if (max_algo)
+        for (int i = 0; i < count; i++) {
+            nan |= hist[i] != hist[i];
+            a = hist[i] > a ? hist[i] : a;
+        }
+    return !nan && a > 0.0f && mt_q_bits(a) < 0x7f800000u ? mt_q_tensor_scale(a, fmax, margin) : scale;
+}
+
 /* Blockwise (DeepSeek-V3): the encode scale of a tile or block of largest magnitude
  * amax, fmax / amax as mt_q_tensor_scale gives it; pow2: rounded down to a power of two,
  * so that it and its inverse are exact and the tile's largest element still fits. */

@@ -12,8 +12,9 @@ const char *const mt_op_names[] = {
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "rope_fwd", "rope_bwd",
     "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "add",
     "router_fwd", "router_bwd", "aux_counts", "aux_loss_fwd", "aux_loss_bwd", "z_loss_fwd", "z_loss_bwd",
-    "dispatch_plan", "drop_mask", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
+    "dispatch_plan", "drop_mask", "expert_select", "expert_bias_update", "permute_fwd", "permute_bwd", "unpermute_fwd", "unpermute_bwd",
     "cross_entropy_fwd", "cross_entropy_bwd", "lse_combine", "loss_sum", "adamw", "adamw_dev", "bf16_round", "convert", "scale", "sumsq",
+    "amax_history",
 };
 _Static_assert(sizeof mt_op_names / sizeof mt_op_names[0] == MT_OP_COUNT,
                "mt_op_names must name every enum mt_op");
@@ -111,6 +112,8 @@ static const struct mt_kernels cpu_kernels = {
         .z_loss_bwd = mt_cpu_z_loss_bwd,
         .dispatch_plan = mt_cpu_dispatch_plan,
         .drop_mask = mt_cpu_drop_mask,
+        .expert_select = mt_cpu_expert_select,
+        .expert_bias_update = mt_cpu_expert_bias_update,
         .permute_fwd = mt_cpu_t_permute_fwd,
         .permute_bwd = mt_cpu_permute_bwd,
         .unpermute_fwd = mt_cpu_t_unpermute_fwd,
@@ -125,6 +128,7 @@ static const struct mt_kernels cpu_kernels = {
         .convert = mt_cpu_t_convert,
         .scale = mt_cpu_scale,
         .sumsq = mt_cpu_sumsq,
+        .amax_history = mt_cpu_amax_history,
     },
 };
 
@@ -173,6 +177,8 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_Z_LOSS_BWD: return o->z_loss_bwd != NULL;
     case MT_OP_DISPATCH_PLAN: return o->dispatch_plan != NULL;
     case MT_OP_DROP_MASK: return o->drop_mask != NULL;
+    case MT_OP_EXPERT_SELECT: return o->expert_select != NULL;
+    case MT_OP_EXPERT_BIAS_UPDATE: return o->expert_bias_update != NULL;
     case MT_OP_PERMUTE_FWD: return o->permute_fwd != NULL;
     case MT_OP_PERMUTE_BWD: return o->permute_bwd != NULL;
     case MT_OP_UNPERMUTE_FWD: return o->unpermute_fwd != NULL;
@@ -187,6 +193,7 @@ static bool op_present(const struct mt_kernel_ops *o, enum mt_op op)
     case MT_OP_CONVERT: return o->convert != NULL;
     case MT_OP_SCALE: return o->scale != NULL;
     case MT_OP_SUMSQ: return o->sumsq != NULL;
+    case MT_OP_AMAX_HISTORY: return o->amax_history != NULL;
     case MT_OP_COUNT: break;
     }
     return false;

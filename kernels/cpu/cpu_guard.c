@@ -592,6 +592,21 @@ static void g_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int3
                                                    capacity, policy, pad, dropped, load));
 }
 
+static void g_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0,
+                            int count, int64_t *selected)
+{
+    dev("expert_select", "out", out), dev("expert_select", "idx", idx);
+    dev("expert_select", "selected", selected);
+    RUN(MT_OP_EXPERT_SELECT, cpu->op.expert_select(ctx, out, idx, n, e0, count, selected));
+}
+
+static void g_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
+                                 float rate)
+{
+    dev("expert_bias_update", "bias", bias), dev("expert_bias_update", "load", load);
+    RUN(MT_OP_EXPERT_BIAS_UPDATE, cpu->op.expert_bias_update(ctx, bias, load, nmoe, E, rate));
+}
+
 static void g_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
                         size_t n, int64_t *dropped)
 {
@@ -769,6 +784,16 @@ static void g_scale(void *ctx, float *x, float s, size_t n)
     RUN(MT_OP_SCALE, cpu->op.scale(ctx, x, s, n));
 }
 
+static void g_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
+                           int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
+                           float grad_unit)
+{
+    dev("amax_history", "hist", hist), dev("amax_history", "hscale", hscale);
+    dev("amax_history", "scale", scale), dev("amax_history", "amax", amax);
+    RUN(MT_OP_AMAX_HISTORY, cpu->op.amax_history(ctx, hist, hscale, scale, amax, n, len, latest,
+                                                 count, max_algo, fmax, gmax, margin, grad_unit));
+}
+
 static void g_sumsq(void *ctx, double *acc, const float *x, size_t n)
 {
     dev("sumsq", "acc", acc), dev("sumsq", "x", x);
@@ -813,6 +838,8 @@ static const struct mt_kernels guard_kernels = {
         .z_loss_bwd = g_z_loss_bwd,
         .dispatch_plan = g_dispatch_plan,
         .drop_mask = g_drop_mask,
+        .expert_select = g_expert_select,
+        .expert_bias_update = g_expert_bias_update,
         .permute_fwd = g_permute_fwd,
         .permute_bwd = g_permute_bwd,
         .unpermute_fwd = g_unpermute_fwd,
@@ -827,6 +854,7 @@ static const struct mt_kernels guard_kernels = {
         .convert = g_convert,
         .scale = g_scale,
         .sumsq = g_sumsq,
+        .amax_history = g_amax_history,
     },
     .counts = g_counts,
     .quant = &guard_quant_ops,

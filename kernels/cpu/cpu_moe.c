@@ -298,6 +298,36 @@ void mt_cpu_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t
     if (dropped) *dropped += d;
 }
 
+void mt_cpu_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0, int count,
+                          int64_t *selected)
+{
+    (void)ctx;
+    int64_t c = 0;
+    for (size_t s = 0; s < n; s++) {
+        const bool mine = idx[s] >= e0 && idx[s] < e0 + count;
+        out[s] = mine ? idx[s] - e0 : -1;
+        c += mine;
+    }
+    if (selected) *selected = c;
+}
+
+void mt_cpu_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
+                               float rate)
+{
+    (void)ctx;
+    for (int i = 0; i < nmoe; i++) {
+        const int64_t *c = load + (size_t)i * E;
+        float *b = bias + (size_t)i * E;
+        int64_t total = 0;
+        for (int e = 0; e < E; e++) total += c[e];
+        const double mean = (double)total / E;
+        for (int e = 0; e < E; e++) {
+            const double off = mean - (double)c[e];
+            b[e] += rate * (float)((off > 0) - (off < 0));
+        }
+    }
+}
+
 void mt_cpu_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                           const float *topk_prob, int N, int E, int topk, int capacity,
                           enum mt_drop_policy policy, bool pad, int64_t *dropped_acc,

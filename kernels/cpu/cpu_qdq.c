@@ -325,3 +325,23 @@ void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_s
     if (ta) mt_cpu_scratch_give(ta);
     if (tb) mt_cpu_scratch_give(tb);
 }
+
+void mt_cpu_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
+                         int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
+                         float grad_unit)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++) {
+        const bool grad = i % 3 == MT_Q_G && grad_unit > 0.0f;
+        if (amax) {
+            float a = amax[i];
+            if (grad) a /= grad_unit;
+            float *h = hist + (size_t)i * (size_t)len;
+            h[latest] = a;
+            hscale[i] = mt_q_history_scale(h, count, a, max_algo, i % 3 == MT_Q_G ? gmax : fmax, margin,
+                                       hscale[i]);
+            amax[i] = 0.0f;
+        }
+        scale[i] = grad ? hscale[i] / grad_unit : hscale[i];
+    }
+}

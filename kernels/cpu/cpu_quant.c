@@ -244,10 +244,8 @@ void mt_amax_history_update(struct mt_amax_history *h, float amax)
     h->latest = (h->latest + 1) % h->len;
     h->amax[h->latest] = amax;
     if (h->count < h->len) h->count++;
-    float a = amax;
-    if (h->algo == MT_AMAX_MAX)
-        for (int i = 0; i < h->count; i++) a = amax_of(a, h->amax[i]);
-    if (a > 0.0f && isfinite(a)) h->scale = mt_q_tensor_scale(a, h->fmax, h->margin);
+    h->scale = mt_q_history_scale(h->amax, h->count, amax, h->algo == MT_AMAX_MAX, h->fmax, h->margin,
+                                  h->scale);
 }
 
 float mt_amax_history_scale(const struct mt_amax_history *h) { return h->scale; }

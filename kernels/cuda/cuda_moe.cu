@@ -635,6 +635,66 @@ extern "C" void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, c
     MT_CUDA_LAUNCHED();
 }
 
+// One block, as drop_mask: each thread a stride of the slots, its count summed by thread 0.
+__global__ static void expert_select_kernel(int32_t *out, const int32_t *idx, size_t n, int e0, int count,
+                                            int64_t *selected)
+{
+    MT_SHARED(long long, part, [1024]);
+    long long c = 0;
+    for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
+        const int32_t e = idx[s];
+        const bool mine = e >= e0 && e < e0 + count;
+        out[s] = mine ? e - e0 : -1;
+        c += mine;
+    }
+    part[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0 && selected) {
+        long long sum = 0;
+        for (int t = 0; t < (int)blockDim.x; t++) sum += part[t];
+        *selected = sum;
+    }
+}
+
+extern "C" void mt_cuda_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0,
+                                      int count, int64_t *selected)
+{
+    MT_CUDA_OP(ctx, MT_OP_EXPERT_SELECT);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    MT_LAUNCH(1, 256, 0, c->stream, expert_select_kernel)(out, idx, n, e0, count, selected);
+    MT_CUDA_LAUNCHED();
+}
+
+// One block per MoE layer: thread 0 sums the loads (integers, any order), every thread
+// then a stride of the experts; the sign's product with rate is exact, the add rounded
+// once, as the CPU does it.
+__global__ static void expert_bias_kernel(float *bias, const int64_t *load, int E, float rate)
+{
+    MT_SHARED(double, mean, [1]);
+    const int64_t *c = load + (size_t)blockIdx.x * E;
+    float *b = bias + (size_t)blockIdx.x * E;
+    if (threadIdx.x == 0) {
+        long long total = 0;
+        for (int e = 0; e < E; e++) total += c[e];
+        mean[0] = (double)total / E;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const double off = mean[0] - (double)c[e];
+        b[e] = __fadd_rn(b[e], __fmul_rn(rate, (float)((off > 0) - (off < 0))));
+    }
+}
+
+extern "C" void mt_cuda_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
+                                           float rate)
+{
+    MT_CUDA_OP(ctx, MT_OP_EXPERT_BIAS_UPDATE);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (nmoe <= 0 || E <= 0) return;
+    MT_LAUNCH(nmoe, 128, 0, c->stream, expert_bias_kernel)(bias, load, E, rate);
+    MT_CUDA_LAUNCHED();
+}
+
 extern "C" void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                                       const float *topk_prob, int N, int E, int topk, int capacity,
                                       enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load)

@@ -99,6 +99,10 @@ void mt_cuda_z_loss_bwd(void *ctx, float *dlogits, float dloss, const float *lse
                         const float *logits, int N, int E, float coeff);
 void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
                        size_t n, int64_t *dropped);
+void mt_cuda_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0, int count,
+                           int64_t *selected);
+void mt_cuda_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
+                                float rate);
 void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                            const float *topk_prob, int N, int E, int topk, int capacity,
                            enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load);
@@ -134,7 +138,10 @@ void mt_cuda_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src);
 void mt_cuda_scale(void *ctx, float *x, float s, size_t n);
 void mt_cuda_sumsq(void *ctx, double *acc, const float *x, size_t n);
 
-/* cuda_qdq.cu: struct mt_quant_ops */
+/* cuda_qdq.cu: struct mt_quant_ops, and delayed scaling's histories (op amax_history) */
+void mt_cuda_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
+                          int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
+                          float grad_unit);
 void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x);
 void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                    struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,

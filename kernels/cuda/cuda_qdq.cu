@@ -790,3 +790,36 @@ extern "C" void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n)
         if (modes >> mode & 1u)
             len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "", qgemm_mode_name(mode));
 }
+
+// Delayed scaling's histories (op amax_history): one thread per entry, cpu_qdq.c's loop
+// body, the division rounded as the CPU's.
+__global__ static void amax_history_kernel(float *hist, float *hscale, float *scale, float *amax, int n, int len,
+                                           int latest, int count, bool max_algo, float fmax, float gmax, int margin,
+                                           float grad_unit)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const bool grad = i % 3 == MT_Q_G && grad_unit > 0.0f;
+    if (amax) {
+        float a = amax[i];
+        if (grad) a = __fdiv_rn(a, grad_unit);
+        float *h = hist + (size_t)i * (size_t)len;
+        h[latest] = a;
+        hscale[i] = mt_q_history_scale(h, count, a, max_algo, i % 3 == MT_Q_G ? gmax : fmax, margin,
+                                       hscale[i]);
+        amax[i] = 0.0f;
+    }
+    scale[i] = grad ? __fdiv_rn(hscale[i], grad_unit) : hscale[i];
+}
+
+extern "C" void mt_cuda_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
+                                     int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
+                                     float grad_unit)
+{
+    MT_CUDA_OP(ctx, MT_OP_AMAX_HISTORY);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n <= 0) return;
+    MT_LAUNCH(mt_cdiv((size_t)n, 128), 128, 0, c->stream, amax_history_kernel)(
+        hist, hscale, scale, amax, n, len, latest, count, max_algo, fmax, gmax, margin, grad_unit);
+    MT_CUDA_LAUNCHED();
+}

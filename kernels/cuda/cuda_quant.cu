@@ -45,13 +45,6 @@ __device__ __forceinline__ uint32_t q_block_umax(uint32_t v, uint32_t *scratch)
     v = lane < nw ? scratch[lane] : 0u;
     return q_warp_umax(v);
 }
-// The CPU's amax_of for values that are magnitudes already (the delayed history).
-__device__ __forceinline__ float q_amax_of(float m, float a)
-{
-    if (m != m || a != a) return mt_q_float(MT_Q_NAN);
-    return a > m ? a : m;
-}
-
 // One E4M3 or E5M2 element, saturating (cpu_quant.c's put).
 __device__ __forceinline__ uint8_t q_fp8(float v, enum mt_q_elem elem, enum mt_q_round rnd, uint32_t rbits)
 {
@@ -198,10 +191,7 @@ __global__ static void q_history_kernel(float *hist, float *scale, const float *
                                         enum mt_amax_algo algo, float fmax, int margin)
 {
     hist[latest] = *amax;
-    float a = *amax;
-    if (algo == MT_AMAX_MAX)
-        for (int i = 0; i < count; i++) a = q_amax_of(a, hist[i]);
-    if (a > 0.0f && mt_q_bits(a) < 0x7f800000u) *scale = mt_q_tensor_scale(a, fmax, margin);
+    *scale = mt_q_history_scale(hist, count, *amax, algo == MT_AMAX_MAX, fmax, margin, *scale);
 }
 
 __global__ static void q_history_init_kernel(float *hist, float *scale, int len)

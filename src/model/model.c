@@ -452,16 +452,18 @@ static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 /* The expert-side views of a layer's activations for Rx rows (layout_moe_acts' part
  * that depends on Rx): xs from xs_a (expert_fc1 offloading), gate and up from fc1
  * (moe_act offloading), the SwiGLU output from act (moe_act recompute), the rest from a. */
+/* maps: where the all-to-all dispatcher's sort maps go (a rebuild for backward reuses
+ * its forward's: the slot keeps them) */
 static void layout_expert_views(const struct mt_model *m, struct arena *a, struct arena *xs_a,
-                                struct arena *fc1, struct arena *act, struct mt_expert_views *v,
-                                size_t Rx)
+                                struct arena *fc1, struct arena *act, struct arena *maps,
+                                struct mt_expert_views *v, size_t Rx)
 {
     *v = (struct mt_expert_views){0};
     if (m->dispatch != MT_DISPATCH_LOCAL) {
         v->xs = TAKE_A(xs_a, Rx * m->H);
-        v->sort_map = TAKE_I(a, Rx);
+        v->sort_map = TAKE_I(m->dispatch == MT_DISPATCH_ALLTOALL ? maps : a, Rx);
     }
-    if (m->dispatch == MT_DISPATCH_ALLTOALL) v->unsort_map = TAKE_I(a, Rx);
+    if (m->dispatch == MT_DISPATCH_ALLTOALL) v->unsort_map = TAKE_I(maps, Rx);
     if (m->dispatch == MT_DISPATCH_ALLGATHER) v->eys = take(a, Rx * m->H, mt_dtype_size(m->eys_dt));
     v->eg = TAKE_A(fc1, Rx * m->Fe_l);
     v->eu = TAKE_A(fc1, Rx * m->Fe_l);
@@ -601,14 +603,15 @@ static void layout_moe_acts(struct mt_model *m, struct act_arenas *A, unsigned d
         x->xp = TAKE_A(m->dispatch == MT_DISPATCH_LOCAL ? xs : a, R * m->H); /* LOCAL: xs */
         x->ey = TAKE_A(a, R * m->H);
     }
-    if (m->dispatch != MT_DISPATCH_LOCAL) x->x_offsets = TAKE_I(a, (size_t)m->E_l + 1);
+    if (m->dispatch != MT_DISPATCH_LOCAL)
+        x->x_offsets = TAKE_I(m->dispatch == MT_DISPATCH_ALLTOALL ? &A->keep : a, (size_t)m->E_l + 1);
     if (m->dispatch == MT_DISPATCH_ALLGATHER) {
         x->g_slot_row = TAKE_I(a, G * k);
         x->g_prob = TAKE_F(a, G * k);
     }
     struct mt_expert_views v;
     layout_expert_views(m, a, xs, arena_off(A, off, MT_OFF_MOE_ACT, a),
-                        arena_for(A, drop, MT_RC_MOE | MT_RC_MOE_ACT), &v, Rx);
+                        arena_for(A, drop, MT_RC_MOE | MT_RC_MOE_ACT), &A->keep, &v, Rx);
     set_views(x, &v);
     if (m->dispatch == MT_DISPATCH_LOCAL) {
         x->x_offsets = x->plan.offsets;
@@ -822,7 +825,8 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
         m->d_rows2 = TAKE_F(a, R * m->H);
         if (m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->g_dprob = TAKE_F(a, G * k);
-            m->x_kept = (int64_t *)take(a, (size_t)m->E_l, sizeof(int64_t));
+            m->x_kept = (int64_t *)take(a, (size_t)m->E_l + 1, sizeof(int64_t));
+            m->ag_rows = m->x_kept + m->E_l;
         }
         if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->idx_full = TAKE_I(a, max_z(N, G) * k);
@@ -979,7 +983,7 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
     if (fwd) {
         struct arena v = {NULL, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &v, &v, &v, &views, R);
+        layout_expert_views(m, &v, &v, &v, &v, &v, &views, R);
         acts = v.off;
     }
     struct arena s = {NULL, 0};
@@ -1019,7 +1023,7 @@ int mt_model_expert_rows(const struct mt_pass *p, int l, struct mt_layer_acts *a
         get_views(a, &a->home);
         struct arena v = {a->over, 0};
         struct mt_expert_views views;
-        layout_expert_views(m, &v, &v, &v, &v, &views, R);
+        layout_expert_views(m, &v, &v, &v, &v, &v, &views, R);
         set_views(a, &views);
         if (p->st && !p->recompute) {
             p->st->expert_overflows++;
@@ -1052,6 +1056,7 @@ static int take_layout(struct mt_model *m, const struct mt_parallel *par, struct
                                      par->etp_rank};
     m->pp = par->pp;
     m->pp_rank = par->pp_rank;
+    m->world = par->world_comm;
     m->tp_comm = par->comm[MT_GROUP_TP];
     m->ep_comm = par->comm[MT_GROUP_EP];
     m->etp_comm = par->comm[MT_GROUP_ETP];
@@ -1894,12 +1899,23 @@ int mt_model_read_stats(struct mt_model *m, struct mt_model_stats *st, int max, 
         st[i].z_loss = r[i].z;
         st[i].dropped_tokens = r[i].dropped;
     }
-    for (size_t i = 0; i < nl; i++) m->expert_counts[i] += m->acc_host->load[i];
+    /* the loads stay summed on the device until mt_model_reset_expert_counts (the
+     * expert-bias update reads them there) */
+    for (size_t i = 0; i < nl; i++) m->expert_counts[i] = m->acc_host->load[i];
     if (sumsq) *sumsq = m->acc_host->sumsq;
     *n = m->nrec;
-    k->op.memset(k->ctx, m->acc, 0, bytes);
-    m->nrec = m->nahead = 0;
+    mt_model_reset_records(m);
     return MT_OK;
+}
+
+void mt_model_reset_records(struct mt_model *m)
+{
+    const struct mt_kernels *k = m->k;
+    const size_t nl = (size_t)m->nmoe * m->E;
+    k->op.memset(k->ctx, &m->acc->sumsq, 0, sizeof m->acc->sumsq);
+    if (m->nrec > 0)
+        k->op.memset(k->ctx, m->acc->load + nl, 0, sizeof(struct mt_fwd_record) * (size_t)m->nrec);
+    m->nrec = m->nahead = 0;
 }
 
 int mt_model_num_moe_layers(const struct mt_model *m) { return m->nmoe; }
@@ -1911,24 +1927,26 @@ long long *mt_model_expert_counts_mut(struct mt_model *m) { return m->expert_cou
 
 void mt_model_reset_expert_counts(struct mt_model *m)
 {
-    if (m->nmoe > 0) memset(m->expert_counts, 0, sizeof(long long) * (size_t)m->nmoe * m->E);
+    if (m->nmoe == 0) return;
+    const size_t nl = (size_t)m->nmoe * m->E;
+    memset(m->expert_counts, 0, sizeof(long long) * nl);
+    if (m->acc) m->k->op.memset(m->k->ctx, m->acc->load, 0, sizeof(int64_t) * nl);
 }
 
-void mt_model_update_expert_bias(struct mt_model *m)
+/* Both copies from the same loads by the same op (the CPU's on the host master): equal,
+ * bit for bit, with no upload. */
+int mt_model_update_expert_bias(struct mt_model *m, struct mt_err *err)
 {
-    if (!m->expert_bias_on) return;
-    for (int i = 0; i < m->nmoe; i++) {
-        const long long *c = m->expert_counts + (size_t)i * m->E;
-        float *b = m->expert_bias + (size_t)i * m->E;
-        long long total = 0;
-        for (int e = 0; e < m->E; e++) total += c[e];
-        const double mean = (double)total / m->E;
-        for (int e = 0; e < m->E; e++) {
-            double off = mean - (double)c[e];
-            b[e] += m->bias_rate * (float)((off > 0) - (off < 0));
-        }
-    }
-    expert_bias_to_device(m);
+    if (!m->expert_bias_on) return MT_OK;
+    const size_t nl = (size_t)m->nmoe * m->E;
+    _Static_assert(sizeof(long long) == sizeof(int64_t), "expert counts are int64");
+    mt_kernels_cpu()->op.expert_bias_update(NULL, m->expert_bias, (const int64_t *)m->expert_counts,
+                                            m->nmoe, m->E, m->bias_rate);
+    if (m->world && m->world->size > 1)
+        MT_CHECK(mt_all_reduce(m->world, m->acc->load, nl, MT_DT_I64, MT_OP_SUM, err));
+    m->k->op.expert_bias_update(m->k->ctx, m->expert_bias_dev, m->acc->load, m->nmoe, m->E,
+                                m->bias_rate);
+    return MT_OK;
 }
 
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)

@@ -310,9 +310,12 @@ const long long *mt_model_expert_counts(const struct mt_model *m);
 long long *mt_model_expert_counts_mut(struct mt_model *m);
 void mt_model_reset_expert_counts(struct mt_model *m);
 /* Megatron's get_updated_expert_bias: bias += router_bias_update_rate *
- * sign(mean count - count), per MoE layer. No-op unless router_enable_expert_bias.
- * Does not reset the counts (call mt_model_reset_expert_counts). */
-void mt_model_update_expert_bias(struct mt_model *m);
+ * sign(mean count - count), per MoE layer, the counts of every rank. No-op unless
+ * router_enable_expert_bias. The routers' copy is updated on the device from the loads
+ * kept there since the last reset (summed over the ranks there), the host master from
+ * mt_model_expert_counts (summed by the trainer): no upload. Does not reset the counts
+ * (call mt_model_reset_expert_counts). */
+int mt_model_update_expert_bias(struct mt_model *m, struct mt_err *err);
 
 /* With host%manual_gc, the expert-side blocks that a step over the planned rows takes
  * from the allocator (moe%expert_buffer_factor) are not freed when the step is done but

@@ -211,6 +211,9 @@ struct mt_step_acc {
     double sumsq;
     int64_t load[];
 };
+/* Zeroes the records of the forwards (and the norm's sum) once read or abandoned; the
+ * expert loads stay. */
+void mt_model_reset_records(struct mt_model *m);
 /* The current pass's record in backend memory. */
 struct mt_fwd_record *mt_model_record(const struct mt_model *m);
 
@@ -303,6 +306,7 @@ struct mt_model {
     float *stage, *stage2;      /* (max(Rx, G*Nl),H) */
     float *g_dprob;             /* (G*Nl,k) */
     int64_t *x_kept;            /* (E_l) the expert-side plan's counts (ALLGATHER) */
+    int64_t *ag_rows;           /* (1) ALLGATHER dropless: the rows of this rank's experts */
     float *d_f1, *d_f2, *d_f3;  /* max((N,F_l), (N,Fs_l), (Rx,Fe_l)) */
     float *lse_all;             /* (tp,N) */
     int32_t *idx_full;          /* (max(N, G*Nl),k) gathered routing */
@@ -312,6 +316,7 @@ struct mt_model {
     /* buffers */
     float *expert_bias;         /* (nmoe,E) host master */
     float *expert_bias_dev;     /* (nmoe,E) its backend-memory copy, which the routers read */
+    struct mt_comm *world;      /* every rank (NULL: one process): the loads of the bias update */
     long long *expert_counts;   /* (nmoe,E) */
     /* The scalars of the counted forwards since the last read (struct mt_step_acc), in
      * backend memory: the ops add to them without the host waiting; read in one copy

@@ -60,11 +60,18 @@ struct mt_lowp {
      * mt_quant_gemm_scratch_bytes(qelems) each */
     void *wa, *wb;
     size_t qelems, wbytes;
-    /* delayed scaling: per slot and operand (R_COUNT a slot) */
-    float *scale_dev, *amax_dev; /* backend memory */
-    float *scale_host, *amax_host;
-    struct mt_amax_history *hist;
-    int hist_len;
+    /* delayed scaling: per slot and operand (R_COUNT a slot) a history (struct
+     * mt_amax_history) in backend memory, updated there by the op amax_history: the
+     * amaxes hist_dev (ns,hist_len), the histories' scales hscale_dev, the encode scales
+     * scale_dev (a gradient's in the unit of its loss scale), the step's amaxes amax_dev.
+     * Every history takes an entry each step: one count and newest entry for all. The
+     * host copies are staging for setup and checkpoints. */
+    float *hist_dev, *hscale_dev, *scale_dev, *amax_dev;
+    float *hist_host, *hscale_host, *scale_host;
+    int hist_len, hist_count, hist_latest;
+    bool max_algo;
+    float fmax, gmax; /* the operands' format maximum, the gradients' */
+    int margin;
     /* the loss scale of the backward passes (1 / micro-batches of the rank): gradient
      * amaxes are recorded in the unit of the unscaled loss, so that the histories, and
      * a checkpoint of them, do not depend on the layout */
@@ -118,17 +125,21 @@ static void map_tensor(struct mt_lowp *lp, int tensor, int s)
     if (tensor != MT_NO_TENSOR) lp->slot_of[tensor] = s;
 }
 
-/* The encode scales of the histories to the backend; a gradient's divided by the loss
- * scale of the rank's backward passes (its amaxes are in the unscaled unit). */
-static void upload_scales(struct mt_model *m)
+/* The histories from the host staging to the backend (setup, a checkpoint's load), with
+ * their encode scales as the op amax_history makes them (here on the host: the planning
+ * backend of --check runs no op). */
+static void upload_histories(struct mt_model *m)
 {
     struct mt_lowp *lp = m->lp;
+    const struct mt_kernels *k = m->k;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
-    for (size_t i = 0; i < ns; i++) {
-        lp->scale_host[i] = mt_amax_history_scale(&lp->hist[i]);
-        if (i % R_COUNT == R_G && lp->grad_unit > 0.0f) lp->scale_host[i] /= lp->grad_unit;
-    }
-    m->k->op.copy(m->k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    mt_kernels_cpu()->op.amax_history(NULL, lp->hist_host, lp->hscale_host, lp->scale_host, NULL,
+                                      (int)ns, lp->hist_len, lp->hist_latest, lp->hist_count,
+                                      lp->max_algo, lp->fmax, lp->gmax, lp->margin, lp->grad_unit);
+    k->op.copy(k->ctx, lp->hist_dev, lp->hist_host, sizeof(float) * ns * (size_t)lp->hist_len);
+    k->op.copy(k->ctx, lp->hscale_dev, lp->hscale_host, sizeof(float) * ns);
+    k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
+    k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
 }
 
 int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
@@ -227,22 +238,27 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
                           "(2 x %zu bytes)", lp->wbytes);
     *scratch_bytes = 2 * lp->wbytes;
     if (lp->recipe == MT_RECIPE_DELAYED) {
-        const size_t ns = (size_t)lp->nslots * R_COUNT;
+        const size_t ns = (size_t)lp->nslots * R_COUNT, nh = ns * (size_t)lp->hist_len;
+        if (lp->hist_len < 1)
+            return mt_err_set(err, MT_EINVAL, "&precision fp8_amax_history_len = %d: it needs at least 1",
+                              lp->hist_len);
+        lp->hist_dev = k->op.alloc(k->ctx, sizeof(float) * nh);
+        lp->hscale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
         lp->amax_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
+        lp->hist_host = calloc(nh, sizeof(float));
+        lp->hscale_host = malloc(sizeof(float) * ns);
         lp->scale_host = malloc(sizeof(float) * ns);
-        lp->amax_host = malloc(sizeof(float) * ns);
-        lp->hist = calloc(ns, sizeof *lp->hist);
-        if (!lp->scale_dev || !lp->amax_dev || !lp->scale_host || !lp->amax_host || !lp->hist)
+        if (!lp->hist_dev || !lp->hscale_dev || !lp->scale_dev || !lp->amax_dev || !lp->hist_host ||
+            !lp->hscale_host || !lp->scale_host)
             return mt_err_set(err, MT_ENOMEM, "model: out of memory for the amax histories");
-        const enum mt_amax_algo algo =
-            streq(q->fp8_amax_compute_algo, "max") ? MT_AMAX_MAX : MT_AMAX_MOST_RECENT;
-        for (size_t i = 0; i < ns; i++) {
-            const float fmax = lp->hybrid && i % R_COUNT == R_G ? MT_E5M2_MAX : MT_E4M3_MAX;
-            MT_CHECK(mt_amax_history_init(&lp->hist[i], lp->hist_len, algo, fmax, q->fp8_margin, err));
-        }
-        k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
-        upload_scales(m);
+        lp->max_algo = streq(q->fp8_amax_compute_algo, "max");
+        lp->fmax = MT_E4M3_MAX;
+        lp->gmax = lp->hybrid ? MT_E5M2_MAX : MT_E4M3_MAX;
+        lp->margin = q->fp8_margin;
+        lp->hist_latest = lp->hist_len - 1; /* as mt_amax_history_init */
+        for (size_t i = 0; i < ns; i++) lp->hscale_host[i] = 1.0f;
+        upload_histories(m);
     }
     lp->nbuf = state_floats(lp);
     return MT_OK;
@@ -258,13 +274,12 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->hoffs);
     free(lp->eg.se), free(lp->eg.a), free(lp->eg.qa);
-    if (lp->scale_dev) k->op.free(k->ctx, lp->scale_dev);
-    if (lp->amax_dev) k->op.free(k->ctx, lp->amax_dev);
-    if (lp->hist)
-        for (size_t i = 0; i < (size_t)lp->nslots * R_COUNT; i++) mt_amax_history_free(&lp->hist[i]);
-    free(lp->hist);
+    float *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) k->op.free(k->ctx, dev[i]);
+    free(lp->hist_host);
+    free(lp->hscale_host);
     free(lp->scale_host);
-    free(lp->amax_host);
     free(lp->slot_of);
     free(lp);
     m->lp = NULL;
@@ -278,9 +293,9 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     *device = 2 * sizeof(float) * (1 + (size_t)m->E_l); /* tamax */
     const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
     if (lp->recipe != MT_RECIPE_DELAYED) return *device + hoffs;
-    const size_t ns = (size_t)lp->nslots * R_COUNT;
-    *device += 2 * sizeof(float) * ns;
-    return *device + hoffs + 2 * sizeof(float) * ns + ns * sizeof(float) * (size_t)lp->hist_len;
+    const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
+    *device += sizeof(float) * ns * (len + 3);
+    return *device + hoffs + sizeof(float) * ns * (len + 2);
 }
 
 size_t mt_lowp_nbuffers(const struct mt_model *m) { return m->lp ? m->lp->nbuf : 0; }
@@ -291,14 +306,17 @@ void mt_lowp_save(const struct mt_model *m, float *out)
     const uint64_t it = (uint64_t)lp->iter;
     for (int i = 0; i < 4; i++) out[i] = (float)((it >> (16 * i)) & 0xffffu);
     if (lp->recipe != MT_RECIPE_DELAYED) return;
+    const struct mt_kernels *k = m->k;
+    const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
+    k->op.copy(k->ctx, lp->hist_host, lp->hist_dev, sizeof(float) * ns * len);
+    k->op.copy(k->ctx, lp->hscale_host, lp->hscale_dev, sizeof(float) * ns);
     float *o = out + 4;
-    for (size_t i = 0; i < (size_t)lp->nslots * R_COUNT; i++) {
-        const struct mt_amax_history *h = &lp->hist[i];
-        *o++ = (float)h->count;
-        *o++ = (float)h->latest;
-        *o++ = h->scale;
-        memcpy(o, h->amax, sizeof(float) * (size_t)h->len);
-        o += h->len;
+    for (size_t i = 0; i < ns; i++) {
+        *o++ = (float)lp->hist_count;
+        *o++ = (float)lp->hist_latest;
+        *o++ = lp->hscale_host[i];
+        memcpy(o, lp->hist_host + i * len, sizeof(float) * len);
+        o += len;
     }
 }
 
@@ -311,17 +329,16 @@ void mt_lowp_load(struct mt_model *m, const float *in)
     lp->nbwd = 0;
     if (lp->recipe != MT_RECIPE_DELAYED) return;
     const float *s = in + 4;
-    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
+    /* every history saved the same count and newest entry (one each step) */
+    lp->hist_count = (int)s[0];
+    lp->hist_latest = (int)s[1];
     for (size_t i = 0; i < ns; i++) {
-        struct mt_amax_history *h = &lp->hist[i];
-        h->count = (int)*s++;
-        h->latest = (int)*s++;
-        h->scale = *s++;
-        memcpy(h->amax, s, sizeof(float) * (size_t)h->len);
-        s += h->len;
+        lp->hscale_host[i] = s[2];
+        memcpy(lp->hist_host + i * len, s + 3, sizeof(float) * len);
+        s += 3 + len;
     }
-    upload_scales(m);
-    m->k->op.memset(m->k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+    upload_histories(m);
 }
 
 int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
@@ -337,14 +354,12 @@ int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
      * pipeline stages other layers (their slots hold zeros elsewhere) */
     if (lp->world && lp->world->size > 1)
         MT_CHECK(mt_all_reduce(lp->world, lp->amax_dev, ns, MT_DT_F32, MT_OP_MAX, err));
-    k->op.copy(k->ctx, lp->amax_host, lp->amax_dev, sizeof(float) * ns);
-    for (size_t i = 0; i < ns; i++) {
-        float a = lp->amax_host[i];
-        if (i % R_COUNT == R_G && lp->grad_unit > 0.0f) a /= lp->grad_unit;
-        mt_amax_history_update(&lp->hist[i], a);
-    }
-    upload_scales(m);
-    k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+    /* mt_amax_history_update's step of every history, on the backend: nothing read */
+    lp->hist_latest = (lp->hist_latest + 1) % lp->hist_len;
+    if (lp->hist_count < lp->hist_len) lp->hist_count++;
+    k->op.amax_history(k->ctx, lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, (int)ns,
+                       lp->hist_len, lp->hist_latest, lp->hist_count, lp->max_algo, lp->fmax,
+                       lp->gmax, lp->margin, lp->grad_unit);
     return MT_OK;
 }
 
@@ -361,8 +376,11 @@ void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
     struct mt_lowp *lp = m->lp;
     if (!lp) return;
     if (lp->recipe == MT_RECIPE_DELAYED && loss_scale != lp->grad_unit) {
-        lp->grad_unit = loss_scale;
-        upload_scales(m);
+        lp->grad_unit = loss_scale; /* the gradients' encode scales in the new unit */
+        const struct mt_kernels *k = m->k;
+        k->op.amax_history(k->ctx, lp->hist_dev, lp->hscale_dev, lp->scale_dev, NULL,
+                           lp->nslots * R_COUNT, lp->hist_len, lp->hist_latest, lp->hist_count,
+                           lp->max_algo, lp->fmax, lp->gmax, lp->margin, lp->grad_unit);
     }
     const uint64_t mb = (uint64_t)lp->nbwd++ * (uint64_t)lp->dp + (uint64_t)lp->dp_rank;
     lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + mb);
@@ -386,7 +404,7 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
          * Transformer Engine's scale of 1 would quantise the first gradients against a
          * fixed range, where their size (1 / micro-batches of the rank) depends on the
          * layout; every later scale follows the amaxes */
-        if (lp->hist[i].count > 0) q.scale = lp->scale_dev + i;
+        if (lp->hist_count > 0) q.scale = lp->scale_dev + i;
         q.margin = p->m->cfg.precision.fp8_margin;
         if (p->train) q.amax = lp->amax_dev + i;
     }

@@ -374,7 +374,11 @@ static int route(const pass_t *p, int l)
     if (dump) MT_CHECK(dump_routing(dump, p, l, a, cap));
     if (!mt_moe_dynamic(m, p->N)) { /* drop-and-pad: every expert cap rows, no read */
         for (int e = 0; e <= E; e++) a->h_offsets[e] = (long long)e * cap;
-    } else { /* the split sizes the dispatch needs: the one wait of a dynamic layer */
+    } else if (m->dispatch != MT_DISPATCH_ALLGATHER && !p->recompute) {
+        /* the split sizes the dispatch needs: the one wait of a dynamic layer. The
+         * all-gather dispatcher counts its rows after the gather instead (ag_prepare);
+         * a rebuild for backward plans what its forward planned, whose offsets the
+         * slot keeps */
         int32_t *offs = m->h_offs;
         p->o->copy(p->ctx, offs, a->plan.offsets, sizeof(int32_t) * ((size_t)E + 1));
         for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
@@ -595,11 +599,11 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     }
     MT_CHECK(mt_model_expert_rows(p, l, a, total, true));
     a->x_rows = (int)total;
-    /* static shapes (drop-and-pad): the maps on the device hold, where nothing else wrote
-     * their buffers since: the layer keeps its activations (a recomputed layer's share
-     * one buffer with the other layers' rebuilds) and they are its own (not an
-     * overflow's, which went back) */
-    const bool own = m->drop[l] == 0 && !a->over;
+    /* the same counts (static shapes; a rebuild for backward): the maps on the device
+     * hold, where nothing else wrote their buffers since: the slot keeps every layer's
+     * maps, also a recomputed layer's (layout_moe_acts), unless they are an overflow's,
+     * which went back */
+    const bool own = !a->over;
     if (same && own) return MT_OK;
     int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
     int32_t r = 0;
@@ -622,7 +626,9 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     if (mt_moe_dynamic(m, p->N) && total <= m->x_rows_max) {
         /* dropless: through the staging on the copy stream, no wait; the staging is
          * written again only after the next MoE layer's read of its offsets (route),
-         * which waits for the compute queued after this upload */
+         * which waits for the compute queued after this upload (a rebuild for
+         * backward, which reads none, has the same counts and its forward's maps: it
+         * uploads nothing) */
         int32_t *st = m->a2a_stage;
         memcpy(st, sort, bytes[0]);
         memcpy(st + total, unsort, bytes[1]);
@@ -690,39 +696,36 @@ static int a2a_combine(const pass_t *p, int l, const float *xrows, float *out,
 /* ------------------------------------------------------------ all-gather dispatcher */
 
 /* Gathers the tokens and their kept routing over the ETP x EP group and plans the rows
- * of this rank's experts. m->stage (G*Nl,H) receives the tokens, once the expert side
- * holds the rows (mt_model_expert_rows may give it another stage). */
+ * of this rank's experts, on the backend. The rows: static shapes (drop-and-pad) pad
+ * every expert to G x capacity rows, known on the host; dropless, the one read of the
+ * layer (a rebuild for backward has its forward's). m->stage (G*Nl,H) receives the
+ * tokens, once the expert side holds the rows (mt_model_expert_rows may give it another
+ * stage). */
 static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 {
     struct mt_model *m = p->m;
     const size_t k = (size_t)m->topk, nk = (size_t)p->Nl * k, G = (size_t)m->xg;
-    int32_t *idx = m->h_idx, *slot_row = m->h_idx2;
-    p->o->copy(p->ctx, idx, a->topk_idx, sizeof(int32_t) * nk);
-    p->o->copy(p->ctx, slot_row, a->plan.slot_row, sizeof(int32_t) * nk);
-    for (size_t s = 0; s < nk; s++)
-        if (slot_row[s] < 0) idx[s] = -1; /* dropped */
-    p->o->copy(p->ctx, m->route_idx, idx, sizeof(int32_t) * nk);
+    p->o->drop_mask(p->ctx, m->route_idx, a->topk_idx, a->plan.slot_row, nk, NULL);
     MT_CHECK(mt_all_gather(m->xg_comm, m->route_idx, m->idx_full, nk, MT_DT_I32, p->err));
     MT_CHECK(mt_all_gather(m->xg_comm, a->topk_prob, a->g_prob, nk, MT_DT_F32, p->err));
-    /* this rank's experts as 0..E_l-1, the others' as -1 */
-    p->o->copy(p->ctx, idx, m->idx_full, sizeof(int32_t) * G * nk);
-    long long mine = 0;
-    for (size_t s = 0; s < G * nk; s++) {
-        idx[s] = idx[s] >= m->e0 && idx[s] < m->e0 + m->E_l ? idx[s] - m->e0 : -1;
-        mine += idx[s] >= 0;
-    }
-    p->o->copy(p->ctx, m->idx_full, idx, sizeof(int32_t) * G * nk);
+    /* this rank's experts as 0..E_l-1, the others' (and the dropped) as -1 */
+    const bool dyn = mt_moe_dynamic(m, p->N);
+    p->o->expert_select(p->ctx, m->idx_full, m->idx_full, G * nk, m->e0, m->E_l,
+                        dyn ? m->ag_rows : NULL);
     /* every source keeps at most capacity rows per expert: padding to G x capacity
      * keeps the shapes static without dropping anything */
     const int cap = mt_model_capacity(m, p->N);
-    if (cap == 0) MT_CHECK(mt_model_expert_rows(p, l, a, mine, true));
+    if (!dyn) {
+        a->x_rows = m->E_l * cap * m->xg;
+    } else if (!p->recompute) {
+        int64_t rows;
+        p->o->copy(p->ctx, &rows, m->ag_rows, sizeof rows);
+        a->x_rows = (int)rows;
+    }
+    MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, true));
     struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
     p->o->dispatch_plan(p->ctx, &plan, m->idx_full, a->g_prob, (int)(G * p->Nl), m->E_l, m->topk,
-                        m->pad_to_capacity ? cap * m->xg : 0, m->drop_policy, m->pad_to_capacity,
-                        NULL, NULL);
-    int32_t rows;
-    p->o->copy(p->ctx, &rows, a->x_offsets + m->E_l, sizeof rows);
-    a->x_rows = rows;
+                        dyn ? 0 : cap * m->xg, m->drop_policy, m->pad_to_capacity, NULL, NULL);
     return mt_all_gather(m->xg_comm, a->ln2, m->stage, (size_t)p->Nl * m->H, mt_pass_act_dt(p),
                          p->err);
 }

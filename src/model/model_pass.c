@@ -418,13 +418,8 @@ static int mlp_block_bwd(const pass_t *p, int l)
  * the micro-batch's inputs, targets and shard inputs there (host memory only). */
 static int fill_record(struct mt_model *m, const int32_t *tokens, int B, struct mt_err *err)
 {
-    const struct mt_kernels *k = m->k;
-    if (!m->defer && m->nrec > 0) { /* a pass that failed before reading its own */
-        k->op.memset(k->ctx, m->acc, 0, sizeof(struct mt_step_acc) +
-                                            sizeof(int64_t) * (size_t)m->nmoe * m->E +
-                                            sizeof(struct mt_fwd_record) * (size_t)m->nrec);
-        m->nrec = m->nahead = 0;
-    }
+    if (!m->defer && m->nrec > 0) /* a pass that failed before reading its own */
+        mt_model_reset_records(m);
     if (m->nrec == m->nrec_max)
         return mt_err_set(err, MT_EINVAL,
                           "model: a forward beyond the %d whose statistics mt_model_defer_stats "

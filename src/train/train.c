@@ -1700,7 +1700,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     t->st.adam_step++;
     if (!staged) MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
     accumulate_counts(t);
-    mt_model_update_expert_bias(t->model);
+    MT_CHECK(mt_model_update_expert_bias(t->model, err));
     MT_CHECK(mt_model_lowp_step(t->model, err));
     t->acc_loss += loss;
     t->acc_aux += auxz[0];

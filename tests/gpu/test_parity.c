@@ -1770,6 +1770,86 @@ static void test_drop_mask(void)
     dfree(d_d);
 }
 
+/* expert_select: the same renumbered routing (in place) and the same count. */
+static void test_expert_select(void)
+{
+    const size_t n = 1000;
+    int32_t *idx = xmalloc(sizeof(int32_t) * n), *want = xmalloc(sizeof(int32_t) * n);
+    for (size_t s = 0; s < n; s++) idx[s] = s % 7 == 3 ? -1 : (int32_t)(s * 5 % 16);
+    int64_t cw = -1, cg = -1;
+    C->op.expert_select(C->ctx, want, idx, n, 4, 6, &cw);
+    int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * n);
+    int64_t *d_c = dup_to_dev(&cg, sizeof cg);
+    G->op.expert_select(G->ctx, d_idx, d_idx, n, 4, 6, d_c);
+    expect_bytes_dev("expert_select (in place)", want, d_idx, sizeof(int32_t) * n);
+    expect_bytes_dev("expert_select count", &cw, d_c, sizeof cw);
+    expect_true("expert_select selects some, not all", cw > 0 && cw < (int64_t)n, "count out of range");
+    free(idx);
+    free(want);
+    dfree(d_idx);
+    dfree(d_c);
+}
+
+/* expert_bias_update: the same biases after steps of loads above, below and at the mean
+ * (an odd total: a fractional mean). */
+static void test_expert_bias_update(void)
+{
+    enum { NMOE = 3, E = 37 };
+    float bias[NMOE * E];
+    int64_t load[NMOE * E];
+    for (int i = 0; i < NMOE * E; i++) {
+        bias[i] = 0.01f * (float)(i % 5) - 0.02f;
+        load[i] = i % E == 0 ? 1 : (int64_t)(i * 7 % 11);
+    }
+    for (int e = 0; e < E; e++) load[2 * E + e] = 4; /* all at the mean: sign 0 */
+    float *d_b = dup_to_dev(bias, sizeof bias);
+    int64_t *d_l = dup_to_dev(load, sizeof load);
+    for (int step = 0; step < 3; step++) {
+        C->op.expert_bias_update(C->ctx, bias, load, NMOE, E, 1e-3f);
+        G->op.expert_bias_update(G->ctx, d_b, d_l, NMOE, E, 1e-3f);
+    }
+    expect_bytes_dev("expert_bias_update", bias, d_b, sizeof bias);
+    dfree(d_b);
+    dfree(d_l);
+}
+
+/* amax_history: the same histories, scales and encode scales over more steps than the
+ * window, with gradients in their own unit, a zero amax (the scale kept) and a NaN. */
+static void test_amax_history(void)
+{
+    enum { N = 9, LEN = 4 };
+    float hist[N * LEN] = {0}, hs[N], sc[N], amax[N];
+    for (int i = 0; i < N; i++) hs[i] = 1.0f;
+    float *d_h = dup_to_dev(hist, sizeof hist), *d_hs = dup_to_dev(hs, sizeof hs);
+    float *d_sc = dup_to_dev(hs, sizeof hs), *d_a = dup_to_dev(hs, sizeof hs);
+    for (int algo = 0; algo < 2; algo++)
+        for (int step = 0; step < 7; step++) {
+            for (int i = 0; i < N; i++)
+                amax[i] = i == 4 ? 0.0f : i == 7 && step == 2 ? NAN : 0.37f * (float)(1 + (i * 3 + step * 5) % 7);
+            G->op.copy(G->ctx, d_a, amax, sizeof amax);
+            const int latest = step % LEN, count = step + 1 < LEN ? step + 1 : LEN;
+            C->op.amax_history(C->ctx, hist, hs, sc, amax, N, LEN, latest, count, algo == 0,
+                               MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.25f);
+            G->op.amax_history(G->ctx, d_h, d_hs, d_sc, d_a, N, LEN, latest, count, algo == 0,
+                               MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.25f);
+        }
+    expect_bytes_dev("amax_history: history", hist, d_h, sizeof hist);
+    expect_bytes_dev("amax_history: scales", hs, d_hs, sizeof hs);
+    expect_bytes_dev("amax_history: encode scales", sc, d_sc, sizeof sc);
+    expect_bytes_dev("amax_history: amaxes reset", amax, d_a, sizeof amax);
+    /* a new unit only: the encode scales again, nothing recorded */
+    C->op.amax_history(C->ctx, hist, hs, sc, NULL, N, LEN, 0, LEN, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f);
+    G->op.amax_history(G->ctx, d_h, d_hs, d_sc, NULL, N, LEN, 0, LEN, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f);
+    expect_bytes_dev("amax_history: encode scales of a new unit", sc, d_sc, sizeof sc);
+    expect_true("amax_history: a gradient's unit, a zero amax's scale kept",
+                sc[2] == hs[2] / 0.125f && sc[1] == hs[1] && hs[4] == 1.0f && hs[1] != 1.0f,
+                "the unit or the kept scale is wrong");
+    dfree(d_h);
+    dfree(d_hs);
+    dfree(d_sc);
+    dfree(d_a);
+}
+
 static void test_adamw(void)
 {
     const size_t n = 10001;
@@ -1978,6 +2058,9 @@ int main(void)
     test_balancing_losses();
     test_dispatch();
     test_drop_mask();
+    test_expert_select();
+    test_expert_bias_update();
+    test_amax_history();
     test_cross_entropy();
     test_loss_ops();
     test_adamw();
