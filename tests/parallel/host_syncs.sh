@@ -12,8 +12,10 @@ need_mpirun
 moe="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 PAD="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
 # moe.nml: 2 MoE layers of 3 (layer_freq 1,0,1), global batch 16 of micro-batches of 2;
-# the expert bias off (its update uploads the biases once per step)
+# the expert bias off unless a layout turns it on (later overrides win)
 PP2="parallel%pipeline_model_parallel_size=2 model%num_layers=4 moe%layer_freq=1,0,1,0"
+RC="recompute%granularity='selective' recompute%modules='moe'"
+BIAS="moe%router_enable_expert_bias=T"
 # NAME NP SYNCS OVERRIDES: every logged step waited SYNCS times on the busiest rank
 for layout in \
     "dp 2 9 $ZERO" \
@@ -26,7 +28,12 @@ for layout in \
     "pp 2 9 $PP2" \
     "pp_pad 2 1 $PP2 $PAD" \
     "vpp 2 17 $PP2 parallel%virtual_pipeline_model_parallel_size=2" \
-    "vpp_pad 2 1 $PP2 parallel%virtual_pipeline_model_parallel_size=2 $PAD"; do
+    "vpp_pad 2 1 $PP2 parallel%virtual_pipeline_model_parallel_size=2 $PAD" \
+    "ep_ag 2 9 $EP2 $AG" \
+    "ep_ag_pad 2 1 $EP2 $AG $PAD" \
+    "ep_rc 2 9 $EP2 $RC" \
+    "dp_bias 2 9 $ZERO $BIAS" \
+    "ep_bias_pad 2 1 $EP2 $BIAS $PAD"; do
     # dp: 4 micro-batches per rank x 2 MoE layers + 1 = 9
     # tp (the experts whole on each rank, the vocabulary split: the shards' logsumexps
     #   combined on the backend): 8 micro-batches x 2 MoE layers + 1 = 17
@@ -37,6 +44,13 @@ for layout in \
     # pp: each stage one MoE layer (layers 0 and 2 of 4): 8 micro-batches x 1 + 1 = 9
     #   (the first stage's embedding and the last's loss add nothing); vpp: stage 0
     #   holds the chunks of layers 0 and 2, both MoE: 8 x 2 + 1 = 17
+    # ep_ag (the all-gather dispatcher: its routing masked and renumbered on the
+    #   backend, the count of its experts' rows the layer's one read): 4 x 2 + 1 = 9;
+    #   ep_ag_pad: static rows, nothing read: 1
+    # ep_rc (selective recompute of the MoE layers: the rebuild takes its forward's
+    #   offsets and sort maps): 4 x 2 + 1 = 9
+    # dp_bias, ep_bias_pad (the expert bias updated on the device from the loads summed
+    #   over the ranks there): no extra, 9 and 1
     # shellcheck disable=SC2086 # name, np, syncs and a list of overrides
     set -- $layout
     name=$1 np=$2 want=$3

@@ -12,7 +12,7 @@
 cd "$tmp" || exit 1
 moe="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 # moe.nml: layer_freq 1,0,1 (2 MoE layers), global batch 16 of micro-batches of 2 (8
-# micro-batches); the expert bias off (its update uploads the biases once per step)
+# micro-batches); the expert bias off unless a run turns it on
 NMOE=2 NMB=8
 run() { # NAME ARGS...: four iterations on the guard backend, every one logged
     name=$1
@@ -37,12 +37,54 @@ expect pad 1
 # twice the micro-batches: twice the dropless reads, the same one read per step
 run dropless16 training%global_batch_size=32
 expect dropless16 $((NMOE * 2 * NMB + 1))
-# the losses are still what the CPU backend computes (its reads are plain memory)
-"$MOETRAIN" --backend=cpu "$moe" training%train_iters=4 training%eval_interval=100 \
-    moe%router_enable_expert_bias=F logging%log_interval=1 \
-    "logging%metrics_file='cpu.jsonl'" > cpu.log 2>&1 || { cat cpu.log; fail "cpu: training failed"; }
-for key in loss grad_norm aux_loss z_loss; do
-    [ "$(json_field cpu.jsonl $key)" = "$(json_field dropless.jsonl $key)" ] ||
-        fail "guard and cpu differ in $key"
-done
+PAD="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
+AG="moe%token_dispatcher_type='allgather'"
+# the expert bias (sigmoid router): updated on the device from the loads kept there,
+# nothing uploaded: no extra wait, dropless (2 x 8 + 1) or with drop-and-pad (1)
+run bias moe%router_enable_expert_bias=T
+expect bias $((NMOE * NMB + 1))
+# shellcheck disable=SC2086 # two overrides
+run bias_pad moe%router_enable_expert_bias=T $PAD
+expect bias_pad 1
+# the all-gather dispatcher: the routing masked and renumbered on the backend; dropless
+# its one read per MoE layer and micro-batch is the count of its experts' rows (2 x 8 +
+# 1), with drop-and-pad the rows are static and nothing is read (1)
+run allgather "$AG"
+expect allgather $((NMOE * NMB + 1))
+# shellcheck disable=SC2086 # two overrides
+run allgather_pad "$AG" $PAD
+expect allgather_pad 1
+# selective recompute of the dropless MoE layers: the rebuild plans what its forward
+# planned and takes its offsets from the forward: still 2 x 8 + 1
+run recompute "recompute%granularity='selective'" "recompute%modules='moe'"
+expect recompute $((NMOE * NMB + 1))
+# FP8 delayed scaling: the amax histories and scales updated on the device, nothing
+# read or uploaded for them: the waits of current (tensorwise) scaling, which keeps no
+# history, exactly (the FP8 experts' grouped GEMMs read their row offsets, as both do)
+run fp8_delayed "precision%fp8_format='e4m3'" "precision%fp8_recipe='delayed'"
+run fp8_tensorwise "precision%fp8_format='e4m3'" "precision%fp8_recipe='tensorwise'"
+expect fp8_delayed "$(json_field fp8_tensorwise.jsonl host_syncs | sort -u | sed 's/\.000$//')"
+# the losses are still what the CPU backend computes (its reads are plain memory), the
+# expert bias's and the all-gather dispatcher's too
+cpu() { # NAME ARGS...
+    name=$1
+    shift
+    "$MOETRAIN" --backend=cpu "$moe" training%train_iters=4 training%eval_interval=100 \
+        moe%router_enable_expert_bias=F logging%log_interval=1 \
+        "logging%metrics_file='$name.jsonl'" "$@" > "$name.log" 2>&1 ||
+        { cat "$name.log"; fail "$name: training failed"; }
+}
+same() { # CPU GUARD: equal losses and norms
+    for key in loss grad_norm aux_loss z_loss; do
+        [ "$(json_field "$1.jsonl" $key)" = "$(json_field "$2.jsonl" $key)" ] ||
+            fail "guard ($2) and cpu ($1) differ in $key"
+    done
+}
+cpu cpu
+same cpu dropless
+cpu cpu_bias moe%router_enable_expert_bias=T
+same cpu_bias bias
+# shellcheck disable=SC2086 # two overrides
+cpu cpu_allgather_pad "$AG" $PAD
+same cpu_allgather_pad allgather_pad
 echo "PASS: one host synchronisation per step, and one per dropless MoE layer and micro-batch"
