@@ -1783,7 +1783,7 @@ static void test_expert_select(void)
     G->op.expert_select(G->ctx, d_idx, d_idx, n, 4, 6, d_c);
     expect_bytes_dev("expert_select (in place)", want, d_idx, sizeof(int32_t) * n);
     expect_bytes_dev("expert_select count", &cw, d_c, sizeof cw);
-    expect_true("expert_select selects some, not all", cw > 0 && cw < (int64_t)n, "count out of range");
+    expect_true("expert_select selects some, not all", cw > 0 && cw < (int64_t)n, "0 < count < n");
     free(idx);
     free(want);
     dfree(d_idx);
@@ -1843,7 +1843,7 @@ static void test_amax_history(void)
     expect_bytes_dev("amax_history: encode scales of a new unit", sc, d_sc, sizeof sc);
     expect_true("amax_history: a gradient's unit, a zero amax's scale kept",
                 sc[2] == hs[2] / 0.125f && sc[1] == hs[1] && hs[4] == 1.0f && hs[1] != 1.0f,
-                "the unit or the kept scale is wrong");
+                "scale = hscale / unit, a zero amax's hscale 1");
     dfree(d_h);
     dfree(d_hs);
     dfree(d_sc);

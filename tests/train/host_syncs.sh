@@ -14,10 +14,10 @@ moe="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 # moe.nml: layer_freq 1,0,1 (2 MoE layers), global batch 16 of micro-batches of 2 (8
 # micro-batches); the expert bias off unless a run turns it on
 NMOE=2 NMB=8
-run() { # NAME ARGS...: four iterations on the guard backend, every one logged
+run() { # NAME ARGS...: four iterations on the guard backend (or $BACKEND), every one logged
     name=$1
     shift
-    "$MOETRAIN" --backend=guard "$moe" training%train_iters=4 training%eval_interval=100 \
+    "$MOETRAIN" --backend="${BACKEND:-guard}" "$moe" training%train_iters=4 training%eval_interval=100 \
         moe%router_enable_expert_bias=F logging%log_interval=1 \
         "logging%metrics_file='$name.jsonl'" "$@" > "$name.log" 2>&1 ||
         { cat "$name.log"; fail "$name: training failed"; }
@@ -66,25 +66,17 @@ run fp8_tensorwise "precision%fp8_format='e4m3'" "precision%fp8_recipe='tensorwi
 expect fp8_delayed "$(json_field fp8_tensorwise.jsonl host_syncs | sort -u | sed 's/\.000$//')"
 # the losses are still what the CPU backend computes (its reads are plain memory), the
 # expert bias's and the all-gather dispatcher's too
-cpu() { # NAME ARGS...
-    name=$1
-    shift
-    "$MOETRAIN" --backend=cpu "$moe" training%train_iters=4 training%eval_interval=100 \
-        moe%router_enable_expert_bias=F logging%log_interval=1 \
-        "logging%metrics_file='$name.jsonl'" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training failed"; }
-}
 same() { # CPU GUARD: equal losses and norms
     for key in loss grad_norm aux_loss z_loss; do
         [ "$(json_field "$1.jsonl" $key)" = "$(json_field "$2.jsonl" $key)" ] ||
             fail "guard ($2) and cpu ($1) differ in $key"
     done
 }
-cpu cpu
+BACKEND=cpu run cpu
 same cpu dropless
-cpu cpu_bias moe%router_enable_expert_bias=T
+BACKEND=cpu run cpu_bias moe%router_enable_expert_bias=T
 same cpu_bias bias
 # shellcheck disable=SC2086 # two overrides
-cpu cpu_allgather_pad "$AG" $PAD
+BACKEND=cpu run cpu_allgather_pad "$AG" $PAD
 same cpu_allgather_pad allgather_pad
 echo "PASS: one host synchronisation per step, and one per dropless MoE layer and micro-batch"
