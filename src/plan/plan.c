@@ -24,6 +24,8 @@
 #include "plan/plan.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -970,41 +972,89 @@ static void layout_name(const struct planner *pl, const struct layout *x, char *
 }
 
 /* The --check command that checks x. */
+/* 'a','b',... of n strings into buf (the namelist's list of strings). */
+static const char *quoted_list(char *buf, size_t size, const char (*v)[MT_STR_MAX], int n)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s'%s'", i ? "," : "", v[i]);
+    return buf;
+}
+
+/* One argument of a printed command, quoted for a POSIX shell where it needs it: as it
+ * is when every character is one the shell leaves alone, else in double quotes (which
+ * keep the single quotes of namelist strings, precision%fp8_format='e4m3'), else in
+ * single quotes with each ' written '\''. */
+static void put_arg(FILE *out, const char *fmt, ...)
+{
+    char w[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w, sizeof w, fmt, ap);
+    va_end(ap);
+    const bool plain = w[0] && strspn(w, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                         "0123456789_%=./,:+@-") == strlen(w);
+    if (plain) {
+        fprintf(out, " %s", w);
+    } else if (!strpbrk(w, "\"$`\\!")) {
+        fprintf(out, " \"%s\"", w);
+    } else {
+        fputs(" '", out);
+        for (const char *c = w; *c; c++) {
+            if (*c == '\'') fputs("'\\''", out);
+            else fputc(*c, out);
+        }
+        fputc('\'', out);
+    }
+}
+
+/* The --check command of a layout, one line a user can paste into a shell. */
 static void check_command(const struct planner *pl, const struct layout *x, FILE *out)
 {
-    fprintf(out, "    check: moetrain --check --world-size %d", pl->world);
-    for (int i = 0; i < pl->nfiles; i++) fprintf(out, " %s", pl->files[i]);
+    fputs("    check: moetrain", out);
+    put_arg(out, "--check");
+    put_arg(out, "--world-size");
+    put_arg(out, "%d", pl->world);
+    for (int i = 0; i < pl->nfiles; i++) put_arg(out, "%s", pl->files[i]);
     for (int i = 0; i < pl->noverrides; i++) {
         bool axis = false;
         for (int k = 0; k < NFIX; k++) axis |= key_is(pl->overrides[i], axis_keys[k]);
-        if (!axis) fprintf(out, " %s", pl->overrides[i]);
+        if (!axis) put_arg(out, "%s", pl->overrides[i]);
     }
-    fprintf(out, " parallel%%tensor_model_parallel_size=%d", x->tp);
-    if (x->tp > 1) fprintf(out, " parallel%%sequence_parallel=T");
-    fprintf(out, " parallel%%pipeline_model_parallel_size=%d", x->pp);
-    if (x->vpp > 1) fprintf(out, " parallel%%virtual_pipeline_model_parallel_size=%d", x->vpp);
-    if (x->first) fprintf(out, " parallel%%decoder_first_pipeline_num_layers=%d", x->first);
-    if (x->last) fprintf(out, " parallel%%decoder_last_pipeline_num_layers=%d", x->last);
-    fprintf(out, " parallel%%expert_model_parallel_size=%d parallel%%expert_tensor_parallel_size=%d"
-                 " parallel%%use_distributed_optimizer=T training%%micro_batch_size=%d"
-                 " training%%global_batch_size=%d precision%%gpu_memory_gb=%.1f",
-            x->ep, x->etp, x->mbs, pl->gbs, floor(pl->usable_gib * 10) / 10);
-    if (x->fp8)
-        fprintf(out, " precision%%fp8_format='e4m3' precision%%fp8_recipe='%s'", pl->gpu->fp8_recipe);
+    put_arg(out, "parallel%%tensor_model_parallel_size=%d", x->tp);
+    if (x->tp > 1) put_arg(out, "parallel%%sequence_parallel=T");
+    put_arg(out, "parallel%%pipeline_model_parallel_size=%d", x->pp);
+    if (x->vpp > 1) put_arg(out, "parallel%%virtual_pipeline_model_parallel_size=%d", x->vpp);
+    if (x->first) put_arg(out, "parallel%%decoder_first_pipeline_num_layers=%d", x->first);
+    if (x->last) put_arg(out, "parallel%%decoder_last_pipeline_num_layers=%d", x->last);
+    put_arg(out, "parallel%%expert_model_parallel_size=%d", x->ep);
+    put_arg(out, "parallel%%expert_tensor_parallel_size=%d", x->etp);
+    put_arg(out, "parallel%%use_distributed_optimizer=T");
+    put_arg(out, "training%%micro_batch_size=%d", x->mbs);
+    put_arg(out, "training%%global_batch_size=%d", pl->gbs);
+    put_arg(out, "precision%%gpu_memory_gb=%.1f", floor(pl->usable_gib * 10) / 10);
+    if (x->fp8) {
+        put_arg(out, "precision%%fp8_format='e4m3'");
+        put_arg(out, "precision%%fp8_recipe='%s'", pl->gpu->fp8_recipe);
+    }
     const struct mt_config_recompute *r = &pl->settings[x->rc];
     /* searched: the namelists set no &recompute, so the setting's keys say it all */
+    char list[512];
     if (pl->searched && strcmp(r->granularity, "none") != 0) {
-        fprintf(out, " recompute%%granularity='%s'", r->granularity);
-        if (strcmp(r->granularity, "full") == 0)
-            fprintf(out, " recompute%%method='%s' recompute%%num_layers=%d", r->method,
-                    r->num_layers);
-        for (int i = 0; i < r->modules_len; i++)
-            fprintf(out, "%s'%s'", i ? "," : " recompute%modules=", r->modules[i]);
+        put_arg(out, "recompute%%granularity='%s'", r->granularity);
+        if (strcmp(r->granularity, "full") == 0) {
+            put_arg(out, "recompute%%method='%s'", r->method);
+            put_arg(out, "recompute%%num_layers=%d", r->num_layers);
+        }
+        if (r->modules_len > 0)
+            put_arg(out, "recompute%%modules=%s", quoted_list(list, sizeof list, r->modules, r->modules_len));
     }
     if (pl->searched && r->fine_grained_activation_offloading) {
-        fprintf(out, " recompute%%fine_grained_activation_offloading=T");
-        for (int i = 0; i < r->offload_modules_len; i++)
-            fprintf(out, "%s'%s'", i ? "," : " recompute%offload_modules=", r->offload_modules[i]);
+        put_arg(out, "recompute%%fine_grained_activation_offloading=T");
+        if (r->offload_modules_len > 0)
+            put_arg(out, "recompute%%offload_modules=%s",
+                    quoted_list(list, sizeof list, r->offload_modules, r->offload_modules_len));
     }
     fputc('\n', out);
 }

@@ -15,6 +15,10 @@ expect_fail() { # expect_fail NEEDLE ARGS...: moetrain plan must exit 1 with NEE
     [ "$(grep -c 'error: ' err.log)" -eq 1 ] || { cat err.log; fail "expected one error: $*"; }
 }
 
+# run_check ARGS: moetrain with the arguments of a printed check command, as a shell
+# reads them (the command quotes the namelist strings for the shell)
+run_check() { eval "\"\$MOETRAIN\" $1"; }
+
 # 16 GPUs, 4 layouts: each one's --check passes, and its bytes are --check's largest
 plan --gpus 16 --gpu h100 --global-batch 64 --top 4 "$nml" > plan.log 2>&1 ||
     { cat plan.log; fail "plan on 16 GPUs"; }
@@ -24,8 +28,7 @@ n=0
 while read -r args; do
     n=$((n + 1))
     planned=$(grep -A2 "^ *$n\. TP" plan.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
-    # shellcheck disable=SC2086
-    "$MOETRAIN" $args > check.log 2>&1 || { cat check.log; fail "layout $n fails --check: $args"; }
+    run_check "$args" > check.log 2>&1 || { cat check.log; fail "layout $n fails --check: $args"; }
     checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' check.log | sort -n | tail -1)
     [ -n "$planned" ] && [ "$planned" = "$checked" ] ||
         { cat plan.log check.log; fail "layout $n: plan says $planned bytes, --check $checked"; }
@@ -36,8 +39,7 @@ done < checks
 args=$(head -1 checks)
 limit=$(grep -m1 'total .* bytes) of' plan.log | sed 's/.* of \([0-9.]*\)$/\1/')
 [ "$limit" = "74.0" ] || fail "usable memory of an H100: $limit GiB, expected 74.0"
-# shellcheck disable=SC2086
-"$MOETRAIN" $args precision%gpu_memory_gb=0.000001 > /dev/null 2>&1 &&
+run_check "$args precision%gpu_memory_gb=0.000001" > /dev/null 2>&1 &&
     fail "--check of the top layout should fail with a 1 KiB limit"
 
 # a fixed axis: only layouts with TP 1 and EP 2
@@ -55,7 +57,7 @@ plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one > keep.log 2>&1 
 # shellcheck disable=SC2086
 plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one "recompute%granularity='full'" \
     "recompute%method='uniform'" recompute%num_layers=1 > rc.log 2>&1 || { cat rc.log; fail "plan with recompute"; }
-grep -q "check: .*recompute%granularity='full'" rc.log || { cat rc.log; fail "the check command lacks &recompute"; }
+grep -q "check: .*\"recompute%granularity='full'\"" rc.log || { cat rc.log; fail "the check command lacks &recompute"; }
 rate() { sed -n 's/.*modelled: \([0-9]*\) tokens.*/\1/p' "$1" | head -1; }
 bytes() { sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p' "$1" | head -1; }
 awk -v a="$(rate keep.log)" -v b="$(rate rc.log)" -v m="$(bytes keep.log)" -v n="$(bytes rc.log)" \
@@ -80,8 +82,7 @@ grep -q ' -  TP .*, recompute none: does not fit' tight.log ||
     { cat tight.log; fail "expected the layout without recompute shown not to fit"; }
 grep -A3 '^ *1\. TP' tight.log | grep 'check: ' | sed 's/^ *check: moetrain //' > tight.check
 grep -q "recompute%granularity=" tight.check || { cat tight.log; fail "no recompute keys in the check"; }
-# shellcheck disable=SC2046
-"$MOETRAIN" $(cat tight.check) > tight-check.log 2>&1 || { cat tight.log tight-check.log; fail "--check of the recomputing layout"; }
+run_check "$(cat tight.check)" > tight-check.log 2>&1 || { cat tight.log tight-check.log; fail "--check of the recomputing layout"; }
 planned=$(grep -A2 '^ *1\. TP' tight.log | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
 checked=$(sed -n 's/.*total \([0-9]*\) (.*/\1/p' tight-check.log | sort -n | tail -1)
 [ "$planned" = "$checked" ] || { cat tight.log tight-check.log; fail "planned $planned bytes, --check $checked"; }
@@ -123,8 +124,7 @@ echo "ok: full recompute of single layers keeps the fewest activation bytes on e
 # check_first NAME: the check command in NAME.check (the first layout's of NAME.log)
 # passes, and its most loaded rank's bytes are the plan's; sets $planned
 check_first() {
-    # shellcheck disable=SC2046
-    "$MOETRAIN" $(cat "$1.check") > "$1-check.log" 2>&1 || { cat "$1.log" "$1-check.log"; fail "$1: --check of the first layout"; }
+    run_check "$(cat "$1.check")" > "$1-check.log" 2>&1 || { cat "$1.log" "$1-check.log"; fail "$1: --check of the first layout"; }
     planned=$(grep -A2 '^ *1\. TP' "$1.log" | sed -n 's/.*total [0-9.]* (\([0-9]*\) bytes).*/\1/p')
     checked=$(sed -n 's/.*| total \([0-9]*\) (.*/\1/p' "$1-check.log" | sort -n | tail -1)
     [ -n "$planned" ] && [ "$planned" = "$checked" ] ||
@@ -149,7 +149,7 @@ grep -A1 '^ *1\. TP' off.log | grep -q 'offload copies [0-9]*%' ||
 grep -A2 '^ *1\. TP' off.log | grep -q 'offloaded to pinned host memory [0-9.]* GiB, [1-9][0-9]* bytes each way per step' ||
     { cat off.log; fail "no pinned host memory and traffic in the memory line"; }
 grep 'check: ' off.log | tail -1 | sed 's/^ *check: moetrain //' > off.check
-grep -q "recompute%fine_grained_activation_offloading=T recompute%offload_modules='expert_fc1','moe_act'" off.check ||
+grep -q "recompute%fine_grained_activation_offloading=T \"recompute%offload_modules='expert_fc1','moe_act'\"" off.check ||
     { cat off.log; fail "no offloading keys in the check command"; }
 check_first off
 grep -q '^ *-  TP .*, recompute selective moe_act+layernorm: does not fit' off.log ||
@@ -168,7 +168,7 @@ for gpu in h100:blockwise gb200:mxfp8; do
         { cat fp8.log; fail "plan with FP8 on ${gpu%:*}"; }
     grep -q "^ *1\. TP 1 x .*, FP8 ${gpu#*:}, recompute" fp8.log || { cat fp8.log; fail "${gpu%:*}: expected FP8 ${gpu#*:} first"; }
     grep 'check: ' fp8.log | tail -1 | sed 's/^ *check: moetrain //' > fp8.check
-    grep -q "precision%fp8_format='e4m3' precision%fp8_recipe='${gpu#*:}'" fp8.check ||
+    grep -q "\"precision%fp8_format='e4m3'\" \"precision%fp8_recipe='${gpu#*:}'\"" fp8.check ||
         { cat fp8.log; fail "${gpu%:*}: no FP8 keys in the check command"; }
     check_first fp8
     echo "ok: ${gpu%:*}: $(grep '^ *1\. TP' fp8.log | sed 's/^ *1\. //') ($planned bytes, as --check)"
@@ -183,8 +183,7 @@ plan --gpus 16 --gpu h100 --global-batch 64 --top 40 "$nml" parallel%tensor_mode
 grep -q 'accepted by .* ([1-9][0-9]* of them in FP8 too)' free.log || { cat free.log; fail "no layout tried in FP8"; }
 grep -A3 '^ *[0-9]*\. TP.*, FP8 blockwise' free.log | grep 'check: ' | sed 's/^ *check: moetrain //' > fp8s
 while read -r args; do
-    # shellcheck disable=SC2086
-    "$MOETRAIN" $args > check.log 2>&1 || { cat check.log; fail "an FP8 layout the rules refuse: $args"; }
+    run_check "$args" > check.log 2>&1 || { cat check.log; fail "an FP8 layout the rules refuse: $args"; }
 done < fp8s
 [ -s fp8s ] && grep -q '^ *[0-9]*\. TP.*, BF16' free.log || { cat free.log; fail "expected FP8 and BF16 layouts among 40"; }
 echo "ok: $(wc -l < fp8s) FP8 layouts of 40 with TP 1 pass --check"
