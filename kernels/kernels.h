@@ -42,6 +42,9 @@
 
 #include "kernels/quant_recipe.h"
 
+/* The partial sums of loss_sum's fixed order (struct mt_ops loss_sum): a power of two. */
+#define MT_LOSS_SUM_LANES 256
+
 /* Element types of typed tensors. */
 enum mt_dtype {
     MT_F32 = 0,
@@ -426,8 +429,11 @@ struct mt_kernel_ops {
     // shard_lse[r,n] - hi)), the sum in fp64 in r order
     void (*lse_combine)(void *ctx, float *lse, const float *shard_lse, int R, int N);
     // acc (1) += sum over n with targets[n] >= 0 of (double)(lse[n] - tlogit[n]) (the
-    // difference in fp32), summed in fp64 in n order from 0 and then added: the
-    // micro-batch's cross-entropy sum stays in backend memory (acc one double)
+    // difference in fp32), summed in fp64 in a fixed order every backend keeps: lane j
+    // of MT_LOSS_SUM_LANES sums the tokens n = j (mod MT_LOSS_SUM_LANES) in n order,
+    // then the lanes pairwise (lane j += lane j + w, w = MT_LOSS_SUM_LANES / 2 .. 1), then the
+    // total is added: the micro-batch's cross-entropy sum stays in backend memory (acc
+    // one double), and a GPU sums it with one block, not one thread
     void (*loss_sum)(void *ctx, double *acc, const float *lse, const float *tlogit,
                      const int32_t *targets, int N);
     // AdamW (torch.optim.AdamW semantics) on n fp32 master values, step t >= 1:

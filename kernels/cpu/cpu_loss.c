@@ -53,15 +53,17 @@ void mt_cpu_lse_combine(void *ctx, float *lse, const float *shard_lse, int R, in
     }
 }
 
-/* One running fp64 sum in token order, then added to acc. */
+/* The fp64 sum in loss_sum's order (kernels.h): lanes of strided tokens, then pairwise. */
 void mt_cpu_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
                      const int32_t *targets, int N)
 {
     (void)ctx;
-    double s = 0.0;
+    double s[MT_LOSS_SUM_LANES] = {0};
     for (int n = 0; n < N; n++)
-        if (targets[n] >= 0) s += lse[n] - tlogit[n];
-    *acc += s;
+        if (targets[n] >= 0) s[n % MT_LOSS_SUM_LANES] += lse[n] - tlogit[n];
+    for (int w = MT_LOSS_SUM_LANES / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) s[j] += s[j + w];
+    *acc += s[0];
 }
 
 /* AdamW's update of n values with the constants of its step. */

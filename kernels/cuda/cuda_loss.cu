@@ -160,16 +160,24 @@ extern "C" void mt_cuda_lse_combine(void *ctx, float *lse, const float *shard_ls
     MT_CUDA_LAUNCHED();
 }
 
-// The CPU reference's running fp64 sum in token order, which a parallel reduction would
-// reorder: one thread. A micro-batch's tokens (thousands) cost it microseconds, once per
-// micro-batch; what it saves is the host's wait for the per-token values.
-__global__ static void loss_sum_kernel(double *acc, const float *lse, const float *tlogit,
-                                       const int32_t *targets, int N)
+// loss_sum's fixed order (kernels.h), the CPU reference's: one block of
+// MT_LOSS_SUM_LANES threads, thread j summing the tokens j, j + lanes, ... in order
+// (coalesced), then the lanes pairwise in shared memory, then the total added.
+__global__ static void __launch_bounds__(MT_LOSS_SUM_LANES)
+    loss_sum_kernel(double *acc, const float *lse, const float *tlogit, const int32_t *targets, int N)
 {
-    double s = 0.0;
-    for (int n = 0; n < N; n++)
-        if (targets[n] >= 0) s += lse[n] - tlogit[n];
-    *acc += s;
+    MT_SHARED(double, s, [MT_LOSS_SUM_LANES]);
+    const int j = threadIdx.x;
+    double v = 0.0;
+    for (int n = j; n < N; n += MT_LOSS_SUM_LANES)
+        if (targets[n] >= 0) v += lse[n] - tlogit[n];
+    s[j] = v;
+    __syncthreads();
+    for (int w = MT_LOSS_SUM_LANES / 2; w >= 1; w /= 2) {
+        if (j < w) s[j] += s[j + w];
+        __syncthreads();
+    }
+    if (j == 0) *acc += s[0];
 }
 
 extern "C" void mt_cuda_loss_sum(void *ctx, double *acc, const float *lse, const float *tlogit,
@@ -177,6 +185,6 @@ extern "C" void mt_cuda_loss_sum(void *ctx, double *acc, const float *lse, const
 {
     MT_CUDA_OP(ctx, MT_OP_LOSS_SUM);
     mt_cuda_ctx *c = mt_cuda(ctx);
-    MT_LAUNCH(1, 1, 0, c->stream, loss_sum_kernel)(acc, lse, tlogit, targets, N);
+    MT_LAUNCH(1, MT_LOSS_SUM_LANES, 0, c->stream, loss_sum_kernel)(acc, lse, tlogit, targets, N);
     MT_CUDA_LAUNCHED();
 }

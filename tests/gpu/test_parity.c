@@ -1708,8 +1708,8 @@ static void test_cross_entropy(void)
 
 /* lse_combine: the shards' logsumexps combined per token in shard order (fp64 exp and
  * log, rounded to fp32: within fp32 rounding of the reference). loss_sum: the same
- * running fp64 sum in token order of fp32 differences, added to what acc held: the same
- * bits. */
+ * fp64 sums of fp32 differences in the same fixed order (lanes of strided tokens, then
+ * pairwise), added to what acc held: the same bits. */
 static void test_loss_ops(void)
 {
     const int N = 77;
@@ -1726,23 +1726,28 @@ static void test_loss_ops(void)
         dfree(d_sh);
         dfree(d_lse);
     }
-    float *lse = hrandn(N, 3.0f), *tl = hrandn(N, 3.0f);
-    int32_t *tg = xmalloc(sizeof(int32_t) * N);
-    for (int n = 0; n < N; n++) tg[n] = n % 5 == 2 ? -1 : n;
-    double want = 0.25;
-    C->op.loss_sum(C->ctx, &want, lse, tl, tg, N);
-    double got = 0.25, *d_acc = dup_to_dev(&got, sizeof got);
-    float *d_lse = dup_to_dev(lse, sizeof(float) * N), *d_tl = dup_to_dev(tl, sizeof(float) * N);
-    int32_t *d_tg = dup_to_dev(tg, sizeof(int32_t) * N);
-    G->op.loss_sum(G->ctx, d_acc, d_lse, d_tl, d_tg, N);
-    expect_bytes_dev("loss_sum onto 0.25", &want, d_acc, sizeof want);
-    free(lse);
-    free(tl);
-    free(tg);
-    dfree(d_acc);
-    dfree(d_lse);
-    dfree(d_tl);
-    dfree(d_tg);
+    /* fewer tokens than the lanes, and several strides ending in a part of one */
+    for (int M = N; M <= 1337; M += 1337 - N) {
+        float *lse = hrandn(M, 3.0f), *tl = hrandn(M, 3.0f);
+        int32_t *tg = xmalloc(sizeof(int32_t) * M);
+        for (int n = 0; n < M; n++) tg[n] = n % 5 == 2 ? -1 : n;
+        /* magnitudes 2^-30 .. 2^29, so that the fp64 sums round and their order shows */
+        for (int n = 0; n < M; n++) lse[n] = ldexpf(lse[n], n * 7 % 60 - 30);
+        double want = 0.25;
+        C->op.loss_sum(C->ctx, &want, lse, tl, tg, M);
+        double got = 0.25, *d_acc = dup_to_dev(&got, sizeof got);
+        float *d_lse = dup_to_dev(lse, sizeof(float) * M), *d_tl = dup_to_dev(tl, sizeof(float) * M);
+        int32_t *d_tg = dup_to_dev(tg, sizeof(int32_t) * M);
+        G->op.loss_sum(G->ctx, d_acc, d_lse, d_tl, d_tg, M);
+        expect_bytes_dev("loss_sum onto 0.25", &want, d_acc, sizeof want);
+        free(lse);
+        free(tl);
+        free(tg);
+        dfree(d_acc);
+        dfree(d_lse);
+        dfree(d_tl);
+        dfree(d_tg);
+    }
 }
 
 /* drop_mask: the same masked routing and the same count of drops, added to acc. */
