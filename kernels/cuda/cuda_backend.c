@@ -20,10 +20,31 @@ static const struct mt_graph_ops cuda_graph_ops = {
 };
 
 /* the FP8 recipes on the shards of tensor and expert-tensor parallelism (cuda_qdq.cu,
- * "Shards"); NVFP4's on whole tensors only */
-static const struct mt_quant_ops cuda_quant_ops = {
-    .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .grouped_gemm = mt_cuda_qgemm_grouped, .shards = true,
+ * "Shards"); NVFP4's on whole tensors only; the copies saved for backward (cuda_qdq.cu,
+ * "copies saved for backward"), unless MT_CUDA_QUANT_SAVE=0 (quant_save_from_env) */
+static struct mt_quant_ops cuda_quant_ops = {
+    .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .save = mt_cuda_quant_save,
+    .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped, .shards = true,
     .fp4_shards = false };
+
+/* MT_CUDA_QUANT_SAVE, read once when the backend starts: 1 (the default) or 0, which
+ * leaves save out of the op table, so that the model keeps its quantised linears'
+ * high-precision inputs and quantises them again in backward, as on a backend without
+ * save (doc/fp8.md, "FP8 copies saved for backward": the comparison that proves the
+ * copies change no bit). */
+static int quant_save_from_env(char *msg, size_t msg_len)
+{
+    const char *s = getenv("MT_CUDA_QUANT_SAVE");
+    if (!s || !*s || !strcmp(s, "1")) return 0;
+    if (strcmp(s, "0")) {
+        snprintf(msg, msg_len, "MT_CUDA_QUANT_SAVE='%s' is not 1 (keep FP8 copies for backward, the default) "
+                 "or 0 (keep the high-precision inputs)", s);
+        return -1;
+    }
+    cuda_quant_ops.save = NULL;
+    cuda_quant_ops.saved_bytes = NULL;
+    return 0;
+}
 
 static struct mt_kernels cuda_kernels = {
     .name = "cuda",
@@ -96,7 +117,8 @@ const struct mt_kernels *mt_kernels_cuda(struct mt_err *err)
     pthread_mutex_lock(&init_lock);
     if (!cuda_kernels.ctx) {
         char msg[512];
-        if (mt_cuda_ctx_create(&cuda_kernels.ctx, msg, sizeof msg) != 0) {
+        if (quant_save_from_env(msg, sizeof msg) != 0 ||
+            mt_cuda_ctx_create(&cuda_kernels.ctx, msg, sizeof msg) != 0) {
             mt_err_set(err, MT_EUNSUPPORTED, "CUDA backend: %s", msg);
             k = NULL;
         }

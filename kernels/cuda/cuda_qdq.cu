@@ -255,6 +255,150 @@ extern "C" void mt_cuda_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_
     if (own) mt_cuda_scratch_free(c, ws);
 }
 
+// ---------------------------------------------------------------- copies saved for backward
+//
+// save (struct mt_quant_ops save; doc/fp8.md "FP8 copies saved for backward"): x
+// quantised under s by the steps above into one block the size of the CPU backend's
+// packed copy (mt_qtensor_packed_bytes): 16 bytes of scalars (NVFP4's per-tensor decode
+// scale, then the amax and tensorwise scale of the quantisation), the quantiser's scales
+// from byte 16, the codes after them, 16-byte aligned. The copy is what the quantised
+// GEMM's quantiser would write for the operand it stands for: with blocks down the
+// columns (s->along == MT_Q_ALONG_COL, the wgrad GEMM's x) as the transpose (cols,
+// rows) with its blocks along the rows, the tokens contiguous; otherwise (per-tensor
+// scaling, the forward GEMM's x) as x is. qgemm_quantise then reads it in place of
+// quantising the operand (qgemm_read_saved): as it is when the GEMM reads the operand
+// so; transposed, a byte a code, when the GEMM reads a per-tensor copy the other way
+// (the wgrad GEMM); with zero rows (and their scales) added when cuBLASLt wants rows
+// padded. No value is quantised again, so every product is the unsaved path's.
+
+static bool qsave_transposed(const struct mt_quant_spec *s) { return s->along == MT_Q_ALONG_COL; }
+
+// The copy of x (R, C) under s: its quantised tensor, with its arrays in saved (NULL:
+// the shape only), and *bytes, its size.
+static struct mt_cuda_qtensor qsave_layout(const char *op, const struct mt_quant_spec *s, int64_t R, int64_t C,
+                                           const void *saved, size_t *bytes)
+{
+    const bool tr = qsave_transposed(s);
+    struct mt_cuda_qtensor q = qdq_layout(op, s, tr ? C : R, tr ? R : C, tr);
+    const size_t at_data = 16 + qdq_align16(q.scale_bytes);
+    *bytes = at_data + q.data_bytes;
+    if (saved) {
+        char *b = (char *)saved;
+        q.global = (float *)b;
+        if (s->scaling == MT_Q_MX || mt_q_is_nvfp4(s->scaling)) q.scale8 = (uint8_t *)(b + 16);
+        else q.scale = (float *)(b + 16);
+        q.data = (uint8_t *)(b + at_data);
+    }
+    return q;
+}
+
+extern "C" size_t mt_cuda_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols)
+{
+    if (rows <= 0 || cols <= 0) return 16;
+    size_t bytes;
+    qsave_layout("saved bytes", s, rows, cols, nullptr, &bytes);
+    return bytes;
+}
+
+extern "C" void mt_cuda_quant_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x)
+{
+    MT_CUDA_OP(ctx, MT_OP_CONVERT);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    mt_cuda_tensor_check("save", "x", x, true);
+    const int64_t R = x.rows, C = x.cols;
+    if (R <= 0 || C <= 0) return;
+    if (!saved) mt_cuda_fatal(__FILE__, __LINE__, "save", "saved is NULL (saved_bytes of backend memory)");
+    const bool tr = qsave_transposed(s);
+    if (s->rnd == MT_Q_SR && tr && !mt_quant_spec_transposed(s))
+        mt_cuda_fatal(__FILE__, __LINE__, "save", "stochastic rounding of a copy kept transposed (its element "
+                      "indices would not be the CPU's)");
+    size_t bytes;
+    struct mt_cuda_qtensor q = qsave_layout("save", s, R, C, saved, &bytes);
+    // the staging of x in fp32 (steps 1 to 3): the spec's work, else the allocator's
+    const size_t staging = sizeof(float) * (size_t)(R * C);
+    const bool own = !(s->work && s->work_bytes >= staging);
+    float *w = own ? (float *)mt_cuda_scratch(c, staging) : (float *)s->work;
+    qdq_quantise(c, "save", s, x, tr, w, &q, q.global + 1);
+    if (own) mt_cuda_scratch_free(c, w);
+}
+
+// dst (rows, cols) = src (src_rows, cols), the rows after src_rows filled with fill (the
+// copy's codes and scales with the zero rows cuBLASLt's padding adds). A thread an
+// element of dst.
+template <typename T>
+__global__ static void qsave_pad_rows_kernel(T *dst, const T *src, int64_t src_rows, int64_t rows, int64_t cols,
+                                             T fill)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * cols) return;
+    dst[i] = i / cols < src_rows ? src[i] : fill;
+}
+
+// dst (rows, k) = the transpose of src (k, cols) of one-byte codes, zero rows from cols
+// to rows (a per-tensor copy read the other way). A thread a byte of dst.
+__global__ static void qsave_transpose_kernel(uint8_t *dst, const uint8_t *src, int64_t k, int64_t cols, int64_t rows)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * k) return;
+    const int64_t r = i / k, j = i % k;
+    dst[i] = r < cols ? src[j * cols + r] : 0;
+}
+
+template <typename T>
+static void qsave_pad_rows(mt_cuda_ctx *c, T *dst, const T *src, int64_t src_rows, int64_t rows, int64_t cols, T fill)
+{
+    MT_LAUNCH(mt_cdiv((size_t)(rows * cols), QDQ_THREADS), QDQ_THREADS, 0, c->stream, qsave_pad_rows_kernel<T>)(
+        dst, src, src_rows, rows, cols, fill);
+    MT_CUDA_LAUNCHED();
+}
+
+// q (the quantised GEMM's operand: its layout, its arrays placed in scratch) = the copy
+// s->saved of x, read as the operand is loaded (tr): its arrays pointed at the copy's
+// where they are the same, else the copy's codes transposed or its rows padded into q's
+// scratch (the top of this section). x's data is not read.
+static void qgemm_read_saved(mt_cuda_ctx *c, const struct mt_quant_spec *s, struct mt_tensor x, bool tr,
+                             struct mt_cuda_qtensor *q)
+{
+    size_t bytes;
+    const struct mt_cuda_qtensor sq = qsave_layout("quantised gemm", s, x.rows, x.cols, s->saved, &bytes);
+    q->global = sq.global;
+    if (qsave_transposed(s) != tr) {
+        if (s->scaling != MT_Q_TENSOR) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the saved copy's %s blocks lie along the other dimension of x than this "
+                     "GEMM's reduction", mt_q_scaling_name(s->scaling));
+            mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", msg);
+        }
+        MT_LAUNCH(mt_cdiv((size_t)(q->rows * q->cols), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
+                  qsave_transpose_kernel)(q->data, sq.data, q->cols, sq.cols, q->rows);
+        MT_CUDA_LAUNCHED();
+        q->scale = sq.scale;
+        return;
+    }
+    if (q->rows == sq.rows) {
+        q->data = sq.data, q->scale = sq.scale, q->scale8 = sq.scale8;
+        return;
+    }
+    // rows padded: zero codes, and the scales the quantiser gives a row of zeros
+    const int64_t row_bytes = (int64_t)(sq.data_bytes / (size_t)sq.rows);
+    qsave_pad_rows<uint8_t>(c, q->data, sq.data, sq.rows, q->rows, row_bytes, 0);
+    switch (s->scaling) {
+    case MT_Q_TENSOR: q->scale = sq.scale; break;
+    case MT_Q_BLOCK_1X128:
+        qsave_pad_rows<float>(c, q->scale, sq.scale, sq.srows, q->srows, q->scols,
+                              1.0f / mt_q_block_scale(0.0f, MT_E4M3_MAX, 1));
+        break;
+    case MT_Q_BLOCK_128X128: // zero rows inside the last block change none of its scales
+        qsave_pad_rows<float>(c, q->scale, sq.scale, sq.srows, q->srows, q->scols, 1.0f);
+        break;
+    case MT_Q_MX: qsave_pad_rows<uint8_t>(c, q->scale8, sq.scale8, sq.srows, q->srows, q->scols, mt_q_mx_scale(0.0f)); break;
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D:
+        qsave_pad_rows<uint8_t>(c, q->scale8, sq.scale8, sq.srows, q->srows, q->scols, mt_q_nvfp4_block_scale(0.0f, 1.0f));
+        break;
+    }
+}
+
 // ---------------------------------------------------------------- the quantised GEMM
 //
 // c (m,n) = beta c + op(q_a(a)) op(q_b(b)) (struct mt_quant_ops gemm) as cuBLASLt's
@@ -353,7 +497,9 @@ struct qgemm_operand {
 // Quantises x (R, C) under s as `rows` rows of k (x transposed when tr), k padded to
 // kpad in the codes; lt: for cuBLASLt (its scale mode and its order of the block scales,
 // blockwise as UE8M0 off Hopper), else the codes (rows, k) and the quantiser's own
-// scales as they are (the grouped GEMM below reads those; kpad must be k).
+// scales as they are (the grouped GEMM below reads those; kpad must be k). s->saved:
+// the copy save made of x, read instead of quantising x (qgemm_read_saved; no amax
+// recorded, x's data not read).
 static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s,
                                     struct mt_tensor x, bool tr, int64_t rows, int64_t kpad, bool lt)
 {
@@ -393,11 +539,12 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     const size_t row_bytes = (size_t)(fp4 ? (k + 1) / 2 : k), pad_row_bytes = (size_t)(fp4 ? kpad / 2 : kpad);
     // scratch: the fp32 staging, then codes, scales, scalars and UE8M0 scales; once the
     // quantiser has read the staging, the arranged scales and the padded codes take its
-    // place (the stream orders the kernels)
+    // place (the stream orders the kernels). A saved copy (s->saved) needs no staging;
+    // the codes and scales are where the copy is read transposed or with rows added.
     const bool padded = kpad != k;
     const size_t at_lt = 0, at_pad = qgemm_align256(lt_bytes);
     const size_t after = at_pad + (padded ? pad_row_bytes * (size_t)rows : 0);
-    const size_t staging = qgemm_align256(sizeof(float) * (size_t)(rows * k));
+    const size_t staging = s->saved ? 0 : qgemm_align256(sizeof(float) * (size_t)(rows * k));
     const size_t at_codes = staging > after ? staging : qgemm_align256(after);
     const size_t at_scale = at_codes + qgemm_align256(o.q.data_bytes);
     const size_t at_scalars = at_scale + qgemm_align256(o.q.scale_bytes);
@@ -410,7 +557,8 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     else o.q.scale = (float *)(ws + at_scale);
     float *scalars = (float *)(ws + at_scalars);
     o.q.global = scalars + 2;
-    qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
+    if (s->saved) qgemm_read_saved(c, s, x, tr, &o.q);
+    else qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
     if (!lt) {
         o.scales = o.q.scale ? (const void *)o.q.scale : (const void *)o.q.scale8;
     } else if (tensor) {
