@@ -36,10 +36,14 @@
 //           of its quantised GEMM, each recipe's forward, dgrad and wgrad: within
 //           (K + 4) 2^-24 sum_k |a_k b_k| (the grouped kernel sums in fp32, the emulated
 //           cuBLASLt exactly), one grouped kernel and fewer launches than the loop.
+//   saved   the CUDA backend's copies saved for backward (save, saved_bytes): the CPU's
+//           size, the quantised GEMM reading the copy bit for bit the one quantising x,
+//           within the qgemm bound of the CPU backend's GEMM reading its copy.
 //   qdq also quantises halves of a tensor split as tensor parallelism splits it, each
 //           with its place and the tensor's amax: the CPU's bits, the whole tensor's.
 //
-// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|grouped-gb200
+// Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|grouped-gb200|
+//        saved-h100|saved-gb200
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -1365,6 +1369,91 @@ static void run_qgemm(bool h100)
     cuda_backend_done();
 }
 
+// The copies saved for backward (struct mt_quant_ops save, saved_bytes; the model's
+// dense linears): the CUDA backend's copy of x under the spec the model saves it with
+// (per-tensor scaling: the forward's, read by the forward and, transposed, by the wgrad
+// GEMM; the block recipes: the wgrad's) takes the CPU's saved_bytes; the quantised GEMM
+// reading it (x's device data NaN: not read) writes the bits of the GEMM that quantises
+// x itself, and is within the qgemm bound of the CPU backend's GEMM reading the CPU's
+// copy. Shapes: tokens not a multiple of 16 (the wgrad's k padded), din 30 (cuBLASLt's
+// rows padded: the copy read with zero rows added).
+static void saved_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
+                       int64_t N, int64_t dout, int64_t din, bool bf16)
+{
+    const bool wgrad = u == WGRAD;
+    const enum use cu = r == DELAYED || r == TENSORWISE ? FWD : WGRAD; // the copy's use (model_lowp.c copy_use)
+    // forward: out (N, dout) = x W^T; wgrad: dW (dout, din) = dy^T x
+    const int64_t m = wgrad ? dout : N, n = wgrad ? din : dout, k = wgrad ? N : din;
+    qg_operand x = qg_make(gpu, N, din, bf16), o = wgrad ? qg_make(gpu, N, dout, false) : qg_make(gpu, dout, din, bf16);
+    struct mt_quant_spec sx = model_spec(r, RX, u), so = model_spec(r, wgrad ? RG : RW, u);
+    const struct mt_quant_spec cs = model_spec(r, RX, cu);
+    const enum mt_dtype xdt = bf16 ? MT_BF16 : MT_F32;
+    const size_t gb = gpu->quant->saved_bytes(&cs, N, din), cb = cpu->quant->saved_bytes(&cs, N, din);
+    void *dcopy = gpu->op.alloc(gpu->ctx, gb);
+    std::vector<char> hcopy(cb);
+    gpu->quant->save(gpu->ctx, &cs, dcopy, mt_tview(x.dev, xdt, N, din));
+    cpu->quant->save(cpu->ctx, &cs, hcopy.data(), mt_tview(x.host(), xdt, N, din));
+    // the GEMM quantising x, then the one reading the copy, x's device data NaN
+    const size_t nc = (size_t)(m * n);
+    void *dc = gpu->op.alloc(gpu->ctx, 4 * nc), *dc2 = gpu->op.alloc(gpu->ctx, 4 * nc);
+    const struct mt_tensor xt = mt_tview(x.dev, xdt, N, din);
+    const struct mt_tensor ot = mt_tview(o.dev, o.bf16 ? MT_BF16 : MT_F32, o.rows, o.cols);
+    if (wgrad) gpu->quant->gemm(gpu->ctx, true, false, &so, ot, &sx, xt, 0.0f, mt_f32((float *)dc, m, n));
+    else gpu->quant->gemm(gpu->ctx, false, true, &sx, xt, &so, ot, 0.0f, mt_f32((float *)dc, m, n));
+    gpu->op.memset(gpu->ctx, x.dev, 0xff, x.bytes());
+    struct mt_quant_spec ss = sx;
+    ss.saved = dcopy;
+    if (wgrad) gpu->quant->gemm(gpu->ctx, true, false, &so, ot, &ss, xt, 0.0f, mt_f32((float *)dc2, m, n));
+    else gpu->quant->gemm(gpu->ctx, false, true, &ss, xt, &so, ot, 0.0f, mt_f32((float *)dc2, m, n));
+    std::vector<float> c1(nc), c2(nc), hc(nc);
+    gpu->op.copy(gpu->ctx, c1.data(), dc, 4 * nc);
+    gpu->op.copy(gpu->ctx, c2.data(), dc2, 4 * nc);
+    int differ = 0;
+    for (size_t i = 0; i < nc; i++) differ += bits(c1[i]) != bits(c2[i]);
+    // the CPU's GEMM reading its copy (x NaN there too), and sum |a b| of qdq's values
+    std::vector<float> nan_x(x.x.size(), NAN), qx(x.x.size()), qo(o.x.size());
+    struct mt_quant_spec hs = sx;
+    hs.saved = hcopy.data();
+    const struct mt_tensor hx = mt_f32(nan_x.data(), N, din), ho = mt_tview(o.host(), o.bf16 ? MT_BF16 : MT_F32, o.rows, o.cols);
+    if (wgrad) cpu->quant->gemm(cpu->ctx, true, false, &so, ho, &hs, hx, 0.0f, mt_f32(hc.data(), m, n));
+    else cpu->quant->gemm(cpu->ctx, false, true, &hs, hx, &so, ho, 0.0f, mt_f32(hc.data(), m, n));
+    cpu->quant->qdq(cpu->ctx, &sx, mt_f32(qx.data(), N, din), mt_tview(x.host(), xdt, N, din));
+    cpu->quant->qdq(cpu->ctx, &so, mt_f32(qo.data(), o.rows, o.cols), ho);
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double mag = 0;
+            for (int64_t kk = 0; kk < k; kk++)
+                mag += wgrad ? fabs((double)qo[(size_t)(kk * dout + i)] * qx[(size_t)(kk * din + j)])
+                             : fabs((double)qx[(size_t)(i * din + kk)] * qo[(size_t)(j * din + kk)]);
+            const size_t e = (size_t)(i * n + j);
+            if (!(fabs((double)c2[e] - hc[e]) <= qgemm_bound(k, mag, 0.0f, 0.0f, false, r == NVFP4, hc[e], c2[e])))
+                bad++;
+        }
+    emu_check(gb == cb && !differ && !bad,
+              "saved copy %s, %s GEMM reading it: m %lld n %lld k %lld, %s x: %zu bytes (the CPU's %zu); the bits of "
+              "the GEMM quantising x (%d differ); within (K + 4) 2^-24 sum|ab| of the CPU's GEMM on its copy "
+              "(%d outside)", recipe_name[r], use_name[u], (long long)m, (long long)n, (long long)k,
+              bf16 ? "bf16" : "fp32", gb, cb, differ, bad);
+    for (void *p : {x.dev, o.dev, dc, dc2, dcopy}) gpu->op.free(gpu->ctx, p);
+}
+
+static void run_saved(bool h100)
+{
+    const struct mt_kernels *gpu = cuda_backend();
+    const struct mt_kernels *cpu = mt_kernels_cpu();
+    const std::vector<enum recipe> mine =
+        h100 ? std::vector<enum recipe>{DELAYED, TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, NVFP4, BLOCKWISE};
+    static const int64_t shapes3[][3] = {{37, 64, 96}, {64, 136, 320}, {21, 40, 30}};
+    for (const enum recipe r : mine)
+        for (const auto &sh : shapes3) {
+            saved_case(gpu, cpu, r, WGRAD, sh[0], sh[1], sh[2], false);
+            saved_case(gpu, cpu, r, WGRAD, sh[0], sh[1], sh[2], true);
+            if (r == DELAYED || r == TENSORWISE) saved_case(gpu, cpu, r, FWD, sh[0], sh[1], sh[2], true);
+        }
+    cuda_backend_done();
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -1375,6 +1464,8 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "qgemm-gb200")) run_qgemm(false);
     else if (!strcmp(mode, "grouped-h100")) run_qgrouped(true);
     else if (!strcmp(mode, "grouped-gb200")) run_qgrouped(false);
+    else if (!strcmp(mode, "saved-h100")) run_saved(true);
+    else if (!strcmp(mode, "saved-gb200")) run_saved(false);
     else if (!strncmp(mode, "gemm-", 5)) {
         if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
         int dev = 0;
@@ -1392,7 +1483,7 @@ int main(int argc, char **argv)
         cublasLtDestroy(lt);
     } else {
         fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|"
-                "grouped-gb200\n");
+                "grouped-gb200|saved-h100|saved-gb200\n");
         return 2;
     }
     printf("%d checks, %d failed\n", emu_checks, emu_failures);

@@ -5,15 +5,16 @@
 # and FP4 matmuls against the CPU reference GEMM, and the CUDA backend's quantised GEMM
 # op (cuBLASLt FP8/FP4 matmuls) against the CPU backend's: on the emulated H100
 # (delayed, tensorwise, blockwise) and GB200 (MXFP8, NVFP4); the grouped quantised GEMM
-# of the routed experts against the per-expert loop; qdq of tensor-parallel shards.
+# of the routed experts against the per-expert loop; the copies saved for
+# backward (the GEMM reading one bit for bit the GEMM quantising x); qdq of tensor-parallel shards.
 # Never skipped.
 prog="${MT_TOP_BUILDDIR:-.}/tests/gpu/emu_quant"
 status=0
-for mode in quant order qdq gemm-h100 qgemm-h100 grouped-h100; do
+for mode in quant order qdq gemm-h100 qgemm-h100 grouped-h100 saved-h100; do
     echo "== emu_quant $mode"
     MT_EMU_DEVICE=h100 "$prog" "$mode" || status=1
 done
-for mode in gemm-gb200 qgemm-gb200 grouped-gb200; do
+for mode in gemm-gb200 qgemm-gb200 grouped-gb200 saved-gb200; do
     echo "== emu_quant $mode"
     MT_EMU_DEVICE=gb200 "$prog" "$mode" || status=1
 done

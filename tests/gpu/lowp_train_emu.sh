@@ -45,9 +45,12 @@ NVFP4="precision%fp4_format='e2m1'"
 # the cuBLASLt scale modes of each recipe's matmuls
 DELAYED_MODES="SCALAR_32F" TENSORWISE_MODES="SCALAR_32F" BLOCKWISE_MODES="VEC128_32F, BLK128x128_32F"
 MXFP8_MODES="VEC32_UE8M0" NVFP4_MODES="VEC16_UE4M3"
+# the recipes whose dense linears keep FP8 copies for backward compared with a run that
+# keeps the high-precision inputs (MT_CUDA_QUANT_SAVE=0): per-tensor copies (read by the
+# forward, transposed by the wgrad GEMM) on the H100, block copies on the GB200
 case $device in
-h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" ;;
-gb200) recipes="MXFP8 NVFP4" refused="" ;;
+h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" saved="TENSORWISE" ;;
+gb200) recipes="MXFP8 NVFP4" refused="" saved="MXFP8" ;;
 *) fail "MT_LOWP_DEVICE='$device': h100 or gb200" ;;
 esac
 MT_EMU_DEVICE=$device
@@ -58,7 +61,7 @@ run() { # run NAME BACKEND OVERRIDES
     "$EMU" --backend="$2" "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" training%train_iters=3 \
         optimizer%lr_warmup_iters=1 logging%log_interval=1 training%eval_interval=100 training%eval_iters=1 \
         training%micro_batch_size=2 training%global_batch_size=2 training%seq_length=64 \
-        "precision%params_dtype='bf16'" "logging%metrics_file='$1.jsonl'" $3 > "$1.log" 2>&1
+        "precision%params_dtype='bf16'" "logging%metrics_file='$1.jsonl'" logging%log_memory=.true. $3 > "$1.log" 2>&1
 }
 
 for r in $recipes; do
@@ -82,6 +85,32 @@ for r in $recipes; do
         { cat "$r.cuda.log"; fail "$r: --backend cuda ran no cuBLASLt FP8/FP4 matmul with scale modes $modes"; }
     grep '^moetrain: the emulated device saw' "$r.cuda.log" | grep -q '(the same)$' ||
         { cat "$r.cuda.log"; fail "$r: the backend's launch and sync counts are not what the emulated device saw"; }
+done
+
+# The copies saved for backward (doc/fp8.md, "FP8 copies saved for backward"): the same
+# losses and gradient norms, bit for bit, as the run without them, and the memory line
+# of --log-memory counting the copies as --check counts them (the CUDA backend's
+# saved_bytes; --check plans with the CPU's, which the copy's size must equal).
+copies() { sed -n 's/.*of which FP8\/FP4 copies \([0-9]*\) in place of \([0-9]*\) .*/\1 \2/p' "$1" | head -1; }
+for r in $saved; do
+    eval "o=\$$r"
+    MT_CUDA_QUANT_SAVE=0 run "$r.nosave" cuda "$o" || { cat "$r.nosave.log"; fail "$r: MT_CUDA_QUANT_SAVE=0 failed"; }
+    for f in loss grad_norm; do
+        json_field "$r.cuda.jsonl" $f > saved.$f
+        json_field "$r.nosave.jsonl" $f > nosave.$f
+        [ -s saved.$f ] && cmp saved.$f nosave.$f ||
+            { paste saved.$f nosave.$f; fail "$r: the $f with FP8 copies saved for backward is not the $f without"; }
+    done
+    # shellcheck disable=SC2086 # $o is a list of overrides
+    "$EMU" --check "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" training%micro_batch_size=2 training%global_batch_size=2 \
+        training%seq_length=64 "precision%params_dtype='bf16'" $o > "$r.check" 2>&1 ||
+        { cat "$r.check"; fail "$r: --check failed"; }
+    cc=$(copies "$r.check") cl=$(copies "$r.cuda.log")
+    [ -n "$cl" ] && [ "$cc" = "$cl" ] ||
+        { cat "$r.cuda.log"; fail "$r: --log-memory on --backend cuda says FP8 copies '$cl', --check '$cc'"; }
+    grep -q 'of which FP8/FP4 copies' "$r.nosave.log" &&
+        { cat "$r.nosave.log"; fail "$r: MT_CUDA_QUANT_SAVE=0 still reports FP8 copies"; }
+    echo "$r: losses and gradient norms with the copies saved = without; copies, bytes in place of bytes: $cl (--check = --log-memory)"
 done
 
 for r in $refused; do
