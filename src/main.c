@@ -151,6 +151,10 @@ static void print_layout(const struct mt_config *c, const struct mt_layout *l)
             printf("pipeline transfers: the steady phase's sends and receives started before "
                    "the compute that follows them, waited for before their data is used "
                    "(overlap_p2p_comm)\n");
+        if (c->parallel.overlap_p2p_comm_warmup_flush)
+            printf("pipeline transfers: the warm-up's and the flush's sends and receives "
+                   "started ahead too, each waited for when its data is needed or after the "
+                   "next pass (overlap_p2p_comm_warmup_flush)\n");
         for (int s = 0; s < l->pp; s++) {
             printf("  stage %d:", s);
             for (int ch = 0; ch < l->vpp; ch++) {

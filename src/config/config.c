@@ -1113,6 +1113,13 @@ int mt_config_resolve(struct mt_config *c, int world, struct mt_layout *l, struc
                           "both, or overlap_p2p_comm = .false. (Megatron: the non-interleaved "
                           "schedule does not support overlapping p2p communication)",
                           l->pp, l->vpp);
+    if (p->overlap_p2p_comm_warmup_flush && !p->overlap_p2p_comm)
+        return mt_err_set(err, MT_EINVAL,
+                          "&parallel overlap_p2p_comm_warmup_flush = .true. needs "
+                          "overlap_p2p_comm = .true. (and with it the interleaved pipeline "
+                          "schedule): set overlap_p2p_comm = .true., or "
+                          "overlap_p2p_comm_warmup_flush = .false. (Megatron: "
+                          "overlap_p2p_comm_warmup_flush is only valid with overlap_p2p_comm)");
     if (e->moe_shared_expert_overlap) {
         const char *why = NULL;
         if (e->num_experts == 0 || e->shared_expert_intermediate_size == 0)

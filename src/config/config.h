@@ -82,6 +82,7 @@ struct mt_config_parallel {
     bool overlap_grad_reduce;        /* each gradient bucket reduced as backward finishes it */
     bool overlap_param_gather;       /* each bucket's all-gather waited for at first use */
     bool overlap_p2p_comm;           /* interleaved pipeline: transfers started ahead */
+    bool overlap_p2p_comm_warmup_flush; /* ... in the warm-up and the flush too */
     int ddp_bucket_size;             /* gradient bucket, elements; 0: max(40M, 1M x DP) */
 };
 

@@ -801,13 +801,29 @@ static int override_of(const struct conv *c, const char *key)
     return -1;
 }
 
+/* Drops the override at index i (its order does not matter). */
+static void drop_override(struct conv *c, int i)
+{
+    free(c->out->overrides[i]);
+    c->out->overrides[i] = c->out->overrides[--c->out->noverrides];
+}
+
 /* Megatron's p2p overlap: on by default with the interleaved schedule (only
  * --no-overlap-p2p-communication turns it off), turned off without it whatever the flags
- * say (older versions' --overlap-p2p-communication included). */
+ * say (older versions' --overlap-p2p-communication included); its warm-up/flush variant
+ * is only read by the interleaved schedule, so it is dropped without it. */
 static int pipeline_rule(struct conv *c)
 {
     const int v = override_of(c, "parallel%virtual_pipeline_model_parallel_size=");
     const bool vpp = v >= 0 && atol(strchr(c->out->overrides[v], '=') + 1) > 1;
+    const int w = override_of(c, "parallel%overlap_p2p_comm_warmup_flush=");
+    if (!vpp && w >= 0) {
+        drop_override(c, w);
+        MT_CHECK(add_note(c, strdup("--overlap-p2p-communication-warmup-flush"),
+                          "not applicable",
+                          "ignored, as Megatron's non-interleaved schedule does not read it "
+                          "(no virtual pipeline)"));
+    }
     const int o = override_of(c, "parallel%overlap_p2p_comm=");
     if (vpp && o < 0) {
         MT_CHECK(add_override(c, strdup("parallel%overlap_p2p_comm=.true.")));
@@ -816,8 +832,7 @@ static int pipeline_rule(struct conv *c)
                         "parallel%%overlap_p2p_comm = .true.");
     }
     if (!vpp && o >= 0 && strstr(c->out->overrides[o], ".true.")) {
-        free(c->out->overrides[o]);
-        c->out->overrides[o] = c->out->overrides[--c->out->noverrides];
+        drop_override(c, o);
         return add_note(c, strdup("--overlap-p2p-communication"), "not applicable",
                         "ignored, as Megatron turns p2p overlap off without the interleaved "
                         "schedule (no virtual pipeline)");

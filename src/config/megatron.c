@@ -111,9 +111,7 @@ const struct mt_megatron_flag mt_megatron_flags[] = {
     V("--ddp-bucket-size", "parallel%ddp_bucket_size"),
     S("--overlap-p2p-communication", "parallel%overlap_p2p_comm"), /* older Megatron's */
     S("--no-overlap-p2p-communication", "parallel%overlap_p2p_comm=.false."),
-    RF("--overlap-p2p-communication-warmup-flush",
-       "moetrain overlaps the transfers of the steady 1F1B phase only (overlap_p2p_comm); "
-       "those of the warmup and the flush stay one blocking batch each: drop the flag"),
+    S("--overlap-p2p-communication-warmup-flush", "parallel%overlap_p2p_comm_warmup_flush"),
     NA("--accumulate-allreduce-grads-in-fp32", "gradients are always reduced in fp32"),
     NI("--tp-comm-overlap", "TP communication overlap"),
     /* activation recompute */

@@ -151,6 +151,12 @@ const struct mt_key mt_schema[] = {
           "the backward that follows, and wait for them just before their data is used "
           "(Megatron's --overlap-p2p-communication). Results are the same, bit for bit "
           "(doc/host-overhead.md, Overlap)"),
+    KBOOL(parallel, overlap_p2p_comm_warmup_flush, 0,
+          "with overlap_p2p_comm: the warm-up's and the flush's transfers started ahead too: "
+          "each forward's send (each backward's in the flush) waited for after the next "
+          "pass, the next input's (gradient's) receive started before the pass and waited "
+          "for when it is used (Megatron's --overlap-p2p-communication-warmup-flush). "
+          "Results are the same, bit for bit (doc/host-overhead.md, Overlap)"),
     KINT(parallel, ddp_bucket_size, 0, 0, IMAX,
          "elements per gradient bucket of the data-parallel reduction (Megatron's "
          "--ddp-bucket-size); 0 = max(40000000, 1000000 x data-parallel size)"),

@@ -86,9 +86,10 @@ struct trainer {
     float **q_mem;
     bool dry;
     /* &parallel overlap_p2p_comm (interleaved schedule): the steady phase's transfers are
-     * started before the compute that follows them; how many of them the last step had
+     * started before the compute that follows them (with overlap_p2p_comm_warmup_flush,
+     * overlap_wf, the warm-up's and the flush's too); how many of them the last step had
      * in flight during a compute pass */
-    bool overlap_p2p;
+    bool overlap_p2p, overlap_wf;
     long long p2p_ahead;
 };
 
@@ -459,6 +460,7 @@ struct il_state {
     int nmb;
     struct pp_queue qx[MT_MAX_VPP], qg[MT_MAX_VPP];
     struct il_inflight fwd, bwd; /* activations forward, gradients back (overlap_p2p) */
+    struct il_inflight pre;      /* the warm-up's or the flush's next receive (overlap_wf) */
     long long passes;            /* forward and backward passes run so far */
     long long ahead;             /* transfers in flight during a compute pass */
 };
@@ -529,7 +531,7 @@ static int il_exchange(struct il_state *S, float *out, float *dx, bool recv_prev
     return rc;
 }
 
-/* overlap_p2p_comm: starts one direction's transfers of the steady phase: send (a message
+/* overlap_p2p_comm: starts one direction's transfers (or one receive): send (a message
  * of the schedule's, owned by f from now on) to send_peer, and with recv the next message
  * from recv_peer, to be queued into `into` at the wait (il_finish). */
 static int il_start(struct il_state *S, struct il_inflight *f, float *send, int send_peer,
@@ -615,6 +617,40 @@ static int il_bwd(struct il_state *S, int k, float **dx, struct mt_err *err)
     return rc;
 }
 
+/* overlap_p2p_comm_warmup_flush: pass k of the warm-up (a forward, fwd) or of the flush
+ * (a backward) with its transfers started ahead, as Megatron's: the pass's input,
+ * received ahead (pre), waited for; the receive of the next pass's input (recv, queued
+ * for chunk nc) started before the pass; the pass's output sent after it, the previous
+ * pass's send waited for only then (it ran beside this pass). The stage whose next input
+ * comes round the ring (the first stage's activations, the last stage's gradients)
+ * starts that receive after its send, as Megatron's first stage does: a device backend
+ * runs a stage's transfers in the order they are started (NCCL: one stream), and that
+ * receive started first would wait for the other end of the ring, which waits for this
+ * send. */
+static int il_pass_ahead(struct il_state *S, bool fwd, int k, bool recv, int nc,
+                         struct mt_err *err)
+{
+    struct trainer *t = S->t;
+    const int next = (t->pp_rank + 1) % t->pp, prev = (t->pp_rank + t->pp - 1) % t->pp;
+    const int tag = fwd ? TAG_PP_FWD : TAG_PP_BWD, to = fwd ? next : prev,
+              from = fwd ? prev : next;
+    struct il_inflight *send = fwd ? &S->fwd : &S->bwd;
+    struct pp_queue *into = fwd ? &S->qx[nc] : &S->qg[nc];
+    const bool round = fwd ? t->first : t->last;
+    float *out;
+    MT_CHECK(il_finish(S, &S->pre, err));
+    if (recv && !round) MT_CHECK(il_start(S, &S->pre, NULL, 0, true, from, tag, into, err));
+    MT_CHECK(fwd ? il_fwd(S, k, &out, err) : il_bwd(S, k, &out, err));
+    int rc = il_finish(S, send, err);
+    if (rc) {
+        msg_free(t, out);
+        return rc;
+    }
+    MT_CHECK(il_start(S, send, out, to, false, 0, tag, NULL, err));
+    if (recv && round) MT_CHECK(il_start(S, &S->pre, NULL, 0, true, from, tag, into, err));
+    return MT_OK;
+}
+
 /* The warmup forwards of stage s: Megatron's interleaved schedule. */
 static int il_warmup(const struct trainer *t, int nmb, bool *all_warm)
 {
@@ -636,21 +672,29 @@ static int il_run(struct il_state *S, struct mt_err *err)
         MT_CHECK(il_exchange(S, NULL, NULL, true, false, &x, &g, err));
         q_push(&S->qx[0], x);
     }
+    const int next = (t->pp_rank + 1) % P, prev = (t->pp_rank + P - 1) % P;
     for (int k = 0; k < warm; k++) {
-        MT_CHECK(il_fwd(S, k, &out, err));
         const int nc = chunk_of(t, k + 1, true);
         bool recv_prev = !(t->first && nc == 0) && k != total - 1;
         bool recv_next = false;
         if (k == warm - 1 && !all_warm) recv_next = !t->last;
+        if (t->overlap_wf) { /* the steady phase's first gradient received ahead too */
+            MT_CHECK(il_pass_ahead(S, true, k, recv_prev, nc, err));
+            if (recv_next)
+                MT_CHECK(il_start(S, &S->bwd, NULL, 0, true, next, TAG_PP_BWD, &S->qg[V - 1],
+                                  err));
+            continue;
+        }
+        MT_CHECK(il_fwd(S, k, &out, err));
         int rc = il_exchange(S, out, NULL, recv_prev, recv_next, &x, &g, err);
         msg_free(t, out);
         MT_CHECK(rc);
         if (recv_next) q_push(&S->qg[V - 1], g);
         if (recv_prev) q_push(&S->qx[nc], x);
     }
-    const int next = (t->pp_rank + 1) % P, prev = (t->pp_rank + P - 1) % P;
     for (int k = 0; k < rem; k++) {
         const int fk = k + warm, bk = k;
+        MT_CHECK(il_finish(S, &S->pre, err)); /* the warm-up's last receive (overlap_wf) */
         MT_CHECK(il_finish(S, &S->fwd, err));
         MT_CHECK(il_fwd(S, fk, &out, err));
         bool recv_prev = true, recv_next = true;
@@ -698,15 +742,19 @@ static int il_run(struct il_state *S, struct mt_err *err)
         q_push(&S->qg[V - 1], g);
     }
     for (int k = rem; k < total; k++) {
-        MT_CHECK(il_bwd(S, k, &dx, err));
         const int nbc = chunk_of(t, k + 1, false);
         bool recv_next = !(t->last && nbc == V - 1) && k != total - 1;
+        if (t->overlap_wf) {
+            MT_CHECK(il_pass_ahead(S, false, k, recv_next, nbc, err));
+            continue;
+        }
+        MT_CHECK(il_bwd(S, k, &dx, err));
         int rc = il_exchange(S, NULL, dx, false, recv_next, &x, &g, err);
         msg_free(t, dx);
         MT_CHECK(rc);
         if (recv_next) q_push(&S->qg[nbc], g);
     }
-    return MT_OK;
+    return il_finish(S, &S->bwd, err); /* the last send (overlap_wf) */
 }
 
 static int pp_interleaved(struct trainer *t, struct pp_acc *a, int nmb,
@@ -1250,6 +1298,7 @@ int mt_train_build_rank(const struct mt_config *cfg, const struct mt_layout *l, 
         t.vpp = l->vpp;
         t.pp_rank = t.par->pp_rank;
         t.overlap_p2p = cfg->parallel.overlap_p2p_comm;
+        t.overlap_wf = cfg->parallel.overlap_p2p_comm_warmup_flush;
     }
     if (rc == MT_OK)
         rc = mt_model_create(cfg, k, cfg->training.micro_batch_size, t.par, &t.model, err);
@@ -1754,6 +1803,7 @@ int mt_train_run(const struct mt_config *cfg, const struct mt_layout *layout,
         t.vpp = layout->vpp;
         t.pp_rank = par->pp_rank;
         t.overlap_p2p = cfg->parallel.overlap_p2p_comm;
+        t.overlap_wf = cfg->parallel.overlap_p2p_comm_warmup_flush;
     }
     t.rank0 = !par || par->world->rank == 0;
     t.log = t.rank0 ? log : NULL;
