@@ -18,7 +18,9 @@
 #   - PP 2 x VPP 2 without and with overlap_p2p_comm (the pipeline's batches started on
 #     the comm stream and waited for by the compute stream, deferred per stream): the
 #     same figures, bit for bit, transfers started ahead on both stages, and the same
-#     host synchronisations.
+#     host synchronisations; and with overlap_p2p_comm_warmup_flush (the warm-up's and the
+#     flush's batches started ahead too, each stage's started in an order its peer's
+#     match on one comm stream): the same again, more transfers in flight on each stage.
 #   - EP 2 without and with moe_shared_expert_overlap (the EP all-to-alls started on the
 #     comm stream while the shared expert's kernels queue on the compute stream,
 #     deferred per stream): the same figures, bit for bit, 12 all-to-alls in flight in
@@ -143,6 +145,17 @@ mkdir pp pp_overlap
     { cat pp_overlap/out.log; fail "overlap_p2p_comm: not both stages started transfers ahead"; }
 same_figures pp pp_overlap "the run with overlap_p2p_comm" loss grad_norm
 echo "ok: PP 2 x VPP 2 with overlap_p2p_comm over the emulated NCCL: the same losses and norms, $(syncs pp_overlap) host synchronisations as without"
+mkdir pp_wf
+(cd pp_wf && MT_EMU_STREAMS=deferred mpirun_np 2 "$emu" "$@" parallel%overlap_p2p_comm=T \
+    parallel%overlap_p2p_comm_warmup_flush=T > out.log 2>&1 < /dev/null) ||
+    { cat pp_wf/out.log; fail "moetrain-emu on two processes (PP 2 x VPP 2, overlap_p2p_comm_warmup_flush)"; }
+ahead_n() { sed -n 's/.*overlap_p2p_comm: \([0-9]*\) transfers per step in flight.*/\1/p' "$1/out.log"; }
+ahead_n pp_overlap > base.n
+ahead_n pp_wf > wf.n
+[ "$(wc -l < wf.n)" = 2 ] && paste base.n wf.n | awk '$2 <= $1 { bad = 1 } END { exit bad }' ||
+    { paste base.n wf.n; fail "overlap_p2p_comm_warmup_flush: not more transfers in flight on both stages"; }
+same_figures pp pp_wf "the run with overlap_p2p_comm_warmup_flush" loss grad_norm
+echo "ok: PP 2 x VPP 2 with overlap_p2p_comm_warmup_flush over the emulated NCCL: the same losses and norms, $(paste -d' ' base.n wf.n | tr '\n' ',' | sed 's/,$//; s/ /->/g; s/,/, /g') transfers in flight per stage"
 
 # The EP all-to-all started on the comm stream while the shared expert computes
 # (&moe moe_shared_expert_overlap, mt_all_to_all_v_start): the layout model of
