@@ -844,6 +844,7 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
     layout_expert_scratch(m, a, &x, Rx);
     swap_scratch(m, &x);
     if (tp) m->lse_all = TAKE_F(a, (size_t)m->sc.tp * N);
+    if (m->shared_overlap) m->sh_dup = TAKE_F(a, N * m->Fs_l);
 }
 
 /* Megatron's get_capacity(num_tokens * topk, E, factor) for N tokens. */

@@ -349,6 +349,8 @@ struct mt_model {
     bool shared_overlap;
     struct mt_comm_req a2a_req;
     long long a2a_overlapped;
+    float *sh_dup;              /* (N,Fs_l) with shared_overlap: the shared expert's up
+                                   output gradient, kept across the routed experts' backward */
     float *h_force;             /* (Bmax*T,E) forced router logits (force_balance), or NULL */
     /* expert-side scratch of a layer whose rows overflow the plan (its forward or
      * backward only), and the views it replaced */
@@ -495,6 +497,14 @@ int mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x
 int mt_pass_mlp_bwd(const struct mt_pass *p, float *dx, float beta, const float *dout,
                     const void *x, const void *gate, const void *up, const void *act, int N,
                     int F, int wg, int wu, int wd);
+/* mt_pass_mlp_bwd in two parts, the same ops in the same order: the down projection,
+ * SwiGLU and gate (dx = beta dx + ...; up's output gradient into dup (N,F)), then up
+ * (dx += ...). Between them only dup and dx must stay; d_f1, d_f2 are free again. */
+int mt_pass_mlp_bwd_gate(const struct mt_pass *p, float *dx, float beta, float *dup,
+                         const float *dout, const void *x, const void *gate, const void *up,
+                         const void *act, int N, int F, int wg, int wd);
+int mt_pass_mlp_bwd_up(const struct mt_pass *p, float *dx, const float *dup, const void *x,
+                       int N, int F, int wu);
 /* Sequence parallelism over the TP group; no-ops with tp = 1, where the callers pass
  * the same buffer for both sides. full (N,C) = the (Nl,C) parts in rank order. */
 int mt_pass_sp_gather(const struct mt_pass *p, void *full, const void *local, int C,

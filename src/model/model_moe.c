@@ -457,10 +457,16 @@ static int experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
 /* The shared expert, a TP-sharded SwiGLU MLP on every token, added to the block's output
  * without a gate. &moe moe_shared_expert_overlap runs its parts while an EP all-to-all
  * is in flight, as Megatron does: gate, up and activation during the dispatch, the down
- * projection during the combine, the backward during the gradients' dispatch (whole:
- * its scratch, d_f1..d_f3, is the routed experts' too). Each part writes only buffers
- * the all-to-alls and the routed experts do not touch, so the results are those of the
- * parts run one after the other. */
+ * projection during the combine; its backward during the gradients' dispatch (the
+ * down projection's, SwiGLU's and gate's: 4 of its 6 GEMMs) and the backward combine
+ * (up's 2 GEMMs and the reduce-scatter of its input gradient over TP). Both backward
+ * all-to-alls move the same rows, so an even 3:3 split would hide the most; it would
+ * keep gate's and up's output gradients (2 x N x Fs_l) across the routed experts'
+ * backward, where this split keeps up's alone (m->sh_dup, N x Fs_l, allocated with the
+ * key) and the input gradient's partial sums in d_ln (full with TP), which the routed
+ * experts' backward and the combine do not touch: d_f1, d_f2 are the routed experts'
+ * scratch too. Each part writes only buffers the all-to-alls and the routed experts
+ * do not touch, so the results are those of the parts run one after the other. */
 typedef int (*shared_part_fn)(const pass_t *p, int l);
 
 /* sg, su, sa (N,Fs_l) from ln2 (gathered over TP into ln2_full) */
@@ -484,19 +490,36 @@ static int shared_fc2_fwd(const pass_t *p, int l)
     return mt_pass_rowpar_finish(p, m->full2, m->tmp2, m->tmp2b);
 }
 
-/* d_ln (Nl,H) = the shared expert's input gradient from d_res (Nl,H); weight grads +=. */
-static int shared_bwd(const pass_t *p, int l)
+/* The shared expert's input gradient's partial sums, (N,H) over TP, else d_ln (Nl,H) */
+static float *shared_d_ln(const struct mt_model *m) { return m->sc.tp > 1 ? m->full : m->d_ln; }
+
+/* up's output gradient (N,Fs_l): its own buffer when it stays across the routed
+ * experts' backward (moe_shared_expert_overlap), else their scratch */
+static float *shared_dup(const struct mt_model *m) { return m->shared_overlap ? m->sh_dup : m->d_f3; }
+
+/* The backward's first part: the down projection's, SwiGLU's and gate's from d_res
+ * (Nl,H) (gathered over TP through full2): shared_d_ln = gate's input gradient,
+ * shared_dup = up's output gradient; weight grads +=. */
+static int shared_bwd_gate(const pass_t *p, int l)
 {
     struct mt_model *m = p->m;
     const struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
-    const int H = m->H;
     float *d_sh = m->sc.tp > 1 ? m->full2 : m->d_res;
-    MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, H, MT_DT_F32));
-    float *d_ln = m->sc.tp > 1 ? m->full : m->d_ln;
-    MT_CHECK(mt_pass_mlp_bwd(p, d_ln, 0.0f, d_sh, a->ln2_full, a->sg, a->su, a->sa, p->N, m->Fs_l,
-                             t->sh_gate, t->sh_up, t->sh_down));
-    return mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, H);
+    MT_CHECK(mt_pass_sp_gather(p, d_sh, m->d_res, m->H, MT_DT_F32));
+    return mt_pass_mlp_bwd_gate(p, shared_d_ln(m), 0.0f, shared_dup(m), d_sh, a->ln2_full, a->sg,
+                                a->su, a->sa, p->N, m->Fs_l, t->sh_gate, t->sh_down);
+}
+
+/* The second: up's; d_ln (Nl,H) = the shared expert's input gradient (reduce-scattered
+ * over TP); up's weight grad +=. */
+static int shared_bwd_up(const pass_t *p, int l)
+{
+    struct mt_model *m = p->m;
+    float *d_ln = shared_d_ln(m);
+    MT_CHECK(mt_pass_mlp_bwd_up(p, d_ln, shared_dup(m), m->la[l].ln2_full, p->N, m->Fs_l,
+                                m->lt[l].sh_up));
+    return mt_pass_sp_reduce_scatter(p, m->d_ln, d_ln, m->H);
 }
 
 /* The EP all-to-all-v; with a part of the shared expert (else NULL), started, the part
@@ -850,13 +873,16 @@ static int moe_block_bwd(const pass_t *p, int l)
     const float *dout = m->d_res;
     struct mt_router_args ra = m->router;
     ra.num_tokens = Nl;
-    /* d_ln = the shared expert's input gradient (during the gradients' dispatch with
-     * moe_shared_expert_overlap), then the routed experts' is added */
+    /* d_ln = the shared expert's input gradient (during the gradients' dispatch and
+     * the backward combine with moe_shared_expert_overlap), then the routed experts'
+     * is added */
     const bool ov = m->shared_overlap;
-    if (m->Fs == 0)
+    if (m->Fs == 0) {
         p->o->memset(p->ctx, m->d_ln, 0, sizeof(float) * (size_t)Nl * H);
-    else if (!ov)
-        MT_CHECK(shared_bwd(p, l));
+    } else if (!ov) {
+        MT_CHECK(shared_bwd_gate(p, l));
+        MT_CHECK(shared_bwd_up(p, l));
+    }
 
     switch (m->dispatch) {
     case MT_DISPATCH_LOCAL:
@@ -868,9 +894,9 @@ static int moe_block_bwd(const pass_t *p, int l)
     case MT_DISPATCH_ALLTOALL:
         p->o->unpermute_bwd(p->ctx, m->d_rows, m->d_prob, dout, ACT(p, a->ey, a->rows, H),
                             a->plan.slot_row, a->topk_prob, Nl, k, H, a->rows);
-        MT_CHECK(a2a_dispatch(p, l, m->d_rows, m->d_x, MT_F32, ov ? shared_bwd : NULL));
+        MT_CHECK(a2a_dispatch(p, l, m->d_rows, m->d_x, MT_F32, ov ? shared_bwd_gate : NULL));
         MT_CHECK(experts_bwd(p, a, t, a->x_offsets, a->x_rows, m->d_x, m->d_x2));
-        MT_CHECK(a2a_combine(p, l, m->d_x2, m->d_rows2, NULL));
+        MT_CHECK(a2a_combine(p, l, m->d_x2, m->d_rows2, ov ? shared_bwd_up : NULL));
         p->o->permute_bwd(p->ctx, m->d_ln, m->d_rows2, a->plan.slot_row, Nl, k, H);
         break;
     case MT_DISPATCH_ALLGATHER: {

@@ -74,18 +74,35 @@ int mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, int wg
     return mt_pass_qlinear_fwd(p, wd, out, ACT(p, act, N, F), N, p->m->H, F);
 }
 
+// dx (N,H) = beta dx + d(x) through gate; dup (N,F) up's output gradient, for
+// mt_pass_mlp_bwd_up; weight grads of wd and wg +=; dout (N,H)
+int mt_pass_mlp_bwd_gate(const pass_t *p, float *dx, float beta, float *dup, const float *dout,
+                         const void *x, const void *gate, const void *up, const void *act, int N,
+                         int F, int wg, int wd)
+{
+    struct mt_model *m = p->m;
+    const int H = m->H;
+    float *dact = m->d_f1, *dgate = m->d_f2;
+    MT_CHECK(mt_pass_qlinear_bwd(p, wd, dact, 0.0f, dout, ACT(p, act, N, F), N, H, F));
+    p->o->swiglu_bwd(p->ctx, dgate, dup, dact, ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
+    return mt_pass_qlinear_bwd(p, wg, dx, beta, dgate, ACT(p, x, N, H), N, F, H);
+}
+
+// dx (N,H) += dup Wu; wu's weight grad +=
+int mt_pass_mlp_bwd_up(const pass_t *p, float *dx, const float *dup, const void *x, int N, int F,
+                       int wu)
+{
+    return mt_pass_qlinear_bwd(p, wu, dx, 1.0f, dup, ACT(p, x, N, p->m->H), N, F, p->m->H);
+}
+
 // dx (N,H) = beta dx + d(x); weight grads +=; dout (N,H)
 int mt_pass_mlp_bwd(const pass_t *p, float *dx, float beta, const float *dout, const void *x,
                     const void *gate, const void *up, const void *act, int N, int F, int wg,
                     int wu, int wd)
 {
-    struct mt_model *m = p->m;
-    const int H = m->H;
-    float *dact = m->d_f1, *dgate = m->d_f2, *dup = m->d_f3;
-    MT_CHECK(mt_pass_qlinear_bwd(p, wd, dact, 0.0f, dout, ACT(p, act, N, F), N, H, F));
-    p->o->swiglu_bwd(p->ctx, dgate, dup, dact, ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
-    MT_CHECK(mt_pass_qlinear_bwd(p, wg, dx, beta, dgate, ACT(p, x, N, H), N, F, H));
-    return mt_pass_qlinear_bwd(p, wu, dx, 1.0f, dup, ACT(p, x, N, H), N, F, H);
+    float *dup = p->m->d_f3;
+    MT_CHECK(mt_pass_mlp_bwd_gate(p, dx, beta, dup, dout, x, gate, up, act, N, F, wg, wd));
+    return mt_pass_mlp_bwd_up(p, dx, dup, x, N, F, wu);
 }
 
 int mt_pass_sp_gather(const pass_t *p, void *full, const void *local, int C, enum mt_dt dt)

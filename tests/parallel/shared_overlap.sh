@@ -2,16 +2,19 @@
 # &moe moe_shared_expert_overlap (doc/host-overhead.md, Overlap): with the all-to-all
 # dispatcher over EP 2, each expert-parallel all-to-all is started and the shared
 # expert computed while it is in flight (gate, up and activation during the dispatch,
-# the down projection during the combine, the backward during the gradients'
-# dispatch), then waited for. The training is the same as without it, bit for bit
-# (losses, gradient norms, validation losses, checkpoints after every step), at EP 2
-# and TP 2 x EP 2 (the shared expert's own TP collectives run while the EP all-to-all
-# is in flight), in bf16 and with the MoE block recomputed, and matches one process as
-# the layout tests do. The first step's log
-# counts the all-to-alls left in flight by their start while the shared expert ran:
-# 3 per MoE layer and micro-batch on MPI, none on the guard backend (whose device
-# memory a collective cannot stay in flight on). Refused where there is nothing to
-# overlap, naming the key; from-megatron maps --moe-shared-expert-overlap.
+# the down projection during the combine, the down projection's, activation's and
+# gate's backward during the gradients' dispatch, up's backward during the backward
+# combine), then waited for. The training is the same as without it, bit for bit
+# (losses, gradient norms, validation losses, checkpoints after every step), at EP 2,
+# TP 2 x EP 2 (the shared expert's own TP collectives run while the EP all-to-all is in
+# flight) and TP 2 x EP 2 x ETP 2, in bf16 and with the MoE block recomputed, and
+# matches one process as the layout tests do. The first step's log counts the
+# all-to-alls left in flight by their start while the shared expert ran: 4 per MoE
+# layer and micro-batch on MPI, none on the guard backend (whose device memory a
+# collective cannot stay in flight on). The buffer kept between the backward's two
+# parts (N x Fs_l fp32) is in --check's workspace, which the run's own report matches.
+# Refused where there is nothing to overlap, naming the key; from-megatron maps
+# --moe-shared-expert-overlap.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
 # 4 steps of 8 one-sequence micro-batches of 16 tokens (common.sh: the short runs)
@@ -34,18 +37,34 @@ in_flight() {
         fail "$1: not $2 all-to-alls in flight"
 }
 
+# workspace FILE: rank 0's workspace bytes in the memory report of FILE
+workspace() { sed -n 's/^  stage 0, rank 0: .*| workspace \([0-9]*\) |.*/\1/p' "$1"; }
+
 reference one training%micro_batch_size=1 training%global_batch_size=8 training%seq_length=16 \
     training%train_iters=4 training%eval_interval=4
 # shellcheck disable=SC2086
 {
     run ep2 2 $SHORT "$seed" $EP2
-    run ep2_ov 2 $SHORT "$seed" $EP2 $ON
+    run ep2_ov 2 $SHORT "$seed" $EP2 $ON logging%log_memory=T
     same_bits ep2 ep2_ov 4
     same_as one ep2_ov
-    # 2 MoE layers x 4 micro-batches a rank (DP 2) x (dispatch + combine forward, the
-    # gradients' dispatch backward)
-    in_flight ep2_ov 24
+    # 2 MoE layers x 4 micro-batches a rank (DP 2) x (dispatch + combine forward,
+    # dispatch + combine backward)
+    in_flight ep2_ov 32
     ! grep -q 'moe_shared_expert_overlap:' ep2.log || fail "ep2: overlap counted with the key off"
+
+    # the memory: up's output gradient kept between the backward's two parts, N x Fs_l
+    # fp32 (16 tokens x 32), in --check's workspace and in the run's own report
+    for k in off on; do
+        [ $k = on ] && o=$ON || o=
+        "$MOETRAIN" "$nml" --check --world-size 2 $SHORT $EP2 $o > "mem_$k.check" 2>&1 ||
+            { cat "mem_$k.check"; fail "--check ($k) failed"; }
+    done
+    ws_off=$(workspace mem_off.check) ws_on=$(workspace mem_on.check) ws_run=$(workspace ep2_ov.log)
+    [ -n "$ws_off" ] && [ $((ws_on - ws_off)) = $((16 * 32 * 4)) ] ||
+        fail "workspace $ws_on with the key, $ws_off without: not 16 x 32 fp32 more"
+    [ "$ws_run" = "$ws_on" ] || fail "the run's workspace $ws_run is not --check's $ws_on"
+    echo "  workspace $ws_on with the key, $ws_off without; the run's report: $ws_run"
 
     # TP 2 x EP 2: the shared expert's all-gather and reduce-scatter over TP while the
     # EP all-to-all is in flight; 4 micro-batches a rank (DP 2)
@@ -53,7 +72,14 @@ reference one training%micro_batch_size=1 training%global_batch_size=8 training%
     run tp2_ep2_ov 4 $SHORT "$seed" $TP2 $EP2 $ETP1 $ON
     same_bits tp2_ep2 tp2_ep2_ov 4
     same_as one tp2_ep2_ov
-    in_flight tp2_ep2_ov 24
+    in_flight tp2_ep2_ov 32
+
+    # TP 2 x EP 2 x ETP 2: the ETP exchanges around the EP all-to-alls stay blocking;
+    # 2 micro-batches a rank (DP 1 over the expert folding's 4 ranks: EDP 1, DP 2)
+    run tp2_ep2_etp2 4 $SHORT "$seed" $TP2 $EP2 $ETP2
+    run tp2_ep2_etp2_ov 4 $SHORT "$seed" $TP2 $EP2 $ETP2 $ON
+    same_bits tp2_ep2_etp2 tp2_ep2_etp2_ov 4
+    in_flight tp2_ep2_etp2_ov 32
 
     # bf16 (activations stored in bf16, the dispatch moves bf16 rows)
     BF16="precision%params_dtype='bf16' training%train_iters=2 training%eval_interval=2"
