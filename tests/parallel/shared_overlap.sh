@@ -57,7 +57,7 @@ reference one training%micro_batch_size=1 training%global_batch_size=8 training%
     # fp32 (16 tokens x 32), in --check's workspace and in the run's own report
     for k in off on; do
         [ $k = on ] && o=$ON || o=
-        "$MOETRAIN" "$nml" --check --world-size 2 $SHORT $EP2 $o > "mem_$k.check" 2>&1 ||
+        "$MOETRAIN" "$nml" --check --world-size 2 $SHORT "checkpoint%save='mem'" $EP2 $o > "mem_$k.check" 2>&1 ||
             { cat "mem_$k.check"; fail "--check ($k) failed"; }
     done
     ws_off=$(workspace mem_off.check) ws_on=$(workspace mem_on.check) ws_run=$(workspace ep2_ov.log)
@@ -75,7 +75,7 @@ reference one training%micro_batch_size=1 training%global_batch_size=8 training%
     in_flight tp2_ep2_ov 32
 
     # TP 2 x EP 2 x ETP 2: the ETP exchanges around the EP all-to-alls stay blocking;
-    # 2 micro-batches a rank (DP 1 over the expert folding's 4 ranks: EDP 1, DP 2)
+    # 4 micro-batches a rank (DP 2)
     run tp2_ep2_etp2 4 $SHORT "$seed" $TP2 $EP2 $ETP2
     run tp2_ep2_etp2_ov 4 $SHORT "$seed" $TP2 $EP2 $ETP2 $ON
     same_bits tp2_ep2_etp2 tp2_ep2_etp2_ov 4
