@@ -96,8 +96,10 @@ const struct mt_key mt_schema[] = {
           "all-to-all dispatcher with expert_model_parallel_size > 1 and a shared expert: "
           "start each expert-parallel all-to-all and compute the shared expert while it is in "
           "flight (its gate/up and activation during the dispatch, its down projection during "
-          "the combine, its backward during the gradients' dispatch), then wait for it "
-          "(Megatron's --moe-shared-expert-overlap). Results are the same, bit for bit "
+          "the combine, its down, activation and gate gradients during the gradients' dispatch, "
+          "its up gradients during the backward combine), then wait for it (Megatron's "
+          "--moe-shared-expert-overlap). Results are the same, bit for bit; costs one "
+          "micro-batch tokens x shared_expert_intermediate_size / TP fp32 buffer "
           "(doc/host-overhead.md, Overlap)"),
     KBOOL(moe, use_upcycling, 0,
           ".true.: initialise this MoE model from a dense model's weights (checkpoint%load_hf, "
