@@ -7,7 +7,7 @@
 # combine), then waited for. The training is the same as without it, bit for bit
 # (losses, gradient norms, validation losses, checkpoints after every step), at EP 2,
 # TP 2 x EP 2 (the shared expert's own TP collectives run while the EP all-to-all is in
-# flight) and TP 2 x EP 2 x ETP 2, in bf16 and with the MoE block recomputed, and
+# flight) and TP 2 x EP 2 x ETP 2, in bf16, in FP8 and with the MoE block recomputed, and
 # matches one process as the layout tests do. The first step's log counts the
 # all-to-alls left in flight by their start while the shared expert ran: 4 per MoE
 # layer and micro-batch on MPI, none on the guard backend (whose device memory a
@@ -86,6 +86,14 @@ reference one training%micro_batch_size=1 training%global_batch_size=8 training%
     run ep2_bf16 2 $SHORT "$seed" $EP2 $BF16
     run ep2_bf16_ov 2 $SHORT "$seed" $EP2 $BF16 $ON
     same_bits ep2_bf16 ep2_bf16_ov 2
+
+    # FP8 delayed scaling: the shared expert's linears quantised, their scratch the
+    # routed experts' too (the operands are quantised again in each part)
+    FP8="$BF16 precision%fp8_format='hybrid' precision%fp8_amax_history_len=4"
+    run ep2_fp8 2 $SHORT "$seed" $EP2 $FP8
+    run ep2_fp8_ov 2 $SHORT "$seed" $EP2 $FP8 $ON
+    grep -q 'low precision: fp8 delayed' ep2_fp8_ov.log || { cat ep2_fp8_ov.log; fail "ep2_fp8_ov: not FP8"; }
+    same_bits ep2_fp8 ep2_fp8_ov 2
 
     # selective recompute of the MoE block: its rebuild runs the dispatch, and the
     # shared expert during it, again
