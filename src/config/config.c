@@ -665,6 +665,52 @@ int mt_config_check_recipe_gpu(const struct mt_config *c, const char *gpu, int m
 
 /* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
  * would change nothing in the configuration given is refused, never ignored. */
+int mt_config_expert_padding(const struct mt_config *c)
+{
+    const struct mt_config_precision *q = &c->precision;
+    if (!c->moe.moe_router_padding_for_fp8 || !q->fp8_format[0]) return 0;
+    return strcmp(q->fp8_recipe, "mxfp8") == 0 ? 32 : 16;
+}
+
+/* &moe moe_router_padding_for_fp8: where padding each local expert's rows to the
+ * quantised GEMM's alignment applies (doc/fp8.md, "Padding the experts' rows"). */
+static int check_expert_padding(const struct mt_config *c, struct mt_err *err)
+{
+    const struct mt_config_moe *e = &c->moe;
+    const struct mt_config_precision *q = &c->precision;
+    const struct mt_config_parallel *p = &c->parallel;
+    if (!e->moe_router_padding_for_fp8) return MT_OK;
+    if (!q->fp8_format[0] && !q->fp4_format[0])
+        return mt_err_set(err, MT_EINVAL,
+                          "&moe moe_router_padding_for_fp8 = .true. pads the experts' rows for "
+                          "the FP8/FP4 GEMMs, but neither &precision fp8_format nor fp4_format "
+                          "is set; set one, or remove moe_router_padding_for_fp8");
+    if (q->fp4_format[0])
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&moe moe_router_padding_for_fp8 = .true. with &precision fp4_format = "
+                          "'%s' (nvfp4): the stochastic rounding of the weight gradients' "
+                          "operands draws each element's bits by its place in the expert's "
+                          "transposed rows, which padding moves, so results would change; "
+                          "remove moe_router_padding_for_fp8, or use an FP8 recipe",
+                          q->fp4_format);
+    if (e->expert_capacity_factor > 0 && e->pad_expert_input_to_capacity)
+        return mt_err_set(err, MT_EINVAL,
+                          "&moe moe_router_padding_for_fp8 = .true. with "
+                          "pad_expert_input_to_capacity = .true.: drop-and-pad already gives "
+                          "every expert the same fixed number of rows (its capacity); remove "
+                          "moe_router_padding_for_fp8, or pad_expert_input_to_capacity");
+    if (strcmp(e->token_dispatcher_type, "allgather") == 0 &&
+        p->expert_model_parallel_size * p->expert_tensor_parallel_size > 1)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&moe moe_router_padding_for_fp8 = .true. with token_dispatcher_type = "
+                          "'allgather' (expert_model_parallel_size %d x "
+                          "expert_tensor_parallel_size %d): that dispatcher plans the experts' "
+                          "rows on the device and the host never holds their per-expert counts "
+                          "to pad them; use token_dispatcher_type = 'alltoall'",
+                          p->expert_model_parallel_size, p->expert_tensor_parallel_size);
+    return MT_OK;
+}
+
 /* The block recipes on tensor-parallel shards (doc/fp8.md, "Parallel layouts"): a
  * block scale is local to its block, so a rank's shard quantises as one process's
  * tensor does only when the shard boundaries fall on block boundaries, i.e. every
@@ -758,12 +804,7 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
                           "num_layers_at_end_in_bf16 (%d) exceed &model num_layers = %d",
                           q->num_layers_at_start_in_bf16, q->num_layers_at_end_in_bf16,
                           c->model.num_layers);
-    if (c->moe.moe_router_padding_for_fp8)
-        return mt_err_set(err, MT_EINVAL,
-                          "&moe moe_router_padding_for_fp8 = .true.: the quantised grouped "
-                          "GEMM (the operands quantised by the backend's qdq, then its grouped "
-                          "GEMM, on the CPU and CUDA backends alike) takes any number of rows "
-                          "per expert, so there is nothing to pad; remove it");
+    MT_CHECK(check_expert_padding(c, err));
     const struct mt_config_parallel *p = &c->parallel;
     if ((fp8 || fp4) && p->context_parallel_size > 1)
         return mt_err_set(err, MT_EINVAL,

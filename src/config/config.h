@@ -63,7 +63,7 @@ struct mt_config_moe {
     int shared_expert_intermediate_size; /* 0: no shared expert */
     bool moe_shared_expert_overlap;  /* EP all-to-alls in flight during the shared expert */
     bool use_upcycling;              /* initialise from a dense model: experts = its MLP */
-    bool moe_router_padding_for_fp8; /* refused: the CPU quantised GEMMs take any row count */
+    bool moe_router_padding_for_fp8; /* each local expert's rows padded to the FP8 GEMM's alignment */
 };
 
 struct mt_config_parallel {
@@ -253,6 +253,10 @@ int mt_config_check_backend(const struct mt_config *cfg, const char *backend, st
  * recipe that fits the GPU. MT_OK without a recipe. */
 int mt_config_check_recipe_gpu(const struct mt_config *cfg, const char *gpu, int major, int minor,
                                struct mt_err *err);
+
+/* &moe moe_router_padding_for_fp8: the row alignment each local expert's rows are
+ * padded to (16 for the FP8 recipes, 32 for MXFP8), 0 when off. */
+int mt_config_expert_padding(const struct mt_config *cfg);
 
 /* Resolves derived defaults and checks every cross-field rule for world_size
  * processes; fills layout. Errors name the keys and the numbers involved. */

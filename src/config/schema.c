@@ -108,10 +108,10 @@ const struct mt_key mt_schema[] = {
           "--moe-use-upcycling, default strategy): moe_ffn_hidden_size must equal the dense "
           "ffn_hidden_size and every other &model key the dense model's; no shared expert"),
     KBOOL(moe, moe_router_padding_for_fp8, 0,
-          "pad each expert's token count to the FP8 GEMM's alignment (Megatron's "
-          "--moe-router-padding-for-fp8); .true. is refused: the quantised GEMMs of the CPU "
-          "backend, the one that runs the FP8/FP4 recipes today, take any number of rows "
-          "per expert, so there is nothing to pad"),
+          "pad each local expert's rows with zero rows to the FP8 GEMM's alignment, 16 (32 "
+          "with fp8_recipe = 'mxfp8'), so its quantised GEMMs see aligned shapes (Megatron's "
+          "--moe-router-padding-for-fp8); results unchanged. Needs an FP8 recipe; not with "
+          "fp4_format, pad_expert_input_to_capacity or the allgather dispatcher"),
 
     /* &parallel */
     KINT(parallel, tensor_model_parallel_size, 1, 1, IMAX, "tensor parallel size (TP)"),

@@ -860,7 +860,7 @@ static int capacity_for(const struct mt_model *m, long long N)
  * that worst case (every source sending every token here) is G/E_l times what a balanced
  * routing brings (G*Nl*k*E_l/E rows): the buffers hold moe%expert_buffer_factor times
  * the balanced load instead, and a step that brings more borrows the rest
- * (mt_model_expert_rows). */
+ * (mt_model_expert_rows). Padding for FP8 adds up to pad_align - 1 rows per local expert. */
 static int size_rows(struct mt_model *m, struct mt_err *err)
 {
     const long long N = (long long)tokens_all(m), Nl = (long long)tokens_local(m);
@@ -889,6 +889,11 @@ static int size_rows(struct mt_model *m, struct mt_err *err)
         if (cap == 0 && f > 0.0) {
             const double want = ceil(f * m->expected_x_rows);
             if (want < (double)x_rows) x_rows = want < 1.0 ? 1 : (long long)want;
+        }
+        /* moe_router_padding_for_fp8: at most pad_align - 1 zero rows per local expert */
+        if (m->pad_align) {
+            x_rows += (long long)m->E_l * (m->pad_align - 1);
+            worst += (long long)m->E_l * (m->pad_align - 1);
         }
     }
     if (rows > MT_SIZE_MAX || worst > MT_SIZE_MAX)
@@ -1304,9 +1309,13 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
         m->e0 = m->E_l * m->sc.ep_rank;
         m->Fe_l = m->Fe / m->sc.etp;
         m->Fs_l = m->Fs / tp;
-        if (m->xg > 1)
-            m->dispatch = streq(mo->token_dispatcher_type, "allgather") ? MT_DISPATCH_ALLGATHER
-                                                                        : MT_DISPATCH_ALLTOALL;
+        /* padding the experts' rows lays them out as the all-to-all dispatcher does,
+         * which pads on the receiving side (over a group of one without EP and ETP) */
+        m->pad_align = mt_config_expert_padding(cfg);
+        if (m->xg > 1 || m->pad_align)
+            m->dispatch = streq(mo->token_dispatcher_type, "allgather") && m->xg > 1
+                              ? MT_DISPATCH_ALLGATHER
+                              : MT_DISPATCH_ALLTOALL;
         m->router = (struct mt_router_args){
             .num_tokens = 0, .num_experts = m->E, .topk = m->topk,
             .score_fn = streq(mo->router_score_function, "sigmoid") ? MT_SCORE_SIGMOID : MT_SCORE_SOFTMAX,

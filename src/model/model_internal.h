@@ -247,6 +247,8 @@ struct mt_model {
     bool pad_to_capacity, force_balance, expert_bias_on;
     enum mt_drop_policy drop_policy;
     float bias_rate;
+    int pad_align;              /* moe_router_padding_for_fp8: each local expert's rows a
+                                 * multiple of it, zero rows after its own; 0: off */
     int rows_max;               /* plan rows for Bmax (R) */
     int x_rows_max;             /* expert-side rows planned for Bmax (Rx): the buffers */
     long long x_rows_worst;     /* what routing can bring at most (every source to us) */

@@ -523,12 +523,20 @@ static int shared_bwd_up(const pass_t *p, int l)
 }
 
 /* The EP all-to-all-v; with a part of the shared expert (else NULL), started, the part
- * run while it is in flight, then waited for. */
+ * run while it is in flight, then waited for. Without EP (the all-to-all dispatcher's
+ * layout for moe_router_padding_for_fp8 on EP 1) a copy. */
 static int ep_all_to_all(const pass_t *p, int l, const void *send, const size_t *send_counts,
                          const size_t *send_at, void *recv, const size_t *recv_counts,
                          const size_t *recv_at, enum mt_dt dt, shared_part_fn part)
 {
     struct mt_model *m = p->m;
+    if (m->sc.ep == 1) {
+        const size_t es = mt_dt_size(dt);
+        (void)recv_counts;
+        p->o->copy(p->ctx, (char *)recv + es * recv_at[0], (const char *)send + es * send_at[0],
+                   es * send_counts[0]);
+        return part ? part(p, l) : MT_OK;
+    }
     if (!part)
         return mt_all_to_all_v(m->ep_comm, send, send_counts, send_at, recv, recv_counts,
                                recv_at, dt, p->err);
@@ -547,6 +555,7 @@ struct a2a_counts {
     size_t *gather, *gather_at;              /* ETP: rows each ETP peer received over EP */
     size_t *mine, *mine_at;                  /* ETP: this rank's received rows, per ETP peer */
     size_t rows;                             /* rows this rank received over EP */
+    size_t gathered;                         /* and with its ETP peers': the real rows */
 };
 
 static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_acts *a)
@@ -556,7 +565,7 @@ static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_ac
     const size_t P = (size_t)(ep > etp ? ep : etp);
     size_t *b = m->h_cnt;
     struct a2a_counts c = {b, b + P, b + 2 * P, b + 3 * P, b + 4 * P, b + 5 * P, b + 6 * P,
-                           b + 7 * P, 0};
+                           b + 7 * P, 0, 0};
     size_t at = 0, gat = 0;
     for (int q = 0; q < etp; q++) {
         size_t rows_q = 0;
@@ -576,6 +585,7 @@ static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_ac
         gat += rows_q * H;
     }
     c.rows = at / (size_t)H;
+    c.gathered = gat / (size_t)H;
     for (int q = 0; q < etp; q++) {
         c.mine[q] = c.rows * H;
         c.mine_at[q] = (size_t)q * c.rows * H;
@@ -589,7 +599,10 @@ static struct a2a_counts a2a_counts_of(const pass_t *p, const struct mt_layer_ac
 
 /* Exchanges the per-expert row counts (EP all-to-all, then ETP all-gather) and builds
  * the expert-side offsets and the maps between the received order (ETP peer, EP
- * source, local expert) and the expert order (local expert, ETP peer, EP source). */
+ * source, local expert) and the expert order (local expert, ETP peer, EP source).
+ * With moe_router_padding_for_fp8 each local expert's rows are followed by zero rows up
+ * to a multiple of pad_align (sort_map -1: no received row), which no token reads back
+ * (unsort_map names only the real rows); the exchanges move the real rows only. */
 static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
 {
     struct mt_model *m = p->m;
@@ -602,7 +615,10 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
         cnt[j] = (size_t)El;
         at[j] = (size_t)j * El;
     }
-    MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
+    if (ep == 1)
+        memcpy(recv, send, sizeof(long long) * S);
+    else
+        MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
     /* the counts of every source into start (its room), then kept when they changed */
     long long *counts = m->h_start;
     if (etp > 1)
@@ -620,8 +636,17 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
         start[b] = total;
         total += a->recv_counts[b];
     }
-    MT_CHECK(mt_model_expert_rows(p, l, a, total, true));
-    a->x_rows = (int)total;
+    long long xr = total; /* the expert-side rows, padded */
+    if (m->pad_align) {
+        xr = 0;
+        for (int le = 0; le < El; le++) {
+            long long n = 0;
+            for (size_t q = 0; q < (size_t)etp * ep; q++) n += a->recv_counts[q * El + le];
+            xr += (n + m->pad_align - 1) / m->pad_align * m->pad_align;
+        }
+    }
+    MT_CHECK(mt_model_expert_rows(p, l, a, xr, true));
+    a->x_rows = (int)xr;
     /* the same counts (static shapes; a rebuild for backward): the maps on the device
      * hold, where nothing else wrote their buffers since: the slot keeps every layer's
      * maps, also a recomputed layer's (layout_moe_acts), unless they are an overflow's,
@@ -640,13 +665,14 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
                     unsort[start[b] + i] = r;
                 }
             }
+        for (; m->pad_align && r % m->pad_align; r++) sort[r] = -1;
         offs[le + 1] = r;
     }
     void *const dst[3] = {a->sort_map, a->unsort_map, a->x_offsets};
-    const size_t bytes[3] = {sizeof(int32_t) * (size_t)total, sizeof(int32_t) * (size_t)total,
+    const size_t bytes[3] = {sizeof(int32_t) * (size_t)xr, sizeof(int32_t) * (size_t)total,
                              sizeof(int32_t) * ((size_t)El + 1)};
     a->maps_of_counts = own;
-    if (mt_moe_dynamic(m, p->N) && total <= m->x_rows_max) {
+    if (mt_moe_dynamic(m, p->N) && xr <= m->x_rows_max) {
         /* dropless: through the staging on the copy stream, no wait; the staging is
          * written again only after the next MoE layer's read of its offsets (route),
          * which waits for the compute queued after this upload (a rebuild for
@@ -654,9 +680,9 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
          * uploads nothing) */
         int32_t *st = m->a2a_stage;
         memcpy(st, sort, bytes[0]);
-        memcpy(st + total, unsort, bytes[1]);
-        memcpy(st + 2 * total, offs, bytes[2]);
-        const void *const src[3] = {st, st + total, st + 2 * total};
+        memcpy(st + xr, unsort, bytes[1]);
+        memcpy(st + xr + total, offs, bytes[2]);
+        const void *const src[3] = {st, st + xr, st + xr + total};
         mt_model_upload(m, 3, dst, src, bytes);
     } else { /* static shapes (once), or rows beyond the staging: synchronous copies */
         const void *const src[3] = {sort, unsort, offs};
@@ -685,8 +711,8 @@ static int a2a_dispatch(const pass_t *p, int l, const void *rows, void *out, enu
                                  c.gather_at, cdt, p->err));
         got = m->stage2;
     }
-    p->o->permute_fwd(p->ctx, mt_tview(out, dt, a->x_rows, m->H), mt_tview(got, dt, a->x_rows, m->H),
-                      a->sort_map, a->x_rows, 1, m->H);
+    p->o->permute_fwd(p->ctx, mt_tview(out, dt, a->x_rows, m->H),
+                      mt_tview(got, dt, (int64_t)c.gathered, m->H), a->sort_map, a->x_rows, 1, m->H);
     return MT_OK;
 }
 
@@ -701,8 +727,8 @@ static int a2a_combine(const pass_t *p, int l, const float *xrows, float *out,
     const struct mt_layer_acts *a = &m->la[l];
     const int etp = m->sc.etp;
     struct a2a_counts c = a2a_counts_of(p, a);
-    p->o->permute_fwd(p->ctx, F32(m->stage, a->x_rows, m->H), F32(xrows, a->x_rows, m->H),
-                      a->unsort_map, a->x_rows, 1, m->H);
+    p->o->permute_fwd(p->ctx, F32(m->stage, (int64_t)c.gathered, m->H), F32(xrows, a->x_rows, m->H),
+                      a->unsort_map, (int)c.gathered, 1, m->H);
     if (etp > 1) {
         MT_CHECK(mt_all_to_all_v(m->etp_comm, m->stage, c.gather, c.gather_at, m->stage2, c.mine,
                                  c.mine_at, MT_DT_F32, p->err));
