@@ -97,8 +97,6 @@ expect_refused "exceed &model num_layers = 2" \
     --check "$small" "$NVFP4" precision%first_last_layers_bf16=T precision%num_layers_at_end_in_bf16=2
 expect_refused "fp8_format = 'e4m3' and fp4_format = 'e2m1': choose one" \
     --check "$small" "precision%fp8_format='e4m3'" "$NVFP4"
-expect_refused "moe_router_padding_for_fp8 = .true.: the quantised grouped GEMM" \
-    --check "$small" moe%moe_router_padding_for_fp8=T
 TP2="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
 # shellcheck disable=SC2086 # a list of overrides
 expect_refused "fp8_recipe = 'blockwise' with &model num_attention_heads x kv_channels = 32 split over tensor_model_parallel_size = 2: 16 per rank is not a multiple of the recipe's 128-element blocks" \
