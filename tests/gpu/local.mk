@@ -169,6 +169,8 @@ MT_LONG_TESTS += tests/gpu/cuda_graph_train_emu.sh
 EXTRA_DIST += tests/gpu/cuda_graph_train_emu.sh
 MT_LONG_TESTS += tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
 EXTRA_DIST += tests/gpu/lowp_train_emu.sh tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
+MT_LONG_TESTS += tests/gpu/fp8_padding_emu.sh
+EXTRA_DIST += tests/gpu/fp8_padding_emu.sh
 tests_gpu_moetrain_emu_SOURCES = src/main.c src/version.c kernels/cuda/emu/shim/config.h
 nodist_tests_gpu_moetrain_emu_SOURCES = src/revision.h
 src/tests_gpu_moetrain_emu-version.$(OBJEXT): src/revision.h
@@ -187,6 +189,7 @@ EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gp
 	tests/gpu/host_counts_emu.sh
 EXTRA_DIST += tests/gpu/offload_emu.sh tests/gpu/cuda_graph_train_emu.sh
 EXTRA_DIST += tests/gpu/lowp_train_emu.sh tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
+EXTRA_DIST += tests/gpu/fp8_padding_emu.sh
 EXTRA_DIST += tests/gpu/emu_gemm.sh tests/gpu/emu_gemm.cc
 EXTRA_DIST += tests/gpu/emu_quant.sh tests/gpu/emu_quant.cc
 endif
