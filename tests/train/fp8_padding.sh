@@ -3,7 +3,7 @@
 # rows"): each FP8 recipe trained 3 steps with and without padding. Blockwise ends with
 # the same losses and the same checkpoint, bit for bit (parameters and optimizer
 # moments: every gradient equal), on one process and, under mpirun, with EP 2 (the rows
-# exchanged, then padded on the receiving side): its GEMM sums each run of 128 products
+# exchanged, then padded on the receiving side; delayed with ETP 2 as the others): its GEMM sums each run of 128 products
 # exactly, so zero rows change nothing. The others multiply with the CPU's fp32 GEMM
 # (BLAS), which may sum a product of another shape in another order (padding changes
 # an expert's m and k): their losses agree within 1e-5 (measured: equal, tensorwise's
@@ -52,8 +52,11 @@ done
 if command -v mpirun > /dev/null 2>&1; then
     same BLOCKWISE.ep2 1 "$BLOCKWISE parallel%expert_model_parallel_size=2" \
         mpirun --allow-run-as-root --oversubscribe -n 2
+    # ETP 2: the received rows gathered over the ETP group, then padded
+    same DELAYED.etp2 0 "$DELAYED parallel%expert_tensor_parallel_size=2" \
+        mpirun --allow-run-as-root --oversubscribe -n 2
 else
-    echo "no mpirun: the EP 2 leg is not run"
+    echo "no mpirun: the EP 2 and ETP 2 legs are not run"
 fi
 
 # memory: --check counts the padded expert rows the run allocates
