@@ -102,12 +102,14 @@ endif
 EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh \
 	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh \
 	tests/runtime/recompute_nccl_emu.sh
-EXTRA_DIST += tests/runtime/offload_nccl_emu.sh
+EXTRA_DIST += tests/runtime/offload_nccl_emu.sh tests/runtime/emu_nccl_graph.cc tests/runtime/emu_nccl_graph.sh
 if CUDA_EMULATION
 # The emulated NCCL waits for a call's stream through the program's mt_emu_stream_wait
 # (the emulator's uncounted cudaStreamSynchronize; or cudaStreamSynchronize itself), as
-# the emulator may defer device work: the programs that load it export both.
+# the emulator may defer device work, and captures a call on a capturing stream through
+# cudaStreamIsCapturing and cudaLaunchHostFunc: the programs that load it export them.
 MT_EMU_NCCL_EXPORT = -Wl,--export-dynamic-symbol=cudaStreamSynchronize \
+	-Wl,--export-dynamic-symbol=cudaStreamIsCapturing -Wl,--export-dynamic-symbol=cudaLaunchHostFunc \
 	-Wl,--export-dynamic-symbol=mt_emu_stream_wait
 tests_gpu_moetrain_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
 if HAVE_NCCL
@@ -135,6 +137,14 @@ tests_runtime_parallel_check_emu_SOURCES = tests/runtime/parallel_check.c tests/
 tests_runtime_parallel_check_emu_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
 tests_runtime_parallel_check_emu_LDADD = libmt_cuda_emu.la $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) -lstdc++
 tests_runtime_parallel_check_emu_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
+# the emulated NCCL's operations captured into CUDA graphs and replayed
+check_PROGRAMS += tests/runtime/emu_nccl_graph
+TESTS += tests/runtime/emu_nccl_graph.sh
+tests_runtime_emu_nccl_graph_SOURCES = tests/runtime/emu_nccl_graph.cc
+tests_runtime_emu_nccl_graph_CPPFLAGS = $(MT_CUDA_EMU_CPPFLAGS)
+tests_runtime_emu_nccl_graph_CXXFLAGS = $(MT_CUDA_EMU_CXXFLAGS)
+tests_runtime_emu_nccl_graph_LDADD = libmt_cuda_emu.la -ldl
+tests_runtime_emu_nccl_graph_LDFLAGS = $(AM_LDFLAGS) $(MT_EMU_NCCL_EXPORT)
 # the emulated NCCL's API itself: every type and reduction, argument checks, groups
 check_PROGRAMS += tests/runtime/emu_nccl_api
 tests_runtime_emu_nccl_api_SOURCES = tests/runtime/emu_nccl_api.c

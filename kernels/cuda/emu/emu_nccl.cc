@@ -733,12 +733,81 @@ void join_worker(ncclComm *c)
     }
 }
 
+// Stream capture (doc/cuda-emulator.md, "NCCL"): as NCCL's, a call on a capturing stream
+// is stream work, captured into the graph and run at each launch. The program's
+// cudaStreamIsCapturing and cudaLaunchHostFunc (the emulator's, exported like
+// cudaStreamSynchronize) tell and enqueue it; without them nothing is captured.
+using is_capturing_fn = cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus *);
+using launch_host_fn = cudaError_t (*)(cudaStream_t, cudaHostFn_t, void *);
+
+bool stream_capturing(cudaStream_t s)
+{
+    static const is_capturing_fn query = (is_capturing_fn)dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing");
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return query && query(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+// The calls of every capture so far (a graph replays them for as long as it lives; never
+// freed, a few per captured scope).
+std::deque<std::vector<call>> &captured = *new std::deque<std::vector<call>>;
+
+// A captured group (or lone call) as a graph launch runs it, in the stream's order: the
+// same transfers as an eager call, on every rank that launches its graph. No caller is
+// there to take an error: it is printed, and the communicators fail (their next call
+// returns it).
+void run_captured(void *p)
+{
+    const std::vector<call> &calls = *static_cast<const std::vector<call> *>(p);
+    ncclResult_t r = ncclSuccess;
+    for (const call &k : calls) {
+        join_worker(k.comm); // an eager call before it in the stream's order ends first
+        if (r == ncclSuccess && k.comm->error != ncclSuccess)
+            r = fail(k.comm->error, "rank %d: the communicator failed earlier (%s)", k.comm->rank,
+                     ncclGetErrorString(k.comm->error));
+        if (r == ncclSuccess && k.comm->abort_flag->load())
+            r = fail(ncclInvalidUsage, "rank %d: the communicator was aborted", k.comm->rank);
+    }
+    if (r == ncclSuccess) r = run_calls(calls);
+    if (r == ncclSuccess) return;
+    for (const call &k : calls) broken(k.comm, r);
+    fprintf(stderr, "emulated NCCL: a captured operation failed when its graph was launched: %s\n", last_error);
+}
+
+// Enqueues the calls of a group (or a lone call) on their capturing stream as one host
+// function: the group stays one unit in the graph.
+ncclResult_t capture(const std::vector<call> &calls)
+{
+    static const launch_host_fn launch = (launch_host_fn)dlsym(RTLD_DEFAULT, "cudaLaunchHostFunc");
+    const cudaStream_t s = calls[0].stream;
+    for (const call &k : calls)
+        if (k.stream != s)
+            return fail(ncclInvalidUsage,
+                        "rank %d: a group of NCCL calls on different streams, one of them capturing: not "
+                        "emulated; issue the group's calls on one stream",
+                        k.comm->rank);
+    if (!launch)
+        return fail(ncclInvalidUsage, "an NCCL call on a capturing stream, and the program does not export "
+                                      "cudaLaunchHostFunc to capture it with");
+    captured.push_back(calls);
+    const cudaError_t e = launch(s, run_captured, &captured.back());
+    if (e != cudaSuccess) {
+        captured.pop_back();
+        return fail(ncclUnhandledCudaError,
+                    "rank %d: the capturing stream refused the operation (CUDA error %d: the capture is "
+                    "invalidated)",
+                    calls[0].comm->rank, (int)e);
+    }
+    return ncclSuccess;
+}
+
 // Runs the calls of a group (or a lone call) after the work queued on their streams. On
 // nonblocking comms one call in MT_EMU_NCCL_INPROGRESS runs on a thread of its own, as
 // NCCL's would on the GPU: the call answers ncclInProgress, ncclCommGetAsyncError too
 // until it is done, and the caller's own timeout and ncclCommAbort can end it.
 ncclResult_t execute(const std::vector<call> &calls)
 {
+    for (const call &k : calls)
+        if (stream_capturing(k.stream)) return capture(calls);
     for (const call &k : calls) wait_stream(k.stream);
     std::vector<ncclComm *> comms;
     bool nonblocking = true;

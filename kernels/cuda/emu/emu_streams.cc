@@ -271,6 +271,19 @@ __attribute__((format(printf, 3, 4))) void capture_violation(capture_rec *c, cud
     set_last_error(e);
 }
 
+// The host function (cudaLaunchHostFunc) running now, or null: CUDA forbids CUDA calls
+// inside one (they may deadlock, or see the device in any state), and the emulator refuses
+// the calls that issue or wait for device work there (refuse_in_host_func).
+thread_local bool in_host_func;
+
+void refuse_in_host_func(const char *api)
+{
+    if (in_host_func)
+        fail(nullptr, 0, "%s called inside a host function (cudaLaunchHostFunc): CUDA forbids CUDA calls in a host "
+                         "function; do the work before or after it on the stream",
+             api);
+}
+
 // Whether a potentially unsafe call (one stream capture cannot observe: cudaMalloc,
 // cudaMallocHost, a synchronous cudaMemcpy) is prohibited now: a capture sequence not
 // begun in relaxed mode is under way and the thread's mode is not relaxed
@@ -341,6 +354,7 @@ bool stream_work(cudaStream_t stream, const char *what, const char *file, int li
                  std::function<void()> work)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func(what);
     stream_rec *s = stream_of(stream, what);
     if (!s) fail(file, line, "%s issued on an invalid stream %p", what, (void *)stream);
     if (s->cap) {
@@ -447,6 +461,7 @@ void host_waits_stream(cudaStream_t stream)
 void host_waits_device()
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("a device synchronisation");
     init_streams();
     // the newest streams first: work CUDA leaves unordered runs in the order least
     // like the issue order
@@ -484,6 +499,7 @@ void mt_emu_counts(long long *launches, long long *host_syncs)
 cudaError_t mt_emu_stream_wait(cudaStream_t h)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("an emulated NCCL call");
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
     if (s->cap)
@@ -518,6 +534,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t h)
 cudaError_t cudaStreamSynchronize(cudaStream_t h)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaStreamSynchronize");
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
     if (s->cap) {
@@ -543,6 +560,7 @@ cudaError_t cudaDeviceSynchronize(void)
 cudaError_t cudaStreamQuery(cudaStream_t h)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaStreamQuery");
     stream_rec *s = stream_of(h, "cudaStreamQuery");
     if (!s) return bad_handle();
     if (s->cap) {
@@ -571,6 +589,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *h) { return cudaEventCreateWithFlags(h,
 cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaEventRecord");
     event_rec *e = event_of(h, "cudaEventRecord");
     stream_rec *s = e ? stream_of(sh, "cudaEventRecord") : nullptr;
     if (!s) return bad_handle();
@@ -590,6 +609,7 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t sh)
 cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaStreamWaitEvent");
     event_rec *e = event_of(h, "cudaStreamWaitEvent");
     stream_rec *s = e ? stream_of(sh, "cudaStreamWaitEvent") : nullptr;
     if (!s) return bad_handle();
@@ -626,9 +646,28 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t sh, cudaEvent_t h, unsigned)
     return cudaSuccess;
 }
 
+// A host function in stream order: a piece of stream work of its own (captured as a node,
+// a host node in CUDA's terms), which touches no device memory the emulator knows of.
+cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void *user)
+{
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (!fn) {
+        set_last_error(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    if (!stream_of(h, "cudaLaunchHostFunc")) return bad_handle();
+    const bool ok = stream_work(h, "a host function (cudaLaunchHostFunc)", __FILE__, __LINE__, nullptr, 0, [fn, user] {
+        in_host_func = true;
+        fn(user);
+        in_host_func = false;
+    });
+    return ok ? cudaSuccess : cudaPeekAtLastError();
+}
+
 cudaError_t cudaEventSynchronize(cudaEvent_t h)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaEventSynchronize");
     event_rec *e = event_of(h, "cudaEventSynchronize");
     if (!e) return bad_handle();
     if (e->cap_id) {
@@ -801,6 +840,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t h, unsigned lon
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h)
 {
     std::lock_guard<std::recursive_mutex> lock(mu);
+    refuse_in_host_func("cudaGraphLaunch");
     if (!x || !live_handles.count(x)) return bad_handle();
     stream_rec *s = stream_of(h, "cudaGraphLaunch");
     if (!s) return bad_handle();
