@@ -950,15 +950,6 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
                           "expert_capacity_factor > 0 with pad_expert_input_to_capacity = .true. "
                           "(drop-and-pad), or capture moe_router and moe_preprocess instead",
                           e->expert_capacity_factor, nopad);
-    if (has[2] && (l->tp > 1 || l->ep > 1 || l->etp > 1))
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&cuda_graph modules: 'moe' with tensor_model_parallel_size = %d, "
-                          "expert_model_parallel_size = %d, expert_tensor_parallel_size = %d: the "
-                          "block would hold the collectives of expert and tensor parallelism, "
-                          "and a captured collective is not run by the emulated NCCL every scope "
-                          "is tested on (doc/host-overhead.md, CUDA graphs); set all three to 1, "
-                          "or capture moe_router and moe_preprocess instead",
-                          l->tp, l->ep, l->etp);
     if ((has[2] || has[3]) && e->router_force_load_balancing)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "&cuda_graph modules: '%s' with &moe router_force_load_balancing: the "

@@ -608,23 +608,30 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     struct mt_model *m = p->m;
     const int ep = m->sc.ep, etp = m->sc.etp, El = m->E_l;
     const size_t S = (size_t)ep * El;
-    long long *send = m->h_send, *recv = m->h_recv;
-    for (int e = 0; e < m->E; e++) send[e] = a->h_offsets[e + 1] - a->h_offsets[e];
-    size_t *cnt = m->h_cnt, *at = cnt + ep;
-    for (int j = 0; j < ep; j++) {
-        cnt[j] = (size_t)El;
-        at[j] = (size_t)j * El;
-    }
-    if (ep == 1)
-        memcpy(recv, send, sizeof(long long) * S);
-    else
-        MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
     /* the counts of every source into start (its room), then kept when they changed */
     long long *counts = m->h_start;
-    if (etp > 1)
-        MT_CHECK(mt_all_gather(m->etp_comm, recv, counts, S, MT_DT_I64, p->err));
-    else
-        memcpy(counts, recv, sizeof(long long) * S);
+    if (!mt_moe_dynamic(m, p->N)) {
+        /* drop-and-pad: every source sends every expert its capacity (the plan's
+         * offsets), so nothing is exchanged: the block holds no host collective
+         * (&cuda_graph modules = 'moe' under EP and ETP) */
+        for (size_t b = 0; b < (size_t)etp * S; b++) counts[b] = a->h_offsets[1] - a->h_offsets[0];
+    } else {
+        long long *send = m->h_send, *recv = m->h_recv;
+        for (int e = 0; e < m->E; e++) send[e] = a->h_offsets[e + 1] - a->h_offsets[e];
+        size_t *cnt = m->h_cnt, *at = cnt + ep;
+        for (int j = 0; j < ep; j++) {
+            cnt[j] = (size_t)El;
+            at[j] = (size_t)j * El;
+        }
+        if (ep == 1)
+            memcpy(recv, send, sizeof(long long) * S);
+        else
+            MT_CHECK(mt_all_to_all_v(m->ep_comm, send, cnt, at, recv, cnt, at, MT_DT_I64, p->err));
+        if (etp > 1)
+            MT_CHECK(mt_all_gather(m->etp_comm, recv, counts, S, MT_DT_I64, p->err));
+        else
+            memcpy(counts, recv, sizeof(long long) * S);
+    }
     const size_t cbytes = sizeof(long long) * (size_t)etp * S;
     const bool same = a->maps_of_counts && !memcmp(counts, a->recv_counts, cbytes);
     memcpy(a->recv_counts, counts, cbytes);

@@ -146,6 +146,13 @@ static int finish(struct mt_comm *c, const char *op, ncclResult_t started, struc
         cudaError_t e = cudaEventRecord(n->done, n->stream);
         if (e == cudaSuccess) e = cudaStreamWaitEvent(n->order, n->done, 0);
         if (e != cudaSuccess) return cuda_error(c, op, e, err);
+        /* inside a CUDA graph scope the comm stream joined the compute stream's capture:
+         * the call is captured, runs at each launch of the graph, and the host has
+         * nothing to wait for (&cuda_graph modules = 'moe', doc/host-overhead.md) */
+        enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        e = cudaStreamIsCapturing(n->stream, &st);
+        if (e != cudaSuccess) return cuda_error(c, op, e, err);
+        if (st != cudaStreamCaptureStatusNone) return MT_OK;
     }
     for (;;) {
         cudaError_t e = cudaStreamQuery(n->stream);

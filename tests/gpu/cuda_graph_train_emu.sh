@@ -202,10 +202,6 @@ refused "full iteration with FP8" \
 refused "full iteration with modules" \
     "&cuda_graph modules applies only with impl = 'local' (impl 'full_iteration'" \
     "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "cuda_graph%modules='attn'"
-refused "moe scope with expert parallelism" \
-    "&cuda_graph modules: 'moe' with tensor_model_parallel_size = 1, expert_model_parallel_size = 2" \
-    "$tiny" --check --world-size 2 parallel%expert_model_parallel_size=2 "cuda_graph%impl='local'" \
-    "cuda_graph%modules='moe'" moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T
 refused "moe_preprocess alone" "'moe_preprocess' needs 'moe_router'" \
     "$tiny" --check "cuda_graph%impl='local'" "cuda_graph%modules='moe_preprocess'"
 refused "mlp in a model without dense layers" "&cuda_graph modules(1) = 'mlp': this model has no dense MLP layer" \
