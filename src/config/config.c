@@ -836,8 +836,10 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
     if (l->world_size > 1)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s: one process only (the world is %d: tensor %d, pipeline %d, expert "
-                          "%d, expert tensor %d, data %d): the iteration's collectives are not "
-                          "captured; run one process, or use impl = 'local' with modules",
+                          "%d, expert tensor %d, data %d): the iteration's collectives outside "
+                          "the MoE block (the gradient reduction, the pipeline's transfers) are "
+                          "not captured in it; run one process, or use impl = 'local' with "
+                          "modules (modules = 'moe' captures the MoE block's collectives)",
                           pre, l->world_size, l->tp, l->pp, l->ep, l->etp, l->dp);
     if (e->router_enable_expert_bias)
         return mt_err_set(err, MT_EUNSUPPORTED,

@@ -2,8 +2,9 @@
  * scope's ops captured once per (module, layer, micro-batch slot, pass, segment) after the
  * trainer's warm-up and replayed with one launch after that, through the backend's
  * struct mt_graph_ops; or, with impl = 'full_iteration', the trainer's iteration as one
- * scope (mt_model_iteration_begin), with none inside it. A scope never holds a collective (a segment ends before one and
- * the next begins after it), a host read or an allocation that outlives it. */
+ * scope (mt_model_iteration_begin), with none inside it. A scope never holds a host read
+ * or an allocation that outlives it, nor a collective (a segment ends before one and the
+ * next begins after it), except the moe scope, whose NCCL collectives are captured with it. */
 #include "model/model_internal.h"
 
 #include <string.h>

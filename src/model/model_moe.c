@@ -799,7 +799,7 @@ int mt_moe_fwd(const pass_t *p, int l)
     void *out = m->tmpb; /* the block's output, (Nl,H) in adt */
     const bool ov = m->shared_overlap; /* the shared expert runs during the all-to-alls */
     MT_CHECK(route(p, l));
-    /* &cuda_graph moe (local dispatch only: no collective inside): the experts, then the
+    /* &cuda_graph moe (its EP/ETP collectives captured with it): the experts, then the
      * combination and the shared expert, around the host's bookkeeping of expert rows */
     bool run;
     if (m->dispatch == MT_DISPATCH_LOCAL) a->x_rows = a->rows;
@@ -887,7 +887,7 @@ int mt_moe_bwd(const pass_t *p, int l)
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, false));
-    /* &cuda_graph moe (local dispatch only: no collective inside) */
+    /* &cuda_graph moe (its EP/ETP collectives captured with it) */
     bool run;
     MT_CHECK(mt_graph_begin(p, MT_GM_MOE, l, 0, true, experts_sig(p, l), &run));
     if (run) MT_CHECK(moe_block_bwd(p, l));

@@ -9,9 +9,11 @@
 // MT_EMU_NCCL_TIMEOUT_S is reported, naming the operation, rank, peer and count.
 // Collectives are built on the same transfers; every chunk is reduced by one rank in rank
 // order, so all ranks get the same bits. Operations run after the work queued on their
-// stream, to completion inside the call; on a nonblocking communicator one call in
-// MT_EMU_NCCL_INPROGRESS instead runs on a thread of its own and answers ncclInProgress
-// (or only claims to), so that callers' polling, timeouts and aborts run.
+// stream, to completion inside the call (on a capturing stream they are captured instead,
+// one host function per call or group, run by each launch of the graph); on a
+// nonblocking communicator one call in MT_EMU_NCCL_INPROGRESS instead runs on a thread of
+// its own and answers ncclInProgress (or only claims to), so that callers' polling,
+// timeouts and aborts run.
 // ncclCommSplit is collective over every rank of the parent: the ranks exchange their colour
 // and key over the parent's connections, and those of one colour bootstrap a communicator of
 // their own, ranked by key, then parent rank, under an id derived from the parent's, the

@@ -503,8 +503,9 @@ cudaError_t mt_emu_stream_wait(cudaStream_t h)
     stream_rec *s = stream_of(h, "cudaStreamSynchronize");
     if (!s) return bad_handle();
     if (s->cap)
-        fail(nullptr, 0, "an emulated NCCL call on a capturing stream: NCCL calls inside stream capture are not "
-                         "emulated (the emulated NCCL runs a call on the host when it is issued)");
+        fail(nullptr, 0, "an emulated NCCL call waits for a capturing stream: the program does not export "
+                         "cudaStreamIsCapturing and cudaLaunchHostFunc, through which the emulated NCCL "
+                         "captures a call (link it with MT_EMU_NCCL_EXPORT)");
     host_waits(s);
     return cudaSuccess;
 }
