@@ -19,13 +19,14 @@ static const struct mt_graph_ops cuda_graph_ops = {
     .reset = mt_cuda_graph_reset,
 };
 
-/* the FP8 recipes on the shards of tensor and expert-tensor parallelism (cuda_qdq.cu,
- * "Shards"); NVFP4's on whole tensors only; the copies saved for backward (cuda_qdq.cu,
- * "copies saved for backward"), unless MT_CUDA_QUANT_SAVE=0 (quant_save_from_env) */
+/* every recipe on the shards of tensor and expert-tensor parallelism (cuda_qdq.cu,
+ * "Shards"): NVFP4's random bits and fp32 scale by the shard's place in its tensor; the
+ * copies saved for backward (cuda_qdq.cu, "copies saved for backward"), unless
+ * MT_CUDA_QUANT_SAVE=0 (quant_save_from_env) */
 static struct mt_quant_ops cuda_quant_ops = {
     .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .save = mt_cuda_quant_save,
     .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped, .shards = true,
-    .fp4_shards = false };
+    .fp4_shards = true };
 
 /* MT_CUDA_QUANT_SAVE, read once when the backend starts: 1 (the default) or 0, which
  * leaves save out of the op table, so that the model keeps its quantised linears'

@@ -16,14 +16,21 @@
 //             mt_dequant rounds it, into out (transposed back where it was loaded so)
 // Shards (tensor and expert-tensor parallelism; doc/fp8.md "Parallel layouts"): x may be
 // rows row0.. or columns col0.. of a logical (lrows, lcols) tensor that other ranks hold
-// the rest of. Under the FP8 recipes a shard quantises as the logical tensor's part:
-// the per-tensor scale of current scaling comes from s->tensor_amax (the shards' amaxes,
-// max-reduced by the model) instead of x's amax, and the blocks of the block scalings
-// are the logical tensor's when the shard starts and ends on block boundaries, which
-// qdq_check_shard demands (config.c refuses widths that would not). No FP8 recipe
-// rounds stochastically; NVFP4 shards (their random bits drawn by logical index, their
-// fp32 scale from the tensor's amax) are refused here, as the model refuses them on
-// this backend (struct mt_quant_ops fp4_shards).
+// the rest of. A shard quantises as the logical tensor's part: the per-tensor scale of
+// current scaling comes from s->tensor_amax (the shards' amaxes, max-reduced by the
+// model) instead of x's amax, NVFP4's fp32 scale from the larger of the two (what the
+// CPU's qdq finds with that amax planted beside the shard); the blocks of the block
+// scalings are the logical tensor's when the shard starts and ends on block
+// boundaries, which qdq_check_shard demands (config.c refuses widths that would not);
+// NVFP4's stochastic rounding draws each element's random byte by its index in the
+// logical tensor (its transpose where the CPU quantises the transpose): the NVFP4
+// quantiser takes the shard's place (struct mt_cuda_q_place) and reads the shard alone,
+// where the CPU quantises a zero tensor of the logical shape. NVFP4's Hadamard
+// transform (the wgrad operands, blocks down the columns) runs over the shard's own
+// groups of 16 rows, as on the CPU: the logical tensor's, since a row shard of blocks
+// down the columns starts and ends on 16 rows (the same check; the model splits those
+// operands along their columns only). No FP8 recipe rounds stochastically: an FP8
+// shard rounded so is refused (its quantisers take no place).
 //
 // The codes, scales and scalars live in one block of scratch, at most
 // mt_quant_scratch_bytes(rows * cols) (kernels/kernels.h): the spec's work buffer (the
@@ -129,27 +136,26 @@ static void qdq_block_extent(const struct mt_quant_spec *s, int64_t *br, int64_t
 
 // A shard (s->lrows > 0, the top of this file, "Shards") that this backend quantises as
 // its part of the logical tensor: along one dimension of it, on block boundaries (its
-// start, and its end unless that is the tensor's), FP8 with nearest rounding; anything
-// else is fatal, naming what.
-static void qdq_check_shard(const char *op, const struct mt_quant_spec *s, int64_t R, int64_t C)
+// start, and its end unless that is the tensor's), stochastically rounded under NVFP4
+// only; anything else is fatal, naming what (as the CPU's qdq refuses an NVFP4 tensor
+// amax without a shard). Returns whether x is a part of a larger logical tensor.
+static bool qdq_check_shard(const char *op, const struct mt_quant_spec *s, int64_t R, int64_t C)
 {
-    if (s->lrows <= 0) {
-        if (s->tensor_amax && mt_q_is_nvfp4(s->scaling))
-            mt_cuda_fatal(__FILE__, __LINE__, op, "an NVFP4 tensor amax needs the shard's place in its tensor");
-        return;
-    }
     char msg[300];
     const int64_t LR = s->lrows, LC = s->lcols;
-    if (LR < s->row0 + R || LC < s->col0 + C || s->row0 < 0 || s->col0 < 0 || (LR > R && LC > C)) {
+    if (LR > 0 && (LR < s->row0 + R || LC < s->col0 + C || s->row0 < 0 || s->col0 < 0 || (LR > R && LC > C))) {
         snprintf(msg, sizeof msg, "the shard (%lld,%lld) at (%lld,%lld) does not lie along one dimension of the "
                  "logical (%lld,%lld) tensor", (long long)R, (long long)C, (long long)s->row0, (long long)s->col0,
                  (long long)LR, (long long)LC);
         mt_cuda_fatal(__FILE__, __LINE__, op, msg);
     }
-    if (mt_q_is_nvfp4(s->scaling) || s->rnd == MT_Q_SR) {
-        snprintf(msg, sizeof msg, "a shard of a %s tensor%s: the CUDA backend quantises FP8 shards with nearest "
-                 "rounding only (struct mt_quant_ops fp4_shards)", mt_q_scaling_name(s->scaling),
-                 s->rnd == MT_Q_SR ? " rounded stochastically" : "");
+    const bool shard = LR > 0 && (LR > R || LC > C);
+    if (!shard && s->tensor_amax && mt_q_is_nvfp4(s->scaling))
+        mt_cuda_fatal(__FILE__, __LINE__, op, "an NVFP4 tensor amax needs the shard's place in its tensor");
+    if (LR <= 0) return false;
+    if (s->rnd == MT_Q_SR && !mt_q_is_nvfp4(s->scaling)) {
+        snprintf(msg, sizeof msg, "a shard of a %s tensor rounded stochastically: the CUDA backend draws a shard's "
+                 "random bits by its place in the logical tensor under NVFP4 only", mt_q_scaling_name(s->scaling));
         mt_cuda_fatal(__FILE__, __LINE__, op, msg);
     }
     int64_t br, bc;
@@ -161,19 +167,24 @@ static void qdq_check_shard(const char *op, const struct mt_quant_spec *s, int64
                  mt_q_scaling_name(s->scaling));
         mt_cuda_fatal(__FILE__, __LINE__, op, msg);
     }
+    return shard;
 }
 
 // Steps 1 to 4 (the top of this file) for x (R, C) under s: x into w as fp32, as it is
 // or, tr, transposed (qr = tr ? C : R rows of qc), then zero rows up to q->rows; the
 // Hadamard transform; the amax (recorded, or the tensorwise scale's); the quantiser
 // into q, whose buffers the caller placed. scalars: three device floats (the amax, the
-// tensorwise scale and q->global). A shard's current scale comes from s->tensor_amax.
+// tensorwise scale and q->global). A shard's current scale comes from s->tensor_amax,
+// an NVFP4 shard's quantiser takes its place (the top of this file, "Shards").
 static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_spec *s, struct mt_tensor x, bool tr,
                          float *w, const struct mt_cuda_qtensor *q, float *scalars)
 {
     const int64_t R = x.rows, C = x.cols, qr = tr ? C : R, qc = tr ? R : C;
     struct mt_err err = {};
-    qdq_check_shard(op, s, R, C);
+    const bool shard = qdq_check_shard(op, s, R, C);
+    // the shard's place in what is quantised: the logical tensor, or its transpose
+    const struct mt_cuda_q_place place = tr ? mt_cuda_q_place{s->col0, s->row0, s->lrows, s->tensor_amax}
+                                            : mt_cuda_q_place{s->row0, s->col0, s->lcols, s->tensor_amax};
     mt_with_elem(x.dtype, [&](auto tag) {
         MT_LAUNCH(mt_cdiv((size_t)(q->rows * qc), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
                   qdq_load_kernel<MT_ELEM(tag)>)(w, (const MT_ELEM(tag) *)x.data, R, C, (int)tr, q->rows);
@@ -210,7 +221,8 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
     case MT_Q_BLOCK_128X128: rc = mt_cuda_quant_blockwise(q, w, qc, 1, c->stream, &err); break;
     case MT_Q_MX: rc = mt_cuda_quant_mxfp8(q, w, qc, c->stream, &err); break;
     case MT_Q_NVFP4:
-    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(q, w, qc, s->rnd, s->seed, s->stream, c->stream, &err); break;
+    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(q, w, qc, s->rnd, s->seed, s->stream, shard ? &place : nullptr, c->stream, &err);
+        break;
     }
     if (rc) qdq_fail(op, "quantise", &err);
 }

@@ -331,9 +331,11 @@ extern "C" int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float 
 
 // One thread per block: 16 elements of a row, or 16 x 16 (bh = 16), whose 8-byte row
 // pieces it owns whole (blocks start at even columns). *amax holds the tensor's amax.
+// Element (r, c) draws the random byte of index (row0 + r) * icols + col0 + c (its
+// place in the logical tensor, struct mt_cuda_q_place; 0, 0, cols for a whole one).
 __global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const float *amax, const float *x, int64_t rows,
                                       int64_t cols, int64_t ld, int64_t scols, int bh, enum mt_q_round rnd,
-                                      uint64_t seed, uint32_t stream_id)
+                                      uint64_t seed, uint32_t stream_id, int64_t row0, int64_t col0, int64_t icols)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, groups = (rows + bh - 1) / bh;
     if (t >= groups * scols) return;
@@ -350,7 +352,7 @@ __global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const floa
         for (int64_t c = c0; c < c1; c += 2) {
             uint8_t byte = 0;
             for (int64_t k = c; k < c + 2 && k < c1; k++) {
-                const uint64_t i = (uint64_t)(r * cols + k);
+                const uint64_t i = (uint64_t)((row0 + r) * icols + col0 + k);
                 const uint32_t rb = rnd == MT_Q_SR ? mt_q_random_byte(seed, stream_id, i) : 0;
                 byte |= (uint8_t)(mt_e2m1_from_float(__fmul_rn(x[r * ld + k], e), rnd, rb) << (4 * (k & 1)));
             }
@@ -365,17 +367,36 @@ __global__ static void q_nvfp4_global_kernel(float *global)
     *global = __fdiv_rn(1.0f, mt_q_nvfp4_global_scale(*global));
 }
 
+// *amax = the larger of *amax and *other, as magnitudes' bit patterns (a NaN in either
+// the result): the amax of a part joined with its logical tensor's.
+__global__ static void q_amax_join_kernel(float *amax, const float *other)
+{
+    *amax = mt_q_float(q_umax(q_mag_bits(*amax), q_mag_bits(*other)));
+}
+
 extern "C" int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
-                                   uint64_t seed, uint32_t stream_id, cudaStream_t stream, struct mt_err *err)
+                                   uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
+                                   cudaStream_t stream, struct mt_err *err)
 {
     int rc = q_check(q, MT_Q_NVFP4, MT_Q_NVFP4_2D, ld, "mt_cuda_quant_nvfp4", err);
     if (rc) return rc;
+    const struct mt_cuda_q_place whole = {0, 0, q->cols, nullptr}, *pl = place ? place : &whole;
+    if (pl->row0 < 0 || pl->col0 < 0 || pl->lcols < pl->col0 + q->cols)
+        return mt_err_set(err, MT_EINVAL, "mt_cuda_quant_nvfp4: a (%lld, %lld) tensor at (%lld, %lld) does not lie in "
+                          "logical rows of %lld columns", (long long)q->rows, (long long)q->cols,
+                          (long long)pl->row0, (long long)pl->col0, (long long)pl->lcols);
     rc = mt_cuda_q_amax(q->global, x, q->rows, q->cols, ld, stream, err);
     if (rc) return rc;
+    if (pl->tensor_amax) {
+        MT_LAUNCH(1, 1, 0, stream, q_amax_join_kernel)(q->global, pl->tensor_amax);
+        rc = q_launched("q_amax_join_kernel", err);
+        if (rc) return rc;
+    }
     const int bh = q->scaling == MT_Q_NVFP4_2D ? 16 : 1;
     const int64_t threads = (q->rows + bh - 1) / bh * q->scols;
     MT_LAUNCH(q_cdiv(threads, 128), 128, 0, stream, q_nvfp4_kernel)(q->data, q->scale8, q->global, x, q->rows,
-                                                                    q->cols, ld, q->scols, bh, rnd, seed, stream_id);
+                                                                    q->cols, ld, q->scols, bh, rnd, seed, stream_id,
+                                                                    pl->row0, pl->col0, pl->lcols);
     rc = q_launched("q_nvfp4_kernel", err);
     if (rc) return rc;
     MT_LAUNCH(1, 1, 0, stream, q_nvfp4_global_kernel)(q->global);

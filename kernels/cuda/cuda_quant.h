@@ -5,7 +5,8 @@
  * (kernels/cpu/cpu_quant.c, kernels/quant_recipe.h) writes for the same input: the same
  * layout, the codecs and scale rules of kernels/quant.h (shared by both), the same
  * stochastic-rounding bytes (element i = r * cols + c draws mt_q_random_byte(seed,
- * stream, i)), the same amax (NaN if any element is NaN). tests/gpu/emu_quant checks it
+ * stream, i); an NVFP4 part of a logical tensor, its index there: struct
+ * mt_cuda_q_place), the same amax (NaN if any element is NaN). tests/gpu/emu_quant checks it
  * byte for byte under the CUDA emulator.
  *
  * Nothing here waits for the device: every function queues its work on the stream it is
@@ -85,14 +86,31 @@ void mt_cuda_amax_history_free(struct mt_cuda_amax_history *h);
 int mt_cuda_amax_history_update(struct mt_cuda_amax_history *h, const float *amax, cudaStream_t stream,
                                 struct mt_err *err);
 
+/* Where a tensor lies in a logical tensor it is a part of (a shard of tensor or
+ * expert-tensor parallelism, in the orientation it is quantised in; doc/fp8.md
+ * "Parallel layouts"): its element (r, c) is element (row0 + r, col0 + c) of the
+ * logical tensor, whose rows are lcols long, and draws that element's random bits,
+ * mt_q_random_byte(seed, stream, (row0 + r) * lcols + col0 + c); tensor_amax, one
+ * device float or NULL: the logical tensor's amax, which the per-tensor scale comes
+ * from (the larger of it and the part's own, as the CPU's qdq finds it with the amax
+ * planted beside the shard in a zero tensor of the logical shape). The part's blocks
+ * are the logical tensor's when row0 and col0 fall on block boundaries (the caller's
+ * to ensure). A NULL place: the tensor is the whole. */
+struct mt_cuda_q_place {
+    int64_t row0, col0, lcols;
+    const float *tensor_amax;
+};
+
 /* Blockwise (1 x 128 and 128 x 128), MXFP8 (along q->along) and NVFP4 (16 and 16 x 16):
- * mt_quant_blockwise, mt_quant_mxfp8, mt_quant_nvfp4. */
+ * mt_quant_blockwise, mt_quant_mxfp8, mt_quant_nvfp4; NVFP4 of a part of a logical
+ * tensor with its place (else NULL). */
 int mt_cuda_quant_blockwise(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, int pow2,
                             cudaStream_t stream, struct mt_err *err);
 int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, cudaStream_t stream,
                         struct mt_err *err);
 int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
-                        uint64_t seed, uint32_t stream_id, cudaStream_t stream, struct mt_err *err);
+                        uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
+                        cudaStream_t stream, struct mt_err *err);
 
 /* NVFP4's random Hadamard transform, in place: mt_q_rht. */
 int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, uint64_t seed,

@@ -40,7 +40,9 @@
 //           size, the quantised GEMM reading the copy bit for bit the one quantising x,
 //           within the qgemm bound of the CPU backend's GEMM reading its copy.
 //   qdq also quantises halves of a tensor split as tensor parallelism splits it, each
-//           with its place and the tensor's amax: the CPU's bits, the whole tensor's.
+//           with its place and the tensor's amax, under every recipe but delayed (NVFP4
+//           with stochastic rounding and the Hadamard transform): the CPU's bits, the
+//           whole tensor's.
 //
 // Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|grouped-gb200|
 //        saved-h100|saved-gb200
@@ -279,7 +281,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
             pair p = make_pair(two ? MT_Q_NVFP4_2D : MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, rows, cols);
             const enum mt_q_round rnd = sr ? MT_Q_SR : MT_Q_RN;
             must(mt_quant_nvfp4(&p.h, x.data(), ld, rnd, 0x1234567890ull, 9, &err), err, "mt_quant_nvfp4");
-            must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, 0x1234567890ull, 9, nullptr, &err), err, "nvfp4");
+            must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, 0x1234567890ull, 9, nullptr, nullptr, &err), err, "nvfp4");
             const bool ok = same_bytes(p, why, sizeof why);
             emu_check(ok, "nvfp4 %s %lldx%lld %s %s: %s", two ? "16x16" : "1x16", (long long)rows, (long long)cols, en,
                   sr ? "SR" : "RN", why);
@@ -468,17 +470,20 @@ static void qdq_one(const struct mt_kernels *gpu, const struct mt_kernels *cpu, 
 // columns, as tensor parallelism splits one (doc/fp8.md "Parallel layouts"): each half
 // quantised by the CUDA backend's qdq with its place and the tensor's amax (struct
 // mt_quant_spec lrows.., tensor_amax) gives the CPU backend's bits for the same half,
-// and those are the whole tensor's quantisation there (the CPU's qdq of the whole).
+// and those are the whole tensor's quantisation there (the CPU's qdq of the whole):
+// NVFP4's stochastic rounding by the elements' indices in the whole tensor, its fp32
+// scale from the whole's amax (after the Hadamard transform, which the qdq of the whole
+// records, as the model's probe of each shard does before the group's max).
 static void qdq_shard(const struct mt_kernels *gpu, const struct mt_kernels *cpu, const qdq_case &qc, int64_t LR,
                       int64_t LC, bool rows)
 {
     const std::vector<float> x = make_tensor(LR, LC, LC, PLAIN);
     const size_t nl = (size_t)(LR * LC);
     std::vector<float> whole(nl);
-    struct mt_quant_spec ws = qc.s;
-    cpu->quant->qdq(cpu->ctx, &ws, mt_f32(whole.data(), LR, LC), mt_f32(x.data(), LR, LC));
     float amax = 0.0f;
-    for (float v : x) amax = fabsf(v) > amax ? fabsf(v) : amax;
+    struct mt_quant_spec ws = qc.s;
+    ws.amax = &amax;
+    cpu->quant->qdq(cpu->ctx, &ws, mt_f32(whole.data(), LR, LC), mt_f32(x.data(), LR, LC));
     float *damax = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof(float)));
     gpu->op.copy(gpu->ctx, damax, &amax, sizeof amax);
     const int64_t R = rows ? LR / 2 : LR, C = rows ? LC : LC / 2;
@@ -494,8 +499,8 @@ static void qdq_shard(const struct mt_kernels *gpu, const struct mt_kernels *cpu
         struct mt_quant_spec hs = qc.s;
         hs.lrows = LR, hs.lcols = LC, hs.row0 = r0, hs.col0 = c0;
         struct mt_quant_spec ds = hs;
-        const bool current = qc.s.scaling == MT_Q_TENSOR; // the shard's scale from the tensor's amax
-        if (current) hs.tensor_amax = &amax, ds.tensor_amax = damax;
+        // the shard's per-tensor scale from the tensor's amax (current scaling, NVFP4)
+        if (qc.s.scaling == MT_Q_TENSOR || mt_q_is_nvfp4(qc.s.scaling)) hs.tensor_amax = &amax, ds.tensor_amax = damax;
         cpu->quant->qdq(cpu->ctx, &hs, mt_f32(hout.data(), R, C), mt_f32(xs.data(), R, C));
         gpu->op.copy(gpu->ctx, dx, xs.data(), n * sizeof(float));
         gpu->quant->qdq(gpu->ctx, &ds, mt_f32(dout, R, C), mt_f32(static_cast<const float *>(dx), R, C));
@@ -553,10 +558,11 @@ static void run_qdq(void)
         qdq_one(gpu, cpu, qc, shapes[2], WITH_NAN, false);
         qdq_one(gpu, cpu, qc, shapes[2], WITH_INF, false);
     }
-    // tensor-parallel shards of the FP8 recipes (NVFP4's are the CPU's only); halves of
-    // whole blocks, a partial block along the other dimension
+    // tensor-parallel shards of every recipe but delayed scaling (whose scale is the
+    // history's, the same for any part); halves of whole blocks, a partial block along
+    // the other dimension
     for (const qdq_case &qc : cases) {
-        if (qc.s.scaling == MT_Q_NVFP4 || qc.s.scaling == MT_Q_NVFP4_2D || qc.delayed) continue;
+        if (qc.delayed) continue;
         qdq_shard(gpu, cpu, qc, 256, 200, true);
         qdq_shard(gpu, cpu, qc, 72, 256, false);
     }
@@ -583,7 +589,7 @@ static void order_one(enum mt_q_scaling s, enum mt_q_dim along, int64_t rows, in
     const std::vector<float> x = make_tensor(rows, cols, ld, PLAIN);
     float *dx = dev_copy(x.data(), x.size());
     if (s == MT_Q_MX) must(mt_cuda_quant_mxfp8(&p.d, dx, ld, nullptr, &err), err, "mxfp8");
-    else if (el == MT_Q_ELEM_E2M1) must(mt_cuda_quant_nvfp4(&p.d, dx, ld, MT_Q_RN, 0, 0, nullptr, &err), err, "nvfp4");
+    else if (el == MT_Q_ELEM_E2M1) must(mt_cuda_quant_nvfp4(&p.d, dx, ld, MT_Q_RN, 0, 0, nullptr, nullptr, &err), err, "nvfp4");
     else must(mt_cuda_quant_blockwise(&p.d, dx, ld, 0, nullptr, &err), err, "blockwise");
     int32_t mode;
     size_t bytes;
@@ -696,7 +702,7 @@ static operand quantise(enum mt_q_scaling s, enum mt_q_elem el, enum mt_q_dim al
         break;
     case MT_Q_NVFP4:
     case MT_Q_NVFP4_2D:
-        must(mt_cuda_quant_nvfp4(&o.p.d, dx, cols, rnd, 5, 6, nullptr, &err), err, "nvfp4");
+        must(mt_cuda_quant_nvfp4(&o.p.d, dx, cols, rnd, 5, 6, nullptr, nullptr, &err), err, "nvfp4");
         must(mt_quant_nvfp4(&o.p.h, x.data(), cols, rnd, 5, 6, &err), err, "nvfp4");
         break;
     }
