@@ -29,7 +29,8 @@
 //           delayed scaling's scale and amax record; every call one cuBLASLt FP8/FP4
 //           matmul (the backend's count), none a dequantised GEMM. qgemm-h100 runs
 //           delayed, tensorwise and blockwise; qgemm-gb200 MXFP8, NVFP4 and blockwise
-//           (as VEC32_UE8M0: Blackwell has no 1 x 128 or 128 x 128 mode).
+//           (as VEC32_UE8M0: Blackwell has no 1 x 128 or 128 x 128 mode), and NVFP4's
+//           forward and wgrad with an operand a tensor-parallel shard.
 //
 //   grouped the CUDA backend's grouped quantised GEMM (struct mt_quant_ops grouped_gemm,
 //           the routed experts' GEMMs of a use in one launch) against the per-expert loop
@@ -1115,8 +1116,11 @@ static double qgemm_bound(int64_t k, double mag, float beta, float c0, bool cbf1
 }
 
 // A case: c (m,n) = beta c + op(a) op(b) of use u, tokens N, the weight (dout, din).
+// shard: a is the second half of a logical tensor split along its columns (a
+// row-parallel x, a column-parallel dy, as tensor parallelism splits them), placed there
+// with a tensor amax of three times its own largest |element|.
 static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
-                       int64_t N, int64_t dout, int64_t din, bool bf16, float beta, double *worst)
+                       int64_t N, int64_t dout, int64_t din, bool bf16, float beta, double *worst, bool shard = false)
 {
     const bool delayed = r == DELAYED;
     // the operands as the model stores them: x (N, din), W (dout, din), dy (N, dout)
@@ -1135,7 +1139,13 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
     float hs[4] = {2.5f, 0.25f, 3.0f, 0.5f};
     float *ds = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof hs));
     gpu->op.copy(gpu->ctx, ds, hs, sizeof hs);
+    float tamax = 0.0f;
+    for (float v : a.x) tamax = fmaxf(tamax, 3.0f * fabsf(v));
+    float *dtamax = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof tamax));
+    gpu->op.copy(gpu->ctx, dtamax, &tamax, sizeof tamax);
+    if (shard) sa.lrows = ar, sa.lcols = 2 * ac, sa.col0 = ac, sa.tensor_amax = dtamax;
     struct mt_quant_spec ha = sa, hb = sb;
+    if (shard) ha.tensor_amax = &tamax;
     if (delayed) {
         sa.scale = ds, sa.amax = ds + 1, sb.scale = ds + 2, sb.amax = ds + 3;
         ha.scale = hs, ha.amax = hs + 1, hb.scale = hs + 2, hb.amax = hs + 3;
@@ -1194,14 +1204,14 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
     const bool amax_ok = !delayed || (bits(gs[1]) == bits(hs[1]) && bits(gs[3]) == bits(hs[3]));
     const long long calls = st1.lowp_calls - st0.lowp_calls, dense = st1.calls - st0.calls;
     emu_check(!bad && amax_ok && calls == 1 && dense == 0,
-              "quantised gemm %s %s: m %lld n %lld k %lld, %s, beta %g: within (K + 4) 2^-24 sum|ab|%s%s of the "
+              "quantised gemm %s %s%s: m %lld n %lld k %lld, %s, beta %g: within (K + 4) 2^-24 sum|ab|%s%s of the "
               "CPU (%d outside)%s; %lld cuBLASLt FP8/FP4 matmul%s, %lld dense GEMMs (want 1 and 0)",
-              recipe_name[r], use_name[u], (long long)m, (long long)n, (long long)k,
+              recipe_name[r], use_name[u], shard ? " (a: a column shard)" : "", (long long)m, (long long)n, (long long)k,
               bf16 ? "bf16 activations and weights, work buffers" : "fp32", (double)beta,
               cbf16 ? " + a bf16 ulp (both round)" : "", r == NVFP4 ? " + the per-tensor scales' rounding" : "", bad,
               delayed ? (amax_ok ? ", amaxes recorded as on the CPU" : ", amaxes NOT recorded as on the CPU") : "",
               calls, calls == 1 ? "" : "es", dense);
-    for (void *p : {a.dev, b.dev, dc, (void *)ds}) gpu->op.free(gpu->ctx, p);
+    for (void *p : {a.dev, b.dev, dc, (void *)ds, (void *)dtamax}) gpu->op.free(gpu->ctx, p);
     if (sa.work) gpu->op.free(gpu->ctx, sa.work);
     if (sb.work) gpu->op.free(gpu->ctx, sb.work);
 }
@@ -1371,6 +1381,14 @@ static void run_qgemm(bool h100)
                 qgemm_case(gpu, cpu, r, (enum use)u, sh[0], sh[1], sh[2], true, beta, &worst);
             }
     }
+    // NVFP4 on a tensor-parallel shard (the GEMM quantises it as qdq does, "qdq"): the
+    // forward's x and the wgrad's dy (stochastic, Hadamard, read transposed with its
+    // tokens padded to the FP4 GEMM's 32) as column shards
+    if (!h100)
+        for (const auto &sh : shapes3) {
+            qgemm_case(gpu, cpu, NVFP4, FWD, sh[0], sh[1], sh[2], false, 0.0f, &worst, true);
+            qgemm_case(gpu, cpu, NVFP4, WGRAD, sh[0], sh[1], sh[2], true, 1.0f, &worst, true);
+        }
     printf("largest |cuda - cpu| / sum|ab| of an fp32 c: %.3g\n", worst);
     cuda_backend_done();
 }
