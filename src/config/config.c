@@ -663,8 +663,8 @@ int mt_config_check_recipe_gpu(const struct mt_config *c, const char *gpu, int m
                       fit, fp8 && strcmp(q->fp8_format, "e4m3") && strcmp(fit, "tensorwise") ? " with fp8_format = 'e4m3'" : "");
 }
 
-/* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
- * would change nothing in the configuration given is refused, never ignored. */
+/* The rows each local expert's rows are padded to a multiple of (&moe
+ * moe_router_padding_for_fp8, doc/fp8.md "Padding the experts' rows"), or 0. */
 int mt_config_expert_padding(const struct mt_config *c)
 {
     const struct mt_config_precision *q = &c->precision;
@@ -760,6 +760,8 @@ static int check_low_precision_blocks(const struct mt_config *c, struct mt_err *
     return MT_OK;
 }
 
+/* &precision's FP8/FP4 keys (Transformer Engine's recipes, doc/fp8.md): a key that
+ * would change nothing in the configuration given is refused, never ignored. */
 static int check_low_precision(const struct mt_config *c, struct mt_err *err)
 {
     const struct mt_config_precision *q = &c->precision;
