@@ -271,7 +271,14 @@ struct layout {
     int kid;                /* the layout without its recompute setting: planner's kinds */
     int dp, edp, m;
     /* seconds per step */
-    double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt, t_off;
+    double step, compute, bubble, t_tp, t_ep, t_pp, t_dp, t_opt, t_off; /* charged */
+    /* what the overlap keys hide of the step's traffic (seconds, not in the charged
+     * terms above): the EP all-to-alls behind the shared expert, the pipeline transfers
+     * behind the passes that follow them, the gradient reduce-scatter behind the last
+     * micro-batch's backward and the parameter all-gather behind the first one's
+     * forward, which cover them (the compute the DP buckets run beside) in nbuckets */
+    double h_ep, h_pp, h_rs, h_ag, cover_bwd, cover_fwd;
+    int nbuckets;
     double tokens_s, tflops; /* a GPU */
     const char *wall;
     /* pass 3 */
@@ -491,7 +498,47 @@ static double ring(double bytes, int n, double gbps)
     return n > 1 ? (double)(n - 1) / n * bytes / (gbps * 1e9) : 0.0;
 }
 
-/* The step model of one resolved layout (pl->work): fills x's times and rates. */
+/* The gradient buckets of a class of `params` elements reduced over a group of n ranks
+ * (none when n is 1), cut every &parallel ddp_bucket_size elements or, by default,
+ * max(40M, 1M x n), as the optimizer cuts them (src/train/optim.c). */
+static int dp_buckets(const struct mt_config *c, double params, int n)
+{
+    if (n <= 1 || params <= 0.0) return 0;
+    const double cap = c->parallel.ddp_bucket_size > 0
+                           ? (double)c->parallel.ddp_bucket_size
+                           : fmax((double)MT_OPTIM_BUCKET_ELEMS, 1e6 * n);
+    return (int)ceil(params / cap);
+}
+
+/* What &parallel overlap_p2p_comm hides of one stage's pipeline transfers in a step,
+ * each transfer taking p and the passes of one model chunk fwd and bwd of compute (what
+ * is free of other traffic): in the interleaved schedule's steady phase, each forward's
+ * transfer runs beside the backward that follows it and each backward's beside the
+ * next forward, but the last, which the flush's first backward waits for at once; with
+ * overlap_p2p_comm_warmup_flush the warm-up's transfers run beside the next forward
+ * and the flush's beside the next backward too, but the first input of a stage after
+ * the first, the first gradient when every pass is in the warm-up, and the flush's
+ * last transfer (src/train/train.c, doc/host-overhead.md). Each hides at most the pass
+ * it runs beside. */
+static double p2p_hidden(const struct mt_config *c, const struct layout *x, int s, double p,
+                         double fwd, double bwd)
+{
+    const int passes = x->m * x->vpp; /* forward passes of a stage in a step */
+    int warm = (x->pp - s - 1) * 2 + (x->vpp - 1) * x->pp; /* Megatron's warm-up */
+    if (warm > passes) warm = passes;
+    const int steady = passes - warm;
+    const double f = fmin(p, fwd), bk = fmin(p, bwd);
+    double hidden = steady * bk + (steady > 0 ? steady - 1 : 0) * f;
+    if (c->parallel.overlap_p2p_comm_warmup_flush) {
+        const int ahead = warm - (s > 0), flush = warm - 1 - (steady == 0);
+        hidden += (ahead > 0 ? ahead : 0) * f + (flush > 0 ? flush : 0) * bk;
+    }
+    return hidden;
+}
+
+/* The step model of one resolved layout (pl->work): fills x's times and rates. With
+ * the overlap keys, the traffic that runs beside compute is charged only where it
+ * exceeds the compute that covers it (x->h_*, doc/plan.md "The step model"). */
 static void model_step(const struct planner *pl, struct layout *x)
 {
     const struct platform *g = pl->gpu;
@@ -512,6 +559,7 @@ static void model_step(const struct planner *pl, struct layout *x)
     const double pp_bw = (long long)block * x->pp <= pl->domain ? nvl : net;
     const double dp_bw = pl->world <= pl->domain ? nvl : net;
     double worst = 0, w_c = 0, w_tp = 0, w_ep = 0, w_pp = 0, w_off = 0, dense_p = 0, expert_p = 0;
+    double w_hep = 0, w_hpp = 0, cover_fwd = 0, cover_bwd = 0;
     for (int s = 0; s < x->pp; s++) {
         const int nd = pl->stage_nd[s], nm = pl->stage_nm[s], n = nd + nm;
         const bool last = s == x->pp - 1;
@@ -522,16 +570,25 @@ static void model_step(const struct planner *pl, struct layout *x)
                      (quant_f / (qpeak * g->eff_dense) +
                       ((last ? m->f_head : 0.0) + n * m->f_core + rb.f_dense) / (peak * g->eff_dense) +
                       nm * m->f_moe / (qpeak * g->eff_expert) + rb.f_moe / (peak * g->eff_expert));
+        /* a micro-batch's forward (a third of its training compute) and backward (the
+         * rest, with what recompute runs again) */
+        const double fwd = b / x->tp *
+                           (quant_f / (qpeak * g->eff_dense) +
+                            ((last ? m->f_head : 0.0) + n * m->f_core) / (peak * g->eff_dense) +
+                            nm * m->f_moe / (qpeak * g->eff_expert)) / 3.0;
+        const double bwd = t_c - fwd;
         /* sequence parallel: all-gather and reduce-scatter of the activations around
          * attention and each dense MLP, forward and backward, and around the LM head */
         double colls = 4.0 * (n + nd) + (last ? 2.0 : 0.0) + rb.colls;
         double t_tp = x->tp > 1 ? colls * ring(b * m->H * WIRE_BYTES, x->tp, nvl) : 0.0;
         /* dispatch and combine, forward and backward; ETP gathers the rows it receives */
         double rows = b / x->tp * m->topk;
-        double t_ep = 0.0;
-        if (nm > 0 && x->ep > 1)
+        double t_ep = 0.0, a2a = 0.0; /* a2a: one EP all-to-all of a MoE layer */
+        if (nm > 0 && x->ep > 1) {
             t_ep += (4.0 * nm + rb.ep_passes) * (double)(x->ep - 1) / x->ep * rows * m->H *
                     WIRE_BYTES / (nvl * 1e9);
+            a2a = (double)(x->ep - 1) / x->ep * rows * m->H * WIRE_BYTES / (nvl * 1e9);
+        }
         if (nm > 0 && x->etp > 1)
             t_ep += (4.0 * nm + rb.ep_passes) * ring(x->etp * rows * m->H * WIRE_BYTES, x->etp, nvl);
         /* a transfer forward and one backward per model chunk */
@@ -551,14 +608,36 @@ static void model_step(const struct planner *pl, struct layout *x)
                                   (kind ? m->f_moe / (qpeak * g->eff_expert) : 0.0));
             t_off += layers * (fmax(0.0, link - layer / 3.0) + fmax(0.0, link - 2.0 * layer / 3.0));
         }
-        double t = t_c + t_tp + t_ep + t_pp + t_off;
+        /* &moe moe_shared_expert_overlap: each EP all-to-all of a MoE layer runs beside
+         * a part of the shared expert's GEMMs (gemm: one of them, forward; a backward
+         * GEMM is as long): the forward dispatch beside gate and up, the combine beside
+         * down, the backward dispatch beside 4 of the 6 backward GEMMs, the combine
+         * beside the other 2; a MoE layer recompute rebuilds runs its forward pair again
+         * (at the BF16 rate). The ETP exchanges around it stay blocking. */
+        double h_ep = 0.0, h_ep_fwd = 0.0;
+        if (c->moe.moe_shared_expert_overlap && a2a > 0.0) {
+            const double gemm = b / x->tp * 2.0 * m->H * m->Fs / (qpeak * g->eff_expert);
+            const double gemm_rb = b / x->tp * 2.0 * m->H * m->Fs / (peak * g->eff_expert);
+            h_ep_fwd = nm * (fmin(a2a, 2.0 * gemm) + fmin(a2a, gemm));
+            h_ep = h_ep_fwd + nm * (fmin(a2a, 4.0 * gemm) + fmin(a2a, 2.0 * gemm)) +
+                   rb.ep_passes / 2.0 * (fmin(a2a, 2.0 * gemm_rb) + fmin(a2a, gemm_rb));
+        }
+        /* the compute free to cover other traffic: not already beside an all-to-all */
+        const double free_fwd = fwd - h_ep_fwd, free_bwd = bwd - (h_ep - h_ep_fwd);
+        double h_pp = 0.0;
+        if (c->parallel.overlap_p2p_comm && x->pp > 1)
+            h_pp = p2p_hidden(c, x, s, t_pp / (2.0 * x->vpp), free_fwd / x->vpp,
+                              free_bwd / x->vpp) / x->m;
+        double t = t_c + t_tp + (t_ep - h_ep) + (t_pp - h_pp) + t_off;
         if (t > worst) {
             worst = t;
             w_c = t_c;
             w_tp = t_tp;
-            w_ep = t_ep;
-            w_pp = t_pp;
+            w_ep = t_ep - h_ep;
+            w_pp = t_pp - h_pp;
             w_off = t_off;
+            w_hep = h_ep;
+            w_hpp = h_pp;
         }
         double dp_s = n * (m->p_attn / x->tp + 2.0 * m->H) + nd * m->p_mlp / x->tp +
                       nm * m->p_router_shared / x->tp +
@@ -567,6 +646,8 @@ static void model_step(const struct planner *pl, struct layout *x)
         if (dp_s + ex_s > dense_p + expert_p) {
             dense_p = dp_s;
             expert_p = ex_s;
+            cover_fwd = free_fwd;
+            cover_bwd = free_bwd;
         }
     }
     x->compute = x->m * w_c;
@@ -574,9 +655,31 @@ static void model_step(const struct planner *pl, struct layout *x)
     x->t_ep = x->m * w_ep;
     x->t_pp = x->m * w_pp;
     x->t_off = x->m * w_off;
+    x->h_ep = x->m * w_hep;
+    x->h_pp = x->m * w_hpp;
     x->bubble = (double)(x->pp - 1) / x->vpp * worst;
     x->t_dp = ring(dense_p * (GRAD_BYTES + GATHER_BYTES), x->dp, dp_bw) +
               ring(expert_p * (GRAD_BYTES + GATHER_BYTES), x->edp, dp_bw);
+    /* overlap_grad_reduce: the buckets are reduced one after another as the last
+     * micro-batch's backward produces them, evenly over it: all but the last hide
+     * behind the backward still to run, as far as it lasts, so (n - 1) / n of the
+     * shorter of the two is hidden. overlap_param_gather: the same with the all-gathers
+     * started after the step and the first micro-batch's forward waiting for them in
+     * turn. The stage is the one with the most parameters, whose traffic t_dp is. */
+    x->nbuckets = dp_buckets(c, dense_p, x->dp) + dp_buckets(c, expert_p, x->edp);
+    x->cover_fwd = cover_fwd;
+    x->cover_bwd = cover_bwd;
+    x->h_rs = x->h_ag = 0.0;
+    const double share = x->nbuckets > 0 ? (x->nbuckets - 1.0) / x->nbuckets : 0.0;
+    if (c->parallel.overlap_grad_reduce)
+        x->h_rs = share * fmin(ring(dense_p * GRAD_BYTES, x->dp, dp_bw) +
+                                   ring(expert_p * GRAD_BYTES, x->edp, dp_bw),
+                               cover_bwd);
+    if (c->parallel.overlap_param_gather)
+        x->h_ag = share * fmin(ring(dense_p * GATHER_BYTES, x->dp, dp_bw) +
+                                   ring(expert_p * GATHER_BYTES, x->edp, dp_bw),
+                               cover_fwd);
+    x->t_dp -= x->h_rs + x->h_ag;
     double owned = dense_p / x->dp + expert_p / x->edp;
     x->t_opt = (owned * OPT_BYTES_OWNED + (dense_p + expert_p) * OPT_BYTES_HELD) /
                (g->hbm_tbps * 1e12);
@@ -1059,6 +1162,36 @@ static void check_command(const struct planner *pl, const struct layout *x, FILE
     fputc('\n', out);
 }
 
+/* What the overlap keys the namelists turn on hide, per term: its traffic in the step,
+ * and how much of it runs beside compute (the modelled line's shares are of the rest). */
+static void print_overlap(const struct planner *pl, const struct layout *x, FILE *out)
+{
+    const struct mt_config_parallel *p = &pl->base->parallel;
+    const char *sep = "    overlap: "; /* " | " once a term is printed */
+    if (pl->base->moe.moe_shared_expert_overlap) {
+        fprintf(out, "%sEP all-to-all %.4g ms, %.4g hidden by moe_shared_expert_overlap", sep,
+                1e3 * (x->t_ep + x->h_ep), 1e3 * x->h_ep);
+        sep = " | ";
+    }
+    if (p->overlap_p2p_comm) {
+        fprintf(out, "%sPP transfers %.4g ms, %.4g hidden by overlap_p2p_comm%s", sep,
+                1e3 * (x->t_pp + x->h_pp), 1e3 * x->h_pp,
+                p->overlap_p2p_comm_warmup_flush ? " and overlap_p2p_comm_warmup_flush" : "");
+        sep = " | ";
+    }
+    if (p->overlap_grad_reduce) {
+        fprintf(out, "%sDP %.4g ms in %d buckets, %.4g hidden by overlap_grad_reduce behind a "
+                     "backward of %.4g ms",
+                sep, 1e3 * (x->t_dp + x->h_rs + x->h_ag), x->nbuckets, 1e3 * x->h_rs,
+                1e3 * x->cover_bwd);
+        if (p->overlap_param_gather)
+            fprintf(out, ", %.4g by overlap_param_gather behind a forward of %.4g ms",
+                    1e3 * x->h_ag, 1e3 * x->cover_fwd);
+        sep = " | ";
+    }
+    if (strcmp(sep, " | ") == 0) fputc('\n', out);
+}
+
 static void print_layout(const struct planner *pl, int *shown, const struct layout *x, FILE *out)
 {
     char name[560];
@@ -1078,6 +1211,7 @@ static void print_layout(const struct planner *pl, int *shown, const struct layo
             x->tokens_s, x->tflops, s, 100 * x->compute / s, 100 * x->t_tp / s,
             100 * x->t_ep / s, 100 * x->t_pp / s, 100 * x->bubble / s, 100 * x->t_dp / s,
             100 * x->t_opt / s, off, x->wall);
+    print_overlap(pl, x, out);
     const struct mt_rank_memory *r = &x->worst;
     char buf[48] = "", host[160] = "";
     if (r->offload) {
