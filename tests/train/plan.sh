@@ -188,6 +188,92 @@ done < fp8s
 [ -s fp8s ] && grep -q '^ *[0-9]*\. TP.*, BF16' free.log || { cat free.log; fail "expected FP8 and BF16 layouts among 40"; }
 echo "ok: $(wc -l < fp8s) FP8 layouts of 40 with TP 1 pass --check"
 
+# the overlap keys: the same layout planned with and without each; its 'overlap:' line
+# says the term's traffic and what the key hides of it, and the step (from tokens/s/GPU:
+# 64 x 128 tokens over 16 GPUs) is lower by that, the compute that covers it bounding it
+step_ms() { awk -v t="$(rate "$1")" 'BEGIN { printf "%.10g", 64 * 128 / (t * 16) * 1e3 }'; }
+olap() { grep -m1 '^    overlap: ' "$1" | sed -n "s/$2/p"; }
+near() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 2e-3 * (b < 0 ? -b : b) + 1e-12) }'; }
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one > ov0.log 2>&1 || { cat ov0.log; fail "plan without overlap"; }
+grep -q '^    overlap: ' ov0.log && { cat ov0.log; fail "an overlap line without the keys"; }
+# overlap_grad_reduce: the tiny model's DP traffic is longer than its backward, so all the
+# buckets but the last hide (n - 1) / n of the backward, and the rest is charged
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one parallel%overlap_grad_reduce=T \
+    > ovg.log 2>&1 || { cat ovg.log; fail "plan with overlap_grad_reduce"; }
+set -- $(olap ovg.log '.*DP \([^ ]*\) ms in \([0-9]*\) buckets, \([^ ]*\) hidden by overlap_grad_reduce behind a backward of \([^ ]*\) ms.*/\1 \2 \3 \4')
+[ $# -eq 4 ] || { cat ovg.log; fail "no DP overlap in the overlap line"; }
+dp=$1 nb=$2 hid=$3 bwd=$4
+awk -v t="$dp" -v n="$nb" -v h="$hid" -v b="$bwd" 'BEGIN { exit !(n > 1 && h > 0 && t / 2 > b) }' ||
+    { cat ovg.log; fail "overlap_grad_reduce: expected DP traffic above the backward, something hidden"; }
+near "$hid" "$(awk -v n="$nb" -v b="$bwd" 'BEGIN { print (n - 1) / n * b }')" ||
+    { cat ovg.log; fail "overlap_grad_reduce: $hid ms hidden, expected ($nb - 1) / $nb of the $bwd ms backward"; }
+near "$(awk -v a="$(step_ms ov0.log)" -v b="$(step_ms ovg.log)" 'BEGIN { print a - b }')" "$hid" ||
+    { cat ov0.log ovg.log; fail "overlap_grad_reduce: the step is not lower by the $hid ms hidden"; }
+# overlap_param_gather besides: the first forward hides the all-gathers, as far as it lasts
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one parallel%overlap_grad_reduce=T \
+    parallel%overlap_param_gather=T > ovp.log 2>&1 || { cat ovp.log; fail "plan with overlap_param_gather"; }
+set -- $(olap ovp.log '.*hidden by overlap_grad_reduce .*, \([^ ]*\) by overlap_param_gather behind a forward of \([^ ]*\) ms.*/\1 \2')
+[ $# -eq 2 ] && awk -v h="$1" 'BEGIN { exit !(h > 0) }' || { cat ovp.log; fail "nothing hidden by overlap_param_gather"; }
+near "$1" "$(awk -v n="$nb" -v f="$2" 'BEGIN { print (n - 1) / n * f }')" ||
+    { cat ovp.log; fail "overlap_param_gather: $1 ms hidden, expected ($nb - 1) / $nb of the $2 ms forward"; }
+near "$(awk -v a="$(step_ms ovg.log)" -v b="$(step_ms ovp.log)" 'BEGIN { print a - b }')" "$1" ||
+    { cat ovg.log ovp.log; fail "overlap_param_gather: the step is not lower by the $1 ms hidden"; }
+echo "ok: DP $dp ms: $hid hidden by overlap_grad_reduce, $1 by overlap_param_gather, the rest charged"
+# moe_shared_expert_overlap (EP 2, a shared expert): the all-to-alls behind its GEMMs
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one moe%shared_expert_intermediate_size=256 \
+    > ovs0.log 2>&1 || { cat ovs0.log; fail "plan with a shared expert"; }
+# shellcheck disable=SC2086
+plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $one moe%shared_expert_intermediate_size=256 \
+    moe%moe_shared_expert_overlap=T > ovs.log 2>&1 || { cat ovs.log; fail "plan with moe_shared_expert_overlap"; }
+set -- $(olap ovs.log '.*EP all-to-all \([^ ]*\) ms, \([^ ]*\) hidden by moe_shared_expert_overlap.*/\1 \2')
+[ $# -eq 2 ] && awk -v t="$1" -v h="$2" 'BEGIN { exit !(h > 0 && h < t) }' ||
+    { cat ovs.log; fail "moe_shared_expert_overlap: expected a part of the all-to-alls hidden"; }
+near "$(awk -v a="$(step_ms ovs0.log)" -v b="$(step_ms ovs.log)" 'BEGIN { print a - b }')" "$2" ||
+    { cat ovs0.log ovs.log; fail "moe_shared_expert_overlap: the step is not lower by the $2 ms hidden"; }
+echo "ok: EP all-to-all $1 ms: $2 hidden by moe_shared_expert_overlap"
+# overlap_p2p_comm (PP 2 x VPP 2, 4 layers): the steady phase's transfers behind the
+# passes that follow them, the warm-up's and the flush's too with the second key; the
+# bubble, a share of the slowest stage's time, shrinks with them
+pp="parallel%tensor_model_parallel_size=1 parallel%pipeline_model_parallel_size=2
+parallel%virtual_pipeline_model_parallel_size=2 parallel%expert_model_parallel_size=2
+parallel%expert_tensor_parallel_size=1 training%micro_batch_size=1 model%num_layers=4 moe%layer_freq=4*1"
+last=
+for keys in "" parallel%overlap_p2p_comm=T "parallel%overlap_p2p_comm=T parallel%overlap_p2p_comm_warmup_flush=T"; do
+    # shellcheck disable=SC2086
+    plan --gpus 16 --gpu h100 --global-batch 64 --top 1 "$nml" $pp $keys > ovpp.log 2>&1 ||
+        { cat ovpp.log; fail "plan with $keys"; }
+    if [ -n "$last" ]; then
+        set -- $(olap ovpp.log '.*PP transfers \([^ ]*\) ms, \([^ ]*\) hidden by overlap_p2p_comm.*/\1 \2')
+        [ $# -eq 2 ] && awk -v t="$1" -v h="$2" -v l="$lasthid" -v d="$(awk -v a="$(step_ms "$last")" \
+            -v b="$(step_ms ovpp.log)" 'BEGIN { print a - b }')" \
+            'BEGIN { exit !(h > l && h <= t && d >= (h - l) * 0.998) }' ||
+            { cat "$last" ovpp.log; fail "$keys: expected more hidden ($2 of $1 ms) and the step lower by it"; }
+        echo "ok: PP transfers $1 ms: $2 hidden by $keys"
+        lasthid=$2
+    else
+        lasthid=0
+    fi
+    cp ovpp.log ovpp-prev.log
+    last=ovpp-prev.log
+done
+# the order of layouts can change: the shipped Qwen3-30B-A3B case, where a layout with
+# more DP traffic gains more from overlap_grad_reduce and overtakes another
+q30="--gpus 256 --gpu h100 --global-batch 1024 --top 3 $MT_TOP_SRCDIR/namelists/qwen3_30b_a3b.nml"
+# shellcheck disable=SC2086
+plan $q30 > q0.log 2>&1 || { cat q0.log; fail "plan of Qwen3-30B-A3B"; }
+# shellcheck disable=SC2086
+plan $q30 parallel%overlap_grad_reduce=T parallel%overlap_param_gather=T > q1.log 2>&1 ||
+    { cat q1.log; fail "plan of Qwen3-30B-A3B with overlap_grad_reduce"; }
+grep '^ *[0-9]\. TP' q0.log | sed 's/^ *[0-9]*\. //' > q0.order
+grep '^ *[0-9]\. TP' q1.log | sed 's/^ *[0-9]*\. //' > q1.order
+[ "$(sort q0.order)" = "$(sort q1.order)" ] && ! cmp -s q0.order q1.order ||
+    { cat q0.log q1.log; fail "expected the same three layouts in another order with overlap_grad_reduce"; }
+echo "ok: overlap_grad_reduce reorders Qwen3-30B-A3B's layouts"
+
 # nothing fits: one message naming the smallest layout and what to change
 expect_fail "fits no layout on 16 h100 GPUs" --gpus 16 --gpu h100 --global-batch 64 "$nml" \
     precision%gpu_memory_gb=0.000001
