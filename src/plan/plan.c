@@ -120,8 +120,9 @@ static const struct platform platforms[] = {
  *   activations and their gradients travel as BF16 (2 bytes) in the TP collectives, the
  *   EP all-to-all and the pipeline transfers;
  *   gradients are reduced in FP32 (4 bytes) and, with the distributed optimizer, the
- *   updated FP32 slices all-gathered (4 bytes), after the last micro-batch, not
- *   overlapped with the backward (src/train/optim.c);
+ *   updated FP32 slices all-gathered (4 bytes), after the last micro-batch, or bucket by
+ *   bucket beside its backward and the next step's first forward with &parallel
+ *   overlap_grad_reduce and overlap_param_gather (src/train/optim.c);
  *   the optimizer step reads and writes 32 bytes a parameter it owns (master weight,
  *   gradient, two moments; master and moments written back) and 8 a parameter it holds
  *   (the working copy refreshed);
@@ -358,6 +359,18 @@ static void set_layout(struct mt_config *c, const struct layout *x, int gbs)
     c->training.global_batch_size = gbs;
 }
 
+/* cfg's layout keys for one process, where the model's sizes and the recompute
+ * settings it takes are found: the overlap keys that need a parallel layout to overlap
+ * with (the interleaved schedule, expert parallelism) and change no size are turned off
+ * there, and kept for the candidates. */
+static void set_one_process(struct mt_config *c)
+{
+    static const struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
+    set_layout(c, &one, 0);
+    c->parallel.overlap_p2p_comm = c->parallel.overlap_p2p_comm_warmup_flush = false;
+    c->moe.moe_shared_expert_overlap = false;
+}
+
 /* cfg's layout keys and recompute setting for x. */
 static void set_candidate(const struct planner *pl, struct mt_config *c, const struct layout *x)
 {
@@ -524,7 +537,9 @@ static double p2p_hidden(const struct mt_config *c, const struct layout *x, int 
                          double fwd, double bwd)
 {
     const int passes = x->m * x->vpp; /* forward passes of a stage in a step */
-    int warm = (x->pp - s - 1) * 2 + (x->vpp - 1) * x->pp; /* Megatron's warm-up */
+    /* the warm-up's forwards, as src/train/train.c's il_warmup (Megatron's): every pass
+     * when there are as many micro-batches as stages */
+    int warm = x->m == x->pp ? passes : (x->pp - s - 1) * 2 + (x->vpp - 1) * x->pp;
     if (warm > passes) warm = passes;
     const int steady = passes - warm;
     const double f = fmin(p, fwd), bk = fmin(p, bwd);
@@ -1365,7 +1380,6 @@ static int offload_settings(struct planner *pl)
     const int nrc = pl->nsettings;
     const int levels[OFFLOAD_LEVELS] = {1, 2, n};
     const bool has_moe = m->nmoe > 0;
-    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
     for (int r = 0; r < nrc; r++) {
         if (r == pl->full) continue;
         int moved = 0; /* modules that move something at the previous level */
@@ -1387,7 +1401,7 @@ static int offload_settings(struct planner *pl)
                          offload_names[order[i]]);
             struct mt_config *w = pl->work;
             memcpy(w, pl->base, sizeof *w);
-            set_layout(w, &one, 0);
+            set_one_process(w);
             w->recompute = s;
             struct mt_layout l1;
             struct mt_err e = {0};
@@ -1410,7 +1424,6 @@ static int recompute_settings(struct planner *pl, struct mt_err *err)
         pl->nsettings = 1;
         return MT_OK;
     }
-    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
     struct mt_config *c = pl->work;
     pl->nsettings = 0;
     for (size_t i = 0; i < NRECOMPUTE; i++) {
@@ -1422,7 +1435,7 @@ static int recompute_settings(struct planner *pl, struct mt_err *err)
             snprintf(r.modules[r.modules_len++], MT_STR_MAX, "%s",
                      recompute_choices[i].modules[j]);
         memcpy(c, pl->base, sizeof *c);
-        set_layout(c, &one, 0);
+        set_one_process(c);
         c->recompute = r;
         struct mt_layout l1;
         struct mt_err e = {0};
@@ -1441,10 +1454,9 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* the model's derived sizes, from the namelists resolved on one process */
-    struct layout one = {.tp = 1, .pp = 1, .vpp = 1, .ep = 1, .etp = 1, .mbs = 1};
     struct mt_config *c = pl->work;
     memcpy(c, pl->base, sizeof *c);
-    set_layout(c, &one, 0);
+    set_one_process(c);
     struct mt_layout l1;
     if (mt_config_resolve(c, 1, &l1, err) || mt_model_check_config(c, err))
         return mt_err_prefix(err, "the model");

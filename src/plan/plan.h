@@ -5,7 +5,8 @@
  * moetrain's own configuration rules and placement accept, ranks them by a modelled
  * step time (compute at an achievable fraction of the platform's peak, TP collectives,
  * the EP all-to-all, pipeline transfers and bubble, the data-parallel gradient
- * reduction, the optimizer), and checks the memory of the best ones, rank by rank, with
+ * reduction, the optimizer; less the traffic the overlap keys run beside compute, as far
+ * as that compute lasts), and checks the memory of the best ones, rank by rank, with
  * the trainer's own setup on the plan backend (mt_train_plan_memory): the figures
  * --check prints. Every assumption of the model is in one table at the top of plan.c.
  *
