@@ -310,6 +310,9 @@ struct planner {
     int *stage_nd, *stage_nm; /* (L) the dense and MoE layers of each stage of the layout
                                  try_layout models (stage_layers, once for its settings) */
     char why[512];            /* why the first layout refused (in the checked order) was */
+    char rule[MT_ERR_MSG_MAX]; /* why the configuration rules refused the first layout
+                                 enumerated they refused (a key the namelists set, such as
+                                 an overlap key, may refuse them all) */
     int bounded;              /* layouts found too big by a bound, without a plan */
     /* per TP x PP x VPP x ends x EP x ETP (the world fixes DP and EDP): the most a rank
      * holds whatever the micro-batch (parameters, master weights, gradients, optimizer
@@ -758,7 +761,10 @@ static int try_layout(struct planner *pl, struct layout x)
     struct mt_err e = {0};
     pl->tried++;
     x.rc = 0;
-    if (resolve(pl, &x, &l, &e) != MT_OK) return MT_OK; /* the same for every setting */
+    if (resolve(pl, &x, &l, &e) != MT_OK) { /* the same for every setting */
+        if (!pl->rule[0]) snprintf(pl->rule, sizeof pl->rule, "%s", e.msg);
+        return MT_OK;
+    }
     for (int s = 0; s < x.pp; s++) stage_layers(pl->work, s, &pl->stage_nd[s], &pl->stage_nm[s]);
     MT_CHECK(add_kind(pl, x, &l));
     if (!pl->fp8_searched) return MT_OK;
@@ -1524,8 +1530,8 @@ static int run(struct planner *pl, FILE *out, struct mt_err *err)
                           "no layout of this model on %d GPUs is accepted with global batch %d: "
                           "the batch must divide by micro-batch x data-parallel size, heads and "
                           "experts by TP and EP (moetrain --check --world-size %d MODEL.nml "
-                          "says why for a given layout)",
-                          pl->world, pl->gbs, pl->world);
+                          "says why for a given layout; the first refused: %s)",
+                          pl->world, pl->gbs, pl->world, pl->rule);
     qsort(pl->cands, pl->n, sizeof *pl->cands, cmp_step);
     int fit = 0, too_big = 0, refused = 0, slower = 0;
     size_t checked = 0;

@@ -292,6 +292,9 @@ expect_fail "the plan sets parallel%use_distributed_optimizer" --gpus 16 --gpu h
     parallel%use_distributed_optimizer=F
 expect_fail "no layout of this model on 16 GPUs is accepted with global batch 3" --gpus 16 \
     --gpu h100 --global-batch 3 "$nml"
+# an overlap key no layout takes: the error quotes the rule that refuses it
+expect_fail "the first refused: &moe moe_shared_expert_overlap = .true. needs a shared expert" \
+    --gpus 16 --gpu h100 --global-batch 64 "$nml" moe%moe_shared_expert_overlap=T
 printf 'n0 rackA\nn1 rackA\n' > two.nodes
 expect_fail "lists 2 nodes of 4 gb200 GPUs (8 GPUs), but --gpus is 16" --gpus 16 --gpu gb200 \
     --nodes-file two.nodes "$nml"
