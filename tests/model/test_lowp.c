@@ -5,7 +5,8 @@
  * compared within the bound of fp32 accumulation, (K + 2) 2^-24 sum |a b|, far below
  * what any other choice of scaling, block direction, element format, rounding or
  * Hadamard signs moves them (at least a quantisation step, 2^-4 relative and more).
- * And the wgrad GEMM reads the copy of x the forward saved (test_saved_*). */
+ * And the wgrad GEMM reads the copy of x the forward saved (test_saved_*); MXFP8 and
+ * blockwise, whose values mostly agree, are told apart (test_*_not_*). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -273,6 +274,120 @@ static void test_blockwise(void **s) { (void)s; run(BLOCKWISE); }
 static void test_mxfp8(void **s) { (void)s; run(MXFP8); }
 static void test_nvfp4(void **s) { (void)s; run(NVFP4); }
 
+/* MXFP8 is not blockwise. Both are E4M3 with power-of-two scales, and an element's value
+ * under a power-of-two scale is the element rounded to E4M3's 3 mantissa bits whatever
+ * the scale, unless it falls into E4M3's subnormals (below 2^-6 of the scale's range,
+ * about 2^-15 of its block's amax) or saturates: so the two recipes store other codes
+ * (other exponents under other scales) but mostly the same values, and a model's losses
+ * can agree to many digits (doc/fp8.md, "MXFP8 and blockwise"). What tells them apart is
+ * a block of large values beside small ones: MXFP8 gives each 32 elements along the
+ * reduction their own scale, blockwise one scale to a 1 x 128 tile or a 128 x 128 block,
+ * under which the small ones are subnormal or zero. Here, for each of the two recipes:
+ * the specs the recipe gives each operand, the model's recipe name, and two GEMMs whose
+ * small operands meet large ones in one 32-block (forward: x's columns 32..63 large and
+ * W's zero there; dgrad: W's rows 32..63 large and dy's columns zero there), each equal
+ * to the recipe's own reference product and far from the other recipe's. */
+static void fill_range(float *x, int64_t rows, int64_t cols, uint64_t key, float scale)
+{
+    for (int64_t i = 0; i < rows * cols; i++) x[i] = scale * mt_rng_normal(key, 0, (uint64_t)i);
+}
+
+/* max |c - op(a) op(b)| / max(|c|, |op(a) op(b)|) for the product check_gemm takes */
+static double gemm_distance(const float *c, const float *a, int64_t sai, int64_t sak, const float *b,
+                            int64_t sbk, int64_t sbj, int64_t m, int64_t n, int64_t k)
+{
+    double d = 0.0, big = 0.0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0.0;
+            for (int64_t l = 0; l < k; l++) s += (double)a[i * sai + l * sak] * b[l * sbk + j * sbj];
+            d = fmax(d, fabs(c[i * n + j] - s));
+            big = fmax(big, fmax(fabs((double)c[i * n + j]), fabs(s)));
+        }
+    return d / big;
+}
+
+static void mx_not_blockwise(enum recipe r)
+{
+    const enum recipe other = r == MXFP8 ? BLOCKWISE : MXFP8;
+    const enum mt_q_recipe qr = r == MXFP8 ? MT_RECIPE_MXFP8 : MT_RECIPE_BLOCKWISE;
+    /* the specs: MXFP8 32-blocks along each use's reduction, E4M3 for every operand;
+     * blockwise 1 x 128 tiles (along the reduction) and 128 x 128 weight blocks */
+    for (int role = X; role <= G; role++)
+        for (int u = FWD; u <= WGRAD; u++) {
+            const struct mt_quant_spec q = mt_quant_operand_spec(qr, false, (enum mt_q_role)role, (enum mt_q_use)u);
+            const bool down = u == WGRAD || (role == W && u == DGRAD);
+            assert_int_equal(q.elem, MT_Q_ELEM_E4M3);
+            assert_int_equal(q.rnd, MT_Q_RN);
+            if (r == MXFP8) {
+                assert_int_equal(q.scaling, MT_Q_MX);
+                assert_int_equal(q.along, down ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW);
+            } else {
+                assert_int_equal(q.scaling, role == W ? MT_Q_BLOCK_128X128 : MT_Q_BLOCK_1X128);
+                assert_int_equal(q.along, down && role != W ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW);
+            }
+        }
+    struct mt_config cfg;
+    config(&cfg, r);
+    struct mt_model *m;
+    struct mt_err err;
+    assert_int_equal(mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err), MT_OK);
+    mt_model_init(m, 42);
+    assert_string_equal(mt_model_lowp_recipe(m), r == MXFP8 ? "fp8 mxfp8" : "fp8 blockwise");
+    const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
+    struct mt_model_stats st;
+    struct mt_pass p = {m, &m->k->op, m->k->ctx, B_, N, N, 0, true, false, 1.0f, &st, &err};
+    float *x = malloc(sizeof(float) * N * din), *dy = malloc(sizeof(float) * N * dout);
+    float *out = malloc(sizeof(float) * N * dout), *dx = calloc((size_t)N * din, sizeof(float));
+    float *w = mt_model_weight(m, tensor).data;
+    const size_t most = (size_t)(N > dout ? N : dout) * din;
+    float *qa = malloc(sizeof(float) * most), *qb = malloc(sizeof(float) * most);
+    struct ref own = {r, {1, 1, 1}, 0}, theirs = {other, {1, 1, 1}, 0};
+
+    /* forward: x small (2^-12) but its 32-block of columns 32..63, large (2^8), where W is 0 */
+    fill_range(x, N, din, 21, 0x1p-12f);
+    fill_range(w, dout, din, 22, 0.05f);
+    for (int i = 0; i < N; i++)
+        for (int c = 32; c < 64; c++) x[i * din + c] = 0x1p8f * mt_rng_normal(23, 0, (uint64_t)(i * din + c));
+    for (int j = 0; j < dout; j++)
+        for (int c = 32; c < 64; c++) w[j * din + c] = 0.0f;
+    mt_model_zero_grad(m);
+    mt_lowp_backward_begin(m, 1.0f);
+    assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
+    reference(&own, X, FWD, x, N, din, qa);
+    reference(&own, W, FWD, w, dout, din, qb);
+    check_gemm(out, qa, din, 1, qb, 1, din, N, dout, din, "forward, the recipe's own quantisation");
+    reference(&theirs, X, FWD, x, N, din, qa);
+    reference(&theirs, W, FWD, w, dout, din, qb);
+    const double dfwd = gemm_distance(out, qa, din, 1, qb, 1, din, N, dout, din);
+
+    /* dgrad: W small (2^-12) but its 32-block of rows 32..63, large, where dy is 0 */
+    fill_range(w, dout, din, 24, 0x1p-12f);
+    for (int j = 32; j < 64; j++)
+        for (int c = 0; c < din; c++) w[j * din + c] = 0x1p8f * mt_rng_normal(25, 0, (uint64_t)(j * din + c));
+    fill_range(x, N, din, 26, 1.0f);
+    fill_range(dy, N, dout, 27, 1e-3f);
+    for (int i = 0; i < N; i++)
+        for (int j = 32; j < 64; j++) dy[i * dout + j] = 0.0f;
+    assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
+    assert_int_equal(mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din), MT_OK);
+    reference(&own, G, DGRAD, dy, N, dout, qa);
+    reference(&own, W, DGRAD, w, dout, din, qb);
+    check_gemm(dx, qa, dout, 1, qb, din, 1, N, din, dout, "dgrad, the recipe's own quantisation");
+    reference(&theirs, G, DGRAD, dy, N, dout, qa);
+    reference(&theirs, W, DGRAD, w, dout, din, qb);
+    const double dbwd = gemm_distance(dx, qa, dout, 1, qb, din, 1, N, din, dout);
+    printf("# %s: forward and dgrad %.3g and %.3g (of their largest element) from %s's products\n",
+           recipe_names[r], dfwd, dbwd, recipe_names[other]);
+    assert_true(dfwd > 0.1);
+    assert_true(dbwd > 0.1);
+    free(qa), free(qb), free(x), free(dy), free(out), free(dx);
+    mt_model_destroy(m);
+}
+
+static void test_mxfp8_not_blockwise(void **s) { (void)s; mx_not_blockwise(MXFP8); }
+static void test_blockwise_not_mxfp8(void **s) { (void)s; mx_not_blockwise(BLOCKWISE); }
+
 /* FP8 copies saved for backward: the forward keeps x quantised for the wgrad GEMM, which
  * reads that copy, so a backward given NaN for x computes dx and dW bit for bit as the
  * backward given x (they would be NaN if it quantised x again). NVFP4 keeps no copy
@@ -358,7 +473,8 @@ int main(void)
         cmocka_unit_test(test_nvfp4),    cmocka_unit_test(test_first_last_bf16),
         cmocka_unit_test(test_saved_delayed), cmocka_unit_test(test_saved_tensorwise),
         cmocka_unit_test(test_saved_blockwise), cmocka_unit_test(test_saved_mxfp8),
-        cmocka_unit_test(test_saved_nvfp4),
+        cmocka_unit_test(test_saved_nvfp4), cmocka_unit_test(test_mxfp8_not_blockwise),
+        cmocka_unit_test(test_blockwise_not_mxfp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
