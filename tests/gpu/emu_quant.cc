@@ -990,6 +990,12 @@ static void run_gemm_gb200(void)
     operand w = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, K, MT_Q_RN);
     gemm_case("mxfp8 VEC32_UE8M0 forward (TN: weight as A), 160 rows: two 128-row scale tiles",
               tn(w, x, N, T, K), 0, 1, true, 0);
+    // K is what FP8 rows take (a multiple of 16 elements), not a multiple of the 32-block:
+    // the last block is partial (its scale covers the 16 elements there are), as the
+    // quantisers make it and the scale layout (ceil(K / 32) blocks) holds it
+    operand xp = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, 48, MT_Q_RN);
+    operand wp = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, 48, MT_Q_RN);
+    gemm_case("mxfp8 K = 48: a partial last 32-block", tn(wp, xp, N, T, 48), 0, 1, true, 0);
     // weight gradient dW (N, K) = dY^T X, the reduction over T: dY (T, N) and X (T, K)
     // quantised along their columns; column-major dW^T (K, N) = X^T dY: A = X (op N,
     // column-major K x T), B = dY (op T, column-major N x T)
@@ -1042,7 +1048,10 @@ static void run_gemm_gb200(void)
     none.scales = nullptr;
     nosc.b = &none;
     refused("VEC32_UE8M0 without B's scale pointer", nosc, CUBLAS_STATUS_INVALID_VALUE);
-    for (operand *o : {&x, &w, &xc, &dy, &xt, &wt, &w4, &x4, &xb, &wb}) free_operand(*o);
+    operand xo = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, T, 40, MT_Q_RN);
+    operand wo = quantise(MT_Q_MX, MT_Q_ELEM_E4M3, MT_Q_ALONG_ROW, N, 40, MT_Q_RN);
+    refused("mxfp8 K = 40 (rows of A not a multiple of 16 bytes)", tn(wo, xo, N, T, 40), CUBLAS_STATUS_NOT_SUPPORTED);
+    for (operand *o : {&x, &w, &xp, &wp, &xc, &dy, &xt, &wt, &w4, &x4, &xb, &wb, &xo, &wo}) free_operand(*o);
 }
 
 // ---------------------------------------------------------------- the quantised GEMM op
