@@ -199,7 +199,8 @@ static double check_gemm(const float *c, const float *a, int64_t sai, int64_t sa
     return worst;
 }
 
-static void run(enum recipe r)
+/* A model of config(r), initialised. */
+static struct mt_model *new_model(enum recipe r)
 {
     struct mt_config cfg;
     config(&cfg, r);
@@ -209,6 +210,13 @@ static void run(enum recipe r)
     if (rc != MT_OK) printf("# %s\n", err.msg);
     assert_int_equal(rc, MT_OK);
     mt_model_init(m, 42);
+    return m;
+}
+
+static void run(enum recipe r)
+{
+    struct mt_model *m = new_model(r);
+    struct mt_err err;
     const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
     assert_int_equal(dout, 80);
     assert_int_equal(din, 160);
@@ -327,12 +335,8 @@ static void mx_not_blockwise(enum recipe r)
                 assert_int_equal(q.along, down && role != W ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW);
             }
         }
-    struct mt_config cfg;
-    config(&cfg, r);
-    struct mt_model *m;
+    struct mt_model *m = new_model(r);
     struct mt_err err;
-    assert_int_equal(mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err), MT_OK);
-    mt_model_init(m, 42);
     assert_string_equal(mt_model_lowp_recipe(m), r == MXFP8 ? "fp8 mxfp8" : "fp8 blockwise");
     const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
     struct mt_model_stats st;
@@ -394,12 +398,8 @@ static void test_blockwise_not_mxfp8(void **s) { (void)s; mx_not_blockwise(BLOCK
  * (its wgrad copy takes the backward pass's Hadamard signs): its dW is NaN then. */
 static void saved_copy(enum recipe r)
 {
-    struct mt_config cfg;
-    config(&cfg, r);
-    struct mt_model *m;
+    struct mt_model *m = new_model(r);
     struct mt_err err;
-    assert_int_equal(mt_model_create(&cfg, mt_kernels_cpu(), B_, NULL, &m, &err), MT_OK);
-    mt_model_init(m, 42);
     const int N = B_ * T_, dout = m->Q_l, din = m->H, tensor = m->lt[0].wq;
     assert_int_equal(mt_lowp_saves(m, 0), r != NVFP4);
     struct mt_model_stats st;
