@@ -386,7 +386,8 @@ struct mt_kernel_ops {
                       size_t n, int64_t *dropped);
     // The routing of a group's tokens seen by the holder of experts e0..e0+count-1:
     // out (n) = idx - e0 where e0 <= idx < e0 + count, else -1 (another rank's expert, or
-    // dropped); selected (1, backend memory, or NULL) = how many are not -1. out may
+    // dropped); selected (count, backend memory, or NULL) = how many select each of the
+    // count experts (the rows of each, which the host reads to split them). out may
     // alias idx.
     void (*expert_select)(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0,
                           int count, int64_t *selected);

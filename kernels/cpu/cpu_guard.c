@@ -597,6 +597,7 @@ static void g_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t 
 {
     dev("expert_select", "out", out), dev("expert_select", "idx", idx);
     dev("expert_select", "selected", selected);
+    if (selected) range("expert_select", "selected", selected, sizeof *selected * (size_t)count);
     RUN(MT_OP_EXPERT_SELECT, cpu->op.expert_select(ctx, out, idx, n, e0, count, selected));
 }
 

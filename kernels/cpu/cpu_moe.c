@@ -3,6 +3,7 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* p (E) = softmax(l) */
 static void softmax_row(float *p, const float *l, int E)
@@ -302,13 +303,12 @@ void mt_cpu_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n,
                           int64_t *selected)
 {
     (void)ctx;
-    int64_t c = 0;
+    if (selected) memset(selected, 0, sizeof *selected * (size_t)count);
     for (size_t s = 0; s < n; s++) {
         const bool mine = idx[s] >= e0 && idx[s] < e0 + count;
         out[s] = mine ? idx[s] - e0 : -1;
-        c += mine;
+        if (mine && selected) selected[out[s]]++;
     }
-    if (selected) *selected = c;
 }
 
 void mt_cpu_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,

@@ -635,24 +635,30 @@ extern "C" void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, c
     MT_CUDA_LAUNCHED();
 }
 
-// One block, as drop_mask: each thread a stride of the slots, its count summed by thread 0.
+// One block, as drop_mask: each thread a stride of the slots, counted per expert in a
+// shared histogram (integer atomics: exact in any order), EXPERT_SELECT_HIST experts at
+// a time; the routing is renumbered in the first round.
+#define EXPERT_SELECT_HIST 1024
 __global__ static void expert_select_kernel(int32_t *out, const int32_t *idx, size_t n, int e0, int count,
                                             int64_t *selected)
 {
-    MT_SHARED(long long, part, [1024]);
-    long long c = 0;
-    for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
-        const int32_t e = idx[s];
-        const bool mine = e >= e0 && e < e0 + count;
-        out[s] = mine ? e - e0 : -1;
-        c += mine;
-    }
-    part[threadIdx.x] = c;
-    __syncthreads();
-    if (threadIdx.x == 0 && selected) {
-        long long sum = 0;
-        for (int t = 0; t < (int)blockDim.x; t++) sum += part[t];
-        *selected = sum;
+    MT_SHARED(unsigned long long, hist, [EXPERT_SELECT_HIST]);
+    for (int b = 0; b == 0 || (selected && b < count); b += EXPERT_SELECT_HIST) {
+        const int w = count - b < EXPERT_SELECT_HIST ? count - b : EXPERT_SELECT_HIST;
+        for (int i = threadIdx.x; i < w; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
+            int32_t e = out[s]; /* renumbered by the first round (idx may be out) */
+            if (b == 0) {
+                e = idx[s] >= e0 && idx[s] < e0 + count ? idx[s] - e0 : -1;
+                out[s] = e;
+            }
+            if (e >= b && e < b + w) atomicAdd(&hist[e - b], 1ull);
+        }
+        __syncthreads();
+        if (selected)
+            for (int i = threadIdx.x; i < w; i += blockDim.x) selected[b + i] = (int64_t)hist[i];
+        __syncthreads();
     }
 }
 

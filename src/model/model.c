@@ -705,8 +705,10 @@ static void layout_acts(struct mt_model *m, struct act_arenas *A)
         m->res[l] = TAKE_A(arena_off(A, off, MT_OFF_ATTN_NORM, inner ? &A->rc : &A->keep), Nl * m->H);
         struct arena *a = arena_for(A, drop, 0);
         long long *h_offsets = x->h_offsets, *recv_counts = x->recv_counts; /* host, kept */
+        int32_t *hx_offsets = x->hx_offsets;
         memset(x, 0, sizeof *x);
         x->h_offsets = h_offsets;
+        x->hx_offsets = hx_offsets;
         x->recv_counts = recv_counts;
         struct arena *ln1 = arena_for(A, drop, MT_RC_LN1);
         /* qkv_linear offloads the projections' input: ln1 gathered (ln1 itself with
@@ -825,8 +827,8 @@ static void layout_scratch(struct mt_model *m, struct arena *a)
         m->d_rows2 = TAKE_F(a, R * m->H);
         if (m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->g_dprob = TAKE_F(a, G * k);
-            m->x_kept = (int64_t *)take(a, (size_t)m->E_l + 1, sizeof(int64_t));
-            m->ag_rows = m->x_kept + m->E_l;
+            m->x_kept = (int64_t *)take(a, 2 * (size_t)m->E_l, sizeof(int64_t));
+            m->ag_counts = m->x_kept + m->E_l;
         }
         if (drop_over_tp || m->dispatch == MT_DISPATCH_ALLGATHER) {
             m->idx_full = TAKE_I(a, max_z(N, G) * k);
@@ -1082,9 +1084,10 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
     for (int l = 0; l < m->L; l++) {
         if (m->moe_of_layer[l] < 0) continue;
         m->la[l].h_offsets = calloc(E + 1, sizeof(long long));
+        m->la[l].hx_offsets = calloc((size_t)m->E_l + 1, sizeof(int32_t));
         m->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
         *bytes = sizeof(long long) * (E + 1 + (size_t)m->sc.etp * S);
-        if (!m->la[l].h_offsets || !m->la[l].recv_counts) return MT_ENOMEM;
+        if (!m->la[l].h_offsets || !m->la[l].hx_offsets || !m->la[l].recv_counts) return MT_ENOMEM;
     }
     struct arena a = {NULL, 0};
     for (int pass = 0; pass < 2; pass++) {
@@ -1488,6 +1491,7 @@ void mt_model_destroy(struct mt_model *m)
             if (s % m->nslots == 0) continue;
             for (int l = 0; x->la && l < m->L; l++) {
                 free(x->la[l].h_offsets);
+                free(x->la[l].hx_offsets);
                 free(x->la[l].recv_counts);
             }
             free(x->la);
@@ -1499,6 +1503,7 @@ void mt_model_destroy(struct mt_model *m)
     free(m->slot_bytes);
     for (int l = 0; m->la && l < m->L; l++) {
         free(m->la[l].h_offsets);
+        free(m->la[l].hx_offsets);
         free(m->la[l].recv_counts);
     }
     free(m->host_scratch);
@@ -1673,8 +1678,10 @@ int mt_model_set_stage(struct mt_model *m, int nchunks, const int *l0, const int
                 for (int l = m->l0; l < m->l1; l++) {
                     if (m->moe_of_layer[l] < 0) continue;
                     x->la[l].h_offsets = calloc(E + 1, sizeof(long long));
+                    x->la[l].hx_offsets = calloc((size_t)m->E_l + 1, sizeof(int32_t));
                     x->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
-                    if (!x->la[l].h_offsets || !x->la[l].recv_counts) goto oom;
+                    if (!x->la[l].h_offsets || !x->la[l].hx_offsets || !x->la[l].recv_counts)
+                        goto oom;
                 }
             }
             want = m->slot_bytes[c];

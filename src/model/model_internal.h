@@ -132,6 +132,9 @@ struct mt_layer_acts {
     void *ey;                   /* expert output in plan order (R,H) */
     /* expert side: rows this rank's experts compute, grouped by local expert */
     int32_t *x_offsets;         /* (E_l+1) */
+    int32_t *hx_offsets;        /* (E_l+1) host copy of x_offsets, kept where the host
+                                   computes or reads them (route, a2a_prepare, ag_prepare);
+                                   the FP8/FP4 experts' GEMMs split their rows by it */
     void *xs;                   /* (Rx,H) expert input (== xp for LOCAL) */
     void *eg, *eu, *ea;         /* expert gate, up, SwiGLU (Rx,Fe_l) */
     void *eys;                  /* (Rx,H) expert output rows (ALLGATHER), in eys_dt */
@@ -308,7 +311,8 @@ struct mt_model {
     float *stage, *stage2;      /* (max(Rx, G*Nl),H) */
     float *g_dprob;             /* (G*Nl,k) */
     int64_t *x_kept;            /* (E_l) the expert-side plan's counts (ALLGATHER) */
-    int64_t *ag_rows;           /* (1) ALLGATHER dropless: the rows of this rank's experts */
+    int64_t *ag_counts;         /* (E_l) ALLGATHER dropless: the rows of each of this rank's
+                                   experts (expert_select) */
     float *d_f1, *d_f2, *d_f3;  /* max((N,F_l), (N,Fs_l), (Rx,Fe_l)) */
     float *lse_all;             /* (tp,N) */
     int32_t *idx_full;          /* (max(N, G*Nl),k) gathered routing */
@@ -559,12 +563,13 @@ int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor ou
                         struct mt_tensor in, int N, int dout, int din);
 int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,
                         const float *dout, struct mt_tensor in, int N, int d_out, int d_in);
-/* Routed experts: whether tensor's grouped GEMMs are quantised, and those GEMMs (offs
- * the device offsets of the expert-side rows, E_l + 1 of them). */
+/* Routed experts: whether tensor's grouped GEMMs are quantised, and those GEMMs (ho
+ * the host copy of the expert-side row offsets, E_l + 1 of them: struct mt_layer_acts
+ * hx_offsets). */
 bool mt_lowp_grouped(const struct mt_pass *p, int tensor);
-int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *ho,
                          struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out);
-int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *ho,
                          const float *dy, struct mt_tensor x, int rows, int dout, int din,
                          float *dx, float beta);
 

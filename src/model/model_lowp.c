@@ -83,7 +83,6 @@ struct mt_lowp {
      * the grouped GEMM (all found before it quantises any): 2 (1 + E_l) */
     float *tamax;
     struct expert_gemms eg;     /* the experts' GEMMs of a use (E_l each), host memory */
-    int32_t *hoffs;             /* (E_l + 1): the expert-side row offsets, on the host */
     /* randomness of stochastic rounding and of the Hadamard signs (MT_RECIPE_NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
     uint64_t seed;
@@ -223,12 +222,11 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
     lp->wa = k->op.alloc(k->ctx, lp->wbytes);
     lp->wb = k->op.alloc(k->ctx, lp->wbytes);
     lp->tamax = k->op.alloc(k->ctx, 2 * sizeof(float) * (1 + (size_t)m->E_l));
-    lp->hoffs = malloc(sizeof(int32_t) * ((size_t)m->E_l + 1));
     const size_t E = (size_t)m->E_l;
     lp->eg.se = malloc(sizeof(int) * (E ? E : 1));
     lp->eg.a = malloc(sizeof(struct mt_tensor) * 3 * (E ? E : 1));
     lp->eg.qa = malloc(sizeof(struct mt_quant_spec) * 2 * (E ? E : 1));
-    if (!lp->tamax || !lp->hoffs || !lp->eg.se || !lp->eg.a || !lp->eg.qa)
+    if (!lp->tamax || !lp->eg.se || !lp->eg.a || !lp->eg.qa)
         return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
     lp->eg.b = lp->eg.a + E;
     lp->eg.c = lp->eg.b + E;
@@ -272,7 +270,6 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->wa) k->op.free(k->ctx, lp->wa);
     if (lp->wb) k->op.free(k->ctx, lp->wb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
-    free(lp->hoffs);
     free(lp->eg.se), free(lp->eg.a), free(lp->eg.qa);
     float *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -291,11 +288,10 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     *device = 0;
     if (!lp) return 0;
     *device = 2 * sizeof(float) * (1 + (size_t)m->E_l); /* tamax */
-    const size_t hoffs = sizeof(int32_t) * ((size_t)m->E_l + 1);
-    if (lp->recipe != MT_RECIPE_DELAYED) return *device + hoffs;
+    if (lp->recipe != MT_RECIPE_DELAYED) return *device;
     const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
     *device += sizeof(float) * ns * (len + 3);
-    return *device + hoffs + sizeof(float) * ns * (len + 2);
+    return *device + sizeof(float) * ns * (len + 2);
 }
 
 size_t mt_lowp_nbuffers(const struct mt_model *m) { return m->lp ? m->lp->nbuf : 0; }
@@ -599,15 +595,6 @@ int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float b
 
 /* ------------------------------------------------------------ routed experts */
 
-/* The expert-side row offsets of this rank's experts (offs, backend memory) on the
- * host: every expert's rows are quantised on their own, and multiplied on their own. */
-static const int32_t *host_offsets(const struct mt_pass *p, const int32_t *offs)
-{
-    int32_t *h = p->m->lp->hoffs;
-    p->m->k->op.copy(p->m->k->ctx, h, offs, sizeof(int32_t) * ((size_t)p->m->E_l + 1));
-    return h;
-}
-
 /* Rows r0..r1 of x (width cols). */
 static struct mt_tensor rows_of(struct mt_tensor x, long long r0, long long r1, int cols)
 {
@@ -711,14 +698,17 @@ static int qgemm_experts(const struct mt_pass *p, struct expert_gemms *g, enum u
     return MT_OK;
 }
 
+/* Every expert's rows are quantised on their own, and multiplied on their own, split by
+ * ho, the expert-side row offsets the host keeps for the layer (struct mt_layer_acts
+ * hx_offsets): nothing is read back from the device here. */
+
 // out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
-int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *ho,
                          struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out)
 {
     const struct mt_lowp *lp = p->m->lp;
     const int s = slot_of(p, tensor);
     MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
-    const int32_t *ho = host_offsets(p, offs);
     struct expert_gemms g = expert_gemms_of(p);
     int rc = MT_OK;
     for (int e = 0; e < p->m->E_l && !rc; e++) {
@@ -746,14 +736,13 @@ int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *off
 }
 
 // dx (rows,din) = beta dx + per expert dy_e W_e; dW_e (dout,din) += dy_e^T x_e
-int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *offs,
+int mt_pass_qgrouped_bwd(const struct mt_pass *p, int tensor, const int32_t *ho,
                          const float *dy, struct mt_tensor x, int rows, int dout, int din,
                          float *dx, float beta)
 {
     struct mt_model *m = p->m;
     const int s = slot_of(p, tensor);
     MT_CHECK(fit_rows(p, rows, din > dout ? din : dout));
-    const int32_t *ho = host_offsets(p, offs);
     const struct mt_tensor dyt = mt_f32(dy, rows, dout), dxt = mt_f32(dx, rows, din);
     const struct mt_tensor dw = mt_f32(mt_model_view(m->grads, m, tensor), (int64_t)m->E_l * dout, din);
     struct expert_gemms g = expert_gemms_of(p);

@@ -291,13 +291,14 @@ static uint64_t plan_sig(const pass_t *p, int l, const int32_t *idx, int cap)
 }
 
 /* The signature of layer l's expert scopes (&cuda_graph moe: the block after its plan's
- * offsets are read, forward and backward). */
+ * offsets are read, forward and backward); with FP8/FP4 experts, the host's offsets too,
+ * which split their GEMMs. */
 static uint64_t experts_sig(const pass_t *p, int l)
 {
     const struct mt_model *m = p->m;
     const struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
-    return mt_graph_sig(
+    uint64_t h = mt_graph_sig(
         router_bufs_sig(p, l),
         (const uintptr_t[]){(uintptr_t)a->rows, (uintptr_t)a->x_rows, (uintptr_t)a->xp,
                             (uintptr_t)a->xs, (uintptr_t)a->ey, (uintptr_t)a->eg, (uintptr_t)a->eu,
@@ -313,6 +314,10 @@ static uint64_t experts_sig(const pass_t *p, int l)
                             (uintptr_t)W(p, t->exp_down).data,
                             (uintptr_t)(m->Fs > 0 ? W(p, t->sh_gate).data : NULL)},
         34);
+    if (mt_lowp_grouped(p, t->exp_gate))
+        for (int e = 0; e <= m->E_l; e++)
+            h = mt_graph_sig(h, (const uintptr_t[]){(uintptr_t)a->hx_offsets[e]}, 1);
+    return h;
 }
 
 /* Router, balancing and z losses, top-k, capacity and the plan of this rank's tokens. */
@@ -384,6 +389,8 @@ static int route(const pass_t *p, int l)
         for (int e = 0; e <= E; e++) a->h_offsets[e] = offs[e];
     }
     a->rows = (int)a->h_offsets[E];
+    if (m->dispatch == MT_DISPATCH_LOCAL) /* every expert here: the expert side is the plan */
+        for (int e = 0; e <= E; e++) a->hx_offsets[e] = (int32_t)a->h_offsets[e];
     return MT_OK;
 }
 
@@ -400,13 +407,13 @@ static int experts_fwd(const pass_t *p, const struct mt_layer_acts *a,
     const struct mt_tensor xs = ACT(p, a->xs, rows, H), eg = ACT(p, a->eg, rows, Fe);
     const struct mt_tensor eu = ACT(p, a->eu, rows, Fe), ea = ACT(p, a->ea, rows, Fe);
     if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4 */
-        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_gate, offs, xs, rows, Fe, H, eg));
+        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_gate, a->hx_offsets, xs, rows, Fe, H, eg));
         mt_pass_round(p, a->eg, (size_t)rows * Fe);
-        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_up, offs, xs, rows, Fe, H, eu));
+        MT_CHECK(mt_pass_qgrouped_fwd(p, t->exp_up, a->hx_offsets, xs, rows, Fe, H, eu));
         mt_pass_round(p, a->eu, (size_t)rows * Fe);
         p->o->swiglu_fwd(p->ctx, ea, eg, eu, rows, Fe);
         mt_pass_round(p, a->ea, (size_t)rows * Fe);
-        return mt_pass_qgrouped_fwd(p, t->exp_down, offs, ea, rows, H, Fe, ey);
+        return mt_pass_qgrouped_fwd(p, t->exp_down, a->hx_offsets, ea, rows, H, Fe, ey);
     }
     p->o->grouped_gemm(p->ctx, false, true, El, offs, 0, Fe, H, 1.0f, xs, W(p, t->exp_gate), 0.0f, eg);
     mt_pass_round(p, a->eg, (size_t)rows * Fe);
@@ -431,11 +438,11 @@ static int experts_bwd(const pass_t *p, const struct mt_layer_acts *a,
     const struct mt_tensor dy = F32(dys, rows, H), dx = F32(dxs, rows, H);
     const struct mt_tensor dg = F32(deg, rows, Fe), du = F32(deu, rows, Fe);
     if (mt_lowp_grouped(p, t->exp_gate)) { /* FP8/FP4 */
-        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_down, offs, dys, ea, rows, H, Fe, dea, 0.0f));
+        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_down, a->hx_offsets, dys, ea, rows, H, Fe, dea, 0.0f));
         p->o->swiglu_bwd(p->ctx, deg, deu, dea, ACT(p, a->eg, rows, Fe), ACT(p, a->eu, rows, Fe),
                          rows, Fe);
-        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_gate, offs, deg, xs, rows, Fe, H, dxs, 0.0f));
-        return mt_pass_qgrouped_bwd(p, t->exp_up, offs, deu, xs, rows, Fe, H, dxs, 1.0f);
+        MT_CHECK(mt_pass_qgrouped_bwd(p, t->exp_gate, a->hx_offsets, deg, xs, rows, Fe, H, dxs, 0.0f));
+        return mt_pass_qgrouped_bwd(p, t->exp_up, a->hx_offsets, deu, xs, rows, Fe, H, dxs, 1.0f);
     }
     p->o->grouped_gemm(p->ctx, false, false, El, offs, 0, Fe, H, 1.0f, dy, W(p, t->exp_down), 0.0f,
                        F32(dea, rows, Fe));
@@ -657,10 +664,11 @@ static int a2a_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     /* the same counts (static shapes; a rebuild for backward): the maps on the device
      * hold, where nothing else wrote their buffers since: the slot keeps every layer's
      * maps, also a recomputed layer's (layout_moe_acts), unless they are an overflow's,
-     * which went back */
+     * which went back; the host copy of the offsets (hx_offsets), made with the maps
+     * from these counts, holds too */
     const bool own = !a->over;
     if (same && own) return MT_OK;
-    int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = m->h_offs;
+    int32_t *sort = m->h_sort, *unsort = m->h_unsort, *offs = a->hx_offsets;
     int32_t r = 0;
     offs[0] = 0;
     for (int le = 0; le < El; le++) {
@@ -753,8 +761,9 @@ static int a2a_combine(const pass_t *p, int l, const float *xrows, float *out,
 
 /* Gathers the tokens and their kept routing over the ETP x EP group and plans the rows
  * of this rank's experts, on the backend. The rows: static shapes (drop-and-pad) pad
- * every expert to G x capacity rows, known on the host; dropless, the one read of the
- * layer (a rebuild for backward has its forward's). m->stage (G*Nl,H) receives the
+ * every expert to G x capacity rows, known on the host; dropless, the rows of each
+ * expert are the one read of the layer, whose sums are the expert-side offsets (a
+ * rebuild for backward has its forward's). m->stage (G*Nl,H) receives the
  * tokens, once the expert side holds the rows (mt_model_expert_rows may give it another
  * stage). */
 static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
@@ -767,16 +776,18 @@ static int ag_prepare(const pass_t *p, int l, struct mt_layer_acts *a)
     /* this rank's experts as 0..E_l-1, the others' (and the dropped) as -1 */
     const bool dyn = mt_moe_dynamic(m, p->N);
     p->o->expert_select(p->ctx, m->idx_full, m->idx_full, G * nk, m->e0, m->E_l,
-                        dyn ? m->ag_rows : NULL);
+                        dyn ? m->ag_counts : NULL);
     /* every source keeps at most capacity rows per expert: padding to G x capacity
      * keeps the shapes static without dropping anything */
     const int cap = mt_model_capacity(m, p->N);
-    if (!dyn) {
-        a->x_rows = m->E_l * cap * m->xg;
-    } else if (!p->recompute) {
-        int64_t rows;
-        p->o->copy(p->ctx, &rows, m->ag_rows, sizeof rows);
-        a->x_rows = (int)rows;
+    if (!dyn || !p->recompute) {
+        long long *rows = m->h_send; /* (E >= E_l) */
+        if (dyn)
+            p->o->copy(p->ctx, rows, m->ag_counts, sizeof(int64_t) * (size_t)m->E_l);
+        a->hx_offsets[0] = 0;
+        for (int e = 0; e < m->E_l; e++)
+            a->hx_offsets[e + 1] = a->hx_offsets[e] + (int32_t)(dyn ? rows[e] : (long long)cap * m->xg);
+        a->x_rows = a->hx_offsets[m->E_l];
     }
     MT_CHECK(mt_model_expert_rows(p, l, a, a->x_rows, true));
     struct mt_dispatch_plan plan = {a->x_offsets, a->sort_map, a->g_slot_row, m->x_kept};
