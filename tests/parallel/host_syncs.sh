@@ -16,6 +16,8 @@ PAD="moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T"
 PP2="parallel%pipeline_model_parallel_size=2 model%num_layers=4 moe%layer_freq=1,0,1,0"
 RC="recompute%granularity='selective' recompute%modules='moe'"
 BIAS="moe%router_enable_expert_bias=T"
+DELAYED="precision%fp8_format='e4m3' precision%fp8_recipe='delayed'"
+BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise'"
 # NAME NP SYNCS OVERRIDES: every logged step waited SYNCS times on the busiest rank
 for layout in \
     "dp 2 9 $ZERO" \
@@ -33,7 +35,10 @@ for layout in \
     "ep_ag_pad 2 1 $EP2 $AG $PAD" \
     "ep_rc 2 9 $EP2 $RC" \
     "dp_bias 2 9 $ZERO $BIAS" \
-    "ep_bias_pad 2 1 $EP2 $BIAS $PAD"; do
+    "ep_bias_pad 2 1 $EP2 $BIAS $PAD" \
+    "ep_fp8 2 9 $EP2 $DELAYED" \
+    "ep_fp8_pad 2 1 $EP2 $BLOCKWISE $PAD" \
+    "ep_ag_fp8 2 9 $EP2 $AG $BLOCKWISE"; do
     # dp: 4 micro-batches per rank x 2 MoE layers + 1 = 9
     # tp (the experts whole on each rank, the vocabulary split: the shards' logsumexps
     #   combined on the backend): 8 micro-batches x 2 MoE layers + 1 = 17
@@ -51,6 +56,9 @@ for layout in \
     #   offsets and sort maps): 4 x 2 + 1 = 9
     # dp_bias, ep_bias_pad (the expert bias updated on the device from the loads summed
     #   over the ranks there): no extra, 9 and 1
+    # ep_fp8, ep_fp8_pad, ep_ag_fp8 (FP8 routed experts: their quantised GEMMs split by
+    #   the host's copy of the expert offsets, from the counts exchanged over EP or the
+    #   all-gather dispatcher's one read of its experts' rows): BF16's 9 and 1
     # shellcheck disable=SC2086 # name, np, syncs and a list of overrides
     set -- $layout
     name=$1 np=$2 want=$3

@@ -58,14 +58,25 @@ expect allgather_pad 1
 # planned and takes its offsets from the forward: still 2 x 8 + 1
 run recompute "recompute%granularity='selective'" "recompute%modules='moe'"
 expect recompute $((NMOE * NMB + 1))
-# FP8 delayed scaling: the amax histories and scales updated on the device, nothing
-# read or uploaded for them: the waits of current (tensorwise) scaling, which keeps no
-# history, exactly (the FP8 experts' grouped GEMMs read their row offsets, as both do)
-run fp8_delayed "precision%fp8_format='e4m3'" "precision%fp8_recipe='delayed'"
-run fp8_tensorwise "precision%fp8_format='e4m3'" "precision%fp8_recipe='tensorwise'"
-expect fp8_delayed "$(json_field fp8_tensorwise.jsonl host_syncs | sort -u | sed 's/\.000$//')"
+# FP8: delayed scaling's amax histories and scales updated on the device, nothing read
+# or uploaded for them; the routed experts' quantised GEMMs split by the host's copy of
+# the expert offsets, nothing read back per GEMM: the waits of BF16, dropless (2 x 8 +
+# 1) and with drop-and-pad (1), for delayed and blockwise scaling
+DELAYED="precision%fp8_format='e4m3' precision%fp8_recipe='delayed'"
+BLOCKWISE="precision%fp8_format='e4m3' precision%fp8_recipe='blockwise'"
+# shellcheck disable=SC2086 # lists of overrides
+{
+    run fp8_delayed $DELAYED
+    expect fp8_delayed $((NMOE * NMB + 1))
+    run fp8_delayed_pad $DELAYED $PAD
+    expect fp8_delayed_pad 1
+    run fp8_blockwise $BLOCKWISE
+    expect fp8_blockwise $((NMOE * NMB + 1))
+    run fp8_blockwise_pad $BLOCKWISE $PAD
+    expect fp8_blockwise_pad 1
+}
 # the losses are still what the CPU backend computes (its reads are plain memory), the
-# expert bias's and the all-gather dispatcher's too
+# expert bias's, the all-gather dispatcher's and FP8's too
 same() { # CPU GUARD: equal losses and norms
     for key in loss grad_norm aux_loss z_loss; do
         [ "$(json_field "$1.jsonl" $key)" = "$(json_field "$2.jsonl" $key)" ] ||
@@ -79,4 +90,7 @@ same cpu_bias bias
 # shellcheck disable=SC2086 # two overrides
 BACKEND=cpu run cpu_allgather_pad "$AG" $PAD
 same cpu_allgather_pad allgather_pad
+# shellcheck disable=SC2086 # a list of overrides
+BACKEND=cpu run cpu_fp8_blockwise $BLOCKWISE
+same cpu_fp8_blockwise fp8_blockwise
 echo "PASS: one host synchronisation per step, and one per dropless MoE layer and micro-batch"
