@@ -1086,7 +1086,8 @@ static int alloc_host(struct mt_model *m, size_t *bytes)
         m->la[l].h_offsets = calloc(E + 1, sizeof(long long));
         m->la[l].hx_offsets = calloc((size_t)m->E_l + 1, sizeof(int32_t));
         m->la[l].recv_counts = calloc((size_t)m->sc.etp * S, sizeof(long long));
-        *bytes = sizeof(long long) * (E + 1 + (size_t)m->sc.etp * S);
+        /* what failed, for the message: this layer's three arrays */
+        *bytes = sizeof(long long) * (E + 1 + (size_t)m->sc.etp * S) + sizeof(int32_t) * ((size_t)m->E_l + 1);
         if (!m->la[l].h_offsets || !m->la[l].hx_offsets || !m->la[l].recv_counts) return MT_ENOMEM;
     }
     struct arena a = {NULL, 0};
