@@ -599,6 +599,16 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     return o;
 }
 
+// An operand of a product without rows (m or n = 0): quantised only for its amax, where
+// its spec records one (delayed scaling) and it has elements, then dropped.
+static void qgemm_record_amax(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s, struct mt_tensor x,
+                              bool tr, int64_t rows, int64_t k)
+{
+    if (!s->amax || s->saved || rows <= 0 || k <= 0) return;
+    const qgemm_operand o = qgemm_quantise(c, arg, s, x, tr, rows, k, false);
+    if (o.own) mt_cuda_scratch_free(c, o.own);
+}
+
 // The largest power of two up to 256 that divides p.
 static uint32_t qgemm_alignment(const void *p)
 {
@@ -687,7 +697,11 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
     }
     if (cc.dtype == MT_BF16 && beta != 0.0f)
         mt_cuda_fatal(__FILE__, __LINE__, "quantised gemm", "c is bf16 with beta != 0 (a bf16 c takes beta = 0)");
-    if (m <= 0 || n <= 0) return;
+    if (m <= 0 || n <= 0) { // no product, but the other operand's amax is recorded as the CPU's qdq records it
+        qgemm_record_amax(c, "b", sb, b, !trans_b, n, k);
+        qgemm_record_amax(c, "a", sa, a, trans_a, m, k);
+        return;
+    }
     if (k <= 0) { // nothing to multiply: c = beta c
         mt_with_elem(cc.dtype, [&](auto tag) {
             using TC = MT_ELEM(tag);

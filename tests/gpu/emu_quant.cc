@@ -1371,10 +1371,55 @@ static void run_qgrouped(bool h100)
     cuda_backend_done();
 }
 
+// A product without tokens (delayed scaling, tokens 0): for forward and dgrad, m = 0 and
+// the weight (dout, din) is still an operand the CPU backend quantises, its amax
+// recorded; for wgrad, k = 0 and c = beta c, nothing recorded. The CUDA backend records
+// what the CPU's does and leaves c as the CPU's.
+static void qgemm_empty_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum use u, int64_t dout,
+                             int64_t din)
+{
+    enum role ra, rb;
+    bool ta, tb;
+    int64_t ar, ac, br, bc, m, n;
+    switch (u) {
+    case FWD: ra = RX, rb = RW, ta = false, tb = true, ar = 0, ac = din, br = dout, bc = din, m = 0, n = dout; break;
+    case DGRAD: ra = RG, rb = RW, ta = false, tb = false, ar = 0, ac = dout, br = dout, bc = din, m = 0, n = din; break;
+    default: ra = RG, rb = RX, ta = true, tb = false, ar = 0, ac = dout, br = 0, bc = din, m = dout, n = din; break;
+    }
+    qg_operand a = qg_make(gpu, ar > 0 ? ar : 1, ac, false), b = qg_make(gpu, br > 0 ? br : 1, bc, false);
+    struct mt_quant_spec sa = model_spec(DELAYED, ra, u), sb = model_spec(DELAYED, rb, u);
+    float hs[4] = {2.5f, 0.0f, 3.0f, 0.0f}; // encode scales, amax records from 0
+    float *ds = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof hs));
+    gpu->op.copy(gpu->ctx, ds, hs, sizeof hs);
+    struct mt_quant_spec ha = sa, hb = sb;
+    sa.scale = ds, sa.amax = ds + 1, sb.scale = ds + 2, sb.amax = ds + 3;
+    ha.scale = hs, ha.amax = hs + 1, hb.scale = hs + 2, hb.amax = hs + 3;
+    const size_t nc = (size_t)(m * n), cb = (nc > 0 ? nc : 1) * 4;
+    std::vector<float> hc(nc > 0 ? nc : 1, 3.0f), gc(hc.size());
+    void *dc = gpu->op.alloc(gpu->ctx, cb);
+    gpu->op.copy(gpu->ctx, dc, hc.data(), cb);
+    cpu->quant->gemm(cpu->ctx, ta, tb, &ha, mt_f32(a.x.data(), ar, ac), &hb, mt_f32(b.x.data(), br, bc), 0.5f,
+                     mt_f32(hc.data(), m, n));
+    gpu->quant->gemm(gpu->ctx, ta, tb, &sa, mt_tview(a.dev, MT_F32, ar, ac), &sb, mt_tview(b.dev, MT_F32, br, bc),
+                     0.5f, mt_f32((float *)dc, m, n));
+    float gs[4];
+    gpu->op.copy(gpu->ctx, gs, ds, sizeof gs);
+    gpu->op.copy(gpu->ctx, gc.data(), dc, cb);
+    const bool amax_ok = bits(gs[1]) == bits(hs[1]) && bits(gs[3]) == bits(hs[3]);
+    const bool c_ok = !memcmp(gc.data(), hc.data(), cb);
+    emu_check(amax_ok && c_ok,
+              "quantised gemm delayed %s without tokens: m %lld n %lld k %lld: amax records %g %g (the CPU's %g %g), "
+              "c %s the CPU's", use_name[u], (long long)m, (long long)n, (long long)(u == WGRAD ? 0 : ac),
+              (double)gs[1], (double)gs[3], (double)hs[1], (double)hs[3], c_ok ? "equal to" : "NOT equal to");
+    for (void *p : {a.dev, b.dev, dc, (void *)ds}) gpu->op.free(gpu->ctx, p);
+}
+
 static void run_qgemm(bool h100)
 {
     const struct mt_kernels *gpu = cuda_backend();
     const struct mt_kernels *cpu = mt_kernels_cpu();
+    if (h100)
+        for (int u = FWD; u <= WGRAD; u++) qgemm_empty_case(gpu, cpu, (enum use)u, 30, 64);
     // (tokens, dout, din): tokens not a multiple of 4 or 16 (an expert's rows; the
     // wgrad's k), D rows not a multiple of 4 (dout 30), partial 128-blocks both ways
     // (dout 136, din 320), partial 16- and 32-blocks along the dgrad's k (dout 136, 30)
