@@ -41,22 +41,30 @@ extern "C" void mt_cuda_adamw(void *ctx, float *param, const float *grad, float 
     MT_CUDA_LAUNCHED();
 }
 
-// Every thread decides the gate itself from the few scalars (the squared norm, one loss
-// sum per micro-batch): sqrt, the sum and the quotient in fp64 are correctly rounded on
-// the device as on the host, and there is no product to contract.
+// Thread 0 of each block decides the gate from the few scalars (the squared norm, one
+// loss sum per micro-batch) and hands it to the block in shared memory: one thread's fp64
+// sqrt and quotient and n_loss loads a block, not every thread's (fp64 is slow on most
+// GPUs, and the update itself is a few loads and stores an element). sqrt, the sum and
+// the quotient in fp64 are correctly rounded on the device as on the host, and there is
+// no product to contract.
 __global__ static void adamw_dev_kernel(float *param, const float *grad, float *m, float *v, size_t n,
                                         const mt_adamw_consts *k, const double *sumsq, const double *loss,
                                         int loss_stride, int n_loss, double clip)
 {
+    MT_SHARED(float, grad_scale, [1]);
+    MT_SHARED(int, finite, [1]);
+    if (threadIdx.x == 0) {
+        const double s = *sumsq;
+        bool ok = isfinite(s);
+        for (int r = 0; r < n_loss; r++) ok = ok && isfinite(loss[(size_t)r * loss_stride]);
+        const double norm = sqrt(s);
+        finite[0] = ok;
+        grad_scale[0] = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
+    }
+    __syncthreads();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const double s = *sumsq;
-    bool finite = isfinite(s);
-    for (int r = 0; r < n_loss; r++) finite = finite && isfinite(loss[(size_t)r * loss_stride]);
-    if (!finite) return;
-    const double norm = sqrt(s);
-    const float scale = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
-    adamw_at(i, param, grad, m, v, *k, scale);
+    if (i >= n || !finite[0]) return;
+    adamw_at(i, param, grad, m, v, *k, grad_scale[0]);
 }
 
 extern "C" void mt_cuda_adamw_dev(void *ctx, float *param, const float *grad, float *m, float *v, size_t n,
