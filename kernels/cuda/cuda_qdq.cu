@@ -45,16 +45,57 @@
 
 #define QDQ_THREADS 256
 
-// out (rows_pad, qc) = x as fp32, (R, C) as it is or, transposed, (C, R) (qr, qc its
-// shape), and zero rows from qr to rows_pad. A thread an element of out.
+// out (rows_pad, C) = x (R, C) as fp32, zero rows from R to rows_pad. A thread an
+// element of out.
 template <typename T>
-__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int transpose, int64_t rows_pad)
+__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
 {
-    const int64_t qr = transpose ? C : R, qc = transpose ? R : C;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows_pad * qc) return;
-    const int64_t r = i / qc, c = i % qc;
-    out[i] = r >= qr ? 0.0f : mt_ld(x, (size_t)(transpose ? c * C + r : i));
+    if (i >= rows_pad * C) return;
+    out[i] = i / C >= R ? 0.0f : mt_ld(x, (size_t)i);
+}
+
+// out (rows_pad, R) = the transpose of x (R, C) as fp32, zero rows from C to rows_pad
+// (>= C): a block of QDQ_TILE x 8 threads moves QDQ_TILE x QDQ_TILE tiles through shared
+// memory, so that x is read and out written along their rows (a thread an element of
+// out would read x down its columns, a warp 32 rows apart, on every wgrad and dgrad
+// operand). x's rows (the tokens: any count) on the grid's x, out's rows on its y.
+#define QDQ_TILE 32
+template <typename T>
+__global__ static void qdq_load_t_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
+{
+    MT_SHARED(float, tile, [QDQ_TILE][QDQ_TILE + 1]);
+    const int64_t r0 = (int64_t)blockIdx.x * QDQ_TILE;
+    for (int64_t c0 = (int64_t)blockIdx.y * QDQ_TILE; c0 < rows_pad; c0 += (int64_t)gridDim.y * QDQ_TILE) {
+        for (int k = threadIdx.y; k < QDQ_TILE; k += blockDim.y) {
+            const int64_t r = r0 + k, c = c0 + threadIdx.x;
+            tile[k][threadIdx.x] = r < R && c < C ? mt_ld(x, (size_t)(r * C + c)) : 0.0f;
+        }
+        __syncthreads();
+        for (int k = threadIdx.y; k < QDQ_TILE; k += blockDim.y) {
+            const int64_t o = c0 + k, col = r0 + threadIdx.x;
+            if (o < rows_pad && col < R) out[o * R + col] = tile[threadIdx.x][k];
+        }
+        __syncthreads();
+    }
+}
+
+// out (rows_pad, qc) = x (R, C) as fp32, as it is or, tr, transposed (qc = R), zero
+// rows after x's.
+static void qdq_load(mt_cuda_ctx *c, float *out, struct mt_tensor x, bool tr, int64_t rows_pad)
+{
+    mt_with_elem(x.dtype, [&](auto tag) {
+        const MT_ELEM(tag) *xp = (const MT_ELEM(tag) *)x.data;
+        if (!tr) {
+            MT_LAUNCH(mt_cdiv((size_t)(rows_pad * x.cols), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
+                      qdq_load_kernel<MT_ELEM(tag)>)(out, xp, x.rows, x.cols, rows_pad);
+            return;
+        }
+        const unsigned ty = mt_cdiv((size_t)rows_pad, QDQ_TILE);
+        MT_LAUNCH(dim3(mt_cdiv((size_t)x.rows, QDQ_TILE), ty < 65535 ? ty : 65535),
+                  dim3(QDQ_TILE, 8), 0, c->stream, qdq_load_t_kernel<MT_ELEM(tag)>)(out, xp, x.rows, x.cols, rows_pad);
+    });
+    MT_CUDA_LAUNCHED();
 }
 
 // Delayed scaling's record: *dst = max(*dst, *amax), a NaN amax recorded (cpu_qdq.c).
@@ -185,11 +226,7 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
     // the shard's place in what is quantised: the logical tensor, or its transpose
     const struct mt_cuda_q_place place = tr ? mt_cuda_q_place{s->col0, s->row0, s->lrows, s->tensor_amax}
                                             : mt_cuda_q_place{s->row0, s->col0, s->lcols, s->tensor_amax};
-    mt_with_elem(x.dtype, [&](auto tag) {
-        MT_LAUNCH(mt_cdiv((size_t)(q->rows * qc), QDQ_THREADS), QDQ_THREADS, 0, c->stream,
-                  qdq_load_kernel<MT_ELEM(tag)>)(w, (const MT_ELEM(tag) *)x.data, R, C, (int)tr, q->rows);
-    });
-    MT_CUDA_LAUNCHED();
+    qdq_load(c, w, x, tr, q->rows);
     if (s->rht && R >= 16) {
         // along the columns of (R, C): along the rows of the transpose (C, R)
         const int rc = tr ? mt_cuda_q_rht(w, C, R / 16 * 16, R, MT_Q_ALONG_ROW, s->seed, s->rht_stream, c->stream, &err)
