@@ -5,6 +5,10 @@
 # captures, iterations 3 and 4 and the validation pass replay):
 #   - EP 2 (the all-to-all dispatcher's exchanges captured in the block), device work
 #     run at once and deferred per stream (MT_EMU_STREAMS=deferred);
+#   - EP 2 with a shared expert overlapped with the dispatcher's all-to-all
+#     (moe_shared_expert_overlap: the all-to-all started on the communication stream,
+#     its completion joined by an event in the graph), in both stream modes;
+#   - EP 2 with the allgather dispatcher (its all-gathers and reduce-scatter captured);
 #   - TP 2 with sequence parallelism, so ETP 2 (the ETP exchanges and the shared
 #     gathers and reductions of the block captured);
 # each against the same run without graphs: losses, balancing and z losses, gradient
@@ -56,6 +60,23 @@ compare ep_eager ep_moe
 # shellcheck disable=SC2086
 MT_EMU_STREAMS=deferred train ep_moe_deferred $ep $moe
 compare ep_eager ep_moe_deferred
+
+shared="$ep moe%shared_expert_intermediate_size=128 moe%moe_shared_expert_overlap=T"
+# shellcheck disable=SC2086
+train shared_eager $shared
+# shellcheck disable=SC2086
+train shared_moe $shared $moe
+compare shared_eager shared_moe
+# shellcheck disable=SC2086
+MT_EMU_STREAMS=deferred train shared_moe_deferred $shared $moe
+compare shared_eager shared_moe_deferred
+
+allgather="$ep moe%token_dispatcher_type='allgather'"
+# shellcheck disable=SC2086
+train allgather_eager $allgather
+# shellcheck disable=SC2086
+train allgather_moe $allgather $moe
+compare allgather_eager allgather_moe
 
 tp="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T training%micro_batch_size=2"
 # shellcheck disable=SC2086
