@@ -819,8 +819,8 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
 }
 
 /* &cuda_graph impl = 'full_iteration': what one graph of the whole iteration can hold
- * (doc/host-overhead.md, "The full iteration"): static shapes, no collective (one
- * process), and nothing the host decides or uploads inside the iteration. */
+ * (doc/host-overhead.md, "The full iteration"): static shapes, no pipeline (its schedule
+ * is the host's), and nothing the host decides or uploads inside the iteration. */
 static int check_full_iteration(const struct mt_config *c, const struct mt_layout *l,
                                 bool dropless_moe, struct mt_err *err)
 {
@@ -835,14 +835,22 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "(drop-and-pad), or use impl = 'local' with modules",
                           pre, e->expert_capacity_factor,
                           e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
-    if (l->world_size > 1)
+    if (l->pp > 1)
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s: one process only (the world is %d: tensor %d, pipeline %d, expert "
-                          "%d, expert tensor %d, data %d): the iteration's collectives outside "
-                          "the MoE block (the gradient reduction, the pipeline's transfers) are "
-                          "not captured in it; run one process, or use impl = 'local' with "
-                          "modules (modules = 'moe' captures the MoE block's collectives)",
-                          pre, l->world_size, l->tp, l->pp, l->ep, l->etp, l->dp);
+                          "%s with &parallel pipeline_model_parallel_size = %d: the pipeline "
+                          "schedule's forwards, backwards and transfers between stages are "
+                          "issued micro-batch by micro-batch outside the iteration's graph, "
+                          "which holds the data, tensor and expert parallelism's collectives "
+                          "only; set pipeline_model_parallel_size = 1, or use impl = 'local' "
+                          "with modules (a graph per micro-batch slot in flight)",
+                          pre, l->pp);
+    if (c->parallel.overlap_param_gather)
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "%s with &parallel overlap_param_gather = .true.: the updated "
+                          "parameters' all-gathers are left in flight into the next "
+                          "iteration's forward, across the graph's end; set "
+                          "overlap_param_gather = .false. (the iteration's gathers are then "
+                          "captured at its end)", pre);
     if (e->router_enable_expert_bias)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s with &moe router_enable_expert_bias: the biases are updated on the "

@@ -59,6 +59,11 @@ struct mt_optim {
     /* mt_optim_stage_step: AdamW's constants of the next step for tensors with and without
      * weight decay, written on the host (page-locked) and uploaded by mt_optim_step_dev */
     struct mt_adamw_consts *consts_host, *consts_dev;
+    /* mt_optim_step_dev over several processes: the forwards' records summed over the
+     * world, whose loss sums decide the skip on every rank as the host's summed loss
+     * does (allocated by the first, eager, step) */
+    double *world_recs;
+    size_t world_recs_n;
 };
 
 /* ---- packed ranges ---------------------------------------------------------------------- */
@@ -268,6 +273,7 @@ void mt_optim_destroy(struct mt_optim *o)
     if (o->v_full) k->op.free(k->ctx, o->v_full);
     if (o->consts_host) k->op.free_host(k->ctx, o->consts_host);
     if (o->consts_dev) k->op.free(k->ctx, o->consts_dev);
+    if (o->world_recs) k->op.free(k->ctx, o->world_recs);
     free(o);
 }
 
@@ -514,6 +520,9 @@ struct adam_ctx {
     float *p, *g, *m, *v; /* slices, indexed by the range offset */
     float lr, clip;
     long long t;
+    /* mt_optim_step_dev: adamw_dev with these losses (lr, clip and t unused), else NULL */
+    const double *loss;
+    int loss_stride, nloss;
 };
 
 static void adam_seg(void *p, const struct mt_param_info *t, size_t in_tensor, size_t in_range,
@@ -522,10 +531,47 @@ static void adam_seg(void *p, const struct mt_param_info *t, size_t in_tensor, s
     struct adam_ctx *a = p;
     (void)in_tensor;
     const struct mt_config_optimizer *c = a->c;
+    const struct mt_kernels *k = a->o->k;
+    if (a->loss) {
+        k->op.adamw_dev(k->ctx, a->p + in_range, a->g + in_range, a->m + in_range,
+                        a->v + in_range, n, a->o->consts_dev + !t->no_weight_decay,
+                        mt_model_sumsq_acc(a->o->model), a->loss, a->loss_stride, a->nloss,
+                        c->clip_grad);
+        return;
+    }
     float wd = t->no_weight_decay ? 0.0f : (float)c->weight_decay;
-    a->o->k->op.adamw(a->o->k->ctx, a->p + in_range, a->g + in_range, a->m + in_range,
-                      a->v + in_range, n, a->lr, (float)c->adam_beta1, (float)c->adam_beta2,
-                      (float)c->adam_eps, wd, a->clip, a->t);
+    k->op.adamw(k->ctx, a->p + in_range, a->g + in_range, a->m + in_range, a->v + in_range, n,
+                a->lr, (float)c->adam_beta1, (float)c->adam_beta2, (float)c->adam_eps, wd,
+                a->clip, a->t);
+}
+
+/* ZeRO: this rank's slices of the master weights updated (AdamW as a says, a->p, g, m, v
+ * set per bucket here), then every slice gathered into the parameters. */
+static int step_slices(struct mt_optim *o, struct adam_ctx a, struct mt_err *err)
+{
+    float *params = mt_model_params(o->model);
+    for (int ci = 0; ci < 2; ci++) {
+        struct klass *cl = &o->c[ci];
+        for (int bi = 0; bi < cl->nbuckets; bi++) {
+            const struct bucket *b = &cl->b[bi];
+            size_t lo, hi;
+            slice_of(cl, b, &lo, &hi);
+            o->k->op.memset(o->k->ctx, o->slice, 0, sizeof(float) * b->shard);
+            pack(o, cl, params, lo, hi, o->slice, true);
+            a.p = o->slice;
+            a.g = cl->grad + b->at;
+            a.m = cl->m + b->at;
+            a.v = cl->v + b->at;
+            for_each_segment(o, cl, lo, hi, adam_seg, &a);
+            if (cl->size > 1)
+                MT_CHECK(mt_all_gather(cl->comm, o->slice, o->stage, b->shard, MT_DT_F32, err));
+            else
+                o->k->op.copy(o->k->ctx, o->stage, o->slice, sizeof(float) * b->shard);
+            pack(o, cl, params, b->begin, b->end, o->stage, false);
+        }
+    }
+    mt_model_params_updated(o->model);
+    return MT_OK;
 }
 
 /* overlap_param_gather: each bucket's slice updated in place in its block of the
@@ -545,8 +591,9 @@ static int step_gathers_started(struct mt_optim *o, const struct mt_config_optim
             slice_of(cl, b, &lo, &hi);
             o->k->op.memset(o->k->ctx, mine, 0, sizeof(float) * b->shard);
             pack(o, cl, params, lo, hi, mine, true);
-            struct adam_ctx a = {o, c, mine, cl->grad + b->at, cl->m + b->at, cl->v + b->at,
-                                 (float)lr, (float)clip_coeff, t};
+            struct adam_ctx a = {.o = o, .c = c, .p = mine, .g = cl->grad + b->at,
+                                 .m = cl->m + b->at, .v = cl->v + b->at, .lr = (float)lr,
+                                 .clip = (float)clip_coeff, .t = t};
             for_each_segment(o, cl, lo, hi, adam_seg, &a);
             if (cl->size > 1)
                 MT_CHECK(mt_all_gather_start(cl->comm, mine, st, b->shard, MT_DT_F32, &b->req,
@@ -612,10 +659,10 @@ int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c,
                         long long t, struct mt_err *err)
 {
     const struct mt_kernels *k = o->k;
-    if (o->zero || o->par)
+    if (o->overlap_params)
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "optimizer: the step with its scalars on the device runs in one "
-                          "process without the distributed optimizer");
+                          "optimizer: the step with its scalars on the device does not leave "
+                          "the parameters' all-gathers in flight (overlap_param_gather)");
     if (!o->consts_host) { /* before the first step, never inside a captured one */
         o->consts_host = k->op.alloc_host(k->ctx, 2 * sizeof *o->consts_host);
         o->consts_dev = k->op.alloc(k->ctx, 2 * sizeof *o->consts_dev);
@@ -639,6 +686,26 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, s
     mt_model_upload(m, 1, dst, src, bytes);
     int stride, nloss;
     const double *loss = mt_model_loss_sums(m, &stride, &nloss);
+    if (o->par) { /* every rank skips when the loss summed over the world is not finite */
+        const size_t n = (size_t)stride * (size_t)nloss;
+        if (!o->world_recs) { /* the first step is eager (warmup_steps >= 1) */
+            o->world_recs = o->k->op.alloc(o->k->ctx, sizeof(double) * (n ? n : 1));
+            o->world_recs_n = n;
+            if (!o->world_recs)
+                return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory for the losses");
+        }
+        if (n > o->world_recs_n)
+            return mt_err_set(err, MT_EINVAL, "optimizer: %d forwards in a step, %zu doubles "
+                              "of records held", nloss, o->world_recs_n);
+        o->k->op.copy(o->k->ctx, o->world_recs, loss, sizeof(double) * n);
+        MT_CHECK(mt_all_reduce(o->par->world_comm, o->world_recs, n, MT_DT_F64, MT_OP_SUM, err));
+        loss = o->world_recs;
+    }
+    if (o->zero) {
+        const struct adam_ctx a = {.o = o, .c = c, .loss = loss, .loss_stride = stride,
+                                   .nloss = nloss};
+        return step_slices(o, a, err);
+    }
     float *params = mt_model_params(m), *grads = mt_model_grads(m);
     for (int i = 0; i < mt_model_num_tensors(m); i++) {
         const struct mt_param_info *pi = mt_model_tensor(m, i);
@@ -667,27 +734,8 @@ int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, doubl
         return MT_OK;
     }
     if (o->overlap_params) return step_gathers_started(o, c, lr, clip_coeff, t, err);
-    /* ZeRO: update this rank's slices of the master weights, then gather every slice */
-    for (int ci = 0; ci < 2; ci++) {
-        struct klass *cl = &o->c[ci];
-        for (int bi = 0; bi < cl->nbuckets; bi++) {
-            const struct bucket *b = &cl->b[bi];
-            size_t lo, hi;
-            slice_of(cl, b, &lo, &hi);
-            o->k->op.memset(o->k->ctx, o->slice, 0, sizeof(float) * b->shard);
-            pack(o, cl, params, lo, hi, o->slice, true);
-            struct adam_ctx a = {o, c, o->slice, cl->grad + b->at, cl->m + b->at, cl->v + b->at,
-                                 (float)lr, (float)clip_coeff, t};
-            for_each_segment(o, cl, lo, hi, adam_seg, &a);
-            if (cl->size > 1)
-                MT_CHECK(mt_all_gather(cl->comm, o->slice, o->stage, b->shard, MT_DT_F32, err));
-            else
-                o->k->op.copy(o->k->ctx, o->stage, o->slice, sizeof(float) * b->shard);
-            pack(o, cl, params, b->begin, b->end, o->stage, false);
-        }
-    }
-    mt_model_params_updated(m);
-    return MT_OK;
+    const struct adam_ctx a = {.o = o, .c = c, .lr = (float)lr, .clip = (float)clip_coeff, .t = t};
+    return step_slices(o, a, err);
 }
 
 /* ---- state ------------------------------------------------------------------------------ */

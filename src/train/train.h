@@ -277,13 +277,16 @@ int mt_optim_reduce_grads(struct mt_optim *o, double *norm, struct mt_err *err);
  * their position or mt_optim_params_wait has run. */
 int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                   double clip_coeff, long long t, struct mt_err *err);
-/* The step of a captured iteration (&cuda_graph impl = 'full_iteration'; one process,
- * without the distributed optimizer), in two parts: mt_optim_stage_step, on the host
- * before the iteration, writes AdamW's constants of step t with learning rate lr;
+/* The step of a captured iteration (&cuda_graph impl = 'full_iteration'; not with
+ * overlap_param_gather), in two parts: mt_optim_stage_step, on the host before the
+ * iteration, writes AdamW's constants of step t with learning rate lr;
  * mt_optim_step_dev, in it after mt_optim_reduce_grads (norm NULL), uploads them and
- * updates every tensor with adamw_dev: the clipping coefficient comes from the squared
- * norm, and the step is skipped when it or a forward's loss is not finite, all on the
- * device (the trainer's decision, read afterwards). */
+ * updates every tensor (with the distributed optimizer, this rank's slices, then their
+ * all-gathers) with adamw_dev: the clipping coefficient comes from the squared norm
+ * (summed over the world), and the step is skipped when it or a forward's loss is not
+ * finite (over several processes, the forwards' losses summed over the world first, so
+ * that every rank decides alike), all on the device (the trainer's decision, read
+ * afterwards). */
 int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                         long long t, struct mt_err *err);
 int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, struct mt_err *err);

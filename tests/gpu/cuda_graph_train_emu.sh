@@ -181,9 +181,14 @@ refused "full iteration with dropless routing" \
     "&cuda_graph impl = 'full_iteration': a whole iteration is one graph only where every shape is static, and dropless routing" \
     "$tiny" --check "cuda_graph%impl='full_iteration'"
 # shellcheck disable=SC2086
-refused "full iteration over 2 processes" \
-    "&cuda_graph impl = 'full_iteration': one process only (the world is 2: tensor 1, pipeline 2" \
+refused "full iteration with a pipeline" \
+    "&cuda_graph impl = 'full_iteration' with &parallel pipeline_model_parallel_size = 2: the pipeline schedule's" \
     "$tiny" --check --world-size 2 parallel%pipeline_model_parallel_size=2 "cuda_graph%impl='full_iteration'" $pad
+# shellcheck disable=SC2086
+refused "full iteration with overlap_param_gather" \
+    "&cuda_graph impl = 'full_iteration' with &parallel overlap_param_gather = .true.: the updated parameters' all-gathers are left in flight" \
+    "$tiny" --check --world-size 2 parallel%use_distributed_optimizer=T parallel%overlap_grad_reduce=T \
+    parallel%overlap_param_gather=T "cuda_graph%impl='full_iteration'" $pad
 # shellcheck disable=SC2086
 refused "full iteration with the expert bias" \
     "&cuda_graph impl = 'full_iteration' with &moe router_enable_expert_bias" \

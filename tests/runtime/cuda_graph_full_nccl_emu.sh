@@ -1,0 +1,106 @@
+#!/bin/sh
+# &cuda_graph impl = 'full_iteration' (the whole iteration one graph, optimizer step
+# included: doc/host-overhead.md "The full iteration") over 2 processes and the emulated
+# NCCL: tiny_moe with drop-and-pad, 4 iterations of a global batch of 4 with
+# warmup_steps = 1 (iteration 2 captures, iterations 3 and 4 replay):
+#   - DP 2: the gradients' all-reduce, the norm's and the losses' sums over the world
+#     captured; device work run at once and deferred per stream (MT_EMU_STREAMS=deferred);
+#   - DP 2 with the distributed optimizer and overlap_grad_reduce: the reduce-scatters
+#     started during backward, the updated slices' all-gathers;
+#   - EP 2 (the dispatcher's all-to-alls in the graph) and TP 2 with sequence
+#     parallelism (the TP sums of the replicated gradients);
+#   - DP 2 with a learning rate that makes every step's gradient non-finite: the device
+#     skips the same steps as the host does eagerly;
+# each against the same run without graphs: losses, balancing and z losses, gradient
+# norms, dropped tokens and the validation loss bit-identical, the final checkpoint
+# (weights and moments) byte-identical, one kernel launch and one host wait per step once
+# captured, the graph replayed and not captured again. A collective run at capture
+# instead of at each launch, or left out of the graph, changes the figures.
+. "$MT_TOP_SRCDIR/tests/runtime/common.sh"
+. "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"
+need_mpirun
+emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+MT_EMU_DEVICE_COUNT=2
+MOETRAIN_DATADIR="$MT_TOP_BUILDDIR"
+export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MOETRAIN_DATADIR
+cd "$tmp"
+
+# train NAME OVERRIDES...: NAME.log, NAME.ckpt and the compared figures in NAME.values
+train() {
+    name=$1
+    shift
+    timeout 300 "$MPIRUN" --oversubscribe -np 2 "$emu" --backend=cuda "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" \
+        training%train_iters=4 optimizer%lr_warmup_iters=1 training%micro_batch_size=1 \
+        training%global_batch_size=4 training%seq_length=16 training%eval_interval=4 \
+        training%eval_iters=1 logging%log_interval=1 "precision%params_dtype='bf16'" \
+        "logging%metrics_file='$name.jsonl'" "checkpoint%save='$name.ckpt'" \
+        moe%expert_capacity_factor=1.0 moe%pad_expert_input_to_capacity=T \
+        parallel%distributed_timeout_minutes=1 "$@" > "$name.log" 2>&1 < /dev/null ||
+        { cat "$name.log"; fail "$name: training failed"; }
+    grep -o '"\(loss\|val_loss\|aux_loss\|z_loss\|grad_norm\|dropped_tokens\)": [^,}]*' "$name.jsonl" > "$name.values"
+    grep -q '"val_loss": ' "$name.values" || { cat "$name.log"; fail "$name: no val_loss"; }
+}
+# per_step NAME WHAT: kernel launches or host synchronisations per step, last iteration
+per_step() { grep -o "$2 [0-9][0-9.]*" "$1.log" | tail -1 | sed 's/.* //'; }
+# compare EAGER GRAPHED: the same figures and checkpoint, one launch and one wait per
+# step, the graph replayed and not captured again
+compare() {
+    cmp -s "$1.values" "$2.values" || { diff "$1.values" "$2.values" | head; fail "$2: differs from $1 (no graphs)"; }
+    same_ckpt "$1.ckpt/iter_0000004" "$2.ckpt/iter_0000004" ||
+        fail "$2: the final weights or moments differ from $1's"
+    e=$(per_step "$1" 'kernel launches') g=$(per_step "$2" 'kernel launches') w=$(per_step "$2" 'host synchronisations')
+    [ "$g" = 1.0 ] && [ "$w" = 1.0 ] ||
+        { cat "$2.log"; fail "$2: $g kernel launches and $w host waits per step, not 1 and 1"; }
+    stats=$(grep '^ cuda graphs:' "$2.log" | tail -1)
+    echo "$stats" | grep -q ' 1 held .* 1 captures (0 recaptures), 2 replays' ||
+        { cat "$2.log"; fail "$2: not one graph captured once and replayed twice: $stats"; }
+    echo "ok: $2: $(wc -l < "$2.values") figures and the checkpoint bit-identical to $1; launches per step $e -> $g"
+}
+full="cuda_graph%impl='full_iteration' cuda_graph%warmup_steps=1"
+
+train dp_eager
+# shellcheck disable=SC2086 # lists of overrides
+train dp_full $full
+compare dp_eager dp_full
+# shellcheck disable=SC2086
+MT_EMU_STREAMS=deferred train dp_full_deferred $full
+compare dp_eager dp_full_deferred
+
+zero="parallel%use_distributed_optimizer=T parallel%overlap_grad_reduce=T"
+# shellcheck disable=SC2086
+train zero_eager $zero
+# shellcheck disable=SC2086
+train zero_full $zero $full
+compare zero_eager zero_full
+grep -q 'overlap_grad_reduce: [1-9][0-9]* of [0-9]* gradient buckets were started during the backward' zero_full.log ||
+    { cat zero_full.log; fail "zero_full: no bucket started during backward"; }
+
+ep="parallel%expert_model_parallel_size=2"
+# shellcheck disable=SC2086
+train ep_eager $ep
+# shellcheck disable=SC2086
+train ep_full $ep $full
+compare ep_eager ep_full
+grep -q 'experts ETP 1 x EP 2' ep_full.log || { cat ep_full.log; fail "ep_full: not EP 2"; }
+
+tp="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
+# shellcheck disable=SC2086
+train tp_eager $tp
+# shellcheck disable=SC2086
+train tp_full $tp $full
+compare tp_eager tp_full
+
+# every step's gradient non-finite: skipped on the device on both ranks as eagerly
+blow="optimizer%lr=1e30 optimizer%lr_warmup_iters=0 optimizer%clip_grad=0"
+# shellcheck disable=SC2086
+train blow_eager $blow
+# shellcheck disable=SC2086
+train blow_full $blow $full
+grep -o '"iteration": [0-9]*, [^}]*"step_skipped": true' blow_eager.jsonl > blow_eager.skips
+grep -o '"iteration": [0-9]*, [^}]*"step_skipped": true' blow_full.jsonl > blow_full.skips
+[ -s blow_eager.skips ] || fail "blow_eager: no step skipped (the case tests nothing)"
+cmp -s blow_eager.skips blow_full.skips || fail "blow_full: other steps skipped than eagerly"
+same_ckpt blow_eager.ckpt/iter_0000004 blow_full.ckpt/iter_0000004 ||
+    fail "blow_full: the state after skipped steps differs from the eager run's"
+echo "ok: blow_full: $(wc -l < blow_full.skips) steps skipped on the device as eagerly; checkpoint byte-identical"
