@@ -59,11 +59,11 @@ struct mt_optim {
     /* mt_optim_stage_step: AdamW's constants of the next step for tensors with and without
      * weight decay, written on the host (page-locked) and uploaded by mt_optim_step_dev */
     struct mt_adamw_consts *consts_host, *consts_dev;
-    /* mt_optim_step_dev over several processes: the forwards' records summed over the
-     * world, whose loss sums decide the skip on every rank as the host's summed loss
-     * does (allocated by the first, eager, step) */
-    double *world_recs;
-    size_t world_recs_n;
+    /* mt_optim_step_dev over several processes: the forwards' loss sums, summed over the
+     * world, which decide the skip on every rank as the host's summed loss does
+     * (allocated by the first, eager, step) */
+    double *world_losses;
+    size_t world_losses_n;
 };
 
 /* ---- packed ranges ---------------------------------------------------------------------- */
@@ -273,7 +273,7 @@ void mt_optim_destroy(struct mt_optim *o)
     if (o->v_full) k->op.free(k->ctx, o->v_full);
     if (o->consts_host) k->op.free_host(k->ctx, o->consts_host);
     if (o->consts_dev) k->op.free(k->ctx, o->consts_dev);
-    if (o->world_recs) k->op.free(k->ctx, o->world_recs);
+    if (o->world_losses) k->op.free(k->ctx, o->world_losses);
     free(o);
 }
 
@@ -687,19 +687,21 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, s
     int stride, nloss;
     const double *loss = mt_model_loss_sums(m, &stride, &nloss);
     if (o->par) { /* every rank skips when the loss summed over the world is not finite */
-        const size_t n = (size_t)stride * (size_t)nloss;
-        if (!o->world_recs) { /* the first step is eager (warmup_steps >= 1) */
-            o->world_recs = o->k->op.alloc(o->k->ctx, sizeof(double) * (n ? n : 1));
-            o->world_recs_n = n;
-            if (!o->world_recs)
+        const size_t n = (size_t)nloss;
+        if (!o->world_losses) { /* the first step is eager (warmup_steps >= 1) */
+            o->world_losses = o->k->op.alloc(o->k->ctx, sizeof(double) * (n ? n : 1));
+            o->world_losses_n = n;
+            if (!o->world_losses)
                 return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory for the losses");
         }
-        if (n > o->world_recs_n)
-            return mt_err_set(err, MT_EINVAL, "optimizer: %d forwards in a step, %zu doubles "
-                              "of records held", nloss, o->world_recs_n);
-        o->k->op.copy(o->k->ctx, o->world_recs, loss, sizeof(double) * n);
-        MT_CHECK(mt_all_reduce(o->par->world_comm, o->world_recs, n, MT_DT_F64, MT_OP_SUM, err));
-        loss = o->world_recs;
+        if (n > o->world_losses_n)
+            return mt_err_set(err, MT_EINVAL, "optimizer: %d forwards in a step, room for %zu "
+                              "losses", nloss, o->world_losses_n);
+        for (size_t i = 0; i < n; i++)
+            o->k->op.copy(o->k->ctx, o->world_losses + i, loss + i * (size_t)stride, sizeof(double));
+        MT_CHECK(mt_all_reduce(o->par->world_comm, o->world_losses, n, MT_DT_F64, MT_OP_SUM, err));
+        loss = o->world_losses;
+        stride = 1;
     }
     if (o->zero) {
         const struct adam_ctx a = {.o = o, .c = c, .loss = loss, .loss_stride = stride,
