@@ -347,9 +347,9 @@ const struct mt_key mt_schema[] = {
           "scopes in modules per layer, micro-batch slot and pass after warmup_steps "
           "iterations and replays them with one launch each; 'full_iteration' captures the "
           "whole iteration (every micro-batch's forward and backward, the gradients' "
-          "reduction, the optimizer step) as one graph, launched once per iteration: one "
-          "process, static shapes (a dense model, or expert_capacity_factor with "
-          "pad_expert_input_to_capacity); 'none' runs every kernel eagerly "
+          "reduction, the optimizer step) as one graph, launched once per iteration: data, "
+          "tensor and expert parallelism (no pipeline), static shapes (a dense model, or "
+          "expert_capacity_factor with pad_expert_input_to_capacity); 'none' runs every kernel eagerly "
           "(doc/host-overhead.md, CUDA graphs)"),
     KSARR(cuda_graph, modules,
           "impl = 'local': the scopes captured (Megatron's --cuda-graph-modules), from attn "
