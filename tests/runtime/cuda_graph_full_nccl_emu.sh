@@ -7,8 +7,9 @@
 #     captured; device work run at once and deferred per stream (MT_EMU_STREAMS=deferred);
 #   - DP 2 with the distributed optimizer and overlap_grad_reduce: the reduce-scatters
 #     started during backward, the updated slices' all-gathers;
-#   - EP 2 (the dispatcher's all-to-alls in the graph) and TP 2 with sequence
-#     parallelism (the TP sums of the replicated gradients);
+#   - EP 2 with a shared expert overlapped with the dispatcher's all-to-alls (in the
+#     graph, with the shared expert's parts between their start and their wait) and TP 2
+#     with sequence parallelism (the TP sums of the replicated gradients);
 #   - DP 2 with a learning rate that makes every step's gradient non-finite: the device
 #     skips the same steps as the host does eagerly;
 # each against the same run without graphs: losses, balancing and z losses, gradient
@@ -76,13 +77,15 @@ compare zero_eager zero_full
 grep -q 'overlap_grad_reduce: [1-9][0-9]* of [0-9]* gradient buckets were started during the backward' zero_full.log ||
     { cat zero_full.log; fail "zero_full: no bucket started during backward"; }
 
-ep="parallel%expert_model_parallel_size=2"
+ep="parallel%expert_model_parallel_size=2 moe%shared_expert_intermediate_size=128 moe%moe_shared_expert_overlap=T"
 # shellcheck disable=SC2086
 train ep_eager $ep
 # shellcheck disable=SC2086
 train ep_full $ep $full
 compare ep_eager ep_full
 grep -q 'experts ETP 1 x EP 2' ep_full.log || { cat ep_full.log; fail "ep_full: not EP 2"; }
+grep -q 'moe_shared_expert_overlap: [1-9][0-9]* expert-parallel all-to-alls were in flight' ep_full.log ||
+    { cat ep_full.log; fail "ep_full: no all-to-all overlapped with the shared expert"; }
 
 tp="parallel%tensor_model_parallel_size=2 parallel%sequence_parallel=T"
 # shellcheck disable=SC2086
