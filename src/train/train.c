@@ -1684,6 +1684,10 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
     long long dropped = 0, overflows = 0, offload[2] = {0, 0};
+    if (t->pp_comm && staged) /* --check refuses it (config.c): the update is the device's */
+        return mt_err_set(err, MT_EUNSUPPORTED,
+                          "&cuda_graph impl = 'full_iteration' with pipeline_model_parallel_size "
+                          "> 1: the pipeline schedule runs from the host; set impl = 'local'");
     if (t->pp_comm) {
         struct pp_acc a = { 0 };
         if (t->vpp > 1)
