@@ -17,9 +17,17 @@ function minat(kind, v, where) {
 function fmt(kind) { return kind in low ? sprintf("%.2e", low[kind]) : "NA" }
 function where(mb, l) { return "micro-batch " mb ", layer " l }
 # topk MB L TOK k: E.. keys: K.. margin M [aux_margin A]: fields of the line
-function topk_fields(   j) {
+# chosen: the experts as listed (by score); chosen_set: the same ascending, the decision
+# (the order of a token's experts is its scores' order, which rounding can swap between
+# two chosen experts without changing what the token is sent to)
+function topk_fields(   j, c, nc, a, b, t) {
     chosen = ""
-    for (j = 6; $j != "keys:"; j++) chosen = chosen " " $j
+    nc = 0
+    for (j = 6; $j != "keys:"; j++) { chosen = chosen " " $j; c[++nc] = $j + 0 }
+    for (a = 2; a <= nc; a++)
+        for (b = a; b > 1 && c[b - 1] > c[b]; b--) { t = c[b]; c[b] = c[b - 1]; c[b - 1] = t }
+    chosen_set = ""
+    for (a = 1; a <= nc; a++) chosen_set = chosen_set " " c[a]
     nkeys = 0
     for (j++; $j != "margin"; j++) keys[++nkeys] = $j
     margin = $(j + 1)
@@ -31,6 +39,7 @@ file == 1 && $1 == "topk" {
     k = $2 " " $3 " " $4
     if (k in ref_chosen) { dup = k; next }
     ref_chosen[k] = chosen
+    ref_set[k] = chosen_set
     ntopk++
     ref_margin[k] = margin
     for (i = 1; i <= nkeys; i++) ref_key[k, i] = keys[i]
@@ -50,7 +59,8 @@ file > 1 && $1 == "topk" {
     k = $2 " " $3 " " $4
     if (!(k in ref_chosen)) { extra++; next }
     seen_topk++
-    if (chosen != ref_chosen[k]) {
+    if (chosen != ref_chosen[k] && chosen_set == ref_set[k]) reordered++
+    if (chosen_set != ref_set[k]) {
         if (differ++ < 10)
             printf "  %s, token %s: experts%s here,%s in the reference (its margin %s)\n", where($2, $3), $4, chosen, ref_chosen[k], ref_margin[k]
     }
@@ -84,5 +94,6 @@ END {
     if (missing)
         printf "  the dump has %d of the reference's %d top-k decisions, %d of its %d slots, and %d it lacks\n", seen_topk, ntopk, seen_slots, nslots, extra
     if (worst_at != "") printf "  routing: scores differ by at most %.2e (%s)\n", worst, worst_at
+    if (reordered) printf "  routing: %d tokens have their experts in another order (the same experts)\n", reordered
     print "compare", differ + missing, worst + 0
 }
