@@ -604,25 +604,41 @@ static void sort_pairs(mt_cuda_ctx *c, const K *key_in, K *key_out, const int32_
     mt_cuda_scratch_free(c, temp);
 }
 
-// One block: each thread masks a stride of the slots and counts its drops; the counts
-// (integers: any order gives the same sum) are summed by thread 0.
+// drop_mask and expert_select stream every slot of the (gathered) routing once: a grid
+// of SLOT_THREADS-thread blocks, each thread SLOT_PER_THREAD slots or more (grid-strided),
+// up to SLOT_MAX_BLOCKS blocks, so the slots of every MoE layer spread over the SMs
+// (the floor of SLOT_PER_THREAD slots a thread keeps a block's zeroing and flushing of
+// its counts small against the slots it reads).
+// Each block counts in shared memory and adds its counts to the global ones with one
+// atomicAdd per counter: integers, so any order of the blocks gives the same sums.
+#define SLOT_THREADS 256
+#define SLOT_PER_THREAD 4
+#define SLOT_MAX_BLOCKS 1024
+
+static unsigned slot_blocks(size_t n)
+{
+    const size_t b = mt_cdiv(n, (size_t)SLOT_THREADS * SLOT_PER_THREAD);
+    return (unsigned)(b < SLOT_MAX_BLOCKS ? b : SLOT_MAX_BLOCKS);
+}
+
+// Each thread masks its slots and counts its drops into the block's count, which one
+// thread adds onto *dropped (the op adds onto the caller's count: nothing is zeroed).
 __global__ static void drop_mask_kernel(int32_t *out, const int32_t *idx, const int32_t *slot_row,
                                         size_t n, int64_t *dropped)
 {
-    MT_SHARED(long long, part, [1024]);
-    long long d = 0;
-    for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
+    MT_SHARED(unsigned long long, blk, [1]);
+    if (threadIdx.x == 0) blk[0] = 0;
+    __syncthreads();
+    unsigned long long d = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t s = (size_t)blockIdx.x * blockDim.x + threadIdx.x; s < n; s += stride) {
         const bool drop = slot_row[s] < 0;
         out[s] = drop ? -1 : idx[s];
         d += drop;
     }
-    part[threadIdx.x] = d;
+    if (d) atomicAdd(&blk[0], d);
     __syncthreads();
-    if (threadIdx.x == 0 && dropped) {
-        long long sum = 0;
-        for (int t = 0; t < (int)blockDim.x; t++) sum += part[t];
-        *dropped += sum;
-    }
+    if (threadIdx.x == 0 && dropped && blk[0]) atomicAdd((unsigned long long *)dropped, blk[0]);
 }
 
 extern "C" void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,
@@ -631,23 +647,25 @@ extern "C" void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, c
     MT_CUDA_OP(ctx, MT_OP_DROP_MASK);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (n == 0) return;
-    MT_LAUNCH(1, 256, 0, c->stream, drop_mask_kernel)(out, idx, slot_row, n, dropped);
+    MT_LAUNCH(slot_blocks(n), SLOT_THREADS, 0, c->stream, drop_mask_kernel)(out, idx, slot_row, n, dropped);
     MT_CUDA_LAUNCHED();
 }
 
-// One block, as drop_mask: each thread a stride of the slots, counted per expert in a
-// shared histogram (integer atomics: exact in any order), EXPERT_SELECT_HIST experts at
-// a time; the routing is renumbered in the first round.
+// Each block counts its slots per expert in a shared histogram, EXPERT_SELECT_HIST
+// experts per round, and adds each nonzero count onto selected (zeroed before the
+// launch). The routing is renumbered in the first round; a thread visits the same slots
+// in every round, so the later rounds reread its own renumbered out (idx may be out).
 #define EXPERT_SELECT_HIST 1024
 __global__ static void expert_select_kernel(int32_t *out, const int32_t *idx, size_t n, int e0, int count,
                                             int64_t *selected)
 {
     MT_SHARED(unsigned long long, hist, [EXPERT_SELECT_HIST]);
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
     for (int b = 0; b == 0 || (selected && b < count); b += EXPERT_SELECT_HIST) {
         const int w = count - b < EXPERT_SELECT_HIST ? count - b : EXPERT_SELECT_HIST;
         for (int i = threadIdx.x; i < w; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (size_t s = threadIdx.x; s < n; s += blockDim.x) {
+        for (size_t s = first; s < n; s += stride) {
             int32_t e = out[s]; /* renumbered by the first round (idx may be out) */
             if (b == 0) {
                 e = idx[s] >= e0 && idx[s] < e0 + count ? idx[s] - e0 : -1;
@@ -657,7 +675,8 @@ __global__ static void expert_select_kernel(int32_t *out, const int32_t *idx, si
         }
         __syncthreads();
         if (selected)
-            for (int i = threadIdx.x; i < w; i += blockDim.x) selected[b + i] = (int64_t)hist[i];
+            for (int i = threadIdx.x; i < w; i += blockDim.x)
+                if (hist[i]) atomicAdd((unsigned long long *)&selected[b + i], hist[i]);
         __syncthreads();
     }
 }
@@ -667,7 +686,10 @@ extern "C" void mt_cuda_expert_select(void *ctx, int32_t *out, const int32_t *id
 {
     MT_CUDA_OP(ctx, MT_OP_EXPERT_SELECT);
     mt_cuda_ctx *c = mt_cuda(ctx);
-    MT_LAUNCH(1, 256, 0, c->stream, expert_select_kernel)(out, idx, n, e0, count, selected);
+    if (selected && count > 0)
+        MT_CUDA_CHECK(cudaMemsetAsync(selected, 0, sizeof *selected * (size_t)count, c->stream));
+    if (n == 0) return;
+    MT_LAUNCH(slot_blocks(n), SLOT_THREADS, 0, c->stream, expert_select_kernel)(out, idx, n, e0, count, selected);
     MT_CUDA_LAUNCHED();
 }
 

@@ -1750,23 +1750,27 @@ static void test_loss_ops(void)
     }
 }
 
-/* drop_mask: the same masked routing and the same count of drops, added to acc. */
-static void test_drop_mask(void)
+/* drop_mask: the same masked routing (in place) and the same count of drops, added onto
+ * 5. n over one block (1000), over many blocks, whose counts are added together (70001),
+ * and no slots. */
+static void drop_mask_case(size_t n)
 {
-    const size_t n = 1000;
     int32_t *idx = xmalloc(sizeof(int32_t) * n), *slot = xmalloc(sizeof(int32_t) * n);
     int32_t *want = xmalloc(sizeof(int32_t) * n);
     for (size_t s = 0; s < n; s++) {
         idx[s] = (int32_t)(s % 16);
-        slot[s] = s % 3 == 1 ? -1 : (int32_t)s;
+        slot[s] = s % 3 == 1 || s % 11 == 4 ? -1 : (int32_t)s;
     }
     int64_t dw = 5, dg = 5;
     C->op.drop_mask(C->ctx, want, idx, slot, n, &dw);
     int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * n), *d_slot = dup_to_dev(slot, sizeof(int32_t) * n);
     int64_t *d_d = dup_to_dev(&dg, sizeof dg);
-    G->op.drop_mask(G->ctx, d_idx, d_idx, d_slot, n, d_d); /* in place */
-    expect_bytes_dev("drop_mask (in place)", want, d_idx, sizeof(int32_t) * n);
-    expect_bytes_dev("drop_mask count onto 5", &dw, d_d, sizeof dw);
+    G->op.drop_mask(G->ctx, d_idx, d_idx, d_slot, n, d_d);
+    char what[96];
+    snprintf(what, sizeof what, "drop_mask n=%zu (in place)", n);
+    expect_bytes_dev(what, want, d_idx, sizeof(int32_t) * n);
+    snprintf(what, sizeof what, "drop_mask n=%zu count onto 5", n);
+    expect_bytes_dev(what, &dw, d_d, sizeof dw);
     free(idx);
     free(slot);
     free(want);
@@ -1775,28 +1779,54 @@ static void test_drop_mask(void)
     dfree(d_d);
 }
 
-/* expert_select: the same renumbered routing (in place) and the same count per expert. */
-static void test_expert_select(void)
+static void test_drop_mask(void)
 {
-    const size_t n = 1000;
+    drop_mask_case(70001); /* quick: many blocks */
+    if (quick) return;
+    drop_mask_case(1000);
+    drop_mask_case(0);
+}
+
+/* expert_select: the same renumbered routing (in place) and the same count per expert
+ * (over counts of -1: every one written) of the experts e0..e0+count-1 among nexp. */
+static void expert_select_case(size_t n, int e0, int count, int nexp)
+{
     int32_t *idx = xmalloc(sizeof(int32_t) * n), *want = xmalloc(sizeof(int32_t) * n);
-    for (size_t s = 0; s < n; s++) idx[s] = s % 7 == 3 ? -1 : (int32_t)((s * 5 + s / 16) % 16);
-    int64_t cw[6], cg[6] = {-1, -1, -1, -1, -1, -1};
-    C->op.expert_select(C->ctx, want, idx, n, 4, 6, cw);
+    for (size_t s = 0; s < n; s++) idx[s] = s % 7 == 3 ? -1 : (int32_t)((s * 5 + s / 16) % (size_t)nexp);
+    int64_t *cw = xmalloc(sizeof(int64_t) * count), *cg = xmalloc(sizeof(int64_t) * count);
+    for (int e = 0; e < count; e++) cg[e] = -1;
+    C->op.expert_select(C->ctx, want, idx, n, e0, count, cw);
     int32_t *d_idx = dup_to_dev(idx, sizeof(int32_t) * n);
-    int64_t *d_c = dup_to_dev(cg, sizeof cg);
-    G->op.expert_select(G->ctx, d_idx, d_idx, n, 4, 6, d_c);
-    expect_bytes_dev("expert_select (in place)", want, d_idx, sizeof(int32_t) * n);
-    expect_bytes_dev("expert_select counts", cw, d_c, sizeof cw);
-    int64_t total = 0;
-    bool uneven = false;
-    for (int e = 0; e < 6; e++) total += cw[e], uneven = uneven || cw[e] != cw[0];
-    expect_true("expert_select selects some, not all, unevenly", total > 0 && total < (int64_t)n && uneven,
-                "0 < count < n, counts not all equal");
+    int64_t *d_c = dup_to_dev(cg, sizeof(int64_t) * count);
+    G->op.expert_select(G->ctx, d_idx, d_idx, n, e0, count, d_c);
+    char what[128];
+    snprintf(what, sizeof what, "expert_select n=%zu experts %d..%d (in place)", n, e0, e0 + count - 1);
+    expect_bytes_dev(what, want, d_idx, sizeof(int32_t) * n);
+    snprintf(what, sizeof what, "expert_select n=%zu experts %d..%d counts", n, e0, e0 + count - 1);
+    expect_bytes_dev(what, cw, d_c, sizeof(int64_t) * count);
+    if (n > 0) {
+        int64_t total = 0;
+        bool uneven = false;
+        for (int e = 0; e < count; e++) total += cw[e], uneven = uneven || cw[e] != cw[0];
+        snprintf(what, sizeof what, "expert_select n=%zu selects some, not all, unevenly", n);
+        expect_true(what, total > 0 && total < (int64_t)n && uneven, "0 < count < n, counts not all equal");
+    }
     free(idx);
     free(want);
+    free(cw);
+    free(cg);
     dfree(d_idx);
     dfree(d_c);
+}
+
+static void test_expert_select(void)
+{
+    expert_select_case(70001, 100, 1500, 1700); /* quick: many blocks, two rounds of experts */
+    if (quick) return;
+    expert_select_case(1000, 4, 6, 16);     /* one block */
+    expert_select_case(70001, 4, 6, 16);    /* many blocks */
+    expert_select_case(0, 4, 6, 16);        /* no slots: counts zero */
+    expert_select_case(1000, 100, 1500, 1700); /* one block, two rounds */
 }
 
 /* expert_bias_update: the same biases after steps of loads above, below and at the mean
