@@ -1823,9 +1823,9 @@ static void test_expert_select(void)
 {
     expert_select_case(70001, 100, 1500, 1700); /* quick: many blocks, two rounds of experts */
     if (quick) return;
-    expert_select_case(1000, 4, 6, 16);     /* one block */
-    expert_select_case(70001, 4, 6, 16);    /* many blocks */
-    expert_select_case(0, 4, 6, 16);        /* no slots: counts zero */
+    expert_select_case(1000, 4, 6, 16);        /* one block */
+    expert_select_case(70001, 4, 6, 16);       /* many blocks */
+    expert_select_case(0, 4, 6, 16);           /* no slots: counts zero */
     expert_select_case(1000, 100, 1500, 1700); /* one block, two rounds */
 }
 
