@@ -98,6 +98,18 @@ static void qdq_load(mt_cuda_ctx *c, float *out, struct mt_tensor x, bool tr, in
     MT_CUDA_LAUNCHED();
 }
 
+// Element i of qdq_load's out (the batch load of the grouped GEMM's operands, a thread an
+// element; a group's operands are small there).
+template <typename T>
+__device__ __forceinline__ void qdq_load_elem(int64_t i, float *out, const T *x, int64_t R, int64_t C, int transpose,
+                                              int64_t rows_pad)
+{
+    const int64_t qr = transpose ? C : R, qc = transpose ? R : C;
+    if (i >= rows_pad * qc) return;
+    const int64_t r = i / qc, c = i % qc;
+    out[i] = r >= qr ? 0.0f : mt_ld(x, (size_t)(transpose ? c * C + r : i));
+}
+
 // Delayed scaling's record: *dst = max(*dst, *amax), a NaN amax recorded (cpu_qdq.c).
 __global__ static void qdq_record_amax_kernel(float *dst, const float *amax)
 {
@@ -541,6 +553,7 @@ struct qgemm_operand {
     const void *scales;   // the arranged block scales, or the scalar decode scale
     int32_t mode;         // cublasLtMatmulMatrixScale_t
     char *own;            // scratch of the allocator, freed after the matmul
+    float *staging;       // the fp32 staging of x (the scratch's start)
 };
 
 // Quantises x (R, C) under s as `rows` rows of k (x transposed when tr), k padded to
@@ -548,9 +561,12 @@ struct qgemm_operand {
 // blockwise as UE8M0 off Hopper), else the codes (rows, k) and the quantiser's own
 // scales as they are (the grouped GEMM below reads those; kpad must be k). s->saved:
 // the copy save made of x, read instead of quantising x (qgemm_read_saved; no amax
-// recorded, x's data not read).
+// recorded, x's data not read). batch (with lt false and no saved copy): the operand
+// laid out and its scratch placed, nothing queued; the caller quantises it with the
+// other groups' (qgg_quantise_batch).
 static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s,
-                                    struct mt_tensor x, bool tr, int64_t rows, int64_t kpad, bool lt)
+                                    struct mt_tensor x, bool tr, int64_t rows, int64_t kpad, bool lt,
+                                    bool batch = false)
 {
     const int64_t k = tr ? x.rows : x.cols;
     const bool one_d = s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_MX || s->scaling == MT_Q_NVFP4;
@@ -606,8 +622,9 @@ static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struc
     else o.q.scale = (float *)(ws + at_scale);
     float *scalars = (float *)(ws + at_scalars);
     o.q.global = scalars + 2;
+    o.staging = (float *)ws;
     if (s->saved) qgemm_read_saved(c, s, x, tr, &o.q);
-    else qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
+    else if (!batch) qdq_quantise(c, "quantised gemm", s, x, tr, (float *)ws, &o.q, scalars);
     if (!lt) {
         o.scales = o.q.scale ? (const void *)o.q.scale : (const void *)o.q.scale8;
     } else if (tensor) {
@@ -916,6 +933,88 @@ __global__ static void __launch_bounds__(QGG_TILE *QGG_TILE) qgg_kernel(const __
     mt_st(cp, e, args.beta == 0.0f ? v : __fadd_rn(__fmul_rn(args.beta, mt_ld(cp, e)), v));
 }
 
+// The groups' operands of one side quantised together, one launch a step whatever the
+// number of groups (the routed experts' GEMMs are launch-bound; doc/fp8.md "The grouped
+// expert GEMM"): every group's x loaded into its staging (qgg_load_kernel), their
+// amaxes where the recipe needs them (mt_cuda_q_batch_amax), then every group's codes
+// and scales and delayed scaling's records (mt_cuda_q_batch_quantise, the scale of
+// current scaling computed there from the group's amax): exactly what qgemm_quantise
+// writes for each (the same per-element code of cuda_quant.cu), into the same scratch.
+// Per group, as qgemm_quantise does it, where the batch cannot serve: NVFP4 (its
+// per-tensor scale from the amax, the Hadamard transform, a shard's random bits by its
+// place), a saved copy read back, groups of different source dtypes or MXFP8 block
+// directions.
+struct qgg_load {
+    const void *x; // (R, C), as it is or transposed (rows of the load: C or R)
+    float *w;      // the staging, (rows, the other extent)
+    int64_t R, C, rows;
+};
+struct qgg_load_args {
+    int tr;
+    qgg_load g[QGG_MAX];
+};
+
+// qdq_load_kernel for every group, the group blockIdx.y.
+template <typename T>
+__global__ static void qgg_load_kernel(const __grid_constant__ qgg_load_args a)
+{
+    const qgg_load &g = a.g[blockIdx.y];
+    qdq_load_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, g.w, (const T *)g.x, g.R, g.C, a.tr, g.rows);
+}
+
+static bool qgg_batches(const struct mt_quant_spec *s, const struct mt_tensor *x, int n)
+{
+    if (mt_q_is_nvfp4(s[0].scaling)) return false;
+    for (int i = 0; i < n; i++)
+        if (s[i].saved || x[i].dtype != x[0].dtype || (s[0].scaling == MT_Q_MX && s[i].along != s[0].along))
+            return false;
+    return true;
+}
+
+// The n groups' operands x[i] under s[i] (x transposed when tr) as rows[i] rows of k[i]
+// into held (the grouped kernel's operands: lt false), in one batch where it serves,
+// else each as qgemm_quantise does it.
+static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s, const struct mt_tensor *x,
+                         int n, bool tr, const int64_t *rows, const int64_t *k, std::vector<qgemm_operand> &held)
+{
+    if (!qgg_batches(s, x, n)) {
+        for (int i = 0; i < n; i++) held.push_back(qgemm_quantise(c, arg, &s[i], x[i], tr, rows[i], k[i], false));
+        return;
+    }
+    struct mt_err err = {};
+    static thread_local mt_cuda_q_batch b; // 10 KiB: off the stack
+    static thread_local qgg_load_args la;
+    b = mt_cuda_q_batch{};
+    la = qgg_load_args{};
+    b.n = n;
+    b.scaling = s[0].scaling, b.elem = s[0].elem;
+    int64_t most = 0;
+    for (int i = 0; i < n; i++) {
+        qdq_check_shard("quantised gemm", &s[i], x[i].rows, x[i].cols);
+        const qgemm_operand &o = held.emplace_back(qgemm_quantise(c, arg, &s[i], x[i], tr, rows[i], k[i], false, true));
+        if (i == 0) b.along = o.q.along;
+        la.g[i] = qgg_load{x[i].data, o.staging, x[i].rows, x[i].cols, o.q.rows};
+        most = o.q.rows * o.q.cols > most ? o.q.rows * o.q.cols : most;
+        mt_cuda_q_item &t = b.t[i];
+        t.x = o.staging, t.ld = o.q.cols, t.q = o.q;
+        t.record = s[i].amax;
+        t.scale = s[i].scaling == MT_Q_TENSOR ? s[i].scale : nullptr;
+        t.tensor_amax = s[i].tensor_amax;
+        t.margin = s[i].margin, t.rnd = s[i].rnd, t.seed = s[i].seed, t.stream_id = s[i].stream;
+    }
+    la.tr = tr;
+    mt_with_elem(x[0].dtype, [&](auto tag) {
+        MT_LAUNCH(dim3(mt_cdiv((size_t)most, QDQ_THREADS), (unsigned)n), QDQ_THREADS, 0, c->stream,
+                  qgg_load_kernel<MT_ELEM(tag)>)(la);
+    });
+    MT_CUDA_LAUNCHED();
+    b.amax = (float *)mt_cuda_scratch(c, sizeof(float) * (size_t)n);
+    if (mt_cuda_q_batch_needs_amax(&b) && mt_cuda_q_batch_amax(&b, c->stream, &err))
+        qdq_fail("grouped quantised gemm", "amax", &err);
+    if (mt_cuda_q_batch_quantise(&b, 1, c->stream, &err)) qdq_fail("grouped quantised gemm", "quantise", &err);
+    mt_cuda_scratch_free(c, b.amax);
+}
+
 // What the grouped kernel reads of an operand qgemm_quantise made (lt false).
 static qgg_operand qgg_of(const qgemm_operand &o)
 {
@@ -938,8 +1037,8 @@ extern "C" void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans
     for (int g0 = 0; g0 < n; g0 += QGG_MAX) {
         const int ng = n - g0 < QGG_MAX ? n - g0 : QGG_MAX;
         qgg_args args = {};
-        std::vector<qgemm_operand> held;
-        int64_t tiles = 0;
+        std::vector<qgemm_operand> held_b, held_a;
+        int64_t tiles = 0, rows_a[QGG_MAX], rows_b[QGG_MAX], ks[QGG_MAX];
         enum mt_dtype ct = cc[g0].dtype;
         for (int i = g0; i < g0 + ng; i++) {
             mt_cuda_tensor_check("grouped quantised gemm", "a", a[i], true);
@@ -967,16 +1066,16 @@ extern "C" void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans
                          i, (long long)m, (long long)nn, (long long)k);
                 mt_cuda_fatal(__FILE__, __LINE__, "grouped quantised gemm", msg);
             }
-            // b's quantisation (n, k), then a's (m, k), as mt_cuda_qgemm orders them
-            held.push_back(qgemm_quantise(c, "b", &sb[i], b[i], !trans_b, nn, k, false));
-            held.push_back(qgemm_quantise(c, "a", &sa[i], a[i], trans_a, m, k, false));
+            rows_a[i - g0] = m, rows_b[i - g0] = nn, ks[i - g0] = k;
             qgg_group &G = args.g[i - g0];
-            G.b = qgg_of(held[held.size() - 2]);
-            G.a = qgg_of(held.back());
             G.c = cc[i].data;
             G.m = m, G.n = nn, G.k = k, G.ldc = cc[i].ld, G.tile0 = tiles;
             tiles += (m + QGG_TILE - 1) / QGG_TILE * ((nn + QGG_TILE - 1) / QGG_TILE);
         }
+        // b's quantisations (n, k), then a's (m, k), as mt_cuda_qgemm orders them
+        qgg_quantise(c, "b", sb + g0, b + g0, ng, !trans_b, rows_b, ks, held_b);
+        qgg_quantise(c, "a", sa + g0, a + g0, ng, trans_a, rows_a, ks, held_a);
+        for (int i = 0; i < ng; i++) args.g[i].b = qgg_of(held_b[(size_t)i]), args.g[i].a = qgg_of(held_a[(size_t)i]);
         args.n = ng;
         args.sa = sa[g0].scaling, args.sb = sb[g0].scaling;
         args.ea = sa[g0].elem, args.eb = sb[g0].elem;
@@ -988,8 +1087,9 @@ extern "C" void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans
         MT_CUDA_LAUNCHED();
         c->lowp.grouped++;
         c->lowp.groups += ng;
-        for (const qgemm_operand &o : held)
-            if (o.own) mt_cuda_scratch_free(c, o.own);
+        for (const std::vector<qgemm_operand> *h : {&held_b, &held_a})
+            for (const qgemm_operand &o : *h)
+                if (o.own) mt_cuda_scratch_free(c, o.own);
     }
 }
 

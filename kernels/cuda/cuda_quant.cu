@@ -60,6 +60,13 @@ static int q_launched(const char *kernel, struct mt_err *err)
 
 static unsigned q_cdiv(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
 
+// The blocks of an amax launch over n elements (a grid-stride loop beyond).
+static unsigned q_amax_blocks(int64_t n)
+{
+    const unsigned blocks = q_cdiv(n, MT_Q_THREADS);
+    return blocks > MT_Q_AMAX_MAX_BLOCKS ? MT_Q_AMAX_MAX_BLOCKS : blocks;
+}
+
 // ---------------------------------------------------------------- layout
 
 extern "C" int mt_cuda_qtensor_layout(struct mt_cuda_qtensor *q, enum mt_q_scaling scaling, enum mt_q_elem elem,
@@ -121,15 +128,23 @@ static int q_check(const struct mt_cuda_qtensor *q, enum mt_q_scaling a, enum mt
 
 // ---------------------------------------------------------------- amax
 
+// A block's part of x's amax, its threads' elements i, i + stride, ... from the first
+// ones: max-ed into *amax (zero before the first block).
+__device__ __forceinline__ void q_amax_part(uint32_t *amax, const float *x, int64_t rows, int64_t cols, int64_t ld,
+                                            int64_t first, int64_t stride, uint32_t *scratch)
+{
+    const int64_t n = rows * cols;
+    uint32_t m = 0;
+    for (int64_t i = first; i < n; i += stride) m = q_umax(m, q_mag_bits(x[(i / cols) * ld + i % cols]));
+    m = q_block_umax(m, scratch);
+    if (threadIdx.x == 0) atomicMax(amax, m);
+}
+
 __global__ static void q_amax_kernel(uint32_t *amax, const float *x, int64_t rows, int64_t cols, int64_t ld)
 {
     MT_SHARED(uint32_t, scratch, [32]);
-    const int64_t n = rows * cols, stride = (int64_t)gridDim.x * blockDim.x;
-    uint32_t m = 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        m = q_umax(m, q_mag_bits(x[(i / cols) * ld + i % cols]));
-    m = q_block_umax(m, scratch);
-    if (threadIdx.x == 0) atomicMax(amax, m);
+    q_amax_part(amax, x, rows, cols, ld, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                (int64_t)gridDim.x * blockDim.x, scratch);
 }
 
 extern "C" int mt_cuda_q_amax(float *amax, const float *x, int64_t rows, int64_t cols, int64_t ld,
@@ -141,9 +156,7 @@ extern "C" int mt_cuda_q_amax(float *amax, const float *x, int64_t rows, int64_t
     cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
     if (e != cudaSuccess)
         return mt_err_set(err, MT_ERUNTIME, "mt_cuda_q_amax: cudaMemsetAsync: %s", cudaGetErrorString(e));
-    unsigned blocks = q_cdiv(rows * cols, MT_Q_THREADS);
-    if (blocks > MT_Q_AMAX_MAX_BLOCKS) blocks = MT_Q_AMAX_MAX_BLOCKS;
-    MT_LAUNCH(blocks, MT_Q_THREADS, 0, stream, q_amax_kernel)((uint32_t *)amax, x, rows, cols, ld);
+    MT_LAUNCH(q_amax_blocks(rows * cols), MT_Q_THREADS, 0, stream, q_amax_kernel)((uint32_t *)amax, x, rows, cols, ld);
     return q_launched("q_amax_kernel", err);
 }
 
@@ -163,17 +176,25 @@ extern "C" int mt_cuda_q_tensor_scale(float *scale, const float *amax, float fma
     return q_launched("q_tensor_scale_kernel", err);
 }
 
-__global__ static void q_tensorwise_kernel(uint8_t *data, float *dscale, const float *x, int64_t rows, int64_t cols,
-                                           int64_t ld, const float *scale, enum mt_q_elem elem, enum mt_q_round rnd,
-                                           uint64_t seed, uint32_t stream_id)
+// Element i of a tensorwise quantisation with encode scale s (element 0 writes the
+// decode scale).
+__device__ __forceinline__ void q_tensorwise_elem(int64_t i, uint8_t *data, float *dscale, const float *x,
+                                                  int64_t rows, int64_t cols, int64_t ld, float s, enum mt_q_elem elem,
+                                                  enum mt_q_round rnd, uint64_t seed, uint32_t stream_id)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const float s = *scale;
     if (i == 0) *dscale = __fdiv_rn(1.0f, s);
     if (i >= rows * cols) return;
     const int64_t r = i / cols, c = i % cols;
     const uint32_t rb = rnd == MT_Q_SR ? mt_q_random_byte(seed, stream_id, (uint64_t)i) : 0;
     data[i] = q_fp8(__fmul_rn(x[r * ld + c], s), elem, rnd, rb);
+}
+
+__global__ static void q_tensorwise_kernel(uint8_t *data, float *dscale, const float *x, int64_t rows, int64_t cols,
+                                           int64_t ld, const float *scale, enum mt_q_elem elem, enum mt_q_round rnd,
+                                           uint64_t seed, uint32_t stream_id)
+{
+    q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, data, dscale, x, rows, cols, ld, *scale, elem,
+                      rnd, seed, stream_id);
 }
 
 extern "C" int mt_cuda_quant_tensorwise(const struct mt_cuda_qtensor *q, const float *x, int64_t ld,
@@ -240,15 +261,13 @@ extern "C" int mt_cuda_amax_history_update(struct mt_cuda_amax_history *h, const
 
 // ---------------------------------------------------------------- blockwise
 
-// One thread block of 128 threads per tile or block; thread t owns column c0 + t of it
-// (of each of its rows for 128 x 128).
-__global__ static void __launch_bounds__(128) q_blockwise_kernel(uint8_t *data, float *dscale, const float *x,
-                                                                 int64_t rows, int64_t cols, int64_t ld,
-                                                                 int64_t scols, int bh, enum mt_q_elem elem,
-                                                                 int pow2)
+// One thread block of 128 threads per tile or block (bc, br); thread t owns column
+// c0 + t of it (of each of its rows for 128 x 128).
+__device__ __forceinline__ void q_blockwise_block(int64_t bc, int64_t br, uint8_t *data, float *dscale,
+                                                  const float *x, int64_t rows, int64_t cols, int64_t ld,
+                                                  int64_t scols, int bh, enum mt_q_elem elem, int pow2,
+                                                  uint32_t *scratch)
 {
-    MT_SHARED(uint32_t, scratch, [32]);
-    const int64_t bc = blockIdx.x, br = blockIdx.y;
     const int64_t r0 = br * bh, r1 = r0 + bh < rows ? r0 + bh : rows;
     const int64_t c = bc * 128 + threadIdx.x;
     const bool in = c < cols;
@@ -260,6 +279,15 @@ __global__ static void __launch_bounds__(128) q_blockwise_kernel(uint8_t *data, 
     if (in)
         for (int64_t r = r0; r < r1; r++) data[r * cols + c] = q_fp8(__fmul_rn(x[r * ld + c], s), elem, MT_Q_RN, 0);
     if (threadIdx.x == 0) dscale[br * scols + bc] = __fdiv_rn(1.0f, s);
+}
+
+__global__ static void __launch_bounds__(128) q_blockwise_kernel(uint8_t *data, float *dscale, const float *x,
+                                                                 int64_t rows, int64_t cols, int64_t ld,
+                                                                 int64_t scols, int bh, enum mt_q_elem elem,
+                                                                 int pow2)
+{
+    MT_SHARED(uint32_t, scratch, [32]);
+    q_blockwise_block(blockIdx.x, blockIdx.y, data, dscale, x, rows, cols, ld, scols, bh, elem, pow2, scratch);
 }
 
 extern "C" int mt_cuda_quant_blockwise(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, int pow2,
@@ -278,11 +306,10 @@ extern "C" int mt_cuda_quant_blockwise(const struct mt_cuda_qtensor *q, const fl
 
 // ---------------------------------------------------------------- MXFP8
 
-// Along the row: one warp per block of 32, lane l owns column c0 + l.
-__global__ static void q_mx_rows_kernel(uint8_t *data, uint8_t *scale8, const float *x, int64_t rows, int64_t cols,
-                                        int64_t ld, int64_t scols)
+// Along the row: one warp per block of 32 (the w-th), lane l owns column c0 + l.
+__device__ __forceinline__ void q_mx_rows_warp(int64_t w, uint8_t *data, uint8_t *scale8, const float *x,
+                                               int64_t rows, int64_t cols, int64_t ld, int64_t scols)
 {
-    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (w >= rows * scols) return; // whole warps: blockDim.x is a multiple of 32
     const int64_t r = w / scols, sc = w % scols, c = sc * 32 + lane;
@@ -293,12 +320,17 @@ __global__ static void q_mx_rows_kernel(uint8_t *data, uint8_t *scale8, const fl
     if (lane == 0) scale8[r * scols + sc] = s;
 }
 
-// Along the column: one thread per block of 32 rows of one column, neighbouring
-// threads on neighbouring columns (coalesced).
-__global__ static void q_mx_cols_kernel(uint8_t *data, uint8_t *scale8, const float *x, int64_t rows, int64_t cols,
-                                        int64_t ld)
+__global__ static void q_mx_rows_kernel(uint8_t *data, uint8_t *scale8, const float *x, int64_t rows, int64_t cols,
+                                        int64_t ld, int64_t scols)
 {
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, sr = blockIdx.y;
+    q_mx_rows_warp(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, data, scale8, x, rows, cols, ld, scols);
+}
+
+// Along the column: one thread per block of 32 rows (the sr-th) of column c,
+// neighbouring threads on neighbouring columns (coalesced).
+__device__ __forceinline__ void q_mx_cols_thread(int64_t c, int64_t sr, uint8_t *data, uint8_t *scale8,
+                                                 const float *x, int64_t rows, int64_t cols, int64_t ld)
+{
     if (c >= cols) return;
     const int64_t r0 = sr * 32, r1 = r0 + 32 < rows ? r0 + 32 : rows;
     uint32_t m = 0;
@@ -307,6 +339,12 @@ __global__ static void q_mx_cols_kernel(uint8_t *data, uint8_t *scale8, const fl
     const float e = mt_q_mx_element_scale(s);
     for (int64_t r = r0; r < r1; r++) data[r * cols + c] = mt_e4m3_from_float(__fmul_rn(x[r * ld + c], e), 1, MT_Q_RN, 0);
     scale8[sr * cols + c] = s;
+}
+
+__global__ static void q_mx_cols_kernel(uint8_t *data, uint8_t *scale8, const float *x, int64_t rows, int64_t cols,
+                                        int64_t ld)
+{
+    q_mx_cols_thread((int64_t)blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y, data, scale8, x, rows, cols, ld);
 }
 
 extern "C" int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, cudaStream_t stream,
@@ -325,6 +363,140 @@ extern "C" int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float 
     MT_LAUNCH(dim3(q_cdiv(q->cols, 128), (unsigned)q->srows), 128, 0, stream, q_mx_cols_kernel)(
         q->data, q->scale8, x, q->rows, q->cols, ld);
     return q_launched("q_mx_cols_kernel", err);
+}
+
+// ---------------------------------------------------------------- batches
+//
+// The quantisers above over a batch of tensors (struct mt_cuda_q_batch), the batch's
+// tensor blockIdx.z (blockIdx.y for the amax): the same per-element, per-block and
+// per-warp code as one tensor's launch, over a grid as large as the largest tensor's,
+// the blocks past a smaller tensor's end doing nothing.
+
+__global__ static void q_batch_amax_kernel(const __grid_constant__ mt_cuda_q_batch b)
+{
+    MT_SHARED(uint32_t, scratch, [32]);
+    const mt_cuda_q_item &t = b.t[blockIdx.y];
+    q_amax_part((uint32_t *)&b.amax[blockIdx.y], t.x, t.q.rows, t.q.cols, t.ld,
+                (int64_t)blockIdx.x * blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x, scratch);
+}
+
+// Delayed scaling's records, one tensor after the other (a tensor's record may be
+// another's), as qdq's record of each makes them: a NaN amax recorded.
+__device__ __forceinline__ void q_batch_record(const mt_cuda_q_batch &b)
+{
+    for (int i = 0; i < b.n; i++)
+        if (b.t[i].record) {
+            const float a = b.amax[i];
+            if (!(a <= *b.t[i].record)) *b.t[i].record = a;
+        }
+}
+
+__global__ static void __launch_bounds__(MT_Q_THREADS) q_batch_quantise_kernel(const __grid_constant__ mt_cuda_q_batch b,
+                                                                               int pow2)
+{
+    MT_SHARED(uint32_t, scratch, [32]);
+    const int g = blockIdx.z;
+    const mt_cuda_q_item &t = b.t[g];
+    const mt_cuda_qtensor &q = t.q;
+    if (g == 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) q_batch_record(b);
+    switch (b.scaling) {
+    case MT_Q_TENSOR: {
+        const float fmax = b.elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
+        const float s = t.scale ? *t.scale
+                                : mt_q_tensor_scale(t.tensor_amax ? *t.tensor_amax : b.amax[g], fmax, t.margin);
+        q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale, t.x, q.rows, q.cols, t.ld,
+                          s, b.elem, t.rnd, t.seed, t.stream_id);
+        break;
+    }
+    case MT_Q_BLOCK_1X128:
+    case MT_Q_BLOCK_128X128:
+        // 128 threads a tile or block, as q_blockwise_kernel
+        if (blockIdx.x >= q.scols || blockIdx.y >= q.srows) return;
+        q_blockwise_block(blockIdx.x, blockIdx.y, q.data, q.scale, t.x, q.rows, q.cols, t.ld, q.scols,
+                          b.scaling == MT_Q_BLOCK_1X128 ? 1 : 128, b.elem, pow2, scratch);
+        break;
+    case MT_Q_MX:
+        if (b.along == MT_Q_ALONG_ROW)
+            q_mx_rows_warp(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, q.data, q.scale8, t.x, q.rows,
+                           q.cols, t.ld, q.scols);
+        else if (blockIdx.y < q.srows) // 128 threads a block, as q_mx_cols_kernel
+            q_mx_cols_thread((int64_t)blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y, q.data, q.scale8, t.x,
+                             q.rows, q.cols, t.ld);
+        break;
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D: break; // refused on the host
+    }
+}
+
+static int q_batch_check(const struct mt_cuda_q_batch *b, const char *fn, struct mt_err *err)
+{
+    if (b->n < 1 || b->n > MT_CUDA_Q_BATCH_MAX)
+        return mt_err_set(err, MT_EINVAL, "%s: %d tensors (a batch holds 1 to %d)", fn, b->n, MT_CUDA_Q_BATCH_MAX);
+    if (mt_q_is_nvfp4(b->scaling))
+        return mt_err_set(err, MT_EINVAL, "%s: NVFP4 has no batch (quantise each tensor with mt_cuda_quant_nvfp4)",
+                          fn);
+    if (!b->amax) return mt_err_set(err, MT_EINVAL, "%s: the batch's amax array is not set", fn);
+    for (int i = 0; i < b->n; i++) {
+        const struct mt_cuda_q_item *t = &b->t[i];
+        if (t->q.scaling != b->scaling || t->q.elem != b->elem || (b->scaling == MT_Q_MX && t->q.along != b->along))
+            return mt_err_set(err, MT_EINVAL, "%s: tensor %d was laid out for another scaling, format or block "
+                              "direction than the batch's", fn, i);
+        const int rc = q_check(&t->q, b->scaling, b->scaling, t->ld, fn, err);
+        if (rc) return rc;
+        if (!t->x) return mt_err_set(err, MT_EINVAL, "%s: tensor %d has no input", fn, i);
+        if (t->q.srows > 65535)
+            return mt_err_set(err, MT_EINVAL, "%s: tensor %d's %lld scale rows exceed the grid's 65535", fn, i,
+                              (long long)t->q.srows);
+    }
+    return MT_OK;
+}
+
+extern "C" int mt_cuda_q_batch_needs_amax(const struct mt_cuda_q_batch *b)
+{
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].record || (b->scaling == MT_Q_TENSOR && !b->t[i].scale && !b->t[i].tensor_amax)) return 1;
+    return 0;
+}
+
+extern "C" int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err)
+{
+    int rc = q_batch_check(b, "mt_cuda_q_batch_amax", err);
+    if (rc) return rc;
+    cudaError_t e = cudaMemsetAsync(b->amax, 0, sizeof(float) * (size_t)b->n, stream);
+    if (e != cudaSuccess)
+        return mt_err_set(err, MT_ERUNTIME, "mt_cuda_q_batch_amax: cudaMemsetAsync: %s", cudaGetErrorString(e));
+    int64_t most = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].q.rows * b->t[i].q.cols > most) most = b->t[i].q.rows * b->t[i].q.cols;
+    MT_LAUNCH(dim3(q_amax_blocks(most), (unsigned)b->n), MT_Q_THREADS, 0, stream, q_batch_amax_kernel)(*b);
+    return q_launched("q_batch_amax_kernel", err);
+}
+
+extern "C" int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream,
+                                        struct mt_err *err)
+{
+    int rc = q_batch_check(b, "mt_cuda_q_batch_quantise", err);
+    if (rc) return rc;
+    // the grid of the largest tensor: x, y as one tensor's launch; z the tensor
+    int64_t gx = 1, gy = 1, threads = MT_Q_THREADS;
+    for (int i = 0; i < b->n; i++) {
+        const struct mt_cuda_qtensor *q = &b->t[i].q;
+        int64_t x = 1, y = 1;
+        switch (b->scaling) {
+        case MT_Q_TENSOR: x = q_cdiv(q->rows * q->cols, MT_Q_THREADS); break;
+        case MT_Q_BLOCK_1X128:
+        case MT_Q_BLOCK_128X128: x = q->scols, y = q->srows, threads = 128; break;
+        case MT_Q_MX:
+            if (b->along == MT_Q_ALONG_ROW) x = q_cdiv(q->rows * q->scols * 32, MT_Q_THREADS);
+            else x = q_cdiv(q->cols, 128), y = q->srows, threads = 128;
+            break;
+        default: break;
+        }
+        gx = x > gx ? x : gx, gy = y > gy ? y : gy;
+    }
+    MT_LAUNCH(dim3((unsigned)gx, (unsigned)gy, (unsigned)b->n), (unsigned)threads, 0, stream, q_batch_quantise_kernel)(
+        *b, pow2);
+    return q_launched("q_batch_quantise_kernel", err);
 }
 
 // ---------------------------------------------------------------- NVFP4

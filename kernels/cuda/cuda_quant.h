@@ -112,6 +112,47 @@ int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t
                         uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
                         cudaStream_t stream, struct mt_err *err);
 
+/* A batch of FP8 tensors quantised together, one launch a stage whatever their number
+ * (the routed experts' operands of the grouped quantised GEMM, cuda_qdq.cu): every
+ * tensor of one scaling (tensorwise, blockwise or MXFP8; NVFP4 has no batch), element
+ * format and block direction, each with its own buffers, shape and scale state, each
+ * quantised exactly as its own call of the quantiser above quantises it (the same
+ * codes, scales, amax and records). A tensor of the batch: */
+#define MT_CUDA_Q_BATCH_MAX 64
+struct mt_cuda_q_item {
+    const float *x;           /* (q.rows, q.cols) fp32, row stride ld */
+    int64_t ld;
+    struct mt_cuda_qtensor q; /* its layout and buffers (q.scaling etc. the batch's) */
+    float *record;            /* delayed scaling's amax record: max-ed with its amax, or NULL */
+    const float *scale;       /* tensorwise: the encode scale (delayed), else NULL: current
+                               * scaling's, mt_q_tensor_scale of tensor_amax */
+    const float *tensor_amax; /* current scaling: the amax its scale comes from (the logical
+                               * tensor's), else NULL: its own (mt_cuda_q_batch_amax's) */
+    int margin;
+    enum mt_q_round rnd;      /* tensorwise: stochastic rounding's seed and stream */
+    uint64_t seed;
+    uint32_t stream_id;
+};
+struct mt_cuda_q_batch {
+    int n; /* at most MT_CUDA_Q_BATCH_MAX */
+    enum mt_q_scaling scaling;
+    enum mt_q_elem elem;
+    enum mt_q_dim along;
+    float *amax; /* n device floats: the tensors' own amaxes (mt_cuda_q_batch_amax) */
+    struct mt_cuda_q_item t[MT_CUDA_Q_BATCH_MAX];
+};
+/* Whether the batch needs its tensors' own amaxes: an amax record, or a current scale
+ * without a tensor amax. */
+int mt_cuda_q_batch_needs_amax(const struct mt_cuda_q_batch *b);
+/* b->amax[i] = the amax of tensor i (mt_cuda_q_amax): one memset and one launch. */
+int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err);
+/* Every tensor quantised (mt_cuda_quant_tensorwise with its scale, current scaling's
+ * computed from its amax as mt_cuda_q_tensor_scale does; mt_cuda_quant_blockwise with
+ * pow2; mt_cuda_quant_mxfp8), and the amax records made in the batch's order (as calls
+ * one tensor after the other make them): one launch, after mt_cuda_q_batch_amax where
+ * the batch needs it. */
+int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream, struct mt_err *err);
+
 /* NVFP4's random Hadamard transform, in place: mt_q_rht. */
 int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, uint64_t seed,
                   uint32_t stream_id, cudaStream_t stream, struct mt_err *err);
