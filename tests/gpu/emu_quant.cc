@@ -36,7 +36,9 @@
 //           the routed experts' GEMMs of a use in one launch) against the per-expert loop
 //           of its quantised GEMM, each recipe's forward, dgrad and wgrad: within
 //           (K + 4) 2^-24 sum_k |a_k b_k| (the grouped kernel sums in fp32, the emulated
-//           cuBLASLt exactly), one grouped kernel and fewer launches than the loop.
+//           cuBLASLt exactly), one grouped kernel and fewer launches than the loop;
+//           under the FP8 recipes as many launches for 16 experts as for 4 (the
+//           operands of all the groups quantised in one launch a stage).
 //   saved   the CUDA backend's copies saved for backward (save, saved_bytes): the CPU's
 //           size, the quantised GEMM reading the copy bit for bit the one quantising x,
 //           within the qgemm bound of the CPU backend's GEMM reading its copy.
@@ -1233,7 +1235,8 @@ static void qgemm_case(const struct mt_kernels *gpu, const struct mt_kernels *cp
 // scales' rounding): the grouped kernel sums each block's products in fp32, the emulated
 // cuBLASLt exactly. Delayed scaling's amax records equal; the grouped call one launch of
 // its kernel and no cuBLASLt matmul, and fewer launches than the loop (printed).
-static void qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
+// Returns the grouped call's launches.
+static long long qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, enum use u,
                           const std::vector<int64_t> &rows, int64_t dout, int64_t din, bool bf16, float beta,
                           double *worst)
 {
@@ -1349,6 +1352,7 @@ static void qgrouped_case(const struct mt_kernels *gpu, const struct mt_kernels 
               delayed ? (amax_ok ? ", amaxes recorded as by the loop" : ", amaxes NOT recorded as by the loop") : "",
               kernels, mm, grouped, loop);
     for (void *p : {a.dev, b.dev, dl, dg, (void *)ds}) gpu->op.free(gpu->ctx, p);
+    return grouped;
 }
 
 static void run_qgrouped(bool h100)
@@ -1360,12 +1364,25 @@ static void run_qgrouped(bool h100)
     // experts' tokens not multiples of 4 or 16 (the wgrad's k), one of a single token;
     // a weight with a partial 128-block (din 160) and D rows not a multiple of 4 (dout 30)
     const std::vector<int64_t> rows = {37, 1, 64, 19};
+    // four times the experts: the FP8 recipes' operands are quantised in one launch a
+    // stage for all the groups (cuda_qdq.cu qgg_quantise), so the launches stay those
+    // of four; NVFP4 quantises each group's apart (printed)
+    std::vector<int64_t> rows16;
+    for (int i = 0; i < 4; i++) rows16.insert(rows16.end(), rows.begin(), rows.end());
     double worst = 0;
     for (const enum recipe r : mine)
         for (int u = FWD; u <= WGRAD; u++) {
             const float beta = u == FWD ? 0.0f : 1.0f;
-            qgrouped_case(gpu, cpu, r, (enum use)u, rows, 64, 160, false, beta, &worst);
+            const long long l4 = qgrouped_case(gpu, cpu, r, (enum use)u, rows, 64, 160, false, beta, &worst);
             qgrouped_case(gpu, cpu, r, (enum use)u, rows, 30, 64, true, beta, &worst);
+            const long long l16 = qgrouped_case(gpu, cpu, r, (enum use)u, rows16, 30, 64, false, beta, &worst);
+            if (r == NVFP4)
+                printf("note grouped quantised gemm nvfp4 %s: %lld launches for 4 experts, %lld for 16 (each "
+                       "group's operands quantised apart)\n", use_name[u], l4, l16);
+            else
+                emu_check(l4 == l16, "grouped quantised gemm %s %s: %lld launches for 4 experts, %lld for 16 (want "
+                          "the same: one launch a quantisation stage for all the groups)", recipe_name[r],
+                          use_name[u], l4, l16);
         }
     printf("largest |grouped - loop| / sum|ab| of an fp32 c: %.3g\n", worst);
     cuda_backend_done();
