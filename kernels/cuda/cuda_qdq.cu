@@ -935,15 +935,16 @@ __global__ static void __launch_bounds__(QGG_TILE *QGG_TILE) qgg_kernel(const __
 
 // The groups' operands of one side quantised together, one launch a step whatever the
 // number of groups (the routed experts' GEMMs are launch-bound; doc/fp8.md "The grouped
-// expert GEMM"): every group's x loaded into its staging (qgg_load_kernel), their
-// amaxes where the recipe needs them (mt_cuda_q_batch_amax), then every group's codes
-// and scales and delayed scaling's records (mt_cuda_q_batch_quantise, the scale of
-// current scaling computed there from the group's amax): exactly what qgemm_quantise
-// writes for each (the same per-element code of cuda_quant.cu), into the same scratch.
-// Per group, as qgemm_quantise does it, where the batch cannot serve: NVFP4 (its
-// per-tensor scale from the amax, the Hadamard transform, a shard's random bits by its
-// place), a saved copy read back, groups of different source dtypes or MXFP8 block
-// directions.
+// expert GEMM"): every group's x loaded into its staging (qgg_load_kernel), NVFP4's
+// Hadamard transforms (mt_cuda_q_batch_rht), their amaxes where the recipe needs them
+// (mt_cuda_q_batch_amax), then every group's codes and scales and delayed scaling's
+// records (mt_cuda_q_batch_quantise: current scaling's scale and NVFP4's per-tensor
+// scale computed there from the group's amax, a shard's joined with its tensor amax):
+// exactly what qgemm_quantise writes for each (the same device code of cuda_quant.cu),
+// into the same scratch. Per group, as qgemm_quantise does it, where the batch cannot
+// serve: a saved copy read back (its codes are there already), groups of different
+// source dtypes or MXFP8 block directions (one launch loads one dtype, quantises in one
+// direction).
 struct qgg_load {
     const void *x; // (R, C), as it is or transposed (rows of the load: C or R)
     float *w;      // the staging, (rows, the other extent)
@@ -964,7 +965,6 @@ __global__ static void qgg_load_kernel(const __grid_constant__ qgg_load_args a)
 
 static bool qgg_batches(const struct mt_quant_spec *s, const struct mt_tensor *x, int n)
 {
-    if (mt_q_is_nvfp4(s[0].scaling)) return false;
     for (int i = 0; i < n; i++)
         if (s[i].saved || x[i].dtype != x[0].dtype || (s[0].scaling == MT_Q_MX && s[i].along != s[0].along))
             return false;
@@ -990,7 +990,7 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
     b.scaling = s[0].scaling, b.elem = s[0].elem;
     int64_t most = 0;
     for (int i = 0; i < n; i++) {
-        qdq_check_shard("quantised gemm", &s[i], x[i].rows, x[i].cols);
+        const bool shard = qdq_check_shard("quantised gemm", &s[i], x[i].rows, x[i].cols);
         const qgemm_operand &o = held.emplace_back(qgemm_quantise(c, arg, &s[i], x[i], tr, rows[i], k[i], false, true));
         if (i == 0) b.along = o.q.along;
         la.g[i] = qgg_load{x[i].data, o.staging, x[i].rows, x[i].cols, o.q.rows};
@@ -1001,6 +1001,15 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
         t.scale = s[i].scaling == MT_Q_TENSOR ? s[i].scale : nullptr;
         t.tensor_amax = s[i].tensor_amax;
         t.margin = s[i].margin, t.rnd = s[i].rnd, t.seed = s[i].seed, t.stream_id = s[i].stream;
+        // NVFP4: its place in what is quantised (qdq_quantise's), its Hadamard transform
+        // along x's columns (the rows of its transpose)
+        t.place = !shard ? mt_cuda_q_place{0, 0, o.q.cols, nullptr}
+                  : tr   ? mt_cuda_q_place{s[i].col0, s[i].row0, s[i].lrows, nullptr}
+                         : mt_cuda_q_place{s[i].row0, s[i].col0, s[i].lcols, nullptr};
+        if (s[i].rht && x[i].rows >= 16) {
+            t.rht = 1 + (tr ? MT_Q_ALONG_ROW : MT_Q_ALONG_COL);
+            t.rht_signs = mt_q_hadamard_signs(s[i].seed, s[i].rht_stream);
+        }
     }
     la.tr = tr;
     mt_with_elem(x[0].dtype, [&](auto tag) {
@@ -1009,6 +1018,7 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
     });
     MT_CUDA_LAUNCHED();
     b.amax = (float *)mt_cuda_scratch(c, sizeof(float) * (size_t)n);
+    if (mt_cuda_q_batch_rht(&b, c->stream, &err)) qdq_fail("grouped quantised gemm", "Hadamard transform", &err);
     if (mt_cuda_q_batch_needs_amax(&b) && mt_cuda_q_batch_amax(&b, c->stream, &err))
         qdq_fail("grouped quantised gemm", "amax", &err);
     if (mt_cuda_q_batch_quantise(&b, 1, c->stream, &err)) qdq_fail("grouped quantised gemm", "quantise", &err);

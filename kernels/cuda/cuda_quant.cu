@@ -365,155 +365,23 @@ extern "C" int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float 
     return q_launched("q_mx_cols_kernel", err);
 }
 
-// ---------------------------------------------------------------- batches
-//
-// The quantisers above over a batch of tensors (struct mt_cuda_q_batch), the batch's
-// tensor blockIdx.z (blockIdx.y for the amax): the same per-element, per-block and
-// per-warp code as one tensor's launch, over a grid as large as the largest tensor's,
-// the blocks past a smaller tensor's end doing nothing.
-
-__global__ static void q_batch_amax_kernel(const __grid_constant__ mt_cuda_q_batch b)
-{
-    MT_SHARED(uint32_t, scratch, [32]);
-    const mt_cuda_q_item &t = b.t[blockIdx.y];
-    q_amax_part((uint32_t *)&b.amax[blockIdx.y], t.x, t.q.rows, t.q.cols, t.ld,
-                (int64_t)blockIdx.x * blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x, scratch);
-}
-
-// Delayed scaling's records, one tensor after the other (a tensor's record may be
-// another's), as qdq's record of each makes them: a NaN amax recorded.
-__device__ __forceinline__ void q_batch_record(const mt_cuda_q_batch &b)
-{
-    for (int i = 0; i < b.n; i++)
-        if (b.t[i].record) {
-            const float a = b.amax[i];
-            if (!(a <= *b.t[i].record)) *b.t[i].record = a;
-        }
-}
-
-__global__ static void __launch_bounds__(MT_Q_THREADS) q_batch_quantise_kernel(const __grid_constant__ mt_cuda_q_batch b,
-                                                                               int pow2)
-{
-    MT_SHARED(uint32_t, scratch, [32]);
-    const int g = blockIdx.z;
-    const mt_cuda_q_item &t = b.t[g];
-    const mt_cuda_qtensor &q = t.q;
-    if (g == 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) q_batch_record(b);
-    switch (b.scaling) {
-    case MT_Q_TENSOR: {
-        const float fmax = b.elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
-        const float s = t.scale ? *t.scale
-                                : mt_q_tensor_scale(t.tensor_amax ? *t.tensor_amax : b.amax[g], fmax, t.margin);
-        q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale, t.x, q.rows, q.cols, t.ld,
-                          s, b.elem, t.rnd, t.seed, t.stream_id);
-        break;
-    }
-    case MT_Q_BLOCK_1X128:
-    case MT_Q_BLOCK_128X128:
-        // 128 threads a tile or block, as q_blockwise_kernel
-        if (blockIdx.x >= q.scols || blockIdx.y >= q.srows) return;
-        q_blockwise_block(blockIdx.x, blockIdx.y, q.data, q.scale, t.x, q.rows, q.cols, t.ld, q.scols,
-                          b.scaling == MT_Q_BLOCK_1X128 ? 1 : 128, b.elem, pow2, scratch);
-        break;
-    case MT_Q_MX:
-        if (b.along == MT_Q_ALONG_ROW)
-            q_mx_rows_warp(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, q.data, q.scale8, t.x, q.rows,
-                           q.cols, t.ld, q.scols);
-        else if (blockIdx.y < q.srows) // 128 threads a block, as q_mx_cols_kernel
-            q_mx_cols_thread((int64_t)blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y, q.data, q.scale8, t.x,
-                             q.rows, q.cols, t.ld);
-        break;
-    case MT_Q_NVFP4:
-    case MT_Q_NVFP4_2D: break; // refused on the host
-    }
-}
-
-static int q_batch_check(const struct mt_cuda_q_batch *b, const char *fn, struct mt_err *err)
-{
-    if (b->n < 1 || b->n > MT_CUDA_Q_BATCH_MAX)
-        return mt_err_set(err, MT_EINVAL, "%s: %d tensors (a batch holds 1 to %d)", fn, b->n, MT_CUDA_Q_BATCH_MAX);
-    if (mt_q_is_nvfp4(b->scaling))
-        return mt_err_set(err, MT_EINVAL, "%s: NVFP4 has no batch (quantise each tensor with mt_cuda_quant_nvfp4)",
-                          fn);
-    if (!b->amax) return mt_err_set(err, MT_EINVAL, "%s: the batch's amax array is not set", fn);
-    for (int i = 0; i < b->n; i++) {
-        const struct mt_cuda_q_item *t = &b->t[i];
-        if (t->q.scaling != b->scaling || t->q.elem != b->elem || (b->scaling == MT_Q_MX && t->q.along != b->along))
-            return mt_err_set(err, MT_EINVAL, "%s: tensor %d was laid out for another scaling, format or block "
-                              "direction than the batch's", fn, i);
-        const int rc = q_check(&t->q, b->scaling, b->scaling, t->ld, fn, err);
-        if (rc) return rc;
-        if (!t->x) return mt_err_set(err, MT_EINVAL, "%s: tensor %d has no input", fn, i);
-        if (t->q.srows > 65535)
-            return mt_err_set(err, MT_EINVAL, "%s: tensor %d's %lld scale rows exceed the grid's 65535", fn, i,
-                              (long long)t->q.srows);
-    }
-    return MT_OK;
-}
-
-extern "C" int mt_cuda_q_batch_needs_amax(const struct mt_cuda_q_batch *b)
-{
-    for (int i = 0; i < b->n; i++)
-        if (b->t[i].record || (b->scaling == MT_Q_TENSOR && !b->t[i].scale && !b->t[i].tensor_amax)) return 1;
-    return 0;
-}
-
-extern "C" int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err)
-{
-    int rc = q_batch_check(b, "mt_cuda_q_batch_amax", err);
-    if (rc) return rc;
-    cudaError_t e = cudaMemsetAsync(b->amax, 0, sizeof(float) * (size_t)b->n, stream);
-    if (e != cudaSuccess)
-        return mt_err_set(err, MT_ERUNTIME, "mt_cuda_q_batch_amax: cudaMemsetAsync: %s", cudaGetErrorString(e));
-    int64_t most = 0;
-    for (int i = 0; i < b->n; i++)
-        if (b->t[i].q.rows * b->t[i].q.cols > most) most = b->t[i].q.rows * b->t[i].q.cols;
-    MT_LAUNCH(dim3(q_amax_blocks(most), (unsigned)b->n), MT_Q_THREADS, 0, stream, q_batch_amax_kernel)(*b);
-    return q_launched("q_batch_amax_kernel", err);
-}
-
-extern "C" int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream,
-                                        struct mt_err *err)
-{
-    int rc = q_batch_check(b, "mt_cuda_q_batch_quantise", err);
-    if (rc) return rc;
-    // the grid of the largest tensor: x, y as one tensor's launch; z the tensor
-    int64_t gx = 1, gy = 1, threads = MT_Q_THREADS;
-    for (int i = 0; i < b->n; i++) {
-        const struct mt_cuda_qtensor *q = &b->t[i].q;
-        int64_t x = 1, y = 1;
-        switch (b->scaling) {
-        case MT_Q_TENSOR: x = q_cdiv(q->rows * q->cols, MT_Q_THREADS); break;
-        case MT_Q_BLOCK_1X128:
-        case MT_Q_BLOCK_128X128: x = q->scols, y = q->srows, threads = 128; break;
-        case MT_Q_MX:
-            if (b->along == MT_Q_ALONG_ROW) x = q_cdiv(q->rows * q->scols * 32, MT_Q_THREADS);
-            else x = q_cdiv(q->cols, 128), y = q->srows, threads = 128;
-            break;
-        default: break;
-        }
-        gx = x > gx ? x : gx, gy = y > gy ? y : gy;
-    }
-    MT_LAUNCH(dim3((unsigned)gx, (unsigned)gy, (unsigned)b->n), (unsigned)threads, 0, stream, q_batch_quantise_kernel)(
-        *b, pow2);
-    return q_launched("q_batch_quantise_kernel", err);
-}
-
 // ---------------------------------------------------------------- NVFP4
 
 // One thread per block: 16 elements of a row, or 16 x 16 (bh = 16), whose 8-byte row
 // pieces it owns whole (blocks start at even columns). *amax holds the tensor's amax.
 // Element (r, c) draws the random byte of index (row0 + r) * icols + col0 + c (its
 // place in the logical tensor, struct mt_cuda_q_place; 0, 0, cols for a whole one).
-__global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const float *amax, const float *x, int64_t rows,
-                                      int64_t cols, int64_t ld, int64_t scols, int bh, enum mt_q_round rnd,
-                                      uint64_t seed, uint32_t stream_id, int64_t row0, int64_t col0, int64_t icols)
+// (Block t of the tensor whose amax is amax.)
+__device__ __forceinline__ void q_nvfp4_block(int64_t t, uint8_t *data, uint8_t *scale8, float amax, const float *x,
+                                              int64_t rows, int64_t cols, int64_t ld, int64_t scols, int bh,
+                                              enum mt_q_round rnd, uint64_t seed, uint32_t stream_id, int64_t row0,
+                                              int64_t col0, int64_t icols)
 {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, groups = (rows + bh - 1) / bh;
+    const int64_t groups = (rows + bh - 1) / bh;
     if (t >= groups * scols) return;
     const int64_t r0 = t / scols * bh, bc = t % scols, r1 = r0 + bh < rows ? r0 + bh : rows;
     const int64_t c0 = bc * 16, c1 = c0 + 16 < cols ? c0 + 16 : cols, rbytes = (cols + 1) / 2;
-    const float genc = mt_q_nvfp4_global_scale(*amax);
+    const float genc = mt_q_nvfp4_global_scale(amax);
     uint32_t m = 0;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++) m = q_umax(m, q_mag_bits(x[r * ld + c]));
@@ -533,18 +401,25 @@ __global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const floa
     }
 }
 
-// The per-tensor decode scale, from the amax the quantiser read (same place).
-__global__ static void q_nvfp4_global_kernel(float *global)
+__global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const float *amax, const float *x, int64_t rows,
+                                      int64_t cols, int64_t ld, int64_t scols, int bh, enum mt_q_round rnd,
+                                      uint64_t seed, uint32_t stream_id, int64_t row0, int64_t col0, int64_t icols)
 {
-    *global = __fdiv_rn(1.0f, mt_q_nvfp4_global_scale(*global));
+    q_nvfp4_block((int64_t)blockIdx.x * blockDim.x + threadIdx.x, data, scale8, *amax, x, rows, cols, ld, scols, bh,
+                  rnd, seed, stream_id, row0, col0, icols);
 }
+
+// The per-tensor decode scale, from the amax the quantiser read (same place).
+__device__ __forceinline__ float q_nvfp4_decode(float amax) { return __fdiv_rn(1.0f, mt_q_nvfp4_global_scale(amax)); }
+__global__ static void q_nvfp4_global_kernel(float *global) { *global = q_nvfp4_decode(*global); }
 
 // *amax = the larger of *amax and *other, as magnitudes' bit patterns (a NaN in either
 // the result): the amax of a part joined with its logical tensor's.
-__global__ static void q_amax_join_kernel(float *amax, const float *other)
+__device__ __forceinline__ float q_amax_join(float amax, float other)
 {
-    *amax = mt_q_float(q_umax(q_mag_bits(*amax), q_mag_bits(*other)));
+    return mt_q_float(q_umax(q_mag_bits(amax), q_mag_bits(other)));
 }
+__global__ static void q_amax_join_kernel(float *amax, const float *other) { *amax = q_amax_join(*amax, *other); }
 
 extern "C" int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
                                    uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
@@ -580,10 +455,10 @@ extern "C" int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float 
 // One thread per 16 consecutive elements along dim; out_j = sum_i in_i Q_ij in i order,
 // each product and sum rounded on its own as on the CPU. Q_ij = +-1/4: the sign is the
 // parity of i & j (Sylvester's H) flipped by bit i of signs (the sign of input i).
-__global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int64_t ld, int along_row,
-                                    uint32_t signs)
+// (Thread t's 16 elements.)
+__device__ __forceinline__ void q_rht_chunk(int64_t t, float *x, int64_t lines, int64_t chunks, int64_t ld,
+                                            int along_row, uint32_t signs)
 {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= lines * chunks) return;
     const int64_t l = t / chunks, s = t % chunks * 16, step = along_row ? 1 : ld;
     float *v = along_row ? &x[l * ld + s] : &x[s * ld + l];
@@ -600,6 +475,12 @@ __global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int
         }
         v[j * step] = acc;
     }
+}
+
+__global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int64_t ld, int along_row,
+                                    uint32_t signs)
+{
+    q_rht_chunk((int64_t)blockIdx.x * blockDim.x + threadIdx.x, x, lines, chunks, ld, along_row, signs);
 }
 
 extern "C" int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, uint64_t seed,
@@ -619,6 +500,207 @@ extern "C" int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, e
                                                                          dim == MT_Q_ALONG_ROW,
                                                                          mt_q_hadamard_signs(seed, stream_id));
     return q_launched("q_rht_kernel", err);
+}
+
+// ---------------------------------------------------------------- batches
+//
+// The quantisers above over a batch of tensors (struct mt_cuda_q_batch), the batch's
+// tensor blockIdx.z (blockIdx.y for the amax): the same per-element, per-block and
+// per-warp code as one tensor's launch, over a grid as large as the largest tensor's,
+// the blocks past a smaller tensor's end doing nothing.
+
+__global__ static void q_batch_amax_kernel(const __grid_constant__ mt_cuda_q_batch b)
+{
+    MT_SHARED(uint32_t, scratch, [32]);
+    const mt_cuda_q_item &t = b.t[blockIdx.y];
+    q_amax_part((uint32_t *)&b.amax[blockIdx.y], t.x, t.q.rows, t.q.cols, t.ld,
+                (int64_t)blockIdx.x * blockDim.x + threadIdx.x, (int64_t)gridDim.x * blockDim.x, scratch);
+}
+
+// Delayed scaling's records, one tensor after the other (a tensor's record may be
+// another's), as qdq's record of each makes them: a NaN amax recorded.
+__device__ __forceinline__ void q_batch_record(const mt_cuda_q_batch &b)
+{
+    for (int i = 0; i < b.n; i++)
+        if (b.t[i].record) {
+            const float a = b.amax[i];
+            if (!(a <= *b.t[i].record)) *b.t[i].record = a;
+        }
+}
+
+// A kernel a scaling S (b.scaling), so that each takes the registers of its own
+// quantiser only.
+template <enum mt_q_scaling S>
+__global__ static void __launch_bounds__(MT_Q_THREADS) q_batch_quantise_kernel(const __grid_constant__ mt_cuda_q_batch b,
+                                                                               int pow2)
+{
+    MT_SHARED(uint32_t, scratch, [32]);
+    const int g = blockIdx.z;
+    const mt_cuda_q_item &t = b.t[g];
+    const mt_cuda_qtensor &q = t.q;
+    if (g == 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) q_batch_record(b);
+    switch (S) {
+    case MT_Q_TENSOR: {
+        const float fmax = b.elem == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX;
+        const float s = t.scale ? *t.scale
+                                : mt_q_tensor_scale(t.tensor_amax ? *t.tensor_amax : b.amax[g], fmax, t.margin);
+        q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale, t.x, q.rows, q.cols, t.ld,
+                          s, b.elem, t.rnd, t.seed, t.stream_id);
+        break;
+    }
+    case MT_Q_BLOCK_1X128:
+    case MT_Q_BLOCK_128X128:
+        // 128 threads a tile or block, as q_blockwise_kernel
+        if (blockIdx.x >= q.scols || blockIdx.y >= q.srows) return;
+        q_blockwise_block(blockIdx.x, blockIdx.y, q.data, q.scale, t.x, q.rows, q.cols, t.ld, q.scols,
+                          S == MT_Q_BLOCK_1X128 ? 1 : 128, b.elem, pow2, scratch);
+        break;
+    case MT_Q_MX:
+        if (b.along == MT_Q_ALONG_ROW)
+            q_mx_rows_warp(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, q.data, q.scale8, t.x, q.rows,
+                           q.cols, t.ld, q.scols);
+        else if (blockIdx.y < q.srows) // 128 threads a block, as q_mx_cols_kernel
+            q_mx_cols_thread((int64_t)blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y, q.data, q.scale8, t.x,
+                             q.rows, q.cols, t.ld);
+        break;
+    case MT_Q_NVFP4:
+    case MT_Q_NVFP4_2D: {
+        // 128 threads, a block of 16 (16 x 16) a thread, as q_nvfp4_kernel; the decode
+        // scale as q_nvfp4_global_kernel writes it
+        const float amax = t.tensor_amax ? q_amax_join(b.amax[g], *t.tensor_amax) : b.amax[g];
+        if (blockIdx.x == 0 && threadIdx.x == 0) *q.global = q_nvfp4_decode(amax);
+        q_nvfp4_block((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale8, amax, t.x, q.rows, q.cols,
+                      t.ld, q.scols, S == MT_Q_NVFP4_2D ? 16 : 1, t.rnd, t.seed, t.stream_id, t.place.row0,
+                      t.place.col0, t.place.lcols);
+        break;
+    }
+    }
+}
+
+// mt_cuda_q_rht of each tensor that has one: thread blockIdx.x * blockDim.x +
+// threadIdx.x of its launch, the tensor blockIdx.y.
+__global__ static void q_batch_rht_kernel(const __grid_constant__ mt_cuda_q_batch b)
+{
+    const mt_cuda_q_item &t = b.t[blockIdx.y];
+    if (!t.rht) return;
+    const bool row = t.rht - 1 == MT_Q_ALONG_ROW;
+    const int64_t lines = row ? t.q.rows : t.q.cols, chunks = (row ? t.q.cols : t.q.rows) / 16;
+    q_rht_chunk((int64_t)blockIdx.x * blockDim.x + threadIdx.x, (float *)t.x, lines, chunks, t.ld, row, t.rht_signs);
+}
+
+static int q_batch_check(const struct mt_cuda_q_batch *b, const char *fn, struct mt_err *err)
+{
+    if (b->n < 1 || b->n > MT_CUDA_Q_BATCH_MAX)
+        return mt_err_set(err, MT_EINVAL, "%s: %d tensors (a batch holds 1 to %d)", fn, b->n, MT_CUDA_Q_BATCH_MAX);
+    if (!b->amax) return mt_err_set(err, MT_EINVAL, "%s: the batch's amax array is not set", fn);
+    for (int i = 0; i < b->n; i++) {
+        const struct mt_cuda_q_item *t = &b->t[i];
+        if (t->q.scaling != b->scaling || t->q.elem != b->elem || (b->scaling == MT_Q_MX && t->q.along != b->along))
+            return mt_err_set(err, MT_EINVAL, "%s: tensor %d was laid out for another scaling, format or block "
+                              "direction than the batch's", fn, i);
+        const int rc = q_check(&t->q, b->scaling, b->scaling, t->ld, fn, err);
+        if (rc) return rc;
+        if (!t->x) return mt_err_set(err, MT_EINVAL, "%s: tensor %d has no input", fn, i);
+        if (mt_q_is_nvfp4(b->scaling) &&
+            (t->place.row0 < 0 || t->place.col0 < 0 || t->place.lcols < t->place.col0 + t->q.cols))
+            return mt_err_set(err, MT_EINVAL, "%s: tensor %d (%lld, %lld) at (%lld, %lld) does not lie in logical "
+                              "rows of %lld columns", fn, i, (long long)t->q.rows, (long long)t->q.cols,
+                              (long long)t->place.row0, (long long)t->place.col0, (long long)t->place.lcols);
+        if (t->q.srows > 65535)
+            return mt_err_set(err, MT_EINVAL, "%s: tensor %d's %lld scale rows exceed the grid's 65535", fn, i,
+                              (long long)t->q.srows);
+    }
+    return MT_OK;
+}
+
+extern "C" int mt_cuda_q_batch_needs_amax(const struct mt_cuda_q_batch *b)
+{
+    if (mt_q_is_nvfp4(b->scaling)) return 1;
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].record || (b->scaling == MT_Q_TENSOR && !b->t[i].scale && !b->t[i].tensor_amax)) return 1;
+    return 0;
+}
+
+extern "C" int mt_cuda_q_batch_rht(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err)
+{
+    int rc = q_batch_check(b, "mt_cuda_q_batch_rht", err);
+    if (rc) return rc;
+    int64_t most = 0;
+    for (int i = 0; i < b->n; i++) {
+        const struct mt_cuda_q_item *t = &b->t[i];
+        if (!t->rht) continue;
+        if (!mt_q_is_nvfp4(b->scaling) || (t->rht != 1 + MT_Q_ALONG_ROW && t->rht != 1 + MT_Q_ALONG_COL) ||
+            t->ld != t->q.cols)
+            return mt_err_set(err, MT_EINVAL, "mt_cuda_q_batch_rht: tensor %d: a Hadamard transform is NVFP4's, "
+                              "along the rows or the columns of a dense tensor", i);
+        most = t->q.rows * t->q.cols / 16 > most ? t->q.rows * t->q.cols / 16 : most;
+    }
+    if (!most) return MT_OK;
+    MT_LAUNCH(dim3(q_cdiv(most, 128), (unsigned)b->n), 128, 0, stream, q_batch_rht_kernel)(*b);
+    return q_launched("q_batch_rht_kernel", err);
+}
+
+extern "C" int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err)
+{
+    int rc = q_batch_check(b, "mt_cuda_q_batch_amax", err);
+    if (rc) return rc;
+    cudaError_t e = cudaMemsetAsync(b->amax, 0, sizeof(float) * (size_t)b->n, stream);
+    if (e != cudaSuccess)
+        return mt_err_set(err, MT_ERUNTIME, "mt_cuda_q_batch_amax: cudaMemsetAsync: %s", cudaGetErrorString(e));
+    int64_t most = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].q.rows * b->t[i].q.cols > most) most = b->t[i].q.rows * b->t[i].q.cols;
+    MT_LAUNCH(dim3(q_amax_blocks(most), (unsigned)b->n), MT_Q_THREADS, 0, stream, q_batch_amax_kernel)(*b);
+    return q_launched("q_batch_amax_kernel", err);
+}
+
+extern "C" int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream,
+                                        struct mt_err *err)
+{
+    int rc = q_batch_check(b, "mt_cuda_q_batch_quantise", err);
+    if (rc) return rc;
+    // the grid of the largest tensor: x, y as one tensor's launch; z the tensor
+    int64_t gx = 1, gy = 1, threads = MT_Q_THREADS;
+    for (int i = 0; i < b->n; i++) {
+        const struct mt_cuda_qtensor *q = &b->t[i].q;
+        int64_t x = 1, y = 1;
+        switch (b->scaling) {
+        case MT_Q_TENSOR: x = q_cdiv(q->rows * q->cols, MT_Q_THREADS); break;
+        case MT_Q_BLOCK_1X128:
+        case MT_Q_BLOCK_128X128: x = q->scols, y = q->srows, threads = 128; break;
+        case MT_Q_MX:
+            if (b->along == MT_Q_ALONG_ROW) x = q_cdiv(q->rows * q->scols * 32, MT_Q_THREADS);
+            else x = q_cdiv(q->cols, 128), y = q->srows, threads = 128;
+            break;
+        case MT_Q_NVFP4:
+        case MT_Q_NVFP4_2D: {
+            const int bh = b->scaling == MT_Q_NVFP4_2D ? 16 : 1;
+            x = q_cdiv((q->rows + bh - 1) / bh * q->scols, 128), threads = 128;
+            break;
+        }
+        }
+        gx = x > gx ? x : gx, gy = y > gy ? y : gy;
+    }
+    const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)b->n);
+    switch (b->scaling) {
+    case MT_Q_TENSOR:
+        MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_TENSOR>)(*b, pow2);
+        break;
+    case MT_Q_BLOCK_1X128:
+        MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_BLOCK_1X128>)(*b, pow2);
+        break;
+    case MT_Q_BLOCK_128X128:
+        MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_BLOCK_128X128>)(*b, pow2);
+        break;
+    case MT_Q_MX: MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_MX>)(*b, pow2); break;
+    case MT_Q_NVFP4:
+        MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_NVFP4>)(*b, pow2);
+        break;
+    case MT_Q_NVFP4_2D:
+        MT_LAUNCH(grid, (unsigned)threads, 0, stream, q_batch_quantise_kernel<MT_Q_NVFP4_2D>)(*b, pow2);
+        break;
+    }
+    return q_launched("q_batch_quantise_kernel", err);
 }
 
 // ---------------------------------------------------------------- scales for cuBLASLt

@@ -112,12 +112,11 @@ int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t
                         uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
                         cudaStream_t stream, struct mt_err *err);
 
-/* A batch of FP8 tensors quantised together, one launch a stage whatever their number
- * (the routed experts' operands of the grouped quantised GEMM, cuda_qdq.cu): every
- * tensor of one scaling (tensorwise, blockwise or MXFP8; NVFP4 has no batch), element
- * format and block direction, each with its own buffers, shape and scale state, each
- * quantised exactly as its own call of the quantiser above quantises it (the same
- * codes, scales, amax and records). A tensor of the batch: */
+/* A batch of tensors quantised together, one launch a stage whatever their number (the
+ * routed experts' operands of the grouped quantised GEMM, cuda_qdq.cu): every tensor of
+ * one scaling, element format and block direction, each with its own buffers, shape,
+ * place and scale state, each quantised exactly as its own calls of the functions
+ * above quantise it (the same codes, scales, amax and records). A tensor of the batch: */
 #define MT_CUDA_Q_BATCH_MAX 64
 struct mt_cuda_q_item {
     const float *x;           /* (q.rows, q.cols) fp32, row stride ld */
@@ -127,7 +126,14 @@ struct mt_cuda_q_item {
     const float *scale;       /* tensorwise: the encode scale (delayed), else NULL: current
                                * scaling's, mt_q_tensor_scale of tensor_amax */
     const float *tensor_amax; /* current scaling: the amax its scale comes from (the logical
-                               * tensor's), else NULL: its own (mt_cuda_q_batch_amax's) */
+                               * tensor's), else NULL: its own (mt_cuda_q_batch_amax's);
+                               * NVFP4: joined with its own (struct mt_cuda_q_place) */
+    struct mt_cuda_q_place place; /* NVFP4: its place (0, 0, q.cols for a whole tensor;
+                                   * place.tensor_amax unused) */
+    int rht;                  /* NVFP4: 0, or 1 + the mt_q_dim of its Hadamard transform
+                               * (mt_cuda_q_rht of x, (q.rows, q.cols / 16 * 16) along
+                               * the rows or (q.rows / 16 * 16, q.cols) along the columns) */
+    uint32_t rht_signs;       /* mt_q_hadamard_signs of its seed and stream */
     int margin;
     enum mt_q_round rnd;      /* tensorwise: stochastic rounding's seed and stream */
     uint64_t seed;
@@ -141,14 +147,17 @@ struct mt_cuda_q_batch {
     float *amax; /* n device floats: the tensors' own amaxes (mt_cuda_q_batch_amax) */
     struct mt_cuda_q_item t[MT_CUDA_Q_BATCH_MAX];
 };
-/* Whether the batch needs its tensors' own amaxes: an amax record, or a current scale
- * without a tensor amax. */
+/* The Hadamard transforms of the tensors that have one (rht), in place: one launch. */
+int mt_cuda_q_batch_rht(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err);
+/* Whether the batch needs its tensors' own amaxes: an amax record, a current scale
+ * without a tensor amax, NVFP4. */
 int mt_cuda_q_batch_needs_amax(const struct mt_cuda_q_batch *b);
 /* b->amax[i] = the amax of tensor i (mt_cuda_q_amax): one memset and one launch. */
 int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, struct mt_err *err);
 /* Every tensor quantised (mt_cuda_quant_tensorwise with its scale, current scaling's
  * computed from its amax as mt_cuda_q_tensor_scale does; mt_cuda_quant_blockwise with
- * pow2; mt_cuda_quant_mxfp8), and the amax records made in the batch's order (as calls
+ * pow2; mt_cuda_quant_mxfp8; mt_cuda_quant_nvfp4 at its place, q.global its per-tensor
+ * decode scale), and the amax records made in the batch's order (as calls
  * one tensor after the other make them): one launch, after mt_cuda_q_batch_amax where
  * the batch needs it. */
 int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream, struct mt_err *err);

@@ -37,8 +37,8 @@
 //           of its quantised GEMM, each recipe's forward, dgrad and wgrad: within
 //           (K + 4) 2^-24 sum_k |a_k b_k| (the grouped kernel sums in fp32, the emulated
 //           cuBLASLt exactly), one grouped kernel and fewer launches than the loop;
-//           under the FP8 recipes as many launches for 16 experts as for 4 (the
-//           operands of all the groups quantised in one launch a stage).
+//           as many launches for 16 experts as for 4 (the operands of all the groups
+//           quantised in one launch a stage).
 //   saved   the CUDA backend's copies saved for backward (save, saved_bytes): the CPU's
 //           size, the quantised GEMM reading the copy bit for bit the one quantising x,
 //           within the qgemm bound of the CPU backend's GEMM reading its copy.
@@ -1364,9 +1364,8 @@ static void run_qgrouped(bool h100)
     // experts' tokens not multiples of 4 or 16 (the wgrad's k), one of a single token;
     // a weight with a partial 128-block (din 160) and D rows not a multiple of 4 (dout 30)
     const std::vector<int64_t> rows = {37, 1, 64, 19};
-    // four times the experts: the FP8 recipes' operands are quantised in one launch a
-    // stage for all the groups (cuda_qdq.cu qgg_quantise), so the launches stay those
-    // of four; NVFP4 quantises each group's apart (printed)
+    // four times the experts: the operands are quantised in one launch a stage for all
+    // the groups (cuda_qdq.cu qgg_quantise), so the launches stay those of four
     std::vector<int64_t> rows16;
     for (int i = 0; i < 4; i++) rows16.insert(rows16.end(), rows.begin(), rows.end());
     double worst = 0;
@@ -1376,13 +1375,9 @@ static void run_qgrouped(bool h100)
             const long long l4 = qgrouped_case(gpu, cpu, r, (enum use)u, rows, 64, 160, false, beta, &worst);
             qgrouped_case(gpu, cpu, r, (enum use)u, rows, 30, 64, true, beta, &worst);
             const long long l16 = qgrouped_case(gpu, cpu, r, (enum use)u, rows16, 30, 64, false, beta, &worst);
-            if (r == NVFP4)
-                printf("note grouped quantised gemm nvfp4 %s: %lld launches for 4 experts, %lld for 16 (each "
-                       "group's operands quantised apart)\n", use_name[u], l4, l16);
-            else
-                emu_check(l4 == l16, "grouped quantised gemm %s %s: %lld launches for 4 experts, %lld for 16 (want "
-                          "the same: one launch a quantisation stage for all the groups)", recipe_name[r],
-                          use_name[u], l4, l16);
+            emu_check(l4 == l16, "grouped quantised gemm %s %s: %lld launches for 4 experts, %lld for 16 (want "
+                      "the same: one launch a quantisation stage for all the groups)", recipe_name[r], use_name[u],
+                      l4, l16);
         }
     printf("largest |grouped - loop| / sum|ab| of an fp32 c: %.3g\n", worst);
     cuda_backend_done();

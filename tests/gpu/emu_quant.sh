@@ -5,7 +5,7 @@
 # and FP4 matmuls against the CPU reference GEMM, and the CUDA backend's quantised GEMM
 # op (cuBLASLt FP8/FP4 matmuls) against the CPU backend's: on the emulated H100
 # (delayed, tensorwise, blockwise) and GB200 (MXFP8, NVFP4); the grouped quantised GEMM
-# of the routed experts against the per-expert loop (its launches under the FP8 recipes
+# of the routed experts against the per-expert loop (its launches
 # the same for 4 and 16 experts); the copies saved for
 # backward (the GEMM reading one bit for bit the GEMM quantising x); qdq of tensor-parallel shards.
 # Never skipped.
