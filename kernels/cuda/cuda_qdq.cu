@@ -563,7 +563,7 @@ struct qgemm_operand {
 // the copy save made of x, read instead of quantising x (qgemm_read_saved; no amax
 // recorded, x's data not read). batch (with lt false and no saved copy): the operand
 // laid out and its scratch placed, nothing queued; the caller quantises it with the
-// other groups' (qgg_quantise_batch).
+// other groups' (qgg_quantise).
 static qgemm_operand qgemm_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_spec *s,
                                     struct mt_tensor x, bool tr, int64_t rows, int64_t kpad, bool lt,
                                     bool batch = false)
@@ -816,8 +816,8 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
 //
 // n quantised GEMMs of one form at once (struct mt_quant_ops grouped_gemm; the routed
 // experts' row ranges, doc/fp8.md "On the GPU"): each group's operands quantised as
-// mt_cuda_qgemm quantises them (qgemm_quantise, the same kernels and codes), but with
-// their scales as the quantiser wrote them, then one launch of qgg_kernel over every
+// mt_cuda_qgemm quantises them (the same codes), all the groups' of a side in one
+// launch a step (qgg_quantise), with their scales as the quantiser wrote them, then one launch of qgg_kernel over every
 // group's output tiles, reading the codes and scales itself (cuBLASLt has no grouped
 // FP8 matmul with block scales: CUDA 13's cublasLt.h batches only matrices of one
 // shape). Its arithmetic is cuBLASLt's with fp32 accumulation: per block of the
@@ -982,7 +982,7 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
         return;
     }
     struct mt_err err = {};
-    static thread_local mt_cuda_q_batch b; // 10 KiB: off the stack
+    static thread_local mt_cuda_q_batch b; // 13 KB: off the stack
     static thread_local qgg_load_args la;
     b = mt_cuda_q_batch{};
     la = qgg_load_args{};
