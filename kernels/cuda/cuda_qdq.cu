@@ -817,10 +817,10 @@ extern "C" void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struc
 // n quantised GEMMs of one form at once (struct mt_quant_ops grouped_gemm; the routed
 // experts' row ranges, doc/fp8.md "On the GPU"): each group's operands quantised as
 // mt_cuda_qgemm quantises them (the same codes), all the groups' of a side in one
-// launch a step (qgg_quantise), with their scales as the quantiser wrote them, then one launch of qgg_kernel over every
-// group's output tiles, reading the codes and scales itself (cuBLASLt has no grouped
-// FP8 matmul with block scales: CUDA 13's cublasLt.h batches only matrices of one
-// shape). Its arithmetic is cuBLASLt's with fp32 accumulation: per block of the
+// launch a step (qgg_quantise), with their scales as the quantiser wrote them, then
+// one launch of qgg_kernel over every group's output tiles, reading the codes and
+// scales itself (cuBLASLt has no grouped FP8 matmul with block scales: CUDA 13's
+// cublasLt.h batches only matrices of one shape). Its arithmetic is cuBLASLt's with fp32 accumulation: per block of the
 // reduction (the scaling's 16, 32 or 128 elements; all of k for per-tensor scales) the
 // products of the code values summed in fp32 in k order (each product is exact: FP8 and
 // FP4 values have at most 4 significant bits), times the two block scales, added to the

@@ -531,8 +531,8 @@ __device__ __forceinline__ void q_batch_record(const mt_cuda_q_batch &b)
 // A kernel a scaling S (b.scaling), so that each takes the registers of its own
 // quantiser only.
 template <enum mt_q_scaling S>
-__global__ static void __launch_bounds__(MT_Q_THREADS) q_batch_quantise_kernel(const __grid_constant__ mt_cuda_q_batch b,
-                                                                               int pow2)
+__global__ static void __launch_bounds__(MT_Q_THREADS)
+    q_batch_quantise_kernel(const __grid_constant__ mt_cuda_q_batch b, int pow2)
 {
     MT_SHARED(uint32_t, scratch, [32]);
     const int g = blockIdx.z;
