@@ -955,7 +955,7 @@ struct qgg_load_args {
     qgg_load g[QGG_MAX];
 };
 
-// qdq_load_kernel for every group, the group blockIdx.y.
+// qdq_load_elem for every group, the group blockIdx.y.
 template <typename T>
 __global__ static void qgg_load_kernel(const __grid_constant__ qgg_load_args a)
 {
