@@ -700,9 +700,8 @@ static int qgemm_experts(const struct mt_pass *p, struct expert_gemms *g, enum u
 
 /* Every expert's rows are quantised on their own, and multiplied on their own, split by
  * ho, the expert-side row offsets the host keeps for the layer (struct mt_layer_acts
- * hx_offsets): nothing is read back from the device here. */
-
-// out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din)
+ * hx_offsets): nothing is read back from the device here.
+ * out (rows,dout) = per expert x_e (m_e,din) W_e^T; W = tensor, slabs (dout,din) */
 int mt_pass_qgrouped_fwd(const struct mt_pass *p, int tensor, const int32_t *ho,
                          struct mt_tensor x, int rows, int dout, int din, struct mt_tensor out)
 {
