@@ -60,7 +60,7 @@ struct trainer {
      * interval's sums over host_steps steps */
     struct mt_host_sample win;
     double acc_cpu_s;
-    long long acc_minflt, acc_allocs, acc_allocs_mpi, acc_allocs_omp, host_steps;
+    long long acc_minflt, acc_allocs, acc_allocs_mpi, acc_allocs_omp, acc_allocs_blas, host_steps;
     /* a device backend's kernel launches and host synchronisations (struct mt_op_counts):
      * the totals when the window opened, and the interval's */
     long long win_launches, win_syncs, acc_launches, acc_syncs;
@@ -946,6 +946,7 @@ static void host_close(struct trainer *t)
     t->acc_allocs += now.allocs - t->win.allocs;
     t->acc_allocs_mpi += now.allocs_mpi - t->win.allocs_mpi;
     t->acc_allocs_omp += now.allocs_omp - t->win.allocs_omp;
+    t->acc_allocs_blas += now.allocs_blas - t->win.allocs_blas;
     long long launches, syncs;
     device_totals(t, &launches, &syncs);
     t->acc_launches += launches - t->win_launches;
@@ -1040,16 +1041,18 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     host_open(t); /* the log line's own cost goes to the next interval */
     /* host counters per step, the largest over the ranks */
     const double hs = t->host_steps > 0 ? (double)t->host_steps : 1.0;
-    /* moetrain's own allocations (neither the MPI library's nor the OpenMP runtime's) are
-     * reduced on their own: the largest of them need not be where the largest total is */
-    int64_t host[7] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt,
-                       t->acc_allocs - t->acc_allocs_mpi - t->acc_allocs_omp, t->acc_allocs_mpi,
-                       t->acc_allocs_omp, t->acc_launches, t->acc_syncs};
-    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 7, MT_DT_I64, MT_OP_MAX, err));
+    /* moetrain's own allocations (not the MPI library's, the OpenMP runtime's or the BLAS
+     * library's) are reduced on their own: the largest of them need not be where the
+     * largest total is */
+    int64_t host[8] = {(int64_t)(t->acc_cpu_s * 1e6), t->acc_minflt,
+                       t->acc_allocs - t->acc_allocs_mpi - t->acc_allocs_omp - t->acc_allocs_blas,
+                       t->acc_allocs_mpi, t->acc_allocs_omp, t->acc_launches, t->acc_syncs,
+                       t->acc_allocs_blas};
+    if (t->par) MT_CHECK(mt_all_reduce(t->world_comm, host, 8, MT_DT_I64, MT_OP_MAX, err));
     const double launches = (double)host[5] / hs, syncs = (double)host[6] / hs;
     const double cpu_ms = (double)host[0] / 1e3 / hs, faults = (double)host[1] / hs;
     const double allocs = (double)host[2] / hs, allocs_mpi = (double)host[3] / hs;
-    const double allocs_omp = (double)host[4] / hs;
+    const double allocs_omp = (double)host[4] / hs, allocs_blas = (double)host[7] / hs;
     const bool counted = mt_host_allocs_counted();
     double n = (double)t->acc_iters;
     double ms = t->acc_ms / n;
@@ -1088,8 +1091,9 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     say(t, " host per step: cpu %.1f ms, minor faults %.1f, ", cpu_ms, faults);
     if (t->k->counts) say(t, "kernel launches %.1f, host synchronisations %.1f, ", launches, syncs);
     if (counted)
-        say(t, "allocations %.1f (and in the MPI library %.1f, the OpenMP runtime %.1f) |\n",
-            allocs, allocs_mpi, allocs_omp);
+        say(t, "allocations %.1f (and in the MPI library %.1f, the OpenMP runtime %.1f, the "
+               "BLAS library %.1f) |\n",
+            allocs, allocs_mpi, allocs_omp, allocs_blas);
     else
         say(t, "allocations not counted |\n");
     struct mt_graph_stats g;
@@ -1098,11 +1102,12 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
                "replays so far\n",
             g.graphs, g.bytes, g.captures, g.recaptures, g.replays);
     if (t->log) fflush(t->log);
-    char ha[32] = "null", hm[32] = "null", ho[32] = "null";
+    char ha[32] = "null", hm[32] = "null", ho[32] = "null", hb[32] = "null";
     if (counted) {
         snprintf(ha, sizeof ha, "%.3f", allocs);
         snprintf(hm, sizeof hm, "%.3f", allocs_mpi);
         snprintf(ho, sizeof ho, "%.3f", allocs_omp);
+        snprintf(hb, sizeof hb, "%.3f", allocs_blas);
     }
     /* in pieces of a few conversions: with a printf handler registered (libquadmath,
      * which the BLAS's Fortran runtime loads, registers one) glibc formats through its
@@ -1121,7 +1126,8 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
                     "\"expert_load_min\": %.3f, \"expert_load_max\": %.3f, \"host_cpu_ms\": %.3f, "
                     "\"minor_faults\": %.3f, \"allocations\": %s, \"allocations_mpi\": %s, ",
                     load_lo, load_hi, cpu_ms, faults, ha, hm);
-    len += snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s", ho);
+    len += snprintf(line + len, sizeof line - (size_t)len, "\"allocations_omp\": %s, ", ho);
+    len += snprintf(line + len, sizeof line - (size_t)len, "\"allocations_blas\": %s", hb);
     if (recipe) len += snprintf(line + len, sizeof line - (size_t)len, ", \"low_precision\": \"%s\"", recipe);
     if (t->k->counts)
         len += snprintf(line + len, sizeof line - (size_t)len,
@@ -1133,7 +1139,8 @@ static int log_interval(struct trainer *t, double lr, struct mt_err *err)
     t->acc_offload[0] = t->acc_offload[1] = 0;
     if (t->ncounts) memset(t->acc_counts, 0, t->ncounts * sizeof *t->acc_counts);
     t->acc_cpu_s = 0;
-    t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->acc_allocs_omp = t->host_steps = 0;
+    t->acc_minflt = t->acc_allocs = t->acc_allocs_mpi = t->acc_allocs_omp = t->acc_allocs_blas = 0;
+    t->host_steps = 0;
     t->acc_launches = t->acc_syncs = 0;
     host_close(t);
     return rc;

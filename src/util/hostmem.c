@@ -10,7 +10,7 @@
 
 /* The counting library's record (tests/util/alloc_count.c). */
 struct mt_alloccount {
-    long long allocs, allocs_mpi, allocs_omp, frees;
+    long long allocs, allocs_mpi, allocs_omp, allocs_blas, frees;
 };
 typedef void (*read_fn)(struct mt_alloccount *);
 
@@ -43,6 +43,7 @@ void mt_host_sample(struct mt_host_sample *s)
         s->allocs = c.allocs;
         s->allocs_mpi = c.allocs_mpi;
         s->allocs_omp = c.allocs_omp;
+        s->allocs_blas = c.allocs_blas;
     }
 }
 

@@ -27,6 +27,7 @@ struct mt_host_sample {
     long long allocs;      /* heap allocations (0 when not counted) */
     long long allocs_mpi;  /* of those, made by the MPI library */
     long long allocs_omp;  /* of those, made by the OpenMP runtime */
+    long long allocs_blas; /* of those, made by the BLAS library */
 };
 
 /* Reads the counters now. */

@@ -51,11 +51,11 @@ for layout in "tp_ep_pad 4 yes $TP2 $EP2 $ZERO $PAD host%manual_gc=T training%ev
         function val(key,   s) { s = $0; sub(".*\"" key "\": ", "", s); sub("[,}].*", "", s); return s }
         /"loss"/ { it = val("iteration"); a = val("allocations"); f = val("minor_faults")
                    if (it + 0 <= warm) { wa += a; wf += f; next }
-                   n++; nf += f; mpi += val("allocations_mpi"); omp += val("allocations_omp")
+                   n++; nf += f; mpi += val("allocations_mpi"); omp += val("allocations_omp"); blas += val("allocations_blas")
                    if (a !~ /^[0-9.]+$/ || a + 0 != 0 || (faults == "yes" && index(gc_next, " " it " ") == 0 && f + 0 != 0)) { bad = 1
                        printf "FAIL: %s: iteration %d: %s allocations in moetrain and %s minor faults per step, not 0\n", run, it, a, f } }
         END { if (n == 0) { print "FAIL: " run ": no iteration after warm-up"; exit 1 }
-              if (!bad) printf "  %s: warm-up (%d iterations) %d allocations in moetrain, %d minor faults; then %d iterations: 0 allocations, %d minor faults%s (per step, the largest rank: MPI library %.1f allocations, OpenMP runtime %.1f)\n", run, warm, wa, wf, n, nf, faults == "yes" ? "" : " (not asserted)", mpi / n, omp / n
+              if (!bad) printf "  %s: warm-up (%d iterations) %d allocations in moetrain, %d minor faults; then %d iterations: 0 allocations, %d minor faults%s (per step, the largest rank: MPI library %.1f allocations, OpenMP runtime %.1f, BLAS library %.1f)\n", run, warm, wa, wf, n, nf, faults == "yes" ? "" : " (not asserted)", mpi / n, omp / n, blas / n
               exit bad }' "$name.jsonl" || { cat "$name.log"; exit 1; }
 done
 grep -q 'manual GC (after the step, iteration 10)' pp.log || fail "pp: no manual GC after iteration 10"

@@ -40,16 +40,25 @@ struct mt_alloccount {
     long long allocs;      /* allocations, every caller */
     long long allocs_mpi;  /* of those, made by the MPI library */
     long long allocs_omp;  /* of those, made by the OpenMP runtime */
+    long long allocs_blas; /* of those, made by the BLAS library */
     long long frees;       /* frees of a non-NULL pointer */
 };
 
-static atomic_llong n_allocs, n_allocs_mpi, n_allocs_omp, n_frees, n_reads;
+static atomic_llong n_allocs, n_allocs_mpi, n_allocs_omp, n_allocs_blas, n_frees, n_reads;
 static long long trace_from = -1;
 static _Thread_local int busy; /* inside our own bookkeeping: count, do not classify */
 
-enum caller { OTHER, MPI, OMP };
+enum caller { OTHER, MPI, OMP, BLAS };
 
 static bool is_omp_object(const char *path) { return strstr(path, "libgomp") || strstr(path, "libomp"); }
+
+/* The BLAS libraries configure can link (OpenBLAS's small-matrix kernels for AVX-512
+ * Intel CPUs allocate a buffer at every call, others not at all). */
+static bool is_blas_object(const char *path)
+{
+    return strstr(path, "libopenblas") || strstr(path, "libblis") || strstr(path, "libmkl") ||
+           strstr(path, "libblas") || strstr(path, "libcblas");
+}
 
 /* Open MPI's objects: its libraries, its plugins (mca_*), PMIx and the transports it
  * loads. */
@@ -65,7 +74,7 @@ static bool is_mpi_object(const char *path)
     return false;
 }
 
-/* Direct-mapped cache of return address -> class: (address << 3) | 4 | class. */
+/* Direct-mapped cache of return address -> class: (address << 3) | 4 | class (class < 4). */
 #define CACHE 4096
 static atomic_ullong cache[CACHE];
 
@@ -79,7 +88,10 @@ static enum caller caller_of(void *ret)
     enum caller c = OTHER;
     busy++;
     if (dladdr(ret, &info) && info.dli_fname)
-        c = is_mpi_object(info.dli_fname) ? MPI : is_omp_object(info.dli_fname) ? OMP : OTHER;
+        c = is_mpi_object(info.dli_fname)    ? MPI
+            : is_omp_object(info.dli_fname)  ? OMP
+            : is_blas_object(info.dli_fname) ? BLAS
+                                             : OTHER;
     busy--;
     atomic_store_explicit(&cache[slot], ((unsigned long long)a << 3) | 4 | (unsigned)c,
                           memory_order_relaxed);
@@ -104,6 +116,7 @@ static void counted(void *ret)
     enum caller c = caller_of(ret);
     if (c == MPI) atomic_fetch_add_explicit(&n_allocs_mpi, 1, memory_order_relaxed);
     if (c == OMP) atomic_fetch_add_explicit(&n_allocs_omp, 1, memory_order_relaxed);
+    if (c == BLAS) atomic_fetch_add_explicit(&n_allocs_blas, 1, memory_order_relaxed);
     if (trace_from >= 0 && atomic_load_explicit(&n_reads, memory_order_relaxed) >= trace_from)
         trace();
 }
@@ -125,6 +138,7 @@ void mt_alloccount_read(struct mt_alloccount *c)
     c->allocs = atomic_load(&n_allocs);
     c->allocs_mpi = atomic_load(&n_allocs_mpi);
     c->allocs_omp = atomic_load(&n_allocs_omp);
+    c->allocs_blas = atomic_load(&n_allocs_blas);
     c->frees = atomic_load(&n_frees);
     atomic_fetch_add(&n_reads, 1);
 }
