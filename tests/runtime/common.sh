@@ -74,3 +74,13 @@ start_slurm_cluster() {
     OMPI_MCA_btl_tcp_if_include=lo
     export OMPI_MCA_btl OMPI_MCA_btl_tcp_if_include
 }
+
+# use_emulated_nccl N: runs below take the emulated NCCL (tests/runtime/emu-nccl) and N
+# emulated GPUs; emu is the emulated-GPU binary, MOETRAIN_DATADIR the build's data
+use_emulated_nccl() {
+    emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+    LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    MT_EMU_DEVICE_COUNT=$1
+    MOETRAIN_DATADIR="$MT_TOP_BUILDDIR"
+    export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MOETRAIN_DATADIR
+}

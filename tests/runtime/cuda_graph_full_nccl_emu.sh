@@ -20,11 +20,7 @@
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 . "$MT_TOP_SRCDIR/tests/train/same_ckpt.sh"
 need_mpirun
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MT_EMU_DEVICE_COUNT=2
-MOETRAIN_DATADIR="$MT_TOP_BUILDDIR"
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MOETRAIN_DATADIR
+use_emulated_nccl 2
 cd "$tmp"
 
 # train NAME OVERRIDES...: NAME.log, NAME.ckpt and the compared figures in NAME.values

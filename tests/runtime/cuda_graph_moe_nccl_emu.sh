@@ -17,11 +17,7 @@
 # launch, or left out of the graph, changes the figures.
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MT_EMU_DEVICE_COUNT=2
-MOETRAIN_DATADIR="$MT_TOP_BUILDDIR"
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MOETRAIN_DATADIR
+use_emulated_nccl 2
 cd "$tmp"
 
 # train NAME OVERRIDES...: NAME.log and the compared figures in NAME.values
