@@ -725,6 +725,19 @@ _Static_assert(sizeof(struct mt_kernel_ops) == MT_OP_COUNT * sizeof(void (*)(voi
  * (process-wide) and parallelises with OpenMP itself (OMP_NUM_THREADS). */
 const struct mt_kernels *mt_kernels_cpu(void);
 
+/* The instruction-set level the CPU backend's compute ops run (kernels/cpu/cpu_isa.h,
+ * doc/site-install.md): "baseline" (the build's own flags), "x86-64-v3" (AVX2, FMA) or
+ * "x86-64-v4" (AVX-512), the highest of those built that the CPU has, unless the
+ * environment's MOETRAIN_CPU_ISA names one. Every level gives the same results up to
+ * rounding (a sum's order follows the vector width); each is deterministic for any
+ * thread count. mt_cpu_isa_check returns MT_EINVAL when MOETRAIN_CPU_ISA names no
+ * level, MT_EUNSUPPORTED when this build or this CPU lacks the one it names, with the
+ * message; the CLI calls it first, as mt_kernels_cpu stops the process on such a value.
+ * mt_cpu_isa_built: the levels built, e.g. "baseline x86-64-v3 x86-64-v4". */
+const char *mt_cpu_isa(void);
+int mt_cpu_isa_check(struct mt_err *err);
+const char *mt_cpu_isa_built(void);
+
 /* The guard backend (kernels/cpu/cpu_guard.c, `moetrain --backend=guard`): the CPU
  * kernels on emulated device memory. Backend memory is mapped PROT_NONE except while
  * an op (or a collective, through mt_guard_open/close) runs, every op checks that its

@@ -506,7 +506,12 @@ static int train(struct mt_config *cfg, const struct cli *cli)
     char why[256];
     rc = select_backend(cli, cfg, topo, par, &k, why, sizeof why, &err);
     agree_or_abort(w, rc, &err);
-    if (w->rank == 0) printf("moetrain: backend %s (%s)\n", k->name, why);
+    if (w->rank == 0) {
+        char isa[128] = "";
+        if (strcmp(k->name, "cuda")) /* the CPU kernels run the ops (cpu, guard) */
+            snprintf(isa, sizeof isa, "; CPU kernels %s (built: %s)", mt_cpu_isa(), mt_cpu_isa_built());
+        printf("moetrain: backend %s (%s)%s\n", k->name, why, isa);
+    }
     if (w->rank == 0 && par->nnccl > 0) {
         char line[1024];
         mt_parallel_device_summary(&par->layout, par->logical_of_process, par->rank, line,
@@ -794,10 +799,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "moetrain: error: out of memory\n");
         rc = 1;
     } else if ((rc = parse_args(argc, argv, &cli)) < 0) {
+        struct mt_err err = { 0 };
         mt_config_defaults(cfg);
-        rc = cli.action == TRAIN  ? train(cfg, &cli)
-             : cli.action == FAKE ? fake_world(cfg, &cli)
-                                  : check_or_print(cfg, &cli);
+        /* MOETRAIN_CPU_ISA, before anything runs on the CPU kernels */
+        if (mt_cpu_isa_check(&err) != MT_OK)
+            rc = fail(&err);
+        else
+            rc = cli.action == TRAIN  ? train(cfg, &cli)
+                 : cli.action == FAKE ? fake_world(cfg, &cli)
+                                      : check_or_print(cfg, &cli);
     }
     free(cfg);
     free(cli.files);

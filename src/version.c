@@ -33,6 +33,7 @@
 #endif
 
 #include "kernels/cpu/cpu_blas.h"
+#include "kernels/kernels.h"
 #include "src/revision.h"
 #include "util/error.h"
 
@@ -180,7 +181,11 @@ void mt_print_version(FILE *out)
 #ifdef _OPENMP
     fprintf(out, ", OpenMP");
 #endif
-    fprintf(out, ")");
+    struct mt_err isa_err = { 0 };
+    if (mt_cpu_isa_check(&isa_err) == MT_OK)
+        fprintf(out, "; CPU kernels: %s, running %s)", mt_cpu_isa_built(), mt_cpu_isa());
+    else
+        fprintf(out, "; CPU kernels: %s)", isa_err.msg);
 #ifdef HAVE_CUDA
     fprintf(out, ", cuda (%s", MT_CUDA_ARCHS);
 #ifdef MT_VERSION_NCCL

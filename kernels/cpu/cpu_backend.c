@@ -1,8 +1,12 @@
 /* CPU reference backend: the op table, its names, and host memory. */
 #include "kernels/cpu/cpu_ops.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "config.h"
+#include "util/error.h"
 #include "util/hostmem.h"
 
 const char *const mt_op_names[] = {
@@ -73,7 +77,7 @@ static const struct mt_quant_ops cpu_quant_ops = { .qdq = mt_cpu_qdq, .gemm = mt
                                                    .saved_bytes = mt_cpu_quant_saved_bytes,
                                                    .shards = true, .fp4_shards = true };
 
-static const struct mt_kernels cpu_kernels = {
+static struct mt_kernels cpu_kernels = {
     .name = "cpu",
     .ctx = NULL,
     .quant = &cpu_quant_ops,
@@ -90,50 +94,127 @@ static const struct mt_kernels cpu_kernels = {
         .event_record = cpu_event_record,
         .event_wait = cpu_event_wait,
         .copy_async = cpu_copy,
-        .gemm = mt_cpu_t_gemm,
-        .grouped_gemm = mt_cpu_t_grouped_gemm,
-        .embedding_fwd = mt_cpu_t_embedding_fwd,
-        .embedding_bwd = mt_cpu_embedding_bwd,
-        .rmsnorm_fwd = mt_cpu_t_rmsnorm_fwd,
-        .rmsnorm_bwd = mt_cpu_t_rmsnorm_bwd,
-        .rope_fwd = mt_cpu_t_rope_fwd,
-        .rope_bwd = mt_cpu_rope_bwd,
-        .attention_fwd = mt_cpu_t_attention_fwd,
-        .attention_bwd = mt_cpu_t_attention_bwd,
-        .swiglu_fwd = mt_cpu_t_swiglu_fwd,
-        .swiglu_bwd = mt_cpu_t_swiglu_bwd,
-        .add = mt_cpu_t_add,
-        .router_fwd = mt_cpu_router_fwd,
-        .router_bwd = mt_cpu_router_bwd,
-        .aux_counts = mt_cpu_aux_counts,
-        .aux_loss_fwd = mt_cpu_aux_loss_fwd,
-        .aux_loss_bwd = mt_cpu_aux_loss_bwd,
-        .z_loss_fwd = mt_cpu_z_loss_fwd,
-        .z_loss_bwd = mt_cpu_z_loss_bwd,
-        .dispatch_plan = mt_cpu_dispatch_plan,
-        .drop_mask = mt_cpu_drop_mask,
-        .expert_select = mt_cpu_expert_select,
-        .expert_bias_update = mt_cpu_expert_bias_update,
-        .permute_fwd = mt_cpu_t_permute_fwd,
-        .permute_bwd = mt_cpu_permute_bwd,
-        .unpermute_fwd = mt_cpu_t_unpermute_fwd,
-        .unpermute_bwd = mt_cpu_t_unpermute_bwd,
-        .cross_entropy_fwd = mt_cpu_cross_entropy_fwd,
-        .cross_entropy_bwd = mt_cpu_cross_entropy_bwd,
-        .lse_combine = mt_cpu_lse_combine,
-        .loss_sum = mt_cpu_loss_sum,
-        .adamw = mt_cpu_adamw,
-        .adamw_dev = mt_cpu_adamw_dev,
-        .bf16_round = mt_cpu_bf16_round,
-        .convert = mt_cpu_t_convert,
-        .scale = mt_cpu_scale,
-        .sumsq = mt_cpu_sumsq,
-        .amax_history = mt_cpu_amax_history,
     },
 };
 
+/* ---- the instruction-set level of the compute ops (cpu_isa.h) -------------------- */
+
+void mt_cpu_fill_ops_v3(struct mt_kernel_ops *o);
+void mt_cpu_fill_ops_v4(struct mt_kernel_ops *o);
+
+enum { ISA_BASELINE, ISA_V3, ISA_V4, ISA_COUNT };
+static const char *const isa_names[ISA_COUNT] = {"baseline", "x86-64-v3", "x86-64-v4"};
+static void (*const isa_fill[ISA_COUNT])(struct mt_kernel_ops *) = {
+    mt_cpu_fill_ops,
+#ifdef MT_CPU_ISA_V3
+    mt_cpu_fill_ops_v3,
+#else
+    NULL,
+#endif
+#ifdef MT_CPU_ISA_V4
+    mt_cpu_fill_ops_v4,
+#else
+    NULL,
+#endif
+};
+
+/* Whether this CPU (and its operating system, which must save the wider registers)
+ * runs level i's instructions. */
+static bool isa_runs(int i)
+{
+    if (i == ISA_BASELINE) return true;
+#if defined(__x86_64__) && (defined(MT_CPU_ISA_V3) || defined(MT_CPU_ISA_V4))
+    __builtin_cpu_init();
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    return i == ISA_V3 ? __builtin_cpu_supports("x86-64-v3") : __builtin_cpu_supports("x86-64-v4");
+#else /* the level's defining features that every compiler names */
+    const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    return i == ISA_V3 ? v3
+                       : v3 && __builtin_cpu_supports("avx512f") &&
+                             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+                             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#endif
+#else
+    return false;
+#endif
+}
+
+static char isa_built[64];
+static int isa_pick = -1;
+
+/* The level to run: MOETRAIN_CPU_ISA's, else the highest built and runnable; an error
+ * code (< 0, err set) for a value that names no level, or one not built or not runnable
+ * here. */
+static int isa_choose(struct mt_err *err)
+{
+    const char *want = getenv("MOETRAIN_CPU_ISA");
+    isa_built[0] = '\0';
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (isa_fill[i])
+            snprintf(isa_built + strlen(isa_built), sizeof isa_built - strlen(isa_built), "%s%s",
+                     i ? " " : "", isa_names[i]);
+    if (!want || !*want || strcmp(want, "auto") == 0) {
+        int best = ISA_BASELINE;
+        for (int i = 1; i < ISA_COUNT; i++)
+            if (isa_fill[i] && isa_runs(i)) best = i;
+        return best;
+    }
+    for (int i = 0; i < ISA_COUNT; i++) {
+        if (strcmp(want, isa_names[i]) != 0) continue;
+        if (!isa_fill[i]) {
+            return mt_err_set(err, MT_EUNSUPPORTED,
+                              "MOETRAIN_CPU_ISA=%s: this build has the CPU kernels for %s "
+                              "only (configure's summary says why); unset it, or name one "
+                              "of those", want, isa_built);
+        }
+        if (!isa_runs(i)) {
+            return mt_err_set(err, MT_EUNSUPPORTED,
+                              "MOETRAIN_CPU_ISA=%s: this CPU lacks that level's instructions; "
+                              "unset it (the highest level the CPU has is picked), or name a "
+                              "lower one of %s", want, isa_built);
+        }
+        return i;
+    }
+    return mt_err_set(err, MT_EINVAL,
+                      "MOETRAIN_CPU_ISA=%s names no CPU kernel level; use auto (or unset it) "
+                      "or one of %s", want, isa_built);
+}
+
+int mt_cpu_isa_check(struct mt_err *err)
+{
+    const int i = isa_choose(err);
+    return i < 0 ? i : MT_OK;
+}
+
+static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+static void isa_init(void)
+{
+    struct mt_err err = {0};
+    isa_pick = isa_choose(&err);
+    if (isa_pick < 0) {
+        fprintf(stderr, "moetrain: %s\n", err.msg);
+        abort();
+    }
+    isa_fill[isa_pick](&cpu_kernels.op);
+}
+
+const char *mt_cpu_isa(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return isa_names[isa_pick];
+}
+
+const char *mt_cpu_isa_built(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return isa_built;
+}
+
 const struct mt_kernels *mt_kernels_cpu(void)
 {
+    pthread_once(&isa_once, isa_init);
     mt_cpu_blas_init();
     return &cpu_kernels;
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/kernels.h"
 
 /* bfloat16 round to nearest even of one value, widened back to fp32. NaNs are made
@@ -154,6 +155,8 @@ static inline float mt_cpu_sigmoid(float x) { return 1.0f / (1.0f + mt_cpu_expf(
 
 /* cpu_dense.c */
 void mt_cpu_blas_init(void); /* the BLAS single-threaded: OpenMP owns the cores */
+/* The compute ops of the op table, of this level's build (cpu_table.c, cpu_isa.h). */
+void mt_cpu_fill_ops(struct mt_kernel_ops *o);
 void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,

@@ -5,6 +5,9 @@ check_PROGRAMS += tests/kernels/test_ops_fd tests/kernels/test_bf16 tests/kernel
 	tests/kernels/test_attention
 TESTS += tests/kernels/test_ops_fd tests/kernels/test_bf16 tests/kernels/test_guard \
 	tests/kernels/test_attention
+# every op test again on each x86-64 level of the CPU kernels (kernels/cpu/cpu_isa.h)
+TESTS += tests/kernels/cpu_isa.sh
+EXTRA_DIST += tests/kernels/cpu_isa.sh
 noinst_HEADERS += tests/kernels/fd.h
 
 tests_kernels_test_ops_fd_SOURCES = tests/kernels/test_ops_fd.c
