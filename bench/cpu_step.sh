@@ -31,6 +31,7 @@ threads=${OMP_NUM_THREADS:-$(getconf _NPROCESSORS_ONLN)}
 export OMP_NUM_THREADS="$threads"
 
 "$moetrain" --version | sed -n 's/^  *BLAS/BLAS:/p'
+"$moetrain" --version | sed -n 's/.*CPU kernels: \([^)]*\)).*/CPU kernels: \1/p'
 cc -O2 -o "$tmp/sgemm_peak" "$here/sgemm_peak.c" $(pkg-config --cflags --libs openblas 2>/dev/null || echo -lopenblas)
 "$tmp/sgemm_peak" | tee "$tmp/peak.txt"
 peak=$(awk '/^sgemm_peak_gflops/ {print $2}' "$tmp/peak.txt")

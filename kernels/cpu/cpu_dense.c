@@ -18,9 +18,11 @@
 
 void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
 
-/* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included. */
+/* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included; beta = 1
+ * (a weight gradient accumulated for an expert no token chose) leaves C as it is. */
 static void gemm_scale(int M, int N, float beta, float *C, int ldc)
 {
+    if (beta == 1.0f) return;
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++)
             C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
