@@ -8,9 +8,9 @@
 # operation runs as) must abort with the emulator's message.
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 prog="$MT_TOP_BUILDDIR/tests/runtime/emu_nccl_graph"
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+use_emulated_nccl 1
 MT_EMU_NCCL_TIMEOUT_S=20
-export LD_LIBRARY_PATH MT_EMU_NCCL_TIMEOUT_S
+export MT_EMU_NCCL_TIMEOUT_S
 for mode in immediate deferred; do
     export MT_EMU_STREAMS=$mode
     timeout 120 "$prog" ok > "$tmp/out" 2>&1 && ! grep -q "moetrain CUDA emulator" "$tmp/out" &&

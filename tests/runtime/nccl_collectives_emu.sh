@@ -29,11 +29,10 @@
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
 prog=$(own nccl_check_emu "$MT_TOP_BUILDDIR/tests/runtime/nccl_check-emu")
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # one emulated device per local process
-MT_EMU_DEVICE_COUNT=4
+use_emulated_nccl 4
 MT_EMU_NCCL_INPROGRESS=2
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS
+export MT_EMU_NCCL_INPROGRESS
 cd "$tmp"
 
 # The API itself (every type and reduction, argument checks, groups, 1 to 4 forked ranks),
@@ -75,7 +74,6 @@ fault peer-gone 2 2 'rank 0: rank 1 closed its connection' 'during ncclAllReduce
 # of 4 sequences of 64 tokens, split over two data-parallel ranks whose gradients (device
 # buffers) go through the emulated NCCL. Loss and gradient norm within 1e-5 relative (the
 # sums differ only in order; measured: identical).
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
 set -- --backend=cuda "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" "precision%params_dtype='bf16'" \
     training%train_iters=2 training%eval_interval=100 training%eval_iters=0 \
     optimizer%lr_warmup_iters=0 training%global_batch_size=4 training%micro_batch_size=2 \

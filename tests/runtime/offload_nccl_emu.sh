@@ -14,12 +14,10 @@
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MT_EMU_DEVICE_COUNT=2
+use_emulated_nccl 2
 MT_EMU_NCCL_INPROGRESS=2
 MT_EMU_STREAMS=deferred
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS MT_EMU_STREAMS
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+export MT_EMU_NCCL_INPROGRESS MT_EMU_STREAMS
 nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 all="recompute%offload_modules='attn_norm','qkv_linear','core_attn','attn_proj','mlp_norm','expert_fc1','moe_act'"
 pp=parallel%pipeline_model_parallel_size=2

@@ -19,10 +19,9 @@
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
 prog=$(own parallel_check_emu "$MT_TOP_BUILDDIR/tests/runtime/parallel_check-emu")
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MT_EMU_DEVICE_COUNT=8
+use_emulated_nccl 8
 MT_EMU_NCCL_INPROGRESS=2 # comm_nccl.c's polling of nonblocking splits runs
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS
+export MT_EMU_NCCL_INPROGRESS
 cd "$tmp"
 
 # layout N TP PP EP ETP LINE...: parallel_check-emu on N processes passes, and rank 0's
@@ -53,7 +52,6 @@ layout 4 1 4 1 1 'NCCL communicators: 3 on this process (world + tp (1 rank), em
     'pp = world' '2 to 3 per process'
 
 # The trainer: PP 2 x DP 2 x EP 2 on 4 emulated devices against 1 process.
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
 set -- --backend=cuda "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" "precision%params_dtype='bf16'" \
     training%train_iters=2 training%eval_interval=100 training%eval_iters=0 \
     optimizer%lr_warmup_iters=0 training%global_batch_size=4 training%micro_batch_size=2 \

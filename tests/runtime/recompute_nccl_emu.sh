@@ -10,11 +10,9 @@
 # Not skipped in a build with the emulator and NCCL (it is not built otherwise).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 need_mpirun
-LD_LIBRARY_PATH="$MT_TOP_BUILDDIR/tests/runtime/emu-nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MT_EMU_DEVICE_COUNT=2
+use_emulated_nccl 2
 MT_EMU_NCCL_INPROGRESS=2
-export LD_LIBRARY_PATH MT_EMU_DEVICE_COUNT MT_EMU_NCCL_INPROGRESS
-emu="$MT_TOP_BUILDDIR/tests/gpu/moetrain-emu"
+export MT_EMU_NCCL_INPROGRESS
 nml="$MT_TOP_SRCDIR/tests/parallel/moe.nml"
 
 # train NAME OVERRIDES...: 2 processes, metrics in $tmp/NAME.jsonl
