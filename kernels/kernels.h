@@ -646,6 +646,13 @@ struct mt_quant_ops {
     void (*grouped_gemm)(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                          const struct mt_tensor *a, const struct mt_quant_spec *sb,
                          const struct mt_tensor *b, float beta, const struct mt_tensor *c);
+    // amax (n), backend memory: each NaN made +Inf, before a MAX reduction of amaxes
+    // over ranks, which would drop it (fmaxf(NaN, x) is x, NCCL's max and MPI's keep or
+    // drop a NaN by the order of their operands): a NaN in one rank's tensor then
+    // reaches every rank as a non-finite amax, which every scale rule takes as it takes
+    // a NaN (mt_q_tensor_scale gives 1, mt_q_history_scale keeps the scale). Does not
+    // wait for the device.
+    void (*amax_nan_to_inf)(void *ctx, float *amax, size_t n);
     // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
     // the tensor and the tensor's amax) under the FP8 recipes (shards) and under NVFP4
     // (fp4_shards: its stochastic rounding's element indices and fp32 scale in the

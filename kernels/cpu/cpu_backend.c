@@ -75,6 +75,7 @@ static void cpu_event_wait(void *ctx, enum mt_stream s, void *ev) { (void)ctx, (
 static const struct mt_quant_ops cpu_quant_ops = { .qdq = mt_cpu_qdq, .gemm = mt_cpu_qgemm,
                                                    .save = mt_cpu_quant_save,
                                                    .saved_bytes = mt_cpu_quant_saved_bytes,
+                                                   .amax_nan_to_inf = mt_cpu_amax_nan_to_inf,
                                                    .shards = true, .fp4_shards = true };
 
 static struct mt_kernels cpu_kernels = {

@@ -775,8 +775,16 @@ static void g_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct
     RUN(MT_OP_CONVERT, cpu->quant->save(ctx, s, saved, x));
 }
 
+static void g_amax_nan_to_inf(void *ctx, float *amax, size_t n)
+{
+    dev("amax_nan_to_inf", "amax", amax);
+    range("amax_nan_to_inf", "amax", amax, sizeof(float) * n);
+    RUN(MT_OP_CONVERT, cpu->quant->amax_nan_to_inf(ctx, amax, n));
+}
+
 static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .save = g_save,
                                                      .saved_bytes = mt_cpu_quant_saved_bytes,
+                                                     .amax_nan_to_inf = g_amax_nan_to_inf,
                                                      .shards = true, .fp4_shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)

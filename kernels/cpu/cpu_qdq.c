@@ -1,6 +1,7 @@
 /* The FP8/FP4 recipes' operand quantisation in the model (struct mt_quant_ops,
  * doc/fp8.md "In the model"): the quantisers of cpu_quant.c applied to a GEMM operand,
  * and the values they keep written back in fp32 for the ordinary GEMM. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,13 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
         qdq_nvfp4_shard(s, out.data, x.rows, x.cols);
     else
         qdq_dense(s, out.data, x.rows, x.cols, s->tensor_amax ? *s->tensor_amax : amax);
+}
+
+void mt_cpu_amax_nan_to_inf(void *ctx, float *amax, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++)
+        if (amax[i] != amax[i]) amax[i] = INFINITY;
 }
 
 size_t mt_cpu_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols)

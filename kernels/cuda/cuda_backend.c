@@ -25,7 +25,8 @@ static const struct mt_graph_ops cuda_graph_ops = {
  * MT_CUDA_QUANT_SAVE=0 (quant_save_from_env) */
 static struct mt_quant_ops cuda_quant_ops = {
     .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .save = mt_cuda_quant_save,
-    .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped, .shards = true,
+    .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped,
+    .amax_nan_to_inf = mt_cuda_amax_nan_to_inf, .shards = true,
     .fp4_shards = true };
 
 /* MT_CUDA_QUANT_SAVE, read once when the backend starts: 1 (the default) or 0, which

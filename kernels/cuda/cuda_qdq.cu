@@ -117,6 +117,22 @@ __global__ static void qdq_record_amax_kernel(float *dst, const float *amax)
     if (!(a <= *dst)) *dst = a;
 }
 
+// Each NaN of amax (n) made +Inf (struct mt_quant_ops amax_nan_to_inf).
+__global__ static void qdq_nan_to_inf_kernel(float *amax, size_t n)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && amax[i] != amax[i]) amax[i] = mt_q_float(0x7f800000u);
+}
+
+extern "C" void mt_cuda_amax_nan_to_inf(void *ctx, float *amax, size_t n)
+{
+    MT_CUDA_OP(ctx, MT_OP_CONVERT);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    if (n == 0) return;
+    MT_LAUNCH(mt_cdiv(n, QDQ_THREADS), QDQ_THREADS, 0, c->stream, qdq_nan_to_inf_kernel)(amax, n);
+    MT_CUDA_LAUNCHED();
+}
+
 // The value of element (r, c) of q, cpu_quant.c's mt_dequant: (code value x block
 // scale) x per-tensor scale, two fp32 products rounded apart; written at
 // out[r * ors + c * ocs] (ors = 1, ocs = q.rows to transpose back).

@@ -556,6 +556,12 @@ uint64_t mt_lowp_backward_seed(const struct mt_model *m);
 bool mt_lowp_saves(const struct mt_model *m, int l);
 size_t mt_lowp_copy_bytes(const struct mt_model *m, int64_t rows, int64_t cols);
 bool mt_lowp_shares_copies(const struct mt_model *m);
+/* The MAX all-reduce over comm of n amaxes (backend memory of k, queued on ctx) that
+ * shards and data-parallel replicas agree on, a NaN made +Inf first (struct
+ * mt_quant_ops amax_nan_to_inf): a NaN on one rank reaches every rank as a non-finite
+ * amax, which scales as one process's NaN does (doc/fp8.md, "Parallel layouts"). */
+int mt_lowp_amax_all_reduce(const struct mt_kernels *k, void *ctx, struct mt_comm *comm, float *amax,
+                            size_t n, struct mt_err *err);
 /* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
  * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). Errors: the amax
  * reduction of a shard's current scaling (p->err). */

@@ -337,6 +337,13 @@ void mt_lowp_load(struct mt_model *m, const float *in)
     upload_histories(m);
 }
 
+int mt_lowp_amax_all_reduce(const struct mt_kernels *k, void *ctx, struct mt_comm *comm, float *amax,
+                            size_t n, struct mt_err *err)
+{
+    k->quant->amax_nan_to_inf(ctx, amax, n);
+    return mt_all_reduce(comm, amax, n, MT_DT_F32, MT_OP_MAX, err);
+}
+
 int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
 {
     struct mt_lowp *lp = m->lp;
@@ -349,7 +356,7 @@ int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
     /* the largest over the ranks: data-parallel replicas saw other micro-batches,
      * pipeline stages other layers (their slots hold zeros elsewhere) */
     if (lp->world && lp->world->size > 1)
-        MT_CHECK(mt_all_reduce(lp->world, lp->amax_dev, ns, MT_DT_F32, MT_OP_MAX, err));
+        MT_CHECK(mt_lowp_amax_all_reduce(k, k->ctx, lp->world, lp->amax_dev, ns, err));
     /* mt_amax_history_update's step of every history, on the backend: nothing read */
     lp->hist_latest = (lp->hist_latest + 1) % lp->hist_len;
     if (lp->hist_count < lp->hist_len) lp->hist_count++;

@@ -521,6 +521,26 @@ static void qdq_shard(const struct mt_kernels *gpu, const struct mt_kernels *cpu
     for (void *p : {dx, (void *)dout, (void *)damax}) gpu->op.free(gpu->ctx, p);
 }
 
+// amax_nan_to_inf on 300 amaxes (two blocks of the launch), NaNs of both signs and
+// payloads, infinity, zero, the largest finite and ordinary values among them: the CPU
+// backend's bits.
+static void amax_nan_to_inf_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu)
+{
+    const uint32_t special[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7f800000u, 0u, 0x7f7fffffu};
+    std::vector<float> h(300);
+    for (size_t i = 0; i < h.size(); i++) h[i] = (float)rnd_unit() * 100.0f;
+    for (size_t i = 0; i < h.size(); i += 7) memcpy(&h[i], &special[(i / 7) % 6], sizeof(float));
+    float *d = dev_copy(h.data(), h.size());
+    cpu->quant->amax_nan_to_inf(cpu->ctx, h.data(), h.size());
+    gpu->quant->amax_nan_to_inf(gpu->ctx, d, h.size());
+    gpu->op.sync(gpu->ctx);
+    const std::vector<float> g = host_copy(d, h.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < h.size(); i++) bad += bits(g[i]) != bits(h[i]) || h[i] != h[i];
+    emu_check(bad == 0, "amax_nan_to_inf: %zu of %zu amaxes differ from the CPU's or stay NaN", bad, h.size());
+    CHECK_CUDA(cudaFree(d));
+}
+
 // The CUDA backend (the emulated device), and its teardown; either failing ends the test.
 static const struct mt_kernels *cuda_backend(void)
 {
@@ -569,6 +589,7 @@ static void run_qdq(void)
         qdq_shard(gpu, cpu, qc, 256, 200, true);
         qdq_shard(gpu, cpu, qc, 72, 256, false);
     }
+    amax_nan_to_inf_case(gpu, cpu);
     cuda_backend_done();
 }
 
