@@ -45,26 +45,32 @@
 
 #define QDQ_THREADS 256
 
-// out (rows_pad, C) = x (R, C) as fp32, zero rows from R to rows_pad. A thread an
-// element of out.
+// out (rows_pad, C) = x (R, C) as fp32, zero rows from R to rows_pad: element i of out
+// (a thread an element, x read and out written along their rows).
 template <typename T>
-__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
+__device__ __forceinline__ void qdq_load_elem(int64_t i, float *out, const T *x, int64_t R, int64_t C,
+                                              int64_t rows_pad)
 {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows_pad * C) return;
     out[i] = i / C >= R ? 0.0f : mt_ld(x, (size_t)i);
 }
 
+template <typename T>
+__global__ static void qdq_load_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
+{
+    qdq_load_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, out, x, R, C, rows_pad);
+}
+
 // out (rows_pad, R) = the transpose of x (R, C) as fp32, zero rows from C to rows_pad
 // (>= C): a block of QDQ_TILE x 8 threads moves QDQ_TILE x QDQ_TILE tiles through shared
-// memory, so that x is read and out written along their rows (a thread an element of
-// out would read x down its columns, a warp 32 rows apart, on every wgrad and dgrad
+// memory tile, so that x is read and out written along their rows (a thread an element
+// of out would read x down its columns, a warp 32 rows apart, on every wgrad and dgrad
 // operand). x's rows (the tokens: any count) on the grid's x, out's rows on its y.
 #define QDQ_TILE 32
 template <typename T>
-__global__ static void qdq_load_t_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
+__device__ __forceinline__ void qdq_load_t_tiles(float (*tile)[QDQ_TILE + 1], float *out, const T *x, int64_t R,
+                                                 int64_t C, int64_t rows_pad)
 {
-    MT_SHARED(float, tile, [QDQ_TILE][QDQ_TILE + 1]);
     const int64_t r0 = (int64_t)blockIdx.x * QDQ_TILE;
     for (int64_t c0 = (int64_t)blockIdx.y * QDQ_TILE; c0 < rows_pad; c0 += (int64_t)gridDim.y * QDQ_TILE) {
         for (int k = threadIdx.y; k < QDQ_TILE; k += blockDim.y) {
@@ -80,6 +86,20 @@ __global__ static void qdq_load_t_kernel(float *out, const T *x, int64_t R, int6
     }
 }
 
+template <typename T>
+__global__ static void qdq_load_t_kernel(float *out, const T *x, int64_t R, int64_t C, int64_t rows_pad)
+{
+    MT_SHARED(float, tile, [QDQ_TILE][QDQ_TILE + 1]);
+    qdq_load_t_tiles(tile, out, x, R, C, rows_pad);
+}
+
+// The grid of qdq_load_t_kernel for x's R rows and out's rows_pad rows.
+static dim3 qdq_load_t_grid(int64_t R, int64_t rows_pad)
+{
+    const unsigned ty = mt_cdiv((size_t)rows_pad, QDQ_TILE);
+    return dim3(mt_cdiv((size_t)R, QDQ_TILE), ty < 65535 ? ty : 65535);
+}
+
 // out (rows_pad, qc) = x (R, C) as fp32, as it is or, tr, transposed (qc = R), zero
 // rows after x's.
 static void qdq_load(mt_cuda_ctx *c, float *out, struct mt_tensor x, bool tr, int64_t rows_pad)
@@ -91,23 +111,10 @@ static void qdq_load(mt_cuda_ctx *c, float *out, struct mt_tensor x, bool tr, in
                       qdq_load_kernel<MT_ELEM(tag)>)(out, xp, x.rows, x.cols, rows_pad);
             return;
         }
-        const unsigned ty = mt_cdiv((size_t)rows_pad, QDQ_TILE);
-        MT_LAUNCH(dim3(mt_cdiv((size_t)x.rows, QDQ_TILE), ty < 65535 ? ty : 65535),
-                  dim3(QDQ_TILE, 8), 0, c->stream, qdq_load_t_kernel<MT_ELEM(tag)>)(out, xp, x.rows, x.cols, rows_pad);
+        MT_LAUNCH(qdq_load_t_grid(x.rows, rows_pad), dim3(QDQ_TILE, 8), 0, c->stream,
+                  qdq_load_t_kernel<MT_ELEM(tag)>)(out, xp, x.rows, x.cols, rows_pad);
     });
     MT_CUDA_LAUNCHED();
-}
-
-// Element i of qdq_load's out (the batch load of the grouped GEMM's operands, a thread an
-// element; a group's operands are small there).
-template <typename T>
-__device__ __forceinline__ void qdq_load_elem(int64_t i, float *out, const T *x, int64_t R, int64_t C, int transpose,
-                                              int64_t rows_pad)
-{
-    const int64_t qr = transpose ? C : R, qc = transpose ? R : C;
-    if (i >= rows_pad * qc) return;
-    const int64_t r = i / qc, c = i % qc;
-    out[i] = r >= qr ? 0.0f : mt_ld(x, (size_t)(transpose ? c * C + r : i));
 }
 
 // Delayed scaling's record: *dst = max(*dst, *amax), a NaN amax recorded (cpu_qdq.c).
@@ -967,16 +974,25 @@ struct qgg_load {
     int64_t R, C, rows;
 };
 struct qgg_load_args {
-    int tr;
     qgg_load g[QGG_MAX];
 };
 
-// qdq_load_elem for every group, the group blockIdx.y.
+// qdq_load's kernels for every group, the group blockIdx.z: qdq_load_elem, or, transposed,
+// qdq_load_t_tiles on the grid of the largest group (a smaller group's blocks past its
+// tiles leave at once, the whole block, before any barrier).
 template <typename T>
 __global__ static void qgg_load_kernel(const __grid_constant__ qgg_load_args a)
 {
-    const qgg_load &g = a.g[blockIdx.y];
-    qdq_load_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, g.w, (const T *)g.x, g.R, g.C, a.tr, g.rows);
+    const qgg_load &g = a.g[blockIdx.z];
+    qdq_load_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, g.w, (const T *)g.x, g.R, g.C, g.rows);
+}
+template <typename T>
+__global__ static void qgg_load_t_kernel(const __grid_constant__ qgg_load_args a)
+{
+    MT_SHARED(float, tile, [QDQ_TILE][QDQ_TILE + 1]);
+    const qgg_load &g = a.g[blockIdx.z];
+    if ((int64_t)blockIdx.x * QDQ_TILE >= g.R || (int64_t)blockIdx.y * QDQ_TILE >= g.rows) return;
+    qdq_load_t_tiles(tile, g.w, (const T *)g.x, g.R, g.C, g.rows);
 }
 
 static bool qgg_batches(const struct mt_quant_spec *s, const struct mt_tensor *x, int n)
@@ -1004,13 +1020,15 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
     la = qgg_load_args{};
     b.n = n;
     b.scaling = s[0].scaling, b.elem = s[0].elem;
-    int64_t most = 0;
+    int64_t most = 0, most_r = 0, most_rows = 0; // the largest group's elements, x rows, staging rows
     for (int i = 0; i < n; i++) {
         const bool shard = qdq_check_shard("quantised gemm", &s[i], x[i].rows, x[i].cols);
         const qgemm_operand &o = held.emplace_back(qgemm_quantise(c, arg, &s[i], x[i], tr, rows[i], k[i], false, true));
         if (i == 0) b.along = o.q.along;
         la.g[i] = qgg_load{x[i].data, o.staging, x[i].rows, x[i].cols, o.q.rows};
         most = o.q.rows * o.q.cols > most ? o.q.rows * o.q.cols : most;
+        most_r = x[i].rows > most_r ? x[i].rows : most_r;
+        most_rows = o.q.rows > most_rows ? o.q.rows : most_rows;
         mt_cuda_q_item &t = b.t[i];
         t.x = o.staging, t.ld = o.q.cols, t.q = o.q;
         t.record = s[i].amax;
@@ -1027,10 +1045,15 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
             t.rht_signs = mt_q_hadamard_signs(s[i].seed, s[i].rht_stream);
         }
     }
-    la.tr = tr;
     mt_with_elem(x[0].dtype, [&](auto tag) {
-        MT_LAUNCH(dim3(mt_cdiv((size_t)most, QDQ_THREADS), (unsigned)n), QDQ_THREADS, 0, c->stream,
-                  qgg_load_kernel<MT_ELEM(tag)>)(la);
+        if (!tr) {
+            MT_LAUNCH(dim3(mt_cdiv((size_t)most, QDQ_THREADS), 1, (unsigned)n), QDQ_THREADS, 0, c->stream,
+                      qgg_load_kernel<MT_ELEM(tag)>)(la);
+            return;
+        }
+        const dim3 grid = qdq_load_t_grid(most_r, most_rows);
+        MT_LAUNCH(dim3(grid.x, grid.y, (unsigned)n), dim3(QDQ_TILE, 8), 0, c->stream,
+                  qgg_load_t_kernel<MT_ELEM(tag)>)(la);
     });
     MT_CUDA_LAUNCHED();
     b.amax = (float *)mt_cuda_scratch(c, sizeof(float) * (size_t)n);
