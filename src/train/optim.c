@@ -61,7 +61,8 @@ struct mt_optim {
     struct mt_adamw_consts *consts_host, *consts_dev;
     /* mt_optim_step_dev over several processes: the forwards' loss sums, summed over the
      * world, which decide the skip on every rank as the host's summed loss does
-     * (allocated by the first, eager, step) */
+     * (allocated by the first, eager, step): the span of the records that holds them,
+     * world_losses_n doubles, copied and all-reduced whole */
     double *world_losses;
     size_t world_losses_n;
 };
@@ -687,7 +688,10 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, s
     int stride, nloss;
     const double *loss = mt_model_loss_sums(m, &stride, &nloss);
     if (o->par) { /* every rank skips when the loss summed over the world is not finite */
-        const size_t n = (size_t)nloss;
+        /* the records from the first loss sum to the last, one copy and one all-reduce
+         * (a copy per forward would cost the step a launch each); the records' other
+         * fields are summed along and not read, the sums keep their stride */
+        const size_t n = nloss > 0 ? (size_t)(nloss - 1) * (size_t)stride + 1 : 0;
         if (!o->world_losses) { /* the first step is eager (warmup_steps >= 1) */
             o->world_losses = o->k->op.alloc(o->k->ctx, sizeof(double) * (n ? n : 1));
             o->world_losses_n = n;
@@ -695,13 +699,11 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, s
                 return mt_err_set(err, MT_ENOMEM, "optimizer: out of memory for the losses");
         }
         if (n > o->world_losses_n)
-            return mt_err_set(err, MT_EINVAL, "optimizer: %d forwards in a step, room for %zu "
-                              "losses", nloss, o->world_losses_n);
-        for (size_t i = 0; i < n; i++)
-            o->k->op.copy(o->k->ctx, o->world_losses + i, loss + i * (size_t)stride, sizeof(double));
+            return mt_err_set(err, MT_EINVAL, "optimizer: %d forwards in a step, room for the "
+                              "losses of fewer", nloss);
+        if (n) o->k->op.copy(o->k->ctx, o->world_losses, loss, sizeof(double) * n);
         MT_CHECK(mt_all_reduce(o->par->world_comm, o->world_losses, n, MT_DT_F64, MT_OP_SUM, err));
         loss = o->world_losses;
-        stride = 1;
     }
     if (o->zero) {
         const struct adam_ctx a = {.o = o, .c = c, .loss = loss, .loss_stride = stride,
