@@ -819,8 +819,9 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
 }
 
 /* &cuda_graph impl = 'full_iteration': what one graph of the whole iteration can hold
- * (doc/host-overhead.md, "The full iteration"): static shapes, no pipeline (its schedule
- * is the host's), and nothing the host decides or uploads inside the iteration. */
+ * (doc/host-overhead.md, "The full iteration"): static shapes, and nothing the host
+ * decides or uploads inside the iteration (a pipeline's schedule, its transfers between
+ * stages included, is captured whole, as the rest). */
 static int check_full_iteration(const struct mt_config *c, const struct mt_layout *l,
                                 bool dropless_moe, struct mt_err *err)
 {
@@ -835,15 +836,6 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "(drop-and-pad), or use impl = 'local' with modules",
                           pre, e->expert_capacity_factor,
                           e->expert_capacity_factor > 0 ? " without pad_expert_input_to_capacity" : "");
-    if (l->pp > 1)
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s with &parallel pipeline_model_parallel_size = %d: the pipeline "
-                          "schedule's forwards, backwards and transfers between stages are "
-                          "issued micro-batch by micro-batch outside the iteration's graph, "
-                          "which holds the data, tensor and expert parallelism's collectives "
-                          "only; set pipeline_model_parallel_size = 1, or use impl = 'local' "
-                          "with modules (a graph per micro-batch slot in flight)",
-                          pre, l->pp);
     if (c->parallel.overlap_param_gather)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s with &parallel overlap_param_gather = .true.: the updated "

@@ -348,7 +348,8 @@ const struct mt_key mt_schema[] = {
           "iterations and replays them with one launch each; 'full_iteration' captures the "
           "whole iteration (every micro-batch's forward and backward, the gradients' "
           "reduction, the optimizer step) as one graph, launched once per iteration: data, "
-          "tensor and expert parallelism (no pipeline), static shapes (a dense model, or "
+          "tensor, expert and pipeline parallelism (the whole schedule, the transfers between "
+          "stages included), static shapes (a dense model, or "
           "expert_capacity_factor with pad_expert_input_to_capacity); 'none' runs every kernel eagerly "
           "(doc/host-overhead.md, CUDA graphs)"),
     KSARR(cuda_graph, modules,

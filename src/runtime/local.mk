@@ -103,7 +103,8 @@ EXTRA_DIST += kernels/cuda/emu/emu_nccl.cc tests/runtime/nccl_collectives_emu.sh
 	tests/runtime/emu_nccl_api.c tests/runtime/parallel_check.c tests/runtime/parallel_nccl_emu.sh \
 	tests/runtime/recompute_nccl_emu.sh
 EXTRA_DIST += tests/runtime/offload_nccl_emu.sh tests/runtime/emu_nccl_graph.cc tests/runtime/emu_nccl_graph.sh \
-	tests/runtime/cuda_graph_moe_nccl_emu.sh tests/runtime/cuda_graph_full_nccl_emu.sh
+	tests/runtime/cuda_graph_moe_nccl_emu.sh tests/runtime/cuda_graph_full_nccl_emu.sh \
+	tests/runtime/cuda_graph_pp_nccl_emu.sh tests/runtime/full_iteration_runs.sh
 if CUDA_EMULATION
 # The emulated NCCL waits for a call's stream through the program's mt_emu_stream_wait
 # (the emulator's uncounted cudaStreamSynchronize; or cudaStreamSynchronize itself), as
@@ -138,6 +139,8 @@ TESTS += tests/runtime/offload_nccl_emu.sh
 TESTS += tests/runtime/cuda_graph_moe_nccl_emu.sh
 # the whole iteration as one CUDA graph under DP (ZeRO, overlap_grad_reduce), EP and TP
 TESTS += tests/runtime/cuda_graph_full_nccl_emu.sh
+# and under pipeline parallelism (1F1B, interleaved, with DP), the schedule captured whole
+TESTS += tests/runtime/cuda_graph_pp_nccl_emu.sh
 tests_runtime_parallel_check_emu_SOURCES = tests/runtime/parallel_check.c tests/runtime/check.h
 tests_runtime_parallel_check_emu_CPPFLAGS = $(AM_CPPFLAGS) $(cuda_emu_CFLAGS)
 tests_runtime_parallel_check_emu_LDADD = libmt_cuda_emu.la $(MT_RUNTIME_TEST_LIBS) $(MT_LIBS) -lstdc++

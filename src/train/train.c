@@ -326,6 +326,7 @@ static int load_checkpoint(struct trainer *t, bool *found_out, struct mt_err *er
 /* ---- pipeline schedules ------------------------------------------------ */
 
 struct pp_acc {
+    bool staged; /* the step's tokens staged ahead (stage_step_tokens): forwards take none */
     long long dropped, overflows;
     long long offload[2]; /* bytes copied to the host (forwards), back (backwards) */
     int fwd[MT_MAX_VPP], bwd[MT_MAX_VPP]; /* per chunk: micro-batches forwarded, backwarded */
@@ -357,11 +358,12 @@ static int pp_fwd(struct trainer *t, struct pp_acc *a, int chunk, const float *x
                   int nmb, struct mt_err *err)
 {
     const int mbs = t->cfg->training.micro_batch_size, mb = a->fwd[chunk]++;
-    MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
-                        micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+    if (!a->staged)
+        MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                            micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
     struct mt_model_stats s = { 0 };
-    MT_CHECK(mt_model_stage_forward(t->model, chunk, mb % t->nslots, t->tokens, mbs, x_in, x_out,
-                                    true, 1.0f / (float)nmb, &s, err));
+    MT_CHECK(mt_model_stage_forward(t->model, chunk, mb % t->nslots, a->staged ? NULL : t->tokens,
+                                    mbs, x_in, x_out, true, 1.0f / (float)nmb, &s, err));
     pp_track(t, chunk, +1);
     a->dropped += s.dropped_tokens;
     a->overflows += s.expert_overflows;
@@ -1635,44 +1637,64 @@ static int read_step(struct trainer *t, double all, double *loss, double *auxz,
     return MT_OK;
 }
 
-/* The micro-batches of a step without a pipeline, forward and backward, and the
- * gradients' reduction; with &cuda_graph impl = 'full_iteration' (staged) the optimizer
- * step too, and all of it one graph (mt_model_iteration_begin), with what the host gives
- * it written before it: the tokens, AdamW's constants of the step (the learning rate). */
-static int run_micro_batches(struct trainer *t, bool staged, long long *dropped,
-                             long long *overflows, long long offload[2], struct mt_err *err)
+/* The step's micro-batches' tokens, staged ahead (mt_model_stage_tokens) in the order
+ * the forwards run: virtual micro-batch k is the forward of chunk chunk_of(k), of that
+ * chunk's next micro-batch (one chunk without a pipeline or with 1F1B). */
+static int stage_step_tokens(struct trainer *t, struct mt_err *err)
 {
-    const struct mt_config_optimizer *oc = &t->cfg->optimizer;
     const int mbs = t->cfg->training.micro_batch_size;
-    const int nmb = t->layout->num_micro_batches;
-    for (int mb = 0; staged && mb < nmb; mb++) {
+    const int nmb = t->layout->num_micro_batches, chunks = t->pp_comm ? t->vpp : 1;
+    int next[MT_MAX_VPP] = {0};
+    for (int k = 0; k < nmb * chunks; k++) {
+        const int mb = next[t->pp_comm ? chunk_of(t, k, true) : 0]++;
         MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
                             micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
         MT_CHECK(mt_model_stage_tokens(t->model, t->tokens, mbs, err));
     }
-    if (staged)
+    return MT_OK;
+}
+
+/* The micro-batches of a step, forward and backward (under a pipeline, its schedule with
+ * the transfers between stages), and the gradients' reduction; with &cuda_graph impl =
+ * 'full_iteration' (a->staged) the optimizer step too, and all of it one graph
+ * (mt_model_iteration_begin), with what the host gives it written before it: the
+ * tokens, AdamW's constants of the step (the learning rate). */
+static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err *err)
+{
+    const struct mt_config_optimizer *oc = &t->cfg->optimizer;
+    const int mbs = t->cfg->training.micro_batch_size;
+    const int nmb = t->layout->num_micro_batches;
+    if (a->staged) {
+        MT_CHECK(stage_step_tokens(t, err));
         MT_CHECK(mt_optim_stage_step(t->optim, oc, mt_lr_at(oc, t->st.iteration), t->st.adam_step + 1, err));
+    }
     bool run;
     MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
     if (!run) return MT_OK; /* replayed: its host-side results are the zeros of static shapes */
     mt_model_zero_grad(t->model);
-    for (int mb = 0; mb < nmb; mb++) {
-        if (!staged)
-            MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
-                                micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
-        struct mt_model_stats s = { 0 };
-        t->last_pass = mb == nmb - 1;
-        int rc = mt_model_forward_backward(t->model, staged ? NULL : t->tokens, mbs,
-                                           1.0f / (float)nmb, &s, err);
-        t->last_pass = false;
-        MT_CHECK(rc);
-        *dropped += s.dropped_tokens;
-        *overflows += s.expert_overflows;
-        offload[0] += s.offload_d2h_bytes;
-        offload[1] += s.offload_h2d_bytes;
+    if (t->pp_comm && t->vpp > 1) {
+        MT_CHECK(pp_interleaved(t, a, nmb, err));
+    } else if (t->pp_comm) {
+        MT_CHECK(pp_1f1b(t, a, nmb, err));
+    } else {
+        for (int mb = 0; mb < nmb; mb++) {
+            if (!a->staged)
+                MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                                    micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+            struct mt_model_stats s = { 0 };
+            t->last_pass = mb == nmb - 1;
+            int rc = mt_model_forward_backward(t->model, a->staged ? NULL : t->tokens, mbs,
+                                               1.0f / (float)nmb, &s, err);
+            t->last_pass = false;
+            MT_CHECK(rc);
+            a->dropped += s.dropped_tokens;
+            a->overflows += s.expert_overflows;
+            a->offload[0] += s.offload_d2h_bytes;
+            a->offload[1] += s.offload_h2d_bytes;
+        }
     }
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
-    if (staged) MT_CHECK(mt_optim_step_dev(t->optim, oc, err));
+    if (a->staged) MT_CHECK(mt_optim_step_dev(t->optim, oc, err));
     return mt_model_iteration_end(t->model, err);
 }
 
@@ -1687,31 +1709,15 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     const bool staged = strcmp(c->cuda_graph.impl, "full_iteration") == 0;
     const double all = (double)nmb * t->dp;             /* the global batch's */
     double t0 = now_ms();
-    if (t->pp_comm) mt_model_zero_grad(t->model); /* else in run_micro_batches */
     mt_model_reset_expert_counts(t->model);
     double loss = 0, auxz[2] = {0, 0};
-    long long dropped = 0, overflows = 0, offload[2] = {0, 0};
-    if (t->pp_comm && staged) /* --check refuses it (config.c): the update is the device's */
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "&cuda_graph impl = 'full_iteration' with pipeline_model_parallel_size "
-                          "> 1: the pipeline schedule runs from the host; set impl = 'local'");
-    if (t->pp_comm) {
-        struct pp_acc a = { 0 };
-        if (t->vpp > 1)
-            MT_CHECK(pp_interleaved(t, &a, nmb, err));
-        else
-            MT_CHECK(pp_1f1b(t, &a, nmb, err));
-        dropped = a.dropped;
-        overflows = a.overflows;
-        offload[0] = a.offload[0];
-        offload[1] = a.offload[1];
-        if (!t->pp_logged) {
-            MT_CHECK(pp_log(t, err));
-            t->pp_logged = true;
-        }
-        MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
-    } else {
-        MT_CHECK(run_micro_batches(t, staged, &dropped, &overflows, offload, err));
+    struct pp_acc a = {.staged = staged};
+    MT_CHECK(run_micro_batches(t, &a, err));
+    long long dropped = a.dropped, overflows = a.overflows;
+    const long long *offload = a.offload;
+    if (t->pp_comm && !t->pp_logged) {
+        MT_CHECK(pp_log(t, err));
+        t->pp_logged = true;
     }
     double gnorm;
     MT_CHECK(read_step(t, all, &loss, auxz, &dropped, &gnorm, err));

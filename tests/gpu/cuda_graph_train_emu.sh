@@ -181,10 +181,6 @@ refused "full iteration with dropless routing" \
     "&cuda_graph impl = 'full_iteration': a whole iteration is one graph only where every shape is static, and dropless routing" \
     "$tiny" --check "cuda_graph%impl='full_iteration'"
 # shellcheck disable=SC2086
-refused "full iteration with a pipeline" \
-    "&cuda_graph impl = 'full_iteration' with &parallel pipeline_model_parallel_size = 2: the pipeline schedule's" \
-    "$tiny" --check --world-size 2 parallel%pipeline_model_parallel_size=2 "cuda_graph%impl='full_iteration'" $pad
-# shellcheck disable=SC2086
 refused "full iteration with overlap_param_gather" \
     "&cuda_graph impl = 'full_iteration' with &parallel overlap_param_gather = .true.: the updated parameters' all-gathers are left in flight" \
     "$tiny" --check --world-size 2 parallel%use_distributed_optimizer=T parallel%overlap_grad_reduce=T \
