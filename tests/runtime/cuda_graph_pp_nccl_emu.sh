@@ -4,7 +4,8 @@
 # and backward on the stage, the transfers between stages, the gradients' reduction, the
 # device-decided AdamW step) one graph per rank, over the emulated NCCL: tiny_moe with
 # drop-and-pad, 4 iterations with warmup_steps = 1 (iteration 2 captures, 3 and 4 replay):
-#   - PP 2 with 1F1B (4 micro-batches: a warm-up, a steady phase and a flush);
+#   - PP 2 with 1F1B (4 micro-batches: a warm-up, a steady phase and a flush), the
+#     embedding tied to the LM head (its two halves summed over the embedding group);
 #   - PP 2 x VPP 2 (4 layers) with overlap_p2p_comm and overlap_p2p_comm_warmup_flush,
 #     device work deferred per stream (the transfers started ahead and waited for on the
 #     device inside the graph), against the interleaved schedule without graphs;
@@ -24,9 +25,10 @@ use_emulated_nccl 4
 cd "$tmp"
 
 pp=parallel%pipeline_model_parallel_size=2
-train pp_eager $pp
+tie=model%untie_embeddings_and_output_weights=F
+train pp_eager $pp $tie
 # shellcheck disable=SC2086 # lists of overrides
-train pp_full $pp $full
+train pp_full $pp $tie $full
 compare pp_eager pp_full
 grep -q '^pipeline stage 1 (1F1B, 4 micro-batches)' pp_full.log || { cat pp_full.log; fail "pp_full: not PP 2"; }
 
