@@ -1672,26 +1672,22 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
     MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
     if (!run) return MT_OK; /* replayed: its host-side results are the zeros of static shapes */
     mt_model_zero_grad(t->model);
-    if (t->pp_comm && t->vpp > 1) {
-        MT_CHECK(pp_interleaved(t, a, nmb, err));
-    } else if (t->pp_comm) {
-        MT_CHECK(pp_1f1b(t, a, nmb, err));
-    } else {
-        for (int mb = 0; mb < nmb; mb++) {
-            if (!a->staged)
-                MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
-                                    micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
-            struct mt_model_stats s = { 0 };
-            t->last_pass = mb == nmb - 1;
-            int rc = mt_model_forward_backward(t->model, a->staged ? NULL : t->tokens, mbs,
-                                               1.0f / (float)nmb, &s, err);
-            t->last_pass = false;
-            MT_CHECK(rc);
-            a->dropped += s.dropped_tokens;
-            a->overflows += s.expert_overflows;
-            a->offload[0] += s.offload_d2h_bytes;
-            a->offload[1] += s.offload_h2d_bytes;
-        }
+    if (t->pp_comm)
+        MT_CHECK(t->vpp > 1 ? pp_interleaved(t, a, nmb, err) : pp_1f1b(t, a, nmb, err));
+    for (int mb = 0; !t->pp_comm && mb < nmb; mb++) {
+        if (!a->staged)
+            MT_CHECK(load_batch(t, MT_SPLIT_TRAIN,
+                                micro_batch_start(t, (uint64_t)t->st.consumed_samples, mb), mbs, err));
+        struct mt_model_stats s = { 0 };
+        t->last_pass = mb == nmb - 1;
+        int rc = mt_model_forward_backward(t->model, a->staged ? NULL : t->tokens, mbs,
+                                           1.0f / (float)nmb, &s, err);
+        t->last_pass = false;
+        MT_CHECK(rc);
+        a->dropped += s.dropped_tokens;
+        a->overflows += s.expert_overflows;
+        a->offload[0] += s.offload_d2h_bytes;
+        a->offload[1] += s.offload_h2d_bytes;
     }
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
     if (a->staged) MT_CHECK(mt_optim_step_dev(t->optim, oc, err));
