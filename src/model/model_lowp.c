@@ -469,7 +469,7 @@ static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, 
         pr.work = NULL;
         k->op.memset(k->ctx, tamax, 0, sizeof(float));
         k->quant->qdq(p->ctx, &pr, mt_f32(probe, x.rows, x.cols), x);
-        MT_CHECK(mt_all_reduce(sh.comm, tamax, 1, MT_DT_F32, MT_OP_MAX, p->err));
+        MT_CHECK(mt_lowp_amax_all_reduce(k, p->ctx, sh.comm, tamax, 1, p->err));
         q->tensor_amax = tamax;
     }
     return MT_OK;
