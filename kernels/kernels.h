@@ -162,6 +162,15 @@ enum mt_op {
     MT_OP_COUNT
 };
 
+/* Whether a step is taken, decided on the device (a captured iteration's,
+ * doc/host-overhead.md) as the trainer decides it on the host: *sumsq (the gradients'
+ * squared norm) and the n_loss loss sums loss[i * loss_stride], all backend memory, are
+ * finite (mt_q_step_taken). */
+struct mt_step_gate {
+    const double *sumsq, *loss;
+    int loss_stride, n_loss;
+};
+
 /* AdamW's constants of step t (t >= 1), computed on the host once for a tensor's update
  * (adamw computes them from its arguments so; adamw_dev takes them from backend memory):
  * param = param * decay - step * m / (sqrt(v) / bc2_sqrt + eps). */
@@ -468,16 +477,20 @@ struct mt_kernel_ops {
     // Delayed scaling's amax histories (struct mt_amax_history, one per entry), held in
     // backend memory: entry i of n is the operand of role i % 3 (enum mt_q_role) of a
     // GEMM, its history hist (n,len) with the newest at column latest, count entries
-    // filled (latest and count after this step's entry), its scale hscale (n), starting
-    // at 1. With amax (n) non-NULL (a step's end): the amax a = amax[i] (a gradient's
-    // divided by grad_unit when > 0: its unit is the unscaled loss) goes to
-    // hist[i,latest], the scale becomes mt_q_tensor_scale(w, fmax, margin) of the window
-    // max (max_algo; else a itself) when w > 0 and finite, fmax the format maximum of
-    // the operands, gmax of the gradients, and amax[i] = 0. Always: the encode scale
-    // scale (n) = hscale, a gradient's divided by grad_unit when > 0.
+    // filled, where pos (backend memory, 2 int32) = {latest, count}, the same for every
+    // entry; its scale hscale (n), starting at 1. With amax (n) non-NULL (a step's end),
+    // unless gate (or NULL) says the step is not taken (mt_q_step_taken), the step's
+    // entry: pos advances (latest = (latest + 1) % len, count = min(count + 1, len)), the
+    // amax a = amax[i] (a gradient's divided by grad_unit when > 0: its unit is the
+    // unscaled loss) goes to hist[i,latest], the scale becomes mt_q_tensor_scale(w, fmax,
+    // margin) of the window max (max_algo; else a itself) when w > 0 and finite, fmax
+    // the format maximum of the operands, gmax of the gradients, and amax[i] = 0; so a
+    // captured iteration rolls the histories with nothing from the host. Always (amax
+    // NULL: pos unread): the encode scale scale (n) = hscale, a gradient's divided by
+    // grad_unit when > 0.
     void (*amax_history)(void *ctx, float *hist, float *hscale, float *scale, float *amax,
-                         int n, int len, int latest, int count, bool max_algo, float fmax,
-                         float gmax, int margin, float grad_unit);
+                         int n, int len, int32_t *pos, bool max_algo, float fmax, float gmax,
+                         int margin, float grad_unit, const struct mt_step_gate *gate);
 };
 
 /* What a device backend made the host do since it was created, per op (index

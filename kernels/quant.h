@@ -42,6 +42,8 @@
 #ifndef MT_KERNELS_QUANT_H
 #define MT_KERNELS_QUANT_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -260,6 +262,15 @@ MT_QFN float mt_q_tensor_scale(float amax, float fmax, int margin)
     for (int i = 0; i > margin; i--) s *= 2.0f;
     if (mt_q_bits(s) >= 0x7f800000u) s = mt_q_float(0x7f7fffffu);
     return s;
+}
+
+/* Whether a step decided on the device is taken (struct mt_step_gate; op adamw_dev's
+ * and amax_history's gate): the squared norm and the n loss sums loss[r * stride] finite. */
+MT_QFN bool mt_q_step_taken(const double *sumsq, const double *loss, int stride, int n)
+{
+    bool ok = isfinite(*sumsq);
+    for (int r = 0; r < n; r++) ok = ok && isfinite(loss[(size_t)r * (size_t)stride]);
+    return ok;
 }
 
 /* Delayed scaling: the encode scale an amax history (struct mt_amax_history) gives after

@@ -794,13 +794,16 @@ static void g_scale(void *ctx, float *x, float s, size_t n)
 }
 
 static void g_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
-                           int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
-                           float grad_unit)
+                           int len, int32_t *pos, bool max_algo, float fmax, float gmax, int margin,
+                           float grad_unit, const struct mt_step_gate *gate)
 {
     dev("amax_history", "hist", hist), dev("amax_history", "hscale", hscale);
     dev("amax_history", "scale", scale), dev("amax_history", "amax", amax);
-    RUN(MT_OP_AMAX_HISTORY, cpu->op.amax_history(ctx, hist, hscale, scale, amax, n, len, latest,
-                                                 count, max_algo, fmax, gmax, margin, grad_unit));
+    if (amax) dev("amax_history", "pos", pos);
+    if (amax && gate) dev("amax_history", "gate sumsq", gate->sumsq);
+    if (amax && gate && gate->n_loss > 0) dev("amax_history", "gate loss", gate->loss);
+    RUN(MT_OP_AMAX_HISTORY, cpu->op.amax_history(ctx, hist, hscale, scale, amax, n, len, pos,
+                                                 max_algo, fmax, gmax, margin, grad_unit, gate));
 }
 
 static void g_sumsq(void *ctx, double *acc, const float *x, size_t n)

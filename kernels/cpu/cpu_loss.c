@@ -1,5 +1,6 @@
 /* CPU reference backend: cross-entropy, AdamW, bf16 rounding, the sum of squares. */
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/quant.h"
 
 void mt_cpu_cross_entropy_fwd(void *ctx, float *lse, float *tlogit, const float *logits,
                               const int32_t *targets, int N, int V, int v0)
@@ -95,9 +96,7 @@ void mt_cpu_adamw_dev(void *ctx, float *param, const float *grad, float *m, floa
                       int loss_stride, int n_loss, double clip)
 {
     (void)ctx;
-    bool finite = isfinite(*sumsq);
-    for (int i = 0; i < n_loss; i++) finite = finite && isfinite(loss[(size_t)i * loss_stride]);
-    if (!finite) return;
+    if (!mt_q_step_taken(sumsq, loss, loss_stride, n_loss)) return;
     const double norm = sqrt(*sumsq);
     const float scale = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
     adamw_apply(param, grad, m, v, n, k, scale);

@@ -252,8 +252,8 @@ void mt_cpu_scale(void *ctx, float *x, float s, size_t n);
 void mt_cpu_sumsq(void *ctx, double *acc, const float *x, size_t n);
 /* cpu_qdq.c: struct mt_quant_ops, and delayed scaling's histories (op amax_history) */
 void mt_cpu_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
-                         int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
-                         float grad_unit);
+                         int len, int32_t *pos, bool max_algo, float fmax, float gmax, int margin,
+                         float grad_unit, const struct mt_step_gate *gate);
 void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, struct mt_tensor x);
 void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                   struct mt_tensor a, const struct mt_quant_spec *sb, struct mt_tensor b, float beta,

@@ -335,10 +335,16 @@ void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_s
 }
 
 void mt_cpu_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
-                         int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
-                         float grad_unit)
+                         int len, int32_t *pos, bool max_algo, float fmax, float gmax, int margin,
+                         float grad_unit, const struct mt_step_gate *gate)
 {
     (void)ctx;
+    if (amax && gate && !mt_q_step_taken(gate->sumsq, gate->loss, gate->loss_stride, gate->n_loss)) return;
+    int latest = 0, count = 0;
+    if (amax) {
+        latest = pos[0] = (pos[0] + 1) % len;
+        count = pos[1] = pos[1] < len ? pos[1] + 1 : len;
+    }
     for (int i = 0; i < n; i++) {
         const bool grad = i % 3 == MT_Q_G && grad_unit > 0.0f;
         if (amax) {

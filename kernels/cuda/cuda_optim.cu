@@ -7,6 +7,7 @@
 // expressions (mt_adamw_consts_of); bf16 rounding is round-to-nearest-even through cuda_bf16.h, with NaNs
 // quieted and sign kept exactly as the CPU does.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -54,11 +55,8 @@ __global__ static void adamw_dev_kernel(float *param, const float *grad, float *
     MT_SHARED(float, grad_scale, [1]);
     MT_SHARED(int, finite, [1]);
     if (threadIdx.x == 0) {
-        const double s = *sumsq;
-        bool ok = isfinite(s);
-        for (int r = 0; r < n_loss; r++) ok = ok && isfinite(loss[(size_t)r * loss_stride]);
-        const double norm = sqrt(s);
-        finite[0] = ok;
+        const double norm = sqrt(*sumsq);
+        finite[0] = mt_q_step_taken(sumsq, loss, loss_stride, n_loss);
         grad_scale[0] = clip > 0 && norm > clip ? (float)(clip / (norm + 1e-6)) : 1.0f;
     }
     __syncthreads();

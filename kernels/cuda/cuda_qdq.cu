@@ -1152,15 +1152,21 @@ extern "C" void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n)
 }
 
 // Delayed scaling's histories (op amax_history): one thread per entry, cpu_qdq.c's loop
-// body, the division rounded as the CPU's.
+// body, the division rounded as the CPU's. Every thread reads the position pos (and the
+// step's gate) and takes the step's entry from it; amax_history_advance_kernel moves pos
+// on after this kernel, so that no thread reads it while another writes it. In a
+// captured iteration both are nodes of the graph: the position lives on the device and
+// advances there, never a kernel parameter frozen at the capture.
 __global__ static void amax_history_kernel(float *hist, float *hscale, float *scale, float *amax, int n, int len,
-                                           int latest, int count, bool max_algo, float fmax, float gmax, int margin,
-                                           float grad_unit)
+                                           const int32_t *pos, bool max_algo, float fmax, float gmax, int margin,
+                                           float grad_unit, struct mt_step_gate gate, bool gated)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    if (amax && gated && !mt_q_step_taken(gate.sumsq, gate.loss, gate.loss_stride, gate.n_loss)) return;
     const bool grad = i % 3 == MT_Q_G && grad_unit > 0.0f;
     if (amax) {
+        const int latest = (pos[0] + 1) % len, count = pos[1] < len ? pos[1] + 1 : len;
         float a = amax[i];
         if (grad) a = __fdiv_rn(a, grad_unit);
         float *h = hist + (size_t)i * (size_t)len;
@@ -1172,14 +1178,28 @@ __global__ static void amax_history_kernel(float *hist, float *hscale, float *sc
     scale[i] = grad ? __fdiv_rn(hscale[i], grad_unit) : hscale[i];
 }
 
+// The histories' position after amax_history_kernel's entry (one thread).
+__global__ static void amax_history_advance_kernel(int32_t *pos, int len, struct mt_step_gate gate, bool gated)
+{
+    if (gated && !mt_q_step_taken(gate.sumsq, gate.loss, gate.loss_stride, gate.n_loss)) return;
+    pos[0] = (pos[0] + 1) % len;
+    pos[1] = pos[1] < len ? pos[1] + 1 : len;
+}
+
 extern "C" void mt_cuda_amax_history(void *ctx, float *hist, float *hscale, float *scale, float *amax, int n,
-                                     int len, int latest, int count, bool max_algo, float fmax, float gmax, int margin,
-                                     float grad_unit)
+                                     int len, int32_t *pos, bool max_algo, float fmax, float gmax, int margin,
+                                     float grad_unit, const struct mt_step_gate *gate)
 {
     MT_CUDA_OP(ctx, MT_OP_AMAX_HISTORY);
     mt_cuda_ctx *c = mt_cuda(ctx);
-    if (n <= 0) return;
-    MT_LAUNCH(mt_cdiv((size_t)n, 128), 128, 0, c->stream, amax_history_kernel)(
-        hist, hscale, scale, amax, n, len, latest, count, max_algo, fmax, gmax, margin, grad_unit);
-    MT_CUDA_LAUNCHED();
+    const struct mt_step_gate g = gate ? *gate : mt_step_gate{};
+    if (n > 0) {
+        MT_LAUNCH(mt_cdiv((size_t)n, 128), 128, 0, c->stream, amax_history_kernel)(
+            hist, hscale, scale, amax, n, len, pos, max_algo, fmax, gmax, margin, grad_unit, g, gate != nullptr);
+        MT_CUDA_LAUNCHED();
+    }
+    if (amax) {
+        MT_LAUNCH(1, 1, 0, c->stream, amax_history_advance_kernel)(pos, len, g, gate != nullptr);
+        MT_CUDA_LAUNCHED();
+    }
 }

@@ -853,12 +853,15 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "%s with &moe router_force_load_balancing: the forced logits are "
                           "copied from host memory in the iteration, which a graph cannot hold; "
                           "remove router_force_load_balancing", pre);
-    if (c->precision.fp8_format[0] || c->precision.fp4_format[0])
+    if (c->precision.fp4_format[0])
         return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s with &precision fp8_format = '%s', fp4_format = '%s': the "
-                          "low-precision recipes keep per-step host state (delayed scaling "
-                          "reads the amaxes each step); set both to '', or use impl = 'local'",
-                          pre, c->precision.fp8_format, c->precision.fp4_format);
+                          "%s with &precision fp4_format = '%s': NVFP4's stochastic rounding and "
+                          "Hadamard signs draw from a seed of the iteration and backward pass that "
+                          "the host passes to each quantise kernel, which a graph would replay "
+                          "frozen at its capture (the same random bits every step); use an FP8 "
+                          "recipe (fp8_format with fp8_recipe = 'mxfp8', 'blockwise', "
+                          "'tensorwise' or 'delayed' run in the graph), or impl = 'local'",
+                          pre, c->precision.fp4_format);
     if (strcmp(c->recompute.granularity, "none") != 0 ||
         c->recompute.fine_grained_activation_offloading)
         return mt_err_set(err, MT_EUNSUPPORTED,

@@ -164,9 +164,15 @@ float *mt_model_buffers(struct mt_model *m, size_t *n);
 void mt_model_buffers_updated(struct mt_model *m);
 /* FP8/FP4 (&precision fp8_format, fp4_format; doc/fp8.md): after each optimizer step,
  * delayed scaling's amaxes of the step are reduced (max) over every rank and enter the
- * histories that give the next step's scales; the iteration that keys the recipes'
- * random bits advances. A collective when delayed scaling runs on several ranks. */
-int mt_model_lowp_step(struct mt_model *m, struct mt_err *err);
+ * histories that give the next step's scales (mt_model_lowp_roll, unless rolled: the
+ * iteration did, on the device); the iteration that keys the recipes' random bits
+ * advances. A collective when delayed scaling runs on several ranks. */
+int mt_model_lowp_step(struct mt_model *m, bool rolled, struct mt_err *err);
+/* Delayed scaling's histories rolled on the backend with the step's amaxes (reduced over
+ * every rank), unless gate (or NULL: the step is taken) says the step is skipped: what
+ * a captured iteration (&cuda_graph impl = 'full_iteration') runs after its optimizer
+ * step, the host then calling mt_model_lowp_step(m, true) for the steps it takes. */
+int mt_model_lowp_roll(struct mt_model *m, const struct mt_step_gate *gate, struct mt_err *err);
 /* "fp8 delayed", "fp8 blockwise", ..., or NULL when no recipe runs. */
 const char *mt_model_lowp_recipe(const struct mt_model *m);
 /* The backend the model's memory belongs to (params and grads are its memory). */

@@ -104,6 +104,7 @@ int mt_model_iteration_begin(struct mt_model *m, uint64_t sig, bool *run, struct
                                (uintptr_t)m->scratch_over, (uintptr_t)m->expert_bias_dev,
                                (uintptr_t)m->nrec_max};
     sig = mt_graph_sig(sig, words, sizeof words / sizeof words[0]);
+    if (m->graphs.capture) MT_CHECK(mt_lowp_graph_ready(m, err));
     bool replayed = false;
     if (m->k->graph->begin(m->k->ctx, ITERATION_KEY, sig, m->graphs.capture, &replayed, err))
         return mt_err_prefix(err, "&cuda_graph impl = 'full_iteration'");

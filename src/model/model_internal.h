@@ -548,6 +548,8 @@ void mt_lowp_load(struct mt_model *m, const float *in);
  * mt_lowp_backward_seed returns until the next, and delayed scaling's gradient scales
  * for that loss scale. */
 void mt_lowp_backward_begin(struct mt_model *m, float loss_scale);
+/* Whether the iteration can be captured now (delayed scaling: a history entered). */
+int mt_lowp_graph_ready(const struct mt_model *m, struct mt_err *err);
 uint64_t mt_lowp_backward_seed(const struct mt_model *m);
 /* FP8 copies saved for backward (doc/fp8.md): whether layer l's quantised linears save
  * their inputs quantised for the wgrad GEMM (then their high-precision inputs read by

@@ -64,9 +64,13 @@ struct mt_lowp {
      * mt_amax_history) in backend memory, updated there by the op amax_history: the
      * amaxes hist_dev (ns,hist_len), the histories' scales hscale_dev, the encode scales
      * scale_dev (a gradient's in the unit of its loss scale), the step's amaxes amax_dev.
-     * Every history takes an entry each step: one count and newest entry for all. The
-     * host copies are staging for setup and checkpoints. */
+     * Every history takes an entry each step: one count and newest entry for all, in
+     * backend memory pos_dev {latest, count}, which the op advances (so that a captured
+     * iteration rolls the histories on the device), and on the host hist_latest and
+     * hist_count, advanced with it by mt_model_lowp_step. The host copies are staging
+     * for setup and checkpoints. */
     float *hist_dev, *hscale_dev, *scale_dev, *amax_dev;
+    int32_t *pos_dev;
     float *hist_host, *hscale_host, *scale_host;
     int hist_len, hist_count, hist_latest;
     bool max_algo;
@@ -133,8 +137,10 @@ static void upload_histories(struct mt_model *m)
     const struct mt_kernels *k = m->k;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
     mt_kernels_cpu()->op.amax_history(NULL, lp->hist_host, lp->hscale_host, lp->scale_host, NULL,
-                                      (int)ns, lp->hist_len, lp->hist_latest, lp->hist_count,
-                                      lp->max_algo, lp->fmax, lp->gmax, lp->margin, lp->grad_unit);
+                                      (int)ns, lp->hist_len, NULL, lp->max_algo, lp->fmax, lp->gmax,
+                                      lp->margin, lp->grad_unit, NULL);
+    const int32_t pos[2] = {lp->hist_latest, lp->hist_count};
+    k->op.copy(k->ctx, lp->pos_dev, pos, sizeof pos);
     k->op.copy(k->ctx, lp->hist_dev, lp->hist_host, sizeof(float) * ns * (size_t)lp->hist_len);
     k->op.copy(k->ctx, lp->hscale_dev, lp->hscale_host, sizeof(float) * ns);
     k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
@@ -244,10 +250,11 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         lp->hscale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
         lp->scale_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
         lp->amax_dev = k->op.alloc(k->ctx, sizeof(float) * ns);
+        lp->pos_dev = k->op.alloc(k->ctx, 2 * sizeof(int32_t));
         lp->hist_host = calloc(nh, sizeof(float));
         lp->hscale_host = malloc(sizeof(float) * ns);
         lp->scale_host = malloc(sizeof(float) * ns);
-        if (!lp->hist_dev || !lp->hscale_dev || !lp->scale_dev || !lp->amax_dev || !lp->hist_host ||
+        if (!lp->hist_dev || !lp->hscale_dev || !lp->scale_dev || !lp->amax_dev || !lp->pos_dev || !lp->hist_host ||
             !lp->hscale_host || !lp->scale_host)
             return mt_err_set(err, MT_ENOMEM, "model: out of memory for the amax histories");
         lp->max_algo = streq(q->fp8_amax_compute_algo, "max");
@@ -271,7 +278,7 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->wb) k->op.free(k->ctx, lp->wb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->eg.se), free(lp->eg.a), free(lp->eg.qa);
-    float *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev};
+    void *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, lp->pos_dev};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) k->op.free(k->ctx, dev[i]);
     free(lp->hist_host);
@@ -290,7 +297,7 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     *device = 2 * sizeof(float) * (1 + (size_t)m->E_l); /* tamax */
     if (lp->recipe != MT_RECIPE_DELAYED) return *device;
     const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
-    *device += sizeof(float) * ns * (len + 3);
+    *device += sizeof(float) * ns * (len + 3) + 2 * sizeof(int32_t);
     return *device + sizeof(float) * ns * (len + 2);
 }
 
@@ -344,26 +351,49 @@ int mt_lowp_amax_all_reduce(const struct mt_kernels *k, void *ctx, struct mt_com
     return mt_all_reduce(comm, amax, n, MT_DT_F32, MT_OP_MAX, err);
 }
 
-int mt_model_lowp_step(struct mt_model *m, struct mt_err *err)
+int mt_model_lowp_roll(struct mt_model *m, const struct mt_step_gate *gate, struct mt_err *err)
+{
+    struct mt_lowp *lp = m->lp;
+    if (!lp || lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
+    const struct mt_kernels *k = m->k;
+    const size_t ns = (size_t)lp->nslots * R_COUNT;
+    /* the largest over the ranks: data-parallel replicas saw other micro-batches,
+     * pipeline stages other layers (their slots hold zeros elsewhere); a step the gate
+     * skips keeps its amaxes, whose reduction again with the next step's changes nothing
+     * (a max of maxes) */
+    if (lp->world && lp->world->size > 1)
+        MT_CHECK(mt_lowp_amax_all_reduce(k, k->ctx, lp->world, lp->amax_dev, ns, err));
+    /* mt_amax_history_update's step of every history, on the backend: nothing read */
+    k->op.amax_history(k->ctx, lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, (int)ns,
+                       lp->hist_len, lp->pos_dev, lp->max_algo, lp->fmax, lp->gmax, lp->margin,
+                       lp->grad_unit, gate);
+    return MT_OK;
+}
+
+int mt_model_lowp_step(struct mt_model *m, bool rolled, struct mt_err *err)
 {
     struct mt_lowp *lp = m->lp;
     if (!lp) return MT_OK;
     lp->iter++;
     lp->nbwd = 0;
     if (lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
-    const struct mt_kernels *k = m->k;
-    const size_t ns = (size_t)lp->nslots * R_COUNT;
-    /* the largest over the ranks: data-parallel replicas saw other micro-batches,
-     * pipeline stages other layers (their slots hold zeros elsewhere) */
-    if (lp->world && lp->world->size > 1)
-        MT_CHECK(mt_lowp_amax_all_reduce(k, k->ctx, lp->world, lp->amax_dev, ns, err));
-    /* mt_amax_history_update's step of every history, on the backend: nothing read */
+    if (!rolled) MT_CHECK(mt_model_lowp_roll(m, NULL, err));
+    /* the host's copy of the position the op advanced */
     lp->hist_latest = (lp->hist_latest + 1) % lp->hist_len;
     if (lp->hist_count < lp->hist_len) lp->hist_count++;
-    k->op.amax_history(k->ctx, lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, (int)ns,
-                       lp->hist_len, lp->hist_latest, lp->hist_count, lp->max_algo, lp->fmax,
-                       lp->gmax, lp->margin, lp->grad_unit);
     return MT_OK;
+}
+
+int mt_lowp_graph_ready(const struct mt_model *m, struct mt_err *err)
+{
+    const struct mt_lowp *lp = m->lp;
+    if (!lp || lp->recipe != MT_RECIPE_DELAYED || lp->hist_count > 0) return MT_OK;
+    return mt_err_set(err, MT_EUNSUPPORTED,
+                      "&cuda_graph impl = 'full_iteration' with &precision fp8_recipe = "
+                      "'delayed': no warm-up step entered the amax histories (each was skipped: "
+                      "its loss or gradient was not finite), and the first step's scales come "
+                      "from the tensors themselves, not from the histories the graph reads; "
+                      "raise &cuda_graph warmup_steps, or lower &optimizer lr");
 }
 
 const char *mt_model_lowp_recipe(const struct mt_model *m)
@@ -382,8 +412,8 @@ void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
         lp->grad_unit = loss_scale; /* the gradients' encode scales in the new unit */
         const struct mt_kernels *k = m->k;
         k->op.amax_history(k->ctx, lp->hist_dev, lp->hscale_dev, lp->scale_dev, NULL,
-                           lp->nslots * R_COUNT, lp->hist_len, lp->hist_latest, lp->hist_count,
-                           lp->max_algo, lp->fmax, lp->gmax, lp->margin, lp->grad_unit);
+                           lp->nslots * R_COUNT, lp->hist_len, NULL, lp->max_algo, lp->fmax,
+                           lp->gmax, lp->margin, lp->grad_unit, NULL);
     }
     const uint64_t mb = (uint64_t)lp->nbwd++ * (uint64_t)lp->dp + (uint64_t)lp->dp_rank;
     lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + mb);

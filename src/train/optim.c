@@ -676,7 +676,8 @@ int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c,
     return MT_OK;
 }
 
-int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, struct mt_err *err)
+int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c,
+                      struct mt_step_gate *gate, struct mt_err *err)
 {
     struct mt_model *m = o->model;
     if (!o->consts_dev)
@@ -705,6 +706,7 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, s
         MT_CHECK(mt_all_reduce(o->par->world_comm, o->world_losses, n, MT_DT_F64, MT_OP_SUM, err));
         loss = o->world_losses;
     }
+    *gate = (struct mt_step_gate){mt_model_sumsq_acc(m), loss, stride, nloss};
     if (o->zero) {
         const struct adam_ctx a = {.o = o, .c = c, .loss = loss, .loss_stride = stride,
                                    .nloss = nloss};

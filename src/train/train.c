@@ -1690,7 +1690,11 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
         a->offload[1] += s.offload_h2d_bytes;
     }
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
-    if (a->staged) MT_CHECK(mt_optim_step_dev(t->optim, oc, err));
+    if (a->staged) { /* and delayed scaling's histories rolled under the same gate */
+        struct mt_step_gate gate;
+        MT_CHECK(mt_optim_step_dev(t->optim, oc, &gate, err));
+        MT_CHECK(mt_model_lowp_roll(t->model, &gate, err));
+    }
     return mt_model_iteration_end(t->model, err);
 }
 
@@ -1763,7 +1767,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     if (!staged) MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
     accumulate_counts(t);
     MT_CHECK(mt_model_update_expert_bias(t->model, err));
-    MT_CHECK(mt_model_lowp_step(t->model, err));
+    MT_CHECK(mt_model_lowp_step(t->model, staged, err));
     t->acc_loss += loss;
     t->acc_aux += auxz[0];
     t->acc_z += auxz[1];

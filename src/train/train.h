@@ -286,10 +286,11 @@ int mt_optim_step(struct mt_optim *o, const struct mt_config_optimizer *c, doubl
  * (summed over the world), and the step is skipped when it or a forward's loss is not
  * finite (over several processes, the forwards' losses summed over the world first, so
  * that every rank decides alike), all on the device (the trainer's decision, read
- * afterwards). */
+ * afterwards); *gate: that decision's inputs, for the rest of the step's device work. */
 int mt_optim_stage_step(struct mt_optim *o, const struct mt_config_optimizer *c, double lr,
                         long long t, struct mt_err *err);
-int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c, struct mt_err *err);
+int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c,
+                      struct mt_step_gate *gate, struct mt_err *err);
 /* overlap_param_gather: forward is about to read the weights at `position`
  * (mt_model_set_hooks): every bucket in flight that holds a part of them is waited for,
  * unpacked and refreshed. Nothing to do otherwise. */

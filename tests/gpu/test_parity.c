@@ -1853,32 +1853,49 @@ static void test_expert_bias_update(void)
 }
 
 /* amax_history: the same histories, scales and encode scales over more steps than the
- * window, with gradients in their own unit, a zero amax (the scale kept) and a NaN. */
+ * window, with gradients in their own unit, a zero amax (the scale kept) and a NaN; the
+ * position advanced on the device as the window's step says, and a step that its gate
+ * skips (a loss not finite) changing nothing: the histories, the amaxes and the position
+ * kept, on both backends. */
 static void test_amax_history(void)
 {
     enum { N = 9, LEN = 4 };
     float hist[N * LEN] = {0}, hs[N], sc[N], amax[N];
+    int32_t pos[2];
     for (int i = 0; i < N; i++) hs[i] = 1.0f;
     float *d_h = dup_to_dev(hist, sizeof hist), *d_hs = dup_to_dev(hs, sizeof hs);
     float *d_sc = dup_to_dev(hs, sizeof hs), *d_a = dup_to_dev(hs, sizeof hs);
-    for (int algo = 0; algo < 2; algo++)
+    int32_t *d_pos = dup_to_dev(hs, sizeof pos);
+    const double sumsq = 2.0, losses[2][3] = {{1.0, -7.0, 3.0}, {1.0, -7.0, NAN}};
+    double *d_gate = dup_to_dev(losses, sizeof losses), *d_sumsq = dup_to_dev(&sumsq, sizeof sumsq);
+    for (int algo = 0; algo < 2; algo++) {
+        pos[0] = LEN - 1, pos[1] = 0; /* an empty history (mt_amax_history_init) */
+        G->op.copy(G->ctx, d_pos, pos, sizeof pos);
         for (int step = 0; step < 7; step++) {
             for (int i = 0; i < N; i++)
                 amax[i] = i == 4 ? 0.0f : i == 7 && step == 2 ? NAN : 0.37f * (float)(1 + (i * 3 + step * 5) % 7);
             G->op.copy(G->ctx, d_a, amax, sizeof amax);
-            const int latest = step % LEN, count = step + 1 < LEN ? step + 1 : LEN;
-            C->op.amax_history(C->ctx, hist, hs, sc, amax, N, LEN, latest, count, algo == 0,
-                               MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.25f);
-            G->op.amax_history(G->ctx, d_h, d_hs, d_sc, d_a, N, LEN, latest, count, algo == 0,
-                               MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.25f);
+            /* odd steps gated: the losses at 0, 2 (every other step: the second row, NaN) */
+            const int skip = step % 2;
+            const struct mt_step_gate cg = {&sumsq, losses[skip], 2, 2}, gg = {d_sumsq, d_gate + 3 * skip, 2, 2};
+            C->op.amax_history(C->ctx, hist, hs, sc, amax, N, LEN, pos, algo == 0, MT_E4M3_MAX,
+                               MT_E5M2_MAX, 1, 0.25f, step ? &cg : NULL);
+            G->op.amax_history(G->ctx, d_h, d_hs, d_sc, d_a, N, LEN, d_pos, algo == 0, MT_E4M3_MAX,
+                               MT_E5M2_MAX, 1, 0.25f, step ? &gg : NULL);
         }
+        const int taken = 4; /* steps 0, 2, 4, 6 */
+        expect_true("amax_history: the position of the steps taken",
+                    pos[0] == (taken - 1) % LEN && pos[1] == (taken < LEN ? taken : LEN),
+                    "latest = taken - 1 mod len, count = min(taken, len)");
+        expect_bytes_dev("amax_history: position", pos, d_pos, sizeof pos);
+    }
     expect_bytes_dev("amax_history: history", hist, d_h, sizeof hist);
     expect_bytes_dev("amax_history: scales", hs, d_hs, sizeof hs);
     expect_bytes_dev("amax_history: encode scales", sc, d_sc, sizeof sc);
     expect_bytes_dev("amax_history: amaxes reset", amax, d_a, sizeof amax);
     /* a new unit only: the encode scales again, nothing recorded */
-    C->op.amax_history(C->ctx, hist, hs, sc, NULL, N, LEN, 0, LEN, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f);
-    G->op.amax_history(G->ctx, d_h, d_hs, d_sc, NULL, N, LEN, 0, LEN, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f);
+    C->op.amax_history(C->ctx, hist, hs, sc, NULL, N, LEN, NULL, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f, NULL);
+    G->op.amax_history(G->ctx, d_h, d_hs, d_sc, NULL, N, LEN, NULL, true, MT_E4M3_MAX, MT_E5M2_MAX, 1, 0.125f, NULL);
     expect_bytes_dev("amax_history: encode scales of a new unit", sc, d_sc, sizeof sc);
     expect_true("amax_history: a gradient's unit, a zero amax's scale kept",
                 sc[2] == hs[2] / 0.125f && sc[1] == hs[1] && hs[4] == 1.0f && hs[1] != 1.0f,
@@ -1887,6 +1904,9 @@ static void test_amax_history(void)
     dfree(d_hs);
     dfree(d_sc);
     dfree(d_a);
+    dfree(d_pos);
+    dfree(d_gate);
+    dfree(d_sumsq);
 }
 
 static void test_adamw(void)

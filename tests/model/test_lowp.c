@@ -235,7 +235,7 @@ static void run(enum recipe r)
         mt_lowp_backward_begin(m, 1.0f);
         assert_int_equal(mt_pass_qlinear_fwd(&p, tensor, mt_f32(out, N, dout), mt_f32(x, N, din), N, dout, din), MT_OK);
         assert_int_equal(mt_pass_qlinear_bwd(&p, tensor, dx, 0.0f, dy, mt_f32(x, N, din), N, dout, din), MT_OK);
-        assert_int_equal(mt_model_lowp_step(m, &err), MT_OK);
+        assert_int_equal(mt_model_lowp_step(m, false, &err), MT_OK);
         rf.scale[X] = mt_q_tensor_scale(mt_q_amax(x, N, din, din), MT_E4M3_MAX, 1);
         rf.scale[W] = mt_q_tensor_scale(mt_q_amax(w, dout, din, din), MT_E4M3_MAX, 1);
         rf.scale[G] = mt_q_tensor_scale(mt_q_amax(dy, N, dout, dout), MT_E5M2_MAX, 1);
