@@ -194,11 +194,10 @@ refused "full iteration with recompute" \
     "&cuda_graph impl = 'full_iteration' with &recompute granularity = 'full'" \
     "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "recompute%granularity='full'" \
     "recompute%method='uniform'" recompute%num_layers=1
-# shellcheck disable=SC2086
-refused "full iteration with FP8" \
-    "&cuda_graph impl = 'full_iteration' with &precision fp8_format = 'e4m3'" \
-    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "precision%fp8_format='e4m3'" \
-    "precision%fp8_recipe='tensorwise'"
+# shellcheck disable=SC2086 # (the FP8 recipes run in it: tests/gpu/cuda_graph_lowp_emu.sh)
+refused "full iteration with NVFP4" \
+    "&cuda_graph impl = 'full_iteration' with &precision fp4_format = 'e2m1'" \
+    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "precision%fp4_format='e2m1'"
 # shellcheck disable=SC2086
 refused "full iteration with modules" \
     "&cuda_graph modules applies only with impl = 'local' (impl 'full_iteration'" \
