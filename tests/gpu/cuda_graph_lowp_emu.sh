@@ -31,20 +31,20 @@ train() {
 
 # recipe NAME DEVICE OVERRIDES...: the eager run and the full iteration's, compared
 recipe() {
-    name=$1 device=$2
+    r=$1 device=$2
     shift 2
-    MT_EMU_DEVICE=$device train "$name.eager" "$@"
+    MT_EMU_DEVICE=$device train "$r.eager" "$@"
     # shellcheck disable=SC2086
-    MT_EMU_DEVICE=$device train "$name.full" "$@" $full
-    cmp -s "$tmp/$name.eager.values" "$tmp/$name.full.values" ||
-        { paste "$tmp/$name.eager.values" "$tmp/$name.full.values"; fail "$name: the full iteration differs from impl = 'none'"; }
-    grep -q "| low precision: fp8 $name |" "$tmp/$name.full.log" || fail "$name: the log names another recipe"
-    per=$(grep -o 'kernel launches [0-9.]*, host synchronisations [0-9.]*' "$tmp/$name.full.log" | tail -1)
+    MT_EMU_DEVICE=$device train "$r.full" "$@" $full
+    cmp -s "$tmp/$r.eager.values" "$tmp/$r.full.values" ||
+        { paste "$tmp/$r.eager.values" "$tmp/$r.full.values"; fail "$r: the full iteration differs from impl = 'none'"; }
+    grep -q "| low precision: fp8 $r |" "$tmp/$r.full.log" || fail "$r: the log names another recipe"
+    per=$(grep -o 'kernel launches [0-9.]*, host synchronisations [0-9.]*' "$tmp/$r.full.log" | tail -1)
     [ "$per" = "kernel launches 1.0, host synchronisations 1.0" ] ||
-        { cat "$tmp/$name.full.log"; fail "$name: per step after the capture: $per, not 1 launch and 1 wait"; }
-    grep -q '^ cuda graphs: .* 1 captures (0 recaptures), [1-9][0-9]* replays' "$tmp/$name.full.log" ||
-        { cat "$tmp/$name.full.log"; fail "$name: the iteration was not captured once and replayed"; }
-    echo "  $name: 4 losses and gradient norms bit-identical to impl = 'none'; 1 launch and 1 host wait a step"
+        { cat "$tmp/$r.full.log"; fail "$r: per step after the capture: $per, not 1 launch and 1 wait"; }
+    grep -q '^ cuda graphs: .* 1 captures (0 recaptures), [1-9][0-9]* replays' "$tmp/$r.full.log" ||
+        { cat "$tmp/$r.full.log"; fail "$r: the iteration was not captured once and replayed"; }
+    echo "  $r: 4 losses and gradient norms bit-identical to impl = 'none'; 1 launch and 1 host wait a step"
 }
 
 recipe delayed h100 "precision%fp8_format='hybrid'" precision%fp8_amax_history_len=2 \
