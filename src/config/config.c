@@ -860,7 +860,7 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "the host passes to each quantise kernel, which a graph would replay "
                           "frozen at its capture (the same random bits every step); use an FP8 "
                           "recipe (fp8_format with fp8_recipe = 'mxfp8', 'blockwise', "
-                          "'tensorwise' or 'delayed' run in the graph), or impl = 'local'",
+                          "'tensorwise' or 'delayed' run in the graph), or impl = 'none'",
                           pre, c->precision.fp4_format);
     if (strcmp(c->recompute.granularity, "none") != 0 ||
         c->recompute.fine_grained_activation_offloading)
