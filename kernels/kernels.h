@@ -402,9 +402,13 @@ struct mt_kernel_ops {
                           int count, int64_t *selected);
     // Megatron's get_updated_expert_bias, per MoE layer i of nmoe: bias (nmoe,E) +=
     // rate * sign(mean - load), load (nmoe,E) the step's assignments per expert, mean
-    // their mean over the layer's E experts (in fp64); the sign in fp32 (-1, 0 or 1)
+    // their mean over the layer's E experts (in fp64); the sign in fp32 (-1, 0 or 1).
+    // With sumsq non-NULL the update is gated as adamw_dev's (a captured iteration's):
+    // nothing is written when *sumsq or one of the n_loss values loss[i * loss_stride]
+    // (doubles) is not finite; sumsq NULL updates unconditionally (loss unread)
     void (*expert_bias_update)(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
-                               float rate);
+                               float rate, const double *sumsq, const double *loss,
+                               int loss_stride, int n_loss);
     // xp (rows,C) = x[row_slot / k] (zero for padding rows); x (N,C)
     void (*permute_fwd)(void *ctx, struct mt_tensor xp, struct mt_tensor x,
                         const int32_t *row_slot, int rows, int topk, int C);

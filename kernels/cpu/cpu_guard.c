@@ -602,10 +602,14 @@ static void g_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t 
 }
 
 static void g_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
-                                 float rate)
+                                 float rate, const double *sumsq, const double *loss,
+                                 int loss_stride, int n_loss)
 {
     dev("expert_bias_update", "bias", bias), dev("expert_bias_update", "load", load);
-    RUN(MT_OP_EXPERT_BIAS_UPDATE, cpu->op.expert_bias_update(ctx, bias, load, nmoe, E, rate));
+    if (sumsq) dev("expert_bias_update", "sumsq", sumsq);
+    if (sumsq && n_loss > 0) dev("expert_bias_update", "loss", loss);
+    RUN(MT_OP_EXPERT_BIAS_UPDATE, cpu->op.expert_bias_update(ctx, bias, load, nmoe, E, rate, sumsq,
+                                                             loss, loss_stride, n_loss));
 }
 
 static void g_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_t *slot_row,

@@ -312,9 +312,11 @@ void mt_cpu_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n,
 }
 
 void mt_cpu_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
-                               float rate)
+                               float rate, const double *sumsq, const double *loss,
+                               int loss_stride, int n_loss)
 {
     (void)ctx;
+    if (sumsq && !mt_q_step_taken(sumsq, loss, loss_stride, n_loss)) return;
     for (int i = 0; i < nmoe; i++) {
         const int64_t *c = load + (size_t)i * E;
         float *b = bias + (size_t)i * E;

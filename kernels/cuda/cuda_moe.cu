@@ -693,20 +693,24 @@ extern "C" void mt_cuda_expert_select(void *ctx, int32_t *out, const int32_t *id
     MT_CUDA_LAUNCHED();
 }
 
-// One block per MoE layer: thread 0 sums the loads (integers, any order), every thread
-// then a stride of the experts; the sign's product with rate is exact, the add rounded
-// once, as the CPU does it.
-__global__ static void expert_bias_kernel(float *bias, const int64_t *load, int E, float rate)
+// One block per MoE layer: thread 0 sums the loads (integers, any order) and, gated,
+// decides adamw_dev's gate; every thread then a stride of the experts; the sign's
+// product with rate is exact, the add rounded once, as the CPU does it.
+__global__ static void expert_bias_kernel(float *bias, const int64_t *load, int E, float rate,
+                                          const double *sumsq, const double *loss, int loss_stride, int n_loss)
 {
     MT_SHARED(double, mean, [1]);
+    MT_SHARED(int, finite, [1]);
     const int64_t *c = load + (size_t)blockIdx.x * E;
     float *b = bias + (size_t)blockIdx.x * E;
     if (threadIdx.x == 0) {
         long long total = 0;
         for (int e = 0; e < E; e++) total += c[e];
         mean[0] = (double)total / E;
+        finite[0] = !sumsq || mt_q_step_taken(sumsq, loss, loss_stride, n_loss);
     }
     __syncthreads();
+    if (!finite[0]) return;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         const double off = mean[0] - (double)c[e];
         b[e] = __fadd_rn(b[e], __fmul_rn(rate, (float)((off > 0) - (off < 0))));
@@ -714,12 +718,14 @@ __global__ static void expert_bias_kernel(float *bias, const int64_t *load, int 
 }
 
 extern "C" void mt_cuda_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
-                                           float rate)
+                                           float rate, const double *sumsq, const double *loss, int loss_stride,
+                                           int n_loss)
 {
     MT_CUDA_OP(ctx, MT_OP_EXPERT_BIAS_UPDATE);
     mt_cuda_ctx *c = mt_cuda(ctx);
     if (nmoe <= 0 || E <= 0) return;
-    MT_LAUNCH(nmoe, 128, 0, c->stream, expert_bias_kernel)(bias, load, E, rate);
+    MT_LAUNCH(nmoe, 128, 0, c->stream, expert_bias_kernel)(bias, load, E, rate, sumsq, loss, loss_stride,
+                                                           n_loss);
     MT_CUDA_LAUNCHED();
 }
 

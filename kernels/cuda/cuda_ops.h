@@ -102,7 +102,8 @@ void mt_cuda_drop_mask(void *ctx, int32_t *out, const int32_t *idx, const int32_
 void mt_cuda_expert_select(void *ctx, int32_t *out, const int32_t *idx, size_t n, int e0, int count,
                            int64_t *selected);
 void mt_cuda_expert_bias_update(void *ctx, float *bias, const int64_t *load, int nmoe, int E,
-                                float rate);
+                                float rate, const double *sumsq, const double *loss,
+                                int loss_stride, int n_loss);
 void mt_cuda_dispatch_plan(void *ctx, struct mt_dispatch_plan *plan, const int32_t *topk_idx,
                            const float *topk_prob, int N, int E, int topk, int capacity,
                            enum mt_drop_policy policy, bool pad, int64_t *dropped, int64_t *load);

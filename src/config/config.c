@@ -821,7 +821,9 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
 /* &cuda_graph impl = 'full_iteration': what one graph of the whole iteration can hold
  * (doc/host-overhead.md, "The full iteration"): static shapes, and nothing the host
  * decides or uploads inside the iteration (a pipeline's schedule, its transfers between
- * stages included, is captured whole, as the rest). */
+ * stages included, is captured whole, as the rest). Recompute, offloading and the
+ * expert bias are held (their buffers fixed, their copies and updates device work), so
+ * none is refused here. */
 static int check_full_iteration(const struct mt_config *c, const struct mt_layout *l,
                                 bool dropless_moe, struct mt_err *err)
 {
@@ -843,11 +845,6 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "iteration's forward, across the graph's end; set "
                           "overlap_param_gather = .false. (the iteration's gathers are then "
                           "captured at its end)", pre);
-    if (e->router_enable_expert_bias)
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s with &moe router_enable_expert_bias: the biases are updated on the "
-                          "host and uploaded each step, which the graph would not see; remove "
-                          "router_enable_expert_bias, or use impl = 'local'", pre);
     if (e->router_force_load_balancing)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s with &moe router_force_load_balancing: the forced logits are "
@@ -862,16 +859,6 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "recipe (fp8_format with fp8_recipe = 'mxfp8', 'blockwise', "
                           "'tensorwise' or 'delayed' run in the graph), or impl = 'none'",
                           pre, c->precision.fp4_format);
-    if (strcmp(c->recompute.granularity, "none") != 0 ||
-        c->recompute.fine_grained_activation_offloading)
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s with &recompute granularity = '%s'%s: recompute and offloading "
-                          "are not captured in the whole iteration; set granularity = 'none' "
-                          "and fine_grained_activation_offloading = .false., or use impl = "
-                          "'local' (which combines with both)",
-                          pre, c->recompute.granularity,
-                          c->recompute.fine_grained_activation_offloading
-                              ? " with fine_grained_activation_offloading" : "");
     return MT_OK;
 }
 

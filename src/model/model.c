@@ -1370,6 +1370,11 @@ int mt_model_create(const struct mt_config *cfg, const struct mt_kernels *k, int
     if (m->expert_bias_on) {
         m->expert_bias_dev = dev_alloc(k, sizeof(float) * (size_t)m->nmoe * m->E);
         NEED(m->expert_bias_dev, "expert biases", sizeof(float) * (size_t)m->nmoe * m->E);
+        if (m->world && m->world->size > 1) {
+            m->expert_load_sum = dev_alloc(k, sizeof(int64_t) * (size_t)m->nmoe * m->E);
+            NEED(m->expert_load_sum, "expert loads of every rank",
+                 sizeof(int64_t) * (size_t)m->nmoe * m->E);
+        }
     }
     for (int e = 0; e < 2; e++) {
         m->ev_up[e] = o->event_create(k->ctx);
@@ -1469,6 +1474,7 @@ void mt_model_destroy(struct mt_model *m)
     if (m->params) o->free(m->k->ctx, m->params);
     if (m->grads) o->free(m->k->ctx, m->grads);
     if (m->expert_bias_dev) o->free(m->k->ctx, m->expert_bias_dev);
+    if (m->expert_load_sum) o->free(m->k->ctx, m->expert_load_sum);
     free_stats(m);
     for (int e = 0; e < 2; e++)
         if (m->ev_up[e]) o->event_destroy(m->k->ctx, m->ev_up[e]);
@@ -1951,20 +1957,39 @@ void mt_model_reset_expert_counts(struct mt_model *m)
     if (m->acc) m->k->op.memset(m->k->ctx, m->acc->load, 0, sizeof(int64_t) * nl);
 }
 
+/* The routers' copy, from the loads on the device (summed over the ranks into a buffer of
+ * their own); gated as adamw_dev when sumsq is given. */
+static int expert_bias_device(struct mt_model *m, const double *sumsq, const double *loss,
+                              int loss_stride, int n_loss, struct mt_err *err)
+{
+    const size_t nl = (size_t)m->nmoe * m->E;
+    const int64_t *load = m->acc->load;
+    if (m->expert_load_sum) {
+        m->k->op.copy(m->k->ctx, m->expert_load_sum, m->acc->load, sizeof(int64_t) * nl);
+        MT_CHECK(mt_all_reduce(m->world, m->expert_load_sum, nl, MT_DT_I64, MT_OP_SUM, err));
+        load = m->expert_load_sum;
+    }
+    m->k->op.expert_bias_update(m->k->ctx, m->expert_bias_dev, load, m->nmoe, m->E, m->bias_rate,
+                                sumsq, loss, loss_stride, n_loss);
+    return MT_OK;
+}
+
 /* Both copies from the same loads by the same op (the CPU's on the host master): equal,
  * bit for bit, with no upload. */
-int mt_model_update_expert_bias(struct mt_model *m, struct mt_err *err)
+int mt_model_update_expert_bias(struct mt_model *m, bool device, struct mt_err *err)
 {
     if (!m->expert_bias_on) return MT_OK;
-    const size_t nl = (size_t)m->nmoe * m->E;
     _Static_assert(sizeof(long long) == sizeof(int64_t), "expert counts are int64");
     mt_kernels_cpu()->op.expert_bias_update(NULL, m->expert_bias, (const int64_t *)m->expert_counts,
-                                            m->nmoe, m->E, m->bias_rate);
-    if (m->world && m->world->size > 1)
-        MT_CHECK(mt_all_reduce(m->world, m->acc->load, nl, MT_DT_I64, MT_OP_SUM, err));
-    m->k->op.expert_bias_update(m->k->ctx, m->expert_bias_dev, m->acc->load, m->nmoe, m->E,
-                                m->bias_rate);
-    return MT_OK;
+                                            m->nmoe, m->E, m->bias_rate, NULL, NULL, 0, 0);
+    return device ? expert_bias_device(m, NULL, NULL, 0, 0, err) : MT_OK;
+}
+
+int mt_model_update_expert_bias_dev(struct mt_model *m, const double *loss, int loss_stride,
+                                    int n_loss, struct mt_err *err)
+{
+    if (!m->expert_bias_on) return MT_OK;
+    return expert_bias_device(m, &m->acc->sumsq, loss, loss_stride, n_loss, err);
 }
 
 void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
@@ -1979,6 +2004,7 @@ void mt_model_memory(const struct mt_model *m, struct mt_memory_report *r)
     r->scratch = m->scratch_bytes + m->lp_scratch; /* with the quantised GEMM operands */
     size_t lp_dev = 0, lp = mt_lowp_state_bytes(m, &lp_dev);
     r->device_buffers = (m->expert_bias_dev ? sizeof(float) * (size_t)m->nmoe * m->E : 0) +
+                        (m->expert_load_sum ? sizeof(int64_t) * (size_t)m->nmoe * m->E : 0) +
                         (m->acc ? step_acc_bytes(m, m->nrec_max) : 0) + lp_dev;
     r->offload = m->off.mem[0] ? 2 * m->off.half : 0;
     r->offload_host = m->off.host_bytes;

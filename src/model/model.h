@@ -317,11 +317,19 @@ long long *mt_model_expert_counts_mut(struct mt_model *m);
 void mt_model_reset_expert_counts(struct mt_model *m);
 /* Megatron's get_updated_expert_bias: bias += router_bias_update_rate *
  * sign(mean count - count), per MoE layer, the counts of every rank. No-op unless
- * router_enable_expert_bias. The routers' copy is updated on the device from the loads
- * kept there since the last reset (summed over the ranks there), the host master from
- * mt_model_expert_counts (summed by the trainer): no upload. Does not reset the counts
- * (call mt_model_reset_expert_counts). */
-int mt_model_update_expert_bias(struct mt_model *m, struct mt_err *err);
+ * router_enable_expert_bias. The host master is updated from mt_model_expert_counts
+ * (summed by the trainer); with device, the routers' copy too, on the device from the
+ * loads kept there since the last reset (summed over the ranks there): no upload. Does
+ * not reset the counts (call mt_model_reset_expert_counts). */
+int mt_model_update_expert_bias(struct mt_model *m, bool device, struct mt_err *err);
+/* The routers' copy's update inside a captured iteration (&cuda_graph impl =
+ * 'full_iteration'), after the step's last forward: the same op on the same loads, gated
+ * as the optimizer's adamw_dev on the squared norm and the n_loss loss sums
+ * loss[i * loss_stride] in backend memory (nothing written unless all are finite), so
+ * that it changes exactly when the host's update (mt_model_update_expert_bias with
+ * device false, after the read) changes the master. */
+int mt_model_update_expert_bias_dev(struct mt_model *m, const double *loss, int loss_stride,
+                                    int n_loss, struct mt_err *err);
 
 /* With host%manual_gc, the expert-side blocks that a step over the planned rows takes
  * from the allocator (moe%expert_buffer_factor) are not freed when the step is done but

@@ -97,11 +97,14 @@ int mt_model_iteration_begin(struct mt_model *m, uint64_t sig, bool *run, struct
     if (!m->graphs.full) return MT_OK;
     /* what every kernel of the iteration addresses: the model's allocations (each view
      * is at a fixed place in one), the step's scalars and the token staging the
-     * graph's copies read, and the expert-side overflow block when one is held */
+     * graph's copies read, the expert-side overflow block when one is held, and the
+     * activation offloading's device halves and pinned host blocks */
     const uintptr_t words[] = {(uintptr_t)m->params, (uintptr_t)m->grads, (uintptr_t)m->work,
                                (uintptr_t)m->acts, (uintptr_t)m->scratch, (uintptr_t)m->acc,
                                (uintptr_t)m->host_tokens_all, (uintptr_t)m->rc_mem,
                                (uintptr_t)m->scratch_over, (uintptr_t)m->expert_bias_dev,
+                               (uintptr_t)m->expert_load_sum, (uintptr_t)m->off.mem[0],
+                               (uintptr_t)m->off.mem[1], (uintptr_t)m->off.host,
                                (uintptr_t)m->nrec_max};
     sig = mt_graph_sig(sig, words, sizeof words / sizeof words[0]);
     if (m->graphs.capture) MT_CHECK(mt_lowp_graph_ready(m, err));

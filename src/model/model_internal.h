@@ -322,6 +322,9 @@ struct mt_model {
     /* buffers */
     float *expert_bias;         /* (nmoe,E) host master */
     float *expert_bias_dev;     /* (nmoe,E) its backend-memory copy, which the routers read */
+    int64_t *expert_load_sum;   /* (nmoe,E) over several processes: the loads summed over
+                                 * the ranks for the bias update (the step's own stay for
+                                 * the host's read, after it in a captured iteration) */
     struct mt_comm *world;      /* every rank (NULL: one process): the loads of the bias update */
     long long *expert_counts;   /* (nmoe,E) */
     /* The scalars of the counted forwards since the last read (struct mt_step_acc), in

@@ -707,6 +707,8 @@ int mt_optim_step_dev(struct mt_optim *o, const struct mt_config_optimizer *c,
         loss = o->world_losses;
     }
     *gate = (struct mt_step_gate){mt_model_sumsq_acc(m), loss, stride, nloss};
+    /* the routers' expert biases, gated as the update below (no upload) */
+    MT_CHECK(mt_model_update_expert_bias_dev(m, loss, stride, nloss, err));
     if (o->zero) {
         const struct adam_ctx a = {.o = o, .c = c, .loss = loss, .loss_stride = stride,
                                    .nloss = nloss};

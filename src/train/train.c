@@ -55,6 +55,8 @@ struct trainer {
     long long acc_iters, acc_dropped;
     long long acc_overflows;      /* MoE layer forwards beyond the planned expert rows */
     long long acc_offload[2];     /* activation offloading: this rank's bytes to the host, back */
+    long long iter_offload[2];    /* the same of the last iteration run by the host, which a
+                                   * replayed full_iteration graph copies as it was */
     long long *acc_counts;        /* [nmoe * num_experts] tokens per expert */
     /* host counters (util/hostmem.h): the current step's window opened at win, the
      * interval's sums over host_steps steps */
@@ -1670,7 +1672,12 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
     }
     bool run;
     MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
-    if (!run) return MT_OK; /* replayed: its host-side results are the zeros of static shapes */
+    if (!run) { /* replayed: its host-side results are the zeros of static shapes, and
+                 * the offloaded bytes of the iteration it holds */
+        offload[0] = t->iter_offload[0];
+        offload[1] = t->iter_offload[1];
+        return MT_OK;
+    }
     mt_model_zero_grad(t->model);
     if (t->pp_comm)
         MT_CHECK(t->vpp > 1 ? pp_interleaved(t, a, nmb, err) : pp_1f1b(t, a, nmb, err));
@@ -1689,6 +1696,8 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
         a->offload[0] += s.offload_d2h_bytes;
         a->offload[1] += s.offload_h2d_bytes;
     }
+    t->iter_offload[0] = offload[0];
+    t->iter_offload[1] = offload[1];
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
     if (a->staged) { /* and delayed scaling's histories rolled under the same gate */
         struct mt_step_gate gate;
@@ -1766,7 +1775,7 @@ static int train_step(struct trainer *t, double *lr_out, struct mt_err *err)
     t->st.adam_step++;
     if (!staged) MT_CHECK(mt_optim_step(t->optim, &c->optimizer, lr, clip, t->st.adam_step, err));
     accumulate_counts(t);
-    MT_CHECK(mt_model_update_expert_bias(t->model, err));
+    MT_CHECK(mt_model_update_expert_bias(t->model, !staged, err)); /* staged: in the iteration */
     MT_CHECK(mt_model_lowp_step(t->model, staged, err));
     t->acc_loss += loss;
     t->acc_aux += auxz[0];

@@ -167,6 +167,8 @@ MT_LONG_TESTS += tests/gpu/offload_emu.sh
 EXTRA_DIST += tests/gpu/offload_emu.sh
 MT_LONG_TESTS += tests/gpu/cuda_graph_train_emu.sh tests/gpu/cuda_graph_lowp_emu.sh
 EXTRA_DIST += tests/gpu/cuda_graph_train_emu.sh tests/gpu/cuda_graph_lowp_emu.sh
+MT_LONG_TESTS += tests/gpu/cuda_graph_full_recompute_emu.sh
+EXTRA_DIST += tests/gpu/cuda_graph_full_recompute_emu.sh
 MT_LONG_TESTS += tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
 EXTRA_DIST += tests/gpu/lowp_train_emu.sh tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
 MT_LONG_TESTS += tests/gpu/fp8_padding_emu.sh
@@ -188,6 +190,7 @@ EXTRA_DIST += tests/gpu/emu_tensor_core.sh tests/gpu/emu_tensor_core.cc tests/gp
 	tests/gpu/train_parity_emu.sh tests/gpu/recompute_emu.sh kernels/cuda/emu/shim/config.h \
 	tests/gpu/host_counts_emu.sh
 EXTRA_DIST += tests/gpu/offload_emu.sh tests/gpu/cuda_graph_train_emu.sh tests/gpu/cuda_graph_lowp_emu.sh
+EXTRA_DIST += tests/gpu/cuda_graph_full_recompute_emu.sh
 EXTRA_DIST += tests/gpu/lowp_train_emu.sh tests/gpu/lowp_train_h100_emu.sh tests/gpu/lowp_train_gb200_emu.sh
 EXTRA_DIST += tests/gpu/fp8_padding_emu.sh
 EXTRA_DIST += tests/gpu/emu_gemm.sh tests/gpu/emu_gemm.cc

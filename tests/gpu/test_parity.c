@@ -1830,7 +1830,9 @@ static void test_expert_select(void)
 }
 
 /* expert_bias_update: the same biases after steps of loads above, below and at the mean
- * (an odd total: a fractional mean). */
+ * (an odd total: a fractional mean); then gated as adamw_dev (a captured iteration's
+ * update): a finite squared norm and loss sum update, a non-finite loss sum writes
+ * nothing on either. */
 static void test_expert_bias_update(void)
 {
     enum { NMOE = 3, E = 37 };
@@ -1844,10 +1846,24 @@ static void test_expert_bias_update(void)
     float *d_b = dup_to_dev(bias, sizeof bias);
     int64_t *d_l = dup_to_dev(load, sizeof load);
     for (int step = 0; step < 3; step++) {
-        C->op.expert_bias_update(C->ctx, bias, load, NMOE, E, 1e-3f);
-        G->op.expert_bias_update(G->ctx, d_b, d_l, NMOE, E, 1e-3f);
+        C->op.expert_bias_update(C->ctx, bias, load, NMOE, E, 1e-3f, NULL, NULL, 0, 0);
+        G->op.expert_bias_update(G->ctx, d_b, d_l, NMOE, E, 1e-3f, NULL, NULL, 0, 0);
     }
     expect_bytes_dev("expert_bias_update", bias, d_b, sizeof bias);
+    const double gate[3] = {4.0, 1.5, NAN}; /* the squared norm, two loss sums */
+    double *d_g = dup_to_dev(gate, sizeof gate);
+    const float start[1] = {bias[1]};
+    C->op.expert_bias_update(C->ctx, bias, load, NMOE, E, 1e-3f, &gate[0], &gate[1], 1, 1);
+    G->op.expert_bias_update(G->ctx, d_b, d_l, NMOE, E, 1e-3f, &d_g[0], &d_g[1], 1, 1);
+    expect_bytes_dev("expert_bias_update gated, finite", bias, d_b, sizeof bias);
+    result(bias[1] != start[0], "expert_bias_update gated, finite: updated", "");
+    float kept[NMOE * E];
+    memcpy(kept, bias, sizeof bias);
+    C->op.expert_bias_update(C->ctx, bias, load, NMOE, E, 1e-3f, &gate[0], &gate[1], 1, 2);
+    G->op.expert_bias_update(G->ctx, d_b, d_l, NMOE, E, 1e-3f, &d_g[0], &d_g[1], 1, 2);
+    expect_bytes("expert_bias_update gated, a loss not finite (CPU)", kept, bias, sizeof bias);
+    expect_bytes_dev("expert_bias_update gated, a loss not finite", kept, d_b, sizeof bias);
+    dfree(d_g);
     dfree(d_b);
     dfree(d_l);
 }

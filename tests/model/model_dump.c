@@ -93,7 +93,7 @@ int main(int argc, char **argv)
     struct mt_model_stats st;
     if (cfg.moe.router_enable_expert_bias) { /* one step of bias updates: nonzero biases */
         mt_model_forward_backward(m, tok, B, 1.0f, &st, &err);
-        mt_model_update_expert_bias(m, &err);
+        mt_model_update_expert_bias(m, true, &err);
         tiny_tokens(tok, B, T, cfg.model.vocab_size, 6);
     }
     mt_model_zero_grad(m);

@@ -364,7 +364,7 @@ static void test_counts_and_bias(void **state)
     size_t nb;
     float *bias = mt_model_buffers(m, &nb);
     assert_int_equal(nb, 2 * (size_t)E);
-    mt_model_update_expert_bias(m, &err);
+    mt_model_update_expert_bias(m, true, &err);
     for (int i = 0; i < 2 * E; i++) {
         double mean = (double)N * cfg.moe.router_topk / E;
         float want = before[i] < mean ? 0.25f : before[i] > mean ? -0.25f : 0.0f;
