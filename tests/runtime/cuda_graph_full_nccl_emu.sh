@@ -10,6 +10,8 @@
 #   - EP 2 with a shared expert overlapped with the dispatcher's all-to-alls (in the
 #     graph, with the shared expert's parts between their start and their wait) and TP 2
 #     with sequence parallelism (the TP sums of the replicated gradients);
+#   - DP 2 with the expert bias (router_enable_expert_bias): the loads summed over the
+#     world and the biases updated on the device inside the graph;
 #   - DP 2 with a learning rate that makes every step's gradient non-finite: the device
 #     skips the same steps as the host does eagerly;
 # each against the same run without graphs: losses, balancing and z losses, gradient
@@ -31,6 +33,13 @@ compare dp_eager dp_full
 # shellcheck disable=SC2086
 MT_EMU_STREAMS=deferred train dp_full_deferred $full
 compare dp_eager dp_full_deferred
+
+bias="moe%router_enable_expert_bias=T moe%router_score_function='sigmoid' moe%router_bias_update_rate=0.01"
+# shellcheck disable=SC2086
+train bias_eager $bias
+# shellcheck disable=SC2086
+train bias_full $bias $full
+compare bias_eager bias_full
 
 zero="parallel%use_distributed_optimizer=T parallel%overlap_grad_reduce=T"
 # shellcheck disable=SC2086
