@@ -842,9 +842,10 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s with &parallel overlap_param_gather = .true.: the updated "
                           "parameters' all-gathers are left in flight into the next "
-                          "iteration's forward, across the graph's end; set "
-                          "overlap_param_gather = .false. (the iteration's gathers are then "
-                          "captured at its end)", pre);
+                          "iteration's forward, across the graph's end, and a graph's launch "
+                          "completes only once every operation in it has, so none can stay "
+                          "in flight past it; set overlap_param_gather = .false. (the "
+                          "iteration's gathers are then captured at its end)", pre);
     if (e->router_force_load_balancing)
         return mt_err_set(err, MT_EUNSUPPORTED,
                           "%s with &moe router_force_load_balancing: the forced logits are "
