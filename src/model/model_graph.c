@@ -97,8 +97,9 @@ int mt_model_iteration_begin(struct mt_model *m, uint64_t sig, bool *run, struct
     if (!m->graphs.full) return MT_OK;
     /* what every kernel of the iteration addresses: the model's allocations (each view
      * is at a fixed place in one), the step's scalars and the token staging the
-     * graph's copies read, the expert-side overflow block when one is held, and the
-     * activation offloading's device halves and pinned host blocks */
+     * graph's copies read, the expert-side overflow block when one is held, the expert
+     * biases and the world's loads, and the activation offloading's device halves and
+     * pinned host blocks */
     const uintptr_t words[] = {(uintptr_t)m->params, (uintptr_t)m->grads, (uintptr_t)m->work,
                                (uintptr_t)m->acts, (uintptr_t)m->scratch, (uintptr_t)m->acc,
                                (uintptr_t)m->host_tokens_all, (uintptr_t)m->rc_mem,

@@ -9,7 +9,9 @@
 #     started during backward, the updated slices' all-gathers;
 #   - EP 2 with a shared expert overlapped with the dispatcher's all-to-alls (in the
 #     graph, with the shared expert's parts between their start and their wait) and TP 2
-#     with sequence parallelism (the TP sums of the replicated gradients);
+#     with sequence parallelism (the TP sums of the replicated gradients), then with
+#     selective recompute of core_attn, layernorm (its rebuild gathers over TP again,
+#     inside the graph) and moe;
 #   - DP 2 with the expert bias (router_enable_expert_bias): the loads summed over the
 #     world and the biases updated on the device inside the graph;
 #   - DP 2 with a learning rate that makes every step's gradient non-finite: the device
@@ -66,6 +68,12 @@ train tp_eager $tp
 # shellcheck disable=SC2086
 train tp_full $tp $full
 compare tp_eager tp_full
+tpr="$tp recompute%granularity='selective' recompute%modules='core_attn','layernorm','moe'"
+# shellcheck disable=SC2086
+train tpr_eager $tpr
+# shellcheck disable=SC2086
+train tpr_full $tpr $full
+compare tpr_eager tpr_full
 
 # every step's gradient non-finite: skipped on the device on both ranks as eagerly
 blow="optimizer%lr=1e30 optimizer%lr_warmup_iters=0 optimizer%clip_grad=0"
