@@ -54,10 +54,10 @@ both() {
     train "${c}_full" $full "$@"
     cmp -s "$tmp/${c}_eager.values" "$tmp/${c}_full.values" ||
         { diff "$tmp/${c}_eager.values" "$tmp/${c}_full.values" | head; fail "$c: differs from the run without graphs"; }
-    [ "$(per_step "${c}_full" 'kernel launches')" = 1.0 ] &&
-        [ "$(per_step "${c}_full" 'host synchronisations')" = 1.0 ] ||
-        fail "$c: $(per_step "${c}_full" 'kernel launches') kernel launches and" \
-            "$(per_step "${c}_full" 'host synchronisations') host waits per step, not 1 and 1"
+    g=$(per_step "${c}_full" 'kernel launches') w=$(per_step "${c}_full" 'host synchronisations')
+    if [ "$g" != 1.0 ] || [ "$w" != 1.0 ]; then
+        fail "$c: $g kernel launches and $w host waits per step, not 1 and 1"
+    fi
     stats=$(grep '^ cuda graphs:' "$tmp/${c}_full.log" | tail -1)
     echo "$stats" | grep -q ' 1 held .* 1 captures (0 recaptures), 3 replays' ||
         { cat "$tmp/${c}_full.log"; fail "$c: not captured once and replayed: $stats"; }
