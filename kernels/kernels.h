@@ -677,7 +677,34 @@ struct mt_quant_ops {
     // recipes where tensor or expert-tensor parallelism would split one.
     bool shards;
     bool fp4_shards;
+    // Optional (NULL: the model calls struct mt_kernels' op, and the quantised GEMM or
+    // save quantises its output from memory): rmsnorm_fwd and swiglu_fwd of struct
+    // mt_kernels that also emit, in the same pass over the rows, what out's quantisation
+    // under s needs (doc/fp8.md, "Quantisation fused with its producer"); s a spec that
+    // mt_quant_fusable accepts. Block scalings: fused = a copy of out (backend memory of
+    // saved_bytes(s, N, C)) that gemm reads (spec saved) in place of quantising out, the
+    // same codes and scales; per-tensor current scaling: fused = one float of backend
+    // memory, out's amax (the one gemm and save find), which they take as tensor_amax.
+    // out is written as the op of struct mt_kernels writes it. Does not wait for the device.
+    void (*rmsnorm_fwd)(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                        float *rstd, struct mt_tensor x, struct mt_tensor w, int N, int C, float eps);
+    void (*swiglu_fwd)(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                       struct mt_tensor gate, struct mt_tensor up, int N, int F);
 };
+
+/* Whether a producer can emit the quantisation of its output under s in its own pass
+ * (struct mt_quant_ops rmsnorm_fwd, swiglu_fwd): blocks along the row, local to a row
+ * (1 x 128 tiles, MXFP8's 32), E4M3 and nearest rounding; or per-tensor current scaling
+ * of a whole tensor (tensorwise: the amax, which must be known before any code). Not
+ * delayed scaling (its amax record and history scale), NVFP4 (its per-tensor scale from
+ * the amax, and the Hadamard transform) or a shard. */
+static inline bool mt_quant_fusable(const struct mt_quant_spec *s)
+{
+    if (s->rnd != MT_Q_RN || s->rht || s->lrows > 0 || s->amax || s->saved) return false;
+    if (s->scaling == MT_Q_TENSOR) return !s->scale && !s->tensor_amax;
+    return (s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_MX) && s->along == MT_Q_ALONG_ROW &&
+           s->elem == MT_Q_ELEM_E4M3;
+}
 
 /* CUDA graphs (&cuda_graph, doc/host-overhead.md "CUDA graphs"): a scope of ops, named
  * by a key the caller chooses (module, layer, micro-batch slot, pass), captured once

@@ -20,6 +20,7 @@ MT_CUDA_SRC = \
 	kernels/cuda/cuda_loss.cu \
 	kernels/cuda/cuda_optim.cu \
 	kernels/cuda/cuda_quant.h \
+	kernels/cuda/cuda_qrow.cuh \
 	kernels/cuda/cuda_quant.cu \
 	kernels/cuda/cuda_graph.cu \
 	kernels/cuda/cuda_qdq.cu \

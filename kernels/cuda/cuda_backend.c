@@ -22,29 +22,47 @@ static const struct mt_graph_ops cuda_graph_ops = {
 /* every recipe on the shards of tensor and expert-tensor parallelism (cuda_qdq.cu,
  * "Shards"): NVFP4's random bits and fp32 scale by the shard's place in its tensor; the
  * copies saved for backward (cuda_qdq.cu, "copies saved for backward"), unless
- * MT_CUDA_QUANT_SAVE=0 (quant_save_from_env) */
+ * MT_CUDA_QUANT_SAVE=0; RMSNorm and SwiGLU emitting the quantisation of their output
+ * (cuda_layers.cu), unless MT_CUDA_QUANT_FUSE=0 (quant_ops_from_env) */
 static struct mt_quant_ops cuda_quant_ops = {
     .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .save = mt_cuda_quant_save,
     .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped,
-    .amax_nan_to_inf = mt_cuda_amax_nan_to_inf, .shards = true,
-    .fp4_shards = true };
+    .amax_nan_to_inf = mt_cuda_amax_nan_to_inf, .shards = true, .fp4_shards = true,
+    .rmsnorm_fwd = mt_cuda_rmsnorm_fwd_q, .swiglu_fwd = mt_cuda_swiglu_fwd_q };
 
-/* MT_CUDA_QUANT_SAVE, read once when the backend starts: 1 (the default) or 0, which
- * leaves save out of the op table, so that the model keeps its quantised linears'
- * high-precision inputs and quantises them again in backward, as on a backend without
- * save (doc/fp8.md, "FP8 copies saved for backward": the comparison that proves the
- * copies change no bit). */
-static int quant_save_from_env(char *msg, size_t msg_len)
+/* Environment variable name, read once when the backend starts: unset, empty or 1 (on,
+ * the default), or 0: *off. Anything else is an error naming both meanings. */
+static int quant_switch_from_env(const char *name, const char *on, const char *off_means, bool *off, char *msg,
+                                 size_t msg_len)
 {
-    const char *s = getenv("MT_CUDA_QUANT_SAVE");
+    const char *s = getenv(name);
+    *off = false;
     if (!s || !*s || !strcmp(s, "1")) return 0;
     if (strcmp(s, "0")) {
-        snprintf(msg, msg_len, "MT_CUDA_QUANT_SAVE='%s' is not 1 (keep FP8 copies for backward, the default) "
-                 "or 0 (keep the high-precision inputs)", s);
+        snprintf(msg, msg_len, "%s='%s' is not 1 (%s, the default) or 0 (%s)", name, s, on, off_means);
         return -1;
     }
-    cuda_quant_ops.save = NULL;
-    cuda_quant_ops.saved_bytes = NULL;
+    *off = true;
+    return 0;
+}
+
+/* MT_CUDA_QUANT_SAVE=0 leaves save out of the op table, so that the model keeps its
+ * quantised linears' high-precision inputs and quantises them again in backward, as on
+ * a backend without save (doc/fp8.md, "FP8 copies saved for backward": the comparison
+ * that proves the copies change no bit). MT_CUDA_QUANT_FUSE=0 leaves out the producers
+ * that emit their output's quantisation, so that the quantised GEMM quantises it from
+ * memory (doc/fp8.md, "Quantisation fused with its producer": the same comparison). */
+static int quant_ops_from_env(char *msg, size_t msg_len)
+{
+    bool off;
+    if (quant_switch_from_env("MT_CUDA_QUANT_SAVE", "keep FP8 copies for backward", "keep the high-precision inputs",
+                              &off, msg, msg_len))
+        return -1;
+    if (off) cuda_quant_ops.save = NULL, cuda_quant_ops.saved_bytes = NULL;
+    if (quant_switch_from_env("MT_CUDA_QUANT_FUSE", "RMSNorm and SwiGLU emit their output's quantisation",
+                              "the quantised GEMM quantises it from memory", &off, msg, msg_len))
+        return -1;
+    if (off) cuda_quant_ops.rmsnorm_fwd = NULL, cuda_quant_ops.swiglu_fwd = NULL;
     return 0;
 }
 
@@ -119,7 +137,7 @@ const struct mt_kernels *mt_kernels_cuda(struct mt_err *err)
     pthread_mutex_lock(&init_lock);
     if (!cuda_kernels.ctx) {
         char msg[512];
-        if (quant_save_from_env(msg, sizeof msg) != 0 ||
+        if (quant_ops_from_env(msg, sizeof msg) != 0 ||
             mt_cuda_ctx_create(&cuda_kernels.ctx, msg, sizeof msg) != 0) {
             mt_err_set(err, MT_EUNSUPPORTED, "CUDA backend: %s", msg);
             k = NULL;

@@ -283,6 +283,14 @@ __device__ __forceinline__ float mt_ld(const mt_bf16 *p, size_t i)
 }
 __device__ __forceinline__ void mt_st(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void mt_st(mt_bf16 *p, size_t i, float v) { p[i].bits = mt_bf16_bits(v); }
+// mt_st, returning the element as stored (what mt_ld would read back)
+__device__ __forceinline__ float mt_st_get(float *p, size_t i, float v) { return p[i] = v; }
+__device__ __forceinline__ float mt_st_get(mt_bf16 *p, size_t i, float v)
+{
+    const uint16_t b = mt_bf16_bits(v);
+    p[i].bits = b;
+    return __uint_as_float((uint32_t)b << 16);
+}
 
 // Four consecutive elements from element 4 i on (the pointer mt_aligned4). Plain loads:
 // an op's output may alias its input.

@@ -10,6 +10,7 @@
 // the same run to run. The embedding gradient and RoPE are bit-identical to the CPU
 // reference: same operations, same order, no contraction into FMA.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_qrow.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,9 +107,12 @@ extern "C" void mt_cuda_embedding_bwd(void *ctx, float *dwte, const float *dout,
 // ---------------------------------------------------------------- RMSNorm
 
 // One warp per row: out = x r w, r = 1 / sqrt(mean(x^2) + eps), in the CPU's order of
-// operations ((x r) w); the sum of squares is a lane-strided sum and a warp tree.
-template <typename TO, typename TX, typename TW>
-__global__ static void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *w, int N, int C, float eps)
+// operations ((x r) w); the sum of squares is a lane-strided sum and a warp tree. Q: the
+// warp also emits q, the quantisation of its row of out (q_row_warp), from the values
+// it stores.
+template <typename TO, typename TX, typename TW, bool Q>
+__global__ static void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, const TW *w, int N, int C, float eps,
+                                          mt_cuda_qrow q)
 {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
@@ -121,29 +125,52 @@ __global__ static void rmsnorm_fwd_kernel(TO *out, float *rstd, const TX *x, con
     }
     ss = mt_warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / (float)C + eps);
-    for (int c = lane; c < C; c += 32) mt_st(o, c, mt_ld(xr, c) * r * mt_ld(w, c));
+    if (Q) q_row_warp(q, row, C, [&](int j) { return mt_st_get(o, j, mt_ld(xr, j) * r * mt_ld(w, j)); });
+    else
+        for (int j = lane; j < C; j += 32) mt_st(o, j, mt_ld(xr, j) * r * mt_ld(w, j));
     if (lane == 0) rstd[row] = r;
 }
 
-extern "C" void mt_cuda_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
-                                    struct mt_tensor w, int N, int C, float eps)
+// rmsnorm_fwd, and with qf (the op of struct mt_quant_ops) the quantisation of out.
+static void rmsnorm_fwd(mt_cuda_ctx *c, const mt_cuda_qrow *qf, struct mt_tensor out, float *rstd,
+                        struct mt_tensor x, struct mt_tensor w, int N, int C, float eps)
 {
-    MT_CUDA_OP(ctx, MT_OP_RMSNORM_FWD);
-    mt_cuda_ctx *c = mt_cuda(ctx);
     check("rmsnorm_fwd", "out", out), check("rmsnorm_fwd", "x", x), check("rmsnorm_fwd", "w", w);
     if (N <= 0 || C <= 0) return;
+    const mt_cuda_qrow q = qf ? *qf : mt_cuda_qrow{};
     mt_with_elem(out.dtype, [&](auto o) {
         mt_with_elem(x.dtype, [&](auto xt) {
             mt_with_elem(w.dtype, [&](auto wt) {
                 using TO = MT_ELEM(o);
                 using TX = MT_ELEM(xt);
                 using TW = MT_ELEM(wt);
-                MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, rmsnorm_fwd_kernel<TO, TX, TW>)(
-                    (TO *)out.data, rstd, (const TX *)x.data, (const TW *)w.data, N, C, eps);
+                TO *po = (TO *)out.data;
+                const TX *px = (const TX *)x.data;
+                const TW *pw = (const TW *)w.data;
+                if (qf) MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, rmsnorm_fwd_kernel<TO, TX, TW, true>)(
+                    po, rstd, px, pw, N, C, eps, q);
+                else MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, rmsnorm_fwd_kernel<TO, TX, TW, false>)(
+                    po, rstd, px, pw, N, C, eps, q);
             });
         });
     });
     MT_CUDA_LAUNCHED();
+}
+
+extern "C" void mt_cuda_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct mt_tensor x,
+                                    struct mt_tensor w, int N, int C, float eps)
+{
+    MT_CUDA_OP(ctx, MT_OP_RMSNORM_FWD);
+    rmsnorm_fwd(mt_cuda(ctx), nullptr, out, rstd, x, w, N, C, eps);
+}
+
+extern "C" void mt_cuda_rmsnorm_fwd_q(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                                      float *rstd, struct mt_tensor x, struct mt_tensor w, int N, int C, float eps)
+{
+    MT_CUDA_OP(ctx, MT_OP_RMSNORM_FWD);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    const mt_cuda_qrow q = mt_cuda_qrow_place("rmsnorm_fwd", s, fused, N, C, c->stream);
+    rmsnorm_fwd(c, &q, out, rstd, x, w, N, C, eps);
 }
 
 // dx += r w dy - x r^3 <w dy, x> / C per row; the weight gradient dw[c] = sum_n dy x r
@@ -380,6 +407,34 @@ __global__ static void add_kernel(TO *out, const TA *a, const TB *b, size_t n)
 // One thread per element, or per 4 (VEC) when n is a multiple of 4 and every pointer is
 // aligned for it.
 static unsigned elementwise_grid(size_t n, bool vec) { return mt_cdiv(vec ? n / 4 : n, 256); }
+
+// swiglu_fwd_kernel's (N, F) rows with the quantisation of out (q_row_warp): a warp a row.
+template <typename TO, typename TG, typename TU>
+__global__ static void swiglu_fwd_q_kernel(TO *out, const TG *gate, const TU *up, int N, int F, mt_cuda_qrow q)
+{
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const size_t r0 = (size_t)row * F;
+    q_row_warp(q, row, F, [&](int j) { return mt_st_get(out, r0 + j, swiglu(mt_ld(gate, r0 + j), mt_ld(up, r0 + j))); });
+}
+
+extern "C" void mt_cuda_swiglu_fwd_q(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                                     struct mt_tensor gate, struct mt_tensor up, int N, int F)
+{
+    MT_CUDA_OP(ctx, MT_OP_SWIGLU_FWD);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    check("swiglu_fwd", "out", out), check("swiglu_fwd", "gate", gate), check("swiglu_fwd", "up", up);
+    if (N <= 0 || F <= 0) return;
+    const mt_cuda_qrow q = mt_cuda_qrow_place("swiglu_fwd", s, fused, N, F, c->stream);
+    mt_with_elem3(out.dtype, gate.dtype, up.dtype, [&](auto o, auto g, auto u) {
+        using TO = MT_ELEM(o);
+        using TG = MT_ELEM(g);
+        using TU = MT_ELEM(u);
+        MT_LAUNCH(mt_cdiv(N, 8), 256, 0, c->stream, swiglu_fwd_q_kernel<TO, TG, TU>)(
+            (TO *)out.data, (const TG *)gate.data, (const TU *)up.data, N, F, q);
+    });
+    MT_CUDA_LAUNCHED();
+}
 
 extern "C" void mt_cuda_swiglu_fwd(void *ctx, struct mt_tensor out, struct mt_tensor gate, struct mt_tensor up,
                                    int N, int F)

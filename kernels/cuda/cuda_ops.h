@@ -153,6 +153,12 @@ void mt_cuda_amax_nan_to_inf(void *ctx, float *amax, size_t n);
 void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                            const struct mt_tensor *a, const struct mt_quant_spec *sb, const struct mt_tensor *b,
                            float beta, const struct mt_tensor *c);
+/* cuda_layers.cu: rmsnorm_fwd and swiglu_fwd with the quantisation of out (struct
+ * mt_quant_ops, fused with the producer; cuda_qdq.cu places what they emit) */
+void mt_cuda_rmsnorm_fwd_q(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                           float *rstd, struct mt_tensor x, struct mt_tensor w, int N, int C, float eps);
+void mt_cuda_swiglu_fwd_q(void *ctx, const struct mt_quant_spec *s, void *fused, struct mt_tensor out,
+                          struct mt_tensor gate, struct mt_tensor up, int N, int F);
 /* The names of the scale modes set in modes (bit cublasLtMatmulMatrixScale_t), ", "
  * between them, into buf. */
 void mt_cuda_lowp_gemm_names(unsigned modes, char *buf, size_t n);

@@ -38,6 +38,7 @@
 // precision conversion and has no slot of its own in the op enum.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_quant.h"
+#include "kernels/cuda/cuda_qrow.cuh"
 
 #include <stdio.h>
 
@@ -404,6 +405,37 @@ extern "C" void mt_cuda_quant_save(void *ctx, const struct mt_quant_spec *s, voi
     float *w = own ? (float *)mt_cuda_scratch(c, staging) : (float *)s->work;
     qdq_quantise(c, "save", s, x, tr, w, &q, q.global + 1);
     if (own) mt_cuda_scratch_free(c, w);
+}
+
+// ---------------------------------------------------------------- fused with the producer
+//
+// A producer that quantises its output in its own pass (struct mt_quant_ops rmsnorm_fwd,
+// swiglu_fwd; cuda_layers.cu, q_row_warp) writes a block scaling's codes and scales
+// where save would have put them in a copy of the operand under s (qsave_layout: the
+// blocks along the rows of an untransposed copy), which the quantised GEMM then reads
+// (qgemm_read_saved); under per-tensor current scaling, the amax only, which the
+// quantiser takes as the tensor's (spec tensor_amax) instead of finding it again.
+mt_cuda_qrow mt_cuda_qrow_place(const char *op, const struct mt_quant_spec *s, void *fused, int64_t rows,
+                                int64_t cols, cudaStream_t stream)
+{
+    if (!mt_quant_fusable(s)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "the %s quantisation (blocks along the %s) is not one a producer emits "
+                 "(mt_quant_fusable)", mt_q_scaling_name(s->scaling), s->along == MT_Q_ALONG_ROW ? "rows" : "columns");
+        mt_cuda_fatal(__FILE__, __LINE__, op, msg);
+    }
+    if (!fused) mt_cuda_fatal(__FILE__, __LINE__, op, "fused is NULL");
+    mt_cuda_qrow q = {};
+    q.scaling = s->scaling;
+    if (s->scaling == MT_Q_TENSOR) {
+        q.amax = (uint32_t *)fused;
+        MT_CUDA_CHECK(cudaMemsetAsync(fused, 0, sizeof(float), stream));
+        return q;
+    }
+    size_t bytes;
+    const struct mt_cuda_qtensor t = qsave_layout(op, s, rows, cols, fused, &bytes);
+    q.data = t.data, q.scale = t.scale, q.scale8 = t.scale8, q.scols = t.scols;
+    return q;
 }
 
 // dst (rows, cols) = src (src_rows, cols), the rows after src_rows filled with fill (the

@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_quant.h"
 
 #include "kernels/cuda/cuda_launch.cuh"
+#include "kernels/cuda/cuda_qrow.cuh"
 
 #include <cuda_runtime.h>
 
@@ -21,19 +22,6 @@
 
 // ---------------------------------------------------------------- device helpers
 
-// |x| as bits, a NaN made the canonical 0x7fc00000: bits of magnitudes compare as the
-// magnitudes do, and a NaN is above every other, so the largest is the CPU's amax.
-__device__ __forceinline__ uint32_t q_mag_bits(float x)
-{
-    const uint32_t m = mt_q_bits(x) & 0x7fffffffu;
-    return m > 0x7f800000u ? MT_Q_NAN : m;
-}
-__device__ __forceinline__ uint32_t q_umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
-__device__ __forceinline__ uint32_t q_warp_umax(uint32_t v)
-{
-    for (int o = 16; o > 0; o >>= 1) v = q_umax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 // Over the block (blockDim.x a multiple of 32), to every thread; scratch holds 32 words.
 __device__ __forceinline__ uint32_t q_block_umax(uint32_t v, uint32_t *scratch)
 {
@@ -44,11 +32,6 @@ __device__ __forceinline__ uint32_t q_block_umax(uint32_t v, uint32_t *scratch)
     __syncthreads();
     v = lane < nw ? scratch[lane] : 0u;
     return q_warp_umax(v);
-}
-// One E4M3 or E5M2 element, saturating (cpu_quant.c's put).
-__device__ __forceinline__ uint8_t q_fp8(float v, enum mt_q_elem elem, enum mt_q_round rnd, uint32_t rbits)
-{
-    return elem == MT_Q_ELEM_E4M3 ? mt_e4m3_from_float(v, 1, rnd, rbits) : mt_e5m2_from_float(v, 1, rnd, rbits);
 }
 
 static int q_launched(const char *kernel, struct mt_err *err)
@@ -314,9 +297,7 @@ __device__ __forceinline__ void q_mx_rows_warp(int64_t w, uint8_t *data, uint8_t
     if (w >= rows * scols) return; // whole warps: blockDim.x is a multiple of 32
     const int64_t r = w / scols, sc = w % scols, c = sc * 32 + lane;
     const bool in = c < cols;
-    const float v = in ? x[r * ld + c] : 0.0f;
-    const uint8_t s = mt_q_mx_scale(mt_q_float(q_warp_umax(in ? q_mag_bits(v) : 0u)));
-    if (in) data[r * cols + c] = mt_e4m3_from_float(__fmul_rn(v, mt_q_mx_element_scale(s)), 1, MT_Q_RN, 0);
+    const uint8_t s = q_mx_block_warp(in ? x[r * ld + c] : 0.0f, in, data + r * cols + c);
     if (lane == 0) scale8[r * scols + sc] = s;
 }
 

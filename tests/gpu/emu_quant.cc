@@ -42,13 +42,17 @@
 //   saved   the CUDA backend's copies saved for backward (save, saved_bytes): the CPU's
 //           size, the quantised GEMM reading the copy bit for bit the one quantising x,
 //           within the qgemm bound of the CPU backend's GEMM reading its copy.
+//   fused   the producers that emit their output's quantisation (struct mt_quant_ops
+//           rmsnorm_fwd, swiglu_fwd): their output the plain op's, the codes and scales
+//           the CPU's (its save) and the backend's save's, the tensorwise amax the CPU's,
+//           the forward GEMM reading them bit for bit the GEMM quantising the output.
 //   qdq also quantises halves of a tensor split as tensor parallelism splits it, each
 //           with its place and the tensor's amax, under every recipe but delayed (NVFP4
 //           with stochastic rounding and the Hadamard transform): the CPU's bits, the
 //           whole tensor's.
 //
 // Usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|grouped-gb200|
-//        saved-h100|saved-gb200
+//        saved-h100|saved-gb200|fused-h100|fused-gb200
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -1565,6 +1569,119 @@ static void run_saved(bool h100)
     cuda_backend_done();
 }
 
+// Quantisation fused with its producer (struct mt_quant_ops rmsnorm_fwd, swiglu_fwd;
+// doc/fp8.md, "Quantisation fused with its producer"), for the forward input of a
+// recipe whose x the producers quantise (mt_quant_fusable), on (N, C) with partial 32-
+// and 128-blocks, fp32 and bf16 outputs: out bit for bit the op's of struct mt_kernels;
+// the block copy byte for byte the CPU backend's save of that out (the CPU recipe) and
+// the CUDA backend's save of it, the tensorwise amax the CPU's of out and the one save
+// records; the quantised GEMM reading what the producer emitted bit for bit the GEMM
+// quantising out from memory.
+static void fused_case(const struct mt_kernels *gpu, const struct mt_kernels *cpu, enum recipe r, bool swiglu,
+                       int64_t N, int64_t C, bool bf16, int64_t dout)
+{
+    struct mt_quant_spec sx = model_spec(r, RX, FWD);
+    const bool tensor = sx.scaling == MT_Q_TENSOR;
+    emu_check(mt_quant_fusable(&sx), "%s forward x: a producer can emit its quantisation", recipe_name[r]);
+    const enum mt_dtype odt = bf16 ? MT_BF16 : MT_F32;
+    const size_t n = (size_t)(N * C), obytes = n * (bf16 ? 2 : 4);
+    qg_operand a = qg_make(gpu, N, C, bf16), b = qg_make(gpu, N, C, bf16), w = qg_make(gpu, 1, C, false);
+    void *out1 = gpu->op.alloc(gpu->ctx, obytes), *out2 = gpu->op.alloc(gpu->ctx, obytes);
+    float *rstd = static_cast<float *>(gpu->op.alloc(gpu->ctx, sizeof(float) * (size_t)N));
+    const size_t cb = gpu->quant->saved_bytes(&sx, N, C);
+    void *fused = gpu->op.alloc(gpu->ctx, tensor ? sizeof(float) : cb), *dcopy = gpu->op.alloc(gpu->ctx, cb);
+    const struct mt_tensor o1 = mt_tview(out1, odt, N, C), o2 = mt_tview(out2, odt, N, C);
+    const struct mt_tensor ta = mt_tview(a.dev, a.bf16 ? MT_BF16 : MT_F32, N, C);
+    const struct mt_tensor tb = mt_tview(b.dev, b.bf16 ? MT_BF16 : MT_F32, N, C);
+    const struct mt_tensor tw = mt_f32(static_cast<float *>(w.dev), 1, C);
+    if (swiglu) {
+        gpu->op.swiglu_fwd(gpu->ctx, o1, ta, tb, (int)N, (int)C);
+        gpu->quant->swiglu_fwd(gpu->ctx, &sx, fused, o2, ta, tb, (int)N, (int)C);
+    } else {
+        gpu->op.rmsnorm_fwd(gpu->ctx, o1, rstd, ta, tw, (int)N, (int)C, 1e-5f);
+        gpu->quant->rmsnorm_fwd(gpu->ctx, &sx, fused, o2, rstd, ta, tw, (int)N, (int)C, 1e-5f);
+    }
+    std::vector<char> h1(obytes), h2(obytes), hf(tensor ? sizeof(float) : cb), hs(cb), hcpu(cb);
+    gpu->op.copy(gpu->ctx, h1.data(), out1, obytes);
+    gpu->op.copy(gpu->ctx, h2.data(), out2, obytes);
+    gpu->op.copy(gpu->ctx, hf.data(), fused, hf.size());
+    gpu->quant->save(gpu->ctx, &sx, dcopy, o1);
+    gpu->op.copy(gpu->ctx, hs.data(), dcopy, cb);
+    cpu->quant->save(cpu->ctx, &sx, hcpu.data(), mt_tview(h1.data(), odt, N, C));
+    const bool out_same = !memcmp(h1.data(), h2.data(), obytes);
+    int differ_cpu = 0, differ_save = 0;
+    if (tensor) {
+        // the amax of out (fp32 values of what is stored), as the CPU recipe finds it
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            if (bf16) u = (uint32_t)((const uint16_t *)h1.data())[i] << 16;
+            else memcpy(&u, h1.data() + 4 * i, 4);
+            memcpy(&v[i], &u, 4);
+        }
+        const float want = mt_q_amax(v.data(), N, C, C);
+        differ_cpu = memcmp(hf.data(), &want, 4) != 0;
+        differ_save = memcmp(hf.data(), hs.data() + 4, 4) != 0; // the amax save recorded
+    } else {
+        // the scales from byte 16, the codes at the end (not the alignment between)
+        const size_t sb = (size_t)N * (sx.scaling == MT_Q_MX ? (size_t)(C + 31) / 32 : 4 * (size_t)((C + 127) / 128));
+        for (size_t i = 16; i < cb; i++)
+            if (i < 16 + sb || i >= cb - n) differ_cpu += hf[i] != hcpu[i], differ_save += hf[i] != hs[i];
+    }
+    // the forward GEMM, out (N, C) x W (dout, C)^T: quantising out, and reading what the
+    // producer emitted (out's device data NaN there)
+    struct mt_quant_spec sw = model_spec(r, RW, FWD), sf = sx;
+    qg_operand wt = qg_make(gpu, dout, C, false);
+    const struct mt_tensor twt = mt_f32(static_cast<float *>(wt.dev), dout, C);
+    const size_t nc = (size_t)(N * dout);
+    void *c1 = gpu->op.alloc(gpu->ctx, 4 * nc), *c2 = gpu->op.alloc(gpu->ctx, 4 * nc);
+    gpu->quant->gemm(gpu->ctx, false, true, &sx, o1, &sw, twt, 0.0f, mt_f32(static_cast<float *>(c1), N, dout));
+    if (tensor) sf.tensor_amax = static_cast<const float *>(fused);
+    else {
+        sf.saved = fused;
+        gpu->op.memset(gpu->ctx, out2, 0xff, obytes);
+    }
+    gpu->quant->gemm(gpu->ctx, false, true, &sf, o2, &sw, twt, 0.0f, mt_f32(static_cast<float *>(c2), N, dout));
+    std::vector<char> hc1(4 * nc), hc2(4 * nc);
+    gpu->op.copy(gpu->ctx, hc1.data(), c1, 4 * nc);
+    gpu->op.copy(gpu->ctx, hc2.data(), c2, 4 * nc);
+    int differ_gemm = 0;
+    for (size_t i = 0; i < 4 * nc; i += 4) differ_gemm += memcmp(hc1.data() + i, hc2.data() + i, 4) != 0;
+    emu_check(out_same && !differ_cpu && !differ_save && !differ_gemm,
+              "%s fused with %s, %lldx%lld %s out: out bit for bit the unfused op's; %s the CPU recipe's (%d differ) "
+              "and save's (%d differ); the forward GEMM reading it bit for bit the one quantising out (%d of %zu "
+              "differ)", recipe_name[r], swiglu ? "SwiGLU" : "RMSNorm", (long long)N, (long long)C,
+              bf16 ? "bf16" : "fp32", tensor ? "the amax" : "codes and scales", differ_cpu, differ_save, differ_gemm,
+              nc);
+    for (void *p : {a.dev, b.dev, w.dev, wt.dev, out1, out2, (void *)rstd, fused, dcopy, c1, c2})
+        gpu->op.free(gpu->ctx, p);
+}
+
+static void run_fused(bool h100)
+{
+    const struct mt_kernels *gpu = cuda_backend();
+    const struct mt_kernels *cpu = mt_kernels_cpu();
+    const std::vector<enum recipe> mine =
+        h100 ? std::vector<enum recipe>{TENSORWISE, BLOCKWISE} : std::vector<enum recipe>{MXFP8, BLOCKWISE};
+    // (N, C, dout): partial 32- and 128-blocks along the rows (300 = 2 x 128 + 44 =
+    // 9 x 32 + 12), tokens not a multiple of 4 (the blockwise GEMM's padded rows)
+    static const int64_t sh[][3] = {{37, 96, 64}, {21, 300, 40}, {64, 160, 32}};
+    for (const enum recipe r : mine)
+        for (const auto &x : sh)
+            for (int swiglu = 0; swiglu < 2; swiglu++) {
+                fused_case(gpu, cpu, r, swiglu, x[0], x[1], false, x[2]);
+                fused_case(gpu, cpu, r, swiglu, x[0], x[1], true, x[2]);
+            }
+    // what a producer cannot emit is refused by the predicate the model asks
+    struct mt_quant_spec d = model_spec(DELAYED, RX, FWD), g = model_spec(BLOCKWISE, RX, WGRAD);
+    const struct mt_quant_spec f4 = model_spec(NVFP4, RX, FWD);
+    const float one = 1.0f;
+    d.scale = &one;
+    emu_check(!mt_quant_fusable(&d) && !mt_quant_fusable(&g) && !mt_quant_fusable(&f4),
+              "delayed scaling, blocks along the tokens and NVFP4 are not fused");
+    cuda_backend_done();
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -1577,6 +1694,8 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "grouped-gb200")) run_qgrouped(false);
     else if (!strcmp(mode, "saved-h100")) run_saved(true);
     else if (!strcmp(mode, "saved-gb200")) run_saved(false);
+    else if (!strcmp(mode, "fused-h100")) run_fused(true);
+    else if (!strcmp(mode, "fused-gb200")) run_fused(false);
     else if (!strncmp(mode, "gemm-", 5)) {
         if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
         int dev = 0;
@@ -1594,7 +1713,7 @@ int main(int argc, char **argv)
         cublasLtDestroy(lt);
     } else {
         fprintf(stderr, "usage: emu_quant quant|order|qdq|gemm-h100|gemm-gb200|qgemm-h100|qgemm-gb200|grouped-h100|"
-                "grouped-gb200|saved-h100|saved-gb200\n");
+                "grouped-gb200|saved-h100|saved-gb200|fused-h100|fused-gb200\n");
         return 2;
     }
     printf("%d checks, %d failed\n", emu_checks, emu_failures);
