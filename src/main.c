@@ -387,8 +387,8 @@ static void report_backend(const struct mt_kernels *k, const struct mt_world *w)
     if ((s.lowp_calls || s.lowp_grouped) && w->rank == 0)
         printf("moetrain: low-precision GEMMs: %lld cuBLASLt FP8/FP4 matmuls, scale modes %s; %lld "
                "through the epilogue (padding, NVFP4's per-tensor scales); %lld grouped launches of "
-               "%lld expert GEMMs\n",
-               s.lowp_calls, s.lowp_modes, s.lowp_epilogues, s.lowp_grouped, s.lowp_groups);
+               "%lld expert GEMMs; %lld quantisations fused with their producer\n",
+               s.lowp_calls, s.lowp_modes, s.lowp_epilogues, s.lowp_grouped, s.lowp_groups, s.lowp_fused);
 #else
     (void)k;
     (void)w;

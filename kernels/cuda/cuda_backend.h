@@ -91,8 +91,10 @@ struct mt_cuda_gemm_stats {
     /* the FP8/FP4 recipes' GEMMs (struct mt_quant_ops gemm): cuBLASLt FP8/FP4 matmuls,
      * those written through the epilogue (padding, NVFP4's per-tensor scales), the
      * scale modes they used, e.g. "VEC128_32F, BLK128x128_32F", and the grouped
-     * quantised GEMM's launches (struct mt_quant_ops grouped_gemm) and their groups */
-    long long lowp_calls, lowp_epilogues, lowp_grouped, lowp_groups;
+     * quantised GEMM's launches (struct mt_quant_ops grouped_gemm) and their groups;
+     * the producers that emitted their output's quantisation (struct mt_quant_ops
+     * rmsnorm_fwd, swiglu_fwd) */
+    long long lowp_calls, lowp_epilogues, lowp_grouped, lowp_groups, lowp_fused;
     char lowp_modes[96];
 };
 /* All zero (names NULL) when the backend is not built. */

@@ -67,6 +67,7 @@ struct mt_cuda_ctx {
     // (the scale pointers are set on the descriptor at each call)
     struct {
         long long calls, epilogues, grouped, groups;
+        long long fused; // producers that emitted their output's quantisation (cuda_layers.cu)
         unsigned modes;
         std::map<std::array<int64_t, 11>, mt_gemm_plan> plans;
     } lowp;

@@ -212,6 +212,7 @@ extern "C" void mt_cuda_gemm_stats(const struct mt_kernels *k, struct mt_cuda_ge
     s->lowp_epilogues = c->lowp.epilogues;
     s->lowp_grouped = c->lowp.grouped;
     s->lowp_groups = c->lowp.groups;
+    s->lowp_fused = c->lowp.fused;
     mt_cuda_lowp_gemm_names(c->lowp.modes, s->lowp_modes, sizeof s->lowp_modes);
     for (const auto &kv : c->gemm_plans) {
         s->shapes++;

@@ -170,6 +170,7 @@ extern "C" void mt_cuda_rmsnorm_fwd_q(void *ctx, const struct mt_quant_spec *s, 
     MT_CUDA_OP(ctx, MT_OP_RMSNORM_FWD);
     mt_cuda_ctx *c = mt_cuda(ctx);
     const mt_cuda_qrow q = mt_cuda_qrow_place("rmsnorm_fwd", s, fused, N, C, c->stream);
+    c->lowp.fused++;
     rmsnorm_fwd(c, &q, out, rstd, x, w, N, C, eps);
 }
 
@@ -426,6 +427,7 @@ extern "C" void mt_cuda_swiglu_fwd_q(void *ctx, const struct mt_quant_spec *s, v
     check("swiglu_fwd", "out", out), check("swiglu_fwd", "gate", gate), check("swiglu_fwd", "up", up);
     if (N <= 0 || F <= 0) return;
     const mt_cuda_qrow q = mt_cuda_qrow_place("swiglu_fwd", s, fused, N, F, c->stream);
+    c->lowp.fused++;
     mt_with_elem3(out.dtype, gate.dtype, up.dtype, [&](auto o, auto g, auto u) {
         using TO = MT_ELEM(o);
         using TG = MT_ELEM(g);

@@ -497,8 +497,9 @@ void mt_pass_linear_bwd(const struct mt_pass *p, float *din, float beta, float *
                         const float *dout, struct mt_tensor in, struct mt_tensor w, int N,
                         int d_out, int d_in);
 /* The SwiGLU part of mt_pass_mlp_fwd: gate, up and act (N,F) from x (N,H); wg, wu, wd
- * are parameter tensor ids (their linears quantised as mt_pass_qlinear_fwd says). */
-int mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, int wg, int wu, void *gate,
+ * are parameter tensor ids (their linears quantised as mt_pass_qlinear_fwd says); wd the
+ * linear whose forward reads act next, or MT_NO_TENSOR (mt_pass_swiglu_qfwd). */
+int mt_pass_mlp_act_fwd(const struct mt_pass *p, const void *x, int wg, int wu, int wd, void *gate,
                         void *up, void *act, int N, int F);
 int mt_pass_mlp_fwd(const struct mt_pass *p, struct mt_tensor out, const void *x, int wg, int wu,
                     int wd, void *gate, void *up, void *act, int N, int F);
@@ -570,6 +571,15 @@ int mt_lowp_amax_all_reduce(const struct mt_kernels *k, void *ctx, struct mt_com
 /* Linear layers of parameter tensor `tensor`: quantised when the recipe covers it, else
  * mt_pass_linear_fwd / _bwd (gradient into the tensor's gradient). Errors: the amax
  * reduction of a shard's current scaling (p->err). */
+/* The ops rmsnorm_fwd and swiglu_fwd of struct mt_kernels producing the input of
+ * tensor's linear (MT_NO_TENSOR: no linear's forward reads it next), which, where the
+ * backend can, also emit in the same pass the quantisation that linear's forward GEMM
+ * (and those of the linears after it on the same input: k and v, up) then reads
+ * (doc/fp8.md, "Quantisation fused with its producer"). */
+void mt_pass_rmsnorm_qfwd(const struct mt_pass *p, int tensor, struct mt_tensor out, float *rstd,
+                          struct mt_tensor x, struct mt_tensor w, int N, int C, float eps);
+void mt_pass_swiglu_qfwd(const struct mt_pass *p, int tensor, struct mt_tensor out, struct mt_tensor gate,
+                         struct mt_tensor up, int N, int F);
 int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor out,
                         struct mt_tensor in, int N, int dout, int din);
 int mt_pass_qlinear_bwd(const struct mt_pass *p, int tensor, float *din, float beta,

@@ -87,6 +87,14 @@ struct mt_lowp {
      * the grouped GEMM (all found before it quantises any): 2 (1 + E_l) */
     float *tamax;
     struct expert_gemms eg;     /* the experts' GEMMs of a use (E_l each), host memory */
+    /* what a producer emitted for the quantisation of x, its output (mt_pass_rmsnorm_qfwd,
+     * mt_pass_swiglu_qfwd), for the forward GEMMs of layer fused_layer's linears of
+     * kinds fused_first.. fused_last reading x next: at fused (the end of wa), or none
+     * (fused_x NULL; any other quantised GEMM ends it) */
+    const void *fused_x;
+    int fused_layer, fused_first, fused_last;
+    void *fused;
+    size_t fused_bytes;         /* taken from the end of wa, 256-aligned */
     /* randomness of stochastic rounding and of the Hadamard signs (MT_RECIPE_NVFP4): keyed by
      * the training seed, the iteration and the backward pass within it */
     uint64_t seed;
@@ -505,6 +513,16 @@ static int place_shard(const struct mt_pass *p, struct mt_quant_spec *q, int s, 
     return MT_OK;
 }
 
+/* The first operand's scratch (spec work) of a GEMM or save while a producer's emitted
+ * quantisation lies at its end (lp->fused_x), without that end. */
+static void work_a(const struct mt_lowp *lp, struct mt_quant_spec *q)
+{
+    q->work = lp->wa;
+    q->work_bytes = lp->wbytes - (lp->fused_x ? lp->fused_bytes : 0);
+}
+
+static bool fused_reads(const struct mt_pass *p, int s, struct mt_tensor x);
+
 /* c = beta c + op(q(a)) op(q(b)), the quantised GEMM of slot s's operands ra and rb for
  * use u (struct mt_quant_ops gemm), each operand with its scratch buffer; xcopy, or
  * NULL: the saved copy of the operand x (role R_X) that the GEMM reads instead of
@@ -513,12 +531,20 @@ static int qgemm(const struct mt_pass *p, int s, enum use u, bool ta, int ra, st
                  bool tb, int rb, struct mt_tensor b, float beta, struct mt_tensor c,
                  const void *xcopy)
 {
-    const struct mt_lowp *lp = p->m->lp;
+    struct mt_lowp *lp = p->m->lp;
+    /* a forward GEMM on x as its producer emitted x's quantisation reads that: the
+     * codes and scales of a block scaling, the tensorwise amax; any other ends it */
+    const bool fused = u == U_FWD && ra == R_X && fused_reads(p, s, a);
+    if (!fused) lp->fused_x = NULL;
     struct mt_quant_spec qa = spec(p, s, ra, u), qb = spec(p, s, rb, u);
-    qa.work = lp->wa;
+    work_a(lp, &qa);
     qb.work = lp->wb;
-    qa.work_bytes = qb.work_bytes = lp->wbytes;
+    qb.work_bytes = lp->wbytes;
     if (ra == R_X) qa.saved = xcopy;
+    if (fused && !xcopy) {
+        if (qa.scaling == MT_Q_TENSOR) qa.tensor_amax = lp->fused;
+        else qa.saved = lp->fused;
+    }
     if (rb == R_X) qb.saved = xcopy;
     /* each probe writes the other operand's buffer, which it quantises only later */
     if (!qa.saved) MT_CHECK(place_shard(p, &qa, s, ra, a, lp->wb, lp->tamax));
@@ -581,9 +607,9 @@ static int save_copy(const struct mt_pass *p, int s, struct mt_tensor x, void *c
 {
     const struct mt_lowp *lp = p->m->lp;
     struct mt_quant_spec q = spec(p, s, R_X, copy_use(lp));
-    q.work = lp->wa;
-    q.work_bytes = lp->wbytes;
+    work_a(lp, &q);
     MT_CHECK(place_shard(p, &q, s, R_X, x, lp->wb, lp->tamax));
+    if (fused_reads(p, s, x) && q.scaling == MT_Q_TENSOR) q.tensor_amax = lp->fused; /* the producer's amax */
     p->m->k->quant->save(p->ctx, &q, copy, x);
     return MT_OK;
 }
@@ -591,6 +617,78 @@ static int save_copy(const struct mt_pass *p, int s, struct mt_tensor x, void *c
 static int slot_of(const struct mt_pass *p, int tensor)
 {
     return p->m->lp && tensor != MT_NO_TENSOR ? p->m->lp->slot_of[tensor] : -1;
+}
+
+/* ------------------------------------------------------------ quantisation fused with its producer */
+
+/* The linears of a layer that read the input of kind's linear (q, k and v; gate and up):
+ * the kinds first..last. */
+static void readers_of(int kind, int *first, int *last)
+{
+    *first = *last = kind;
+    if (kind == K_WQ) *last = K_WV;
+    else if (kind == K_GATE) *last = K_UP;
+    else if (kind == K_SH_GATE) *last = K_SH_UP;
+}
+
+/* Whether slot s's forward GEMM reads x's quantisation as its producer emitted it. */
+static bool fused_reads(const struct mt_pass *p, int s, struct mt_tensor x)
+{
+    const struct mt_lowp *lp = p->m->lp;
+    const int l = s / lp->per_layer, kind = s % lp->per_layer;
+    return lp->fused_x && lp->fused_x == x.data && l == lp->fused_layer && kind >= lp->fused_first &&
+           kind <= lp->fused_last;
+}
+
+/* Where the producer of out (rows, cols), the input of tensor's linear, emits out's
+ * quantisation for that linear's forward GEMM (and those of the linears after it on
+ * the same input) under *q (doc/fp8.md, "Quantisation fused with its producer"): the
+ * end of wa, which the GEMMs reading out and save are given without it, recorded in lp;
+ * NULL where it is not fused: a backend without the producer's op (struct mt_quant_ops
+ * rmsnorm_fwd, swiglu_fwd), a layer in high precision, a quantisation that needs more
+ * than a row (delayed scaling's history and amax record, NVFP4: mt_quant_fusable), a
+ * tensorwise shard (its scale is the group's amax), activations rounded after the
+ * producer (round_in_place), or scratch too small to keep the staging beside it. */
+static void *fuse_into(const struct mt_pass *p, int tensor, bool has_op, struct mt_tensor out,
+                       struct mt_quant_spec *q)
+{
+    struct mt_model *m = p->m;
+    struct mt_lowp *lp = m->lp;
+    if (lp) lp->fused_x = NULL;
+    const int s = slot_of(p, tensor);
+    if (!lp || s < 0 || !has_op || m->round_in_place || !m->k->quant->saved_bytes) return NULL;
+    *q = spec(p, s, R_X, U_FWD);
+    if (!mt_quant_fusable(q) || (q->scaling == MT_Q_TENSOR && shard_of(p, s, R_X).n > 1)) return NULL;
+    const size_t elems = (size_t)out.rows * (size_t)out.cols;
+    const size_t bytes = q->scaling == MT_Q_TENSOR ? 256
+                                                   : (m->k->quant->saved_bytes(q, out.rows, out.cols) + 255) / 256 * 256;
+    if (lp->wbytes < bytes + sizeof(float) * elems + 256) return NULL;
+    lp->fused_x = out.data;
+    lp->fused_layer = s / lp->per_layer;
+    readers_of(s % lp->per_layer, &lp->fused_first, &lp->fused_last);
+    lp->fused_bytes = bytes;
+    lp->fused = (char *)lp->wa + (lp->wbytes - bytes) / 256 * 256;
+    return lp->fused;
+}
+
+void mt_pass_rmsnorm_qfwd(const struct mt_pass *p, int tensor, struct mt_tensor out, float *rstd,
+                          struct mt_tensor x, struct mt_tensor w, int N, int C, float eps)
+{
+    const struct mt_quant_ops *qo = p->m->k->quant;
+    struct mt_quant_spec q;
+    void *fused = fuse_into(p, tensor, qo && qo->rmsnorm_fwd, out, &q);
+    if (fused) qo->rmsnorm_fwd(p->ctx, &q, fused, out, rstd, x, w, N, C, eps);
+    else p->o->rmsnorm_fwd(p->ctx, out, rstd, x, w, N, C, eps);
+}
+
+void mt_pass_swiglu_qfwd(const struct mt_pass *p, int tensor, struct mt_tensor out, struct mt_tensor gate,
+                         struct mt_tensor up, int N, int F)
+{
+    const struct mt_quant_ops *qo = p->m->k->quant;
+    struct mt_quant_spec q;
+    void *fused = fuse_into(p, tensor, qo && qo->swiglu_fwd, out, &q);
+    if (fused) qo->swiglu_fwd(p->ctx, &q, fused, out, gate, up, N, F);
+    else p->o->swiglu_fwd(p->ctx, out, gate, up, N, F);
 }
 
 /* ------------------------------------------------------------ linears */
@@ -606,9 +704,11 @@ int mt_pass_qlinear_fwd(const struct mt_pass *p, int tensor, struct mt_tensor ou
         return MT_OK;
     }
     (void)N, (void)dout, (void)din; /* out and in carry their shapes */
+    struct mt_lowp *lp = p->m->lp;
+    if (!fused_reads(p, s, in)) lp->fused_x = NULL;
     void *copy = copy_of(p, s);
     if (copy && !copy_made_before(p, s)) MT_CHECK(save_copy(p, s, in, copy));
-    const bool fwd_reads_copy = copy && copy_use(p->m->lp) == U_FWD;
+    const bool fwd_reads_copy = copy && copy_use(lp) == U_FWD;
     return qgemm(p, s, U_FWD, false, R_X, in, true, R_W, w, 0.0f, out, fwd_reads_copy ? copy : NULL);
 }
 
@@ -655,6 +755,7 @@ bool mt_lowp_grouped(const struct mt_pass *p, int tensor) { return slot_of(p, te
 static int fit_rows(const struct mt_pass *p, int rows, int width)
 {
     struct mt_lowp *lp = p->m->lp;
+    lp->fused_x = NULL; /* the experts' GEMMs take all of wa, which may move */
     const struct mt_kernels *k = p->m->k;
     const size_t elems = (size_t)rows * (size_t)width;
     if (elems <= lp->qelems) return MT_OK;

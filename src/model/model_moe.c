@@ -483,7 +483,7 @@ static int shared_fc1_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, m->H, mt_pass_act_dt(p)));
-    return mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, a->sg, a->su, a->sa, p->N,
+    return mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, t->sh_down, a->sg, a->su, a->sa, p->N,
                                m->Fs_l);
 }
 

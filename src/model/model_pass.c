@@ -54,7 +54,7 @@ void mt_pass_linear_bwd(const pass_t *p, float *din, float beta, float *dw, cons
 
 /* SwiGLU MLP on N rows: act = silu(x Wg^T) * (x Wu^T); out = act Wd^T (not rounded:
  * with TP it is a partial sum, rounded by the caller once reduced). */
-int mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, void *gate, void *up,
+int mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, int wd, void *gate, void *up,
                         void *act, int N, int F)
 {
     const int H = p->m->H;
@@ -62,7 +62,7 @@ int mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, void *ga
     mt_pass_round(p, gate, (size_t)N * F);
     MT_CHECK(mt_pass_qlinear_fwd(p, wu, ACT(p, up, N, F), ACT(p, x, N, H), N, F, H));
     mt_pass_round(p, up, (size_t)N * F);
-    p->o->swiglu_fwd(p->ctx, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
+    mt_pass_swiglu_qfwd(p, wd, ACT(p, act, N, F), ACT(p, gate, N, F), ACT(p, up, N, F), N, F);
     mt_pass_round(p, act, (size_t)N * F);
     return MT_OK;
 }
@@ -70,7 +70,7 @@ int mt_pass_mlp_act_fwd(const pass_t *p, const void *x, int wg, int wu, void *ga
 int mt_pass_mlp_fwd(const pass_t *p, struct mt_tensor out, const void *x, int wg, int wu, int wd,
                     void *gate, void *up, void *act, int N, int F)
 {
-    MT_CHECK(mt_pass_mlp_act_fwd(p, x, wg, wu, gate, up, act, N, F));
+    MT_CHECK(mt_pass_mlp_act_fwd(p, x, wg, wu, wd, gate, up, act, N, F));
     return mt_pass_qlinear_fwd(p, wd, out, ACT(p, act, N, F), N, p->m->H, F);
 }
 
@@ -155,14 +155,16 @@ static pass_t rebuild_pass(const pass_t *p)
 
 /* ------------------------------------------------------------ attention */
 
-/* ln1 (Nl,H) and its statistics = RMSNorm of res[l]; ln1_full its TP gather. */
-static int ln1_fwd(const pass_t *p, int l)
+/* ln1 (Nl,H) and its statistics = RMSNorm of res[l]; ln1_full its TP gather. fwd: the
+ * q, k and v projections' forward reads ln1 next (not a rebuild for backward), where
+ * it is not gathered: the norm emits its quantisation for them. */
+static int ln1_fwd(const pass_t *p, int l, bool fwd)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     const int Nl = p->Nl, H = m->H;
-    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln1, Nl, H), a->ln1_rstd, ACT(p, m->res[l], Nl, H),
-                      W(p, m->lt[l].ln1), Nl, H, m->eps);
+    mt_pass_rmsnorm_qfwd(p, fwd && a->ln1_full == a->ln1 ? m->lt[l].wq : MT_NO_TENSOR, ACT(p, a->ln1, Nl, H),
+                         a->ln1_rstd, ACT(p, m->res[l], Nl, H), W(p, m->lt[l].ln1), Nl, H, m->eps);
     mt_pass_round(p, a->ln1, (size_t)Nl * H);
     return mt_pass_sp_gather(p, a->ln1_full, a->ln1, H, mt_pass_act_dt(p));
 }
@@ -223,7 +225,7 @@ static int attention_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const int Nl = p->Nl, H = m->H;
     if (!p->recompute) mt_offload_acquire(p, l);
-    MT_CHECK(ln1_fwd(p, l));
+    MT_CHECK(ln1_fwd(p, l, true));
     /* &cuda_graph attn: from the projections to o_proj, between the TP collectives */
     bool run;
     MT_CHECK(mt_graph_begin(p, MT_GM_ATTN, l, 0, false, attn_sig(p, l), &run));
@@ -283,7 +285,7 @@ static int attention_bwd(const pass_t *p, int l)
     const int Nl = p->Nl, H = m->H;
     /* selective recompute: what forward did not keep, rebuilt before its first use */
     const pass_t rp = rebuild_pass(p);
-    if (m->drop[l] & MT_RC_LN1) MT_CHECK(ln1_fwd(&rp, l));
+    if (m->drop[l] & MT_RC_LN1) MT_CHECK(ln1_fwd(&rp, l, false));
     float *d_out = full_or(p, m->full2, m->d_res);
     MT_CHECK(mt_pass_sp_gather(p, d_out, m->d_res, H, MT_DT_F32));
     /* &cuda_graph attn: the core's rebuild and the gradients up to ln1's, between the TP
@@ -337,14 +339,17 @@ static int attention_core_bwd(const pass_t *p, int l, const float *d_out, float 
 
 /* ------------------------------------------------------------ layers */
 
-/* ln2 (Nl,H) and its statistics = RMSNorm of res_mid. */
-static void ln2_fwd(const pass_t *p, int l)
+/* ln2 (Nl,H) and its statistics = RMSNorm of res_mid. fwd: a dense MLP's gate and up
+ * forward read ln2 next (not a rebuild, not a MoE layer, whose router reads it too),
+ * where it is not gathered: the norm emits its quantisation for them. */
+static void ln2_fwd(const pass_t *p, int l, bool fwd)
 {
     struct mt_model *m = p->m;
     struct mt_layer_acts *a = &m->la[l];
     const int Nl = p->Nl, H = m->H;
-    p->o->rmsnorm_fwd(p->ctx, ACT(p, a->ln2, Nl, H), a->ln2_rstd, ACT(p, a->res_mid, Nl, H),
-                      W(p, m->lt[l].ln2), Nl, H, m->eps);
+    const bool dense = m->moe_of_layer[l] < 0 && a->ln2_full == a->ln2;
+    mt_pass_rmsnorm_qfwd(p, fwd && dense ? m->lt[l].gate : MT_NO_TENSOR, ACT(p, a->ln2, Nl, H), a->ln2_rstd,
+                         ACT(p, a->res_mid, Nl, H), W(p, m->lt[l].ln2), Nl, H, m->eps);
     mt_pass_round(p, a->ln2, (size_t)Nl * H);
 }
 
@@ -354,7 +359,7 @@ static int mlp_block_fwd(const pass_t *p, int l)
     struct mt_layer_acts *a = &m->la[l];
     const struct mt_layer_tensors *t = &m->lt[l];
     const int N = p->N, Nl = p->Nl, H = m->H;
-    ln2_fwd(p, l);
+    ln2_fwd(p, l, true);
     if (m->moe_of_layer[l] >= 0) {
         MT_CHECK(mt_moe_fwd(p, l)); /* into tmpb */
     } else {
@@ -386,15 +391,16 @@ static int mlp_block_rebuild(const pass_t *p, int l)
     const struct mt_layer_tensors *t = &m->lt[l];
     const unsigned drop = m->drop[l];
     const bool moe = m->moe_of_layer[l] >= 0;
-    if (drop & MT_RC_LN2) ln2_fwd(p, l);
+    if (drop & MT_RC_LN2) ln2_fwd(p, l, false);
     if (drop & MT_RC_MOE) return mt_moe_fwd(p, l); /* gathers ln2 for the shared expert */
     if (a->ln2_full != a->ln2 && (drop & (MT_RC_LN2 | MT_RC_MLP | MT_RC_SHARED)))
         MT_CHECK(mt_pass_sp_gather(p, a->ln2_full, a->ln2, m->H, mt_pass_act_dt(p)));
     if (!moe && (drop & MT_RC_MLP))
-        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->gate, t->up, a->gate, a->up, a->act, p->N, m->F_l));
+        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->gate, t->up, MT_NO_TENSOR, a->gate, a->up, a->act,
+                                     p->N, m->F_l));
     if (moe && (drop & MT_RC_SHARED))
-        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, a->sg, a->su, a->sa, p->N,
-                            m->Fs_l));
+        MT_CHECK(mt_pass_mlp_act_fwd(p, a->ln2_full, t->sh_gate, t->sh_up, MT_NO_TENSOR, a->sg, a->su, a->sa,
+                                     p->N, m->Fs_l));
     if (moe && (drop & MT_RC_MOE_ACT)) mt_moe_act_rebuild(p, l);
     return MT_OK;
 }

@@ -49,8 +49,11 @@ MXFP8_MODES="VEC32_UE8M0" NVFP4_MODES="VEC16_UE4M3"
 # keeps the high-precision inputs (MT_CUDA_QUANT_SAVE=0): per-tensor copies (read by the
 # forward, transposed by the wgrad GEMM) on the H100, block copies on the GB200
 case $device in
-h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" saved="TENSORWISE" ;;
-gb200) recipes="MXFP8 NVFP4" refused="" saved="MXFP8" ;;
+# the recipes whose producers (RMSNorm, SwiGLU) emit their output's quantisation (the
+# current-scaling FP8 recipes) compared with a run where the quantised GEMMs quantise
+# it from memory (MT_CUDA_QUANT_FUSE=0)
+h100) recipes="DELAYED TENSORWISE BLOCKWISE" refused="MXFP8 NVFP4" saved="TENSORWISE" fused="TENSORWISE BLOCKWISE" ;;
+gb200) recipes="MXFP8 NVFP4" refused="" saved="MXFP8" fused="MXFP8" ;;
 *) fail "MT_LOWP_DEVICE='$device': h100 or gb200" ;;
 esac
 MT_EMU_DEVICE=$device
@@ -111,6 +114,25 @@ for r in $saved; do
     grep -q 'of which FP8/FP4 copies' "$r.nosave.log" &&
         { cat "$r.nosave.log"; fail "$r: MT_CUDA_QUANT_SAVE=0 still reports FP8 copies"; }
     echo "$r: losses and gradient norms with the copies saved = without; copies, bytes in place of bytes: $cl (--check = --log-memory)"
+done
+
+# Quantisation fused with its producer (doc/fp8.md, "Quantisation fused with its
+# producer"): the same losses and gradient norms, bit for bit, as the run whose GEMMs
+# quantise the producers' outputs from memory, and the summary counting what was fused.
+fused() { sed -n 's/^moetrain: low-precision GEMMs: .*; \([0-9]*\) quantisations fused with their producer$/\1/p' "$1"; }
+for r in $fused; do
+    eval "o=\$$r"
+    MT_CUDA_QUANT_FUSE=0 run "$r.nofuse" cuda "$o" || { cat "$r.nofuse.log"; fail "$r: MT_CUDA_QUANT_FUSE=0 failed"; }
+    for f in loss grad_norm; do
+        json_field "$r.cuda.jsonl" $f > fused.$f
+        json_field "$r.nofuse.jsonl" $f > nofuse.$f
+        [ -s fused.$f ] && cmp fused.$f nofuse.$f ||
+            { paste fused.$f nofuse.$f; fail "$r: the $f with the quantisation fused into its producers is not the $f without"; }
+    done
+    nf=$(fused "$r.cuda.log") n0=$(fused "$r.nofuse.log")
+    [ "${nf:-0}" -gt 0 ] && [ "$n0" = 0 ] ||
+        { cat "$r.cuda.log"; fail "$r: quantisations fused: '$nf' (expected some), with MT_CUDA_QUANT_FUSE=0 '$n0' (expected 0)"; }
+    echo "$r: losses and gradient norms with $nf quantisations fused into their producers = without"
 done
 
 for r in $refused; do

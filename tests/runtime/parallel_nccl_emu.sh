@@ -105,7 +105,7 @@ lowp() { # lowp NAME ITERATIONS OVERRIDES...: TP 2 against 1 process
     grep -qF 'layout TP 2 x CP 1 x PP 1 x DP 1, experts ETP 2 x EP 1' "$name.tp2/out.log" ||
         { cat "$name.tp2/out.log"; fail "$name: not the layout TP 2, ETP 2"; }
     for d in one tp2; do
-        grep '^moetrain: low-precision GEMMs: .* [1-9][0-9]* grouped launches of [1-9][0-9]* expert GEMMs$' \
+        grep '^moetrain: low-precision GEMMs: .* [1-9][0-9]* grouped launches of [1-9][0-9]* expert GEMMs; [0-9]* quantisations fused with their producer$' \
             "$name.$d/out.log" || { cat "$name.$d/out.log"; fail "$name.$d: no grouped expert GEMM counted"; }
     done
     for key in loss grad_norm; do
