@@ -94,16 +94,20 @@ done
 # losses and gradient norms, bit for bit, as the run without them, and the memory line
 # of --log-memory counting the copies as --check counts them (the CUDA backend's
 # saved_bytes; --check plans with the CPU's, which the copy's size must equal).
+# same_figures R OTHER WHAT: the losses and gradient norms of R's run on the CUDA backend
+# are those of its run R.OTHER, bit for bit (WHAT: what R's run has that the other lacks)
+same_figures() {
+    for f in loss grad_norm; do
+        json_field "$1.cuda.jsonl" $f > a.$f
+        json_field "$1.$2.jsonl" $f > b.$f
+        [ -s a.$f ] && cmp a.$f b.$f || { paste a.$f b.$f; fail "$1: the $f $3 is not the $f without"; }
+    done
+}
 copies() { sed -n 's/.*of which FP8\/FP4 copies \([0-9]*\) in place of \([0-9]*\) .*/\1 \2/p' "$1" | head -1; }
 for r in $saved; do
     eval "o=\$$r"
     MT_CUDA_QUANT_SAVE=0 run "$r.nosave" cuda "$o" || { cat "$r.nosave.log"; fail "$r: MT_CUDA_QUANT_SAVE=0 failed"; }
-    for f in loss grad_norm; do
-        json_field "$r.cuda.jsonl" $f > saved.$f
-        json_field "$r.nosave.jsonl" $f > nosave.$f
-        [ -s saved.$f ] && cmp saved.$f nosave.$f ||
-            { paste saved.$f nosave.$f; fail "$r: the $f with FP8 copies saved for backward is not the $f without"; }
-    done
+    same_figures "$r" nosave "with FP8 copies saved for backward"
     # shellcheck disable=SC2086 # $o is a list of overrides
     "$EMU" --check "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" training%micro_batch_size=2 training%global_batch_size=2 \
         training%seq_length=64 "precision%params_dtype='bf16'" $o > "$r.check" 2>&1 ||
@@ -123,12 +127,7 @@ fused() { sed -n 's/^moetrain: low-precision GEMMs: .*; \([0-9]*\) quantisations
 for r in $fused; do
     eval "o=\$$r"
     MT_CUDA_QUANT_FUSE=0 run "$r.nofuse" cuda "$o" || { cat "$r.nofuse.log"; fail "$r: MT_CUDA_QUANT_FUSE=0 failed"; }
-    for f in loss grad_norm; do
-        json_field "$r.cuda.jsonl" $f > fused.$f
-        json_field "$r.nofuse.jsonl" $f > nofuse.$f
-        [ -s fused.$f ] && cmp fused.$f nofuse.$f ||
-            { paste fused.$f nofuse.$f; fail "$r: the $f with the quantisation fused into its producers is not the $f without"; }
-    done
+    same_figures "$r" nofuse "with the quantisation fused into its producers"
     nf=$(fused "$r.cuda.log") n0=$(fused "$r.nofuse.log")
     [ "${nf:-0}" -gt 0 ] && [ "$n0" = 0 ] ||
         { cat "$r.cuda.log"; fail "$r: quantisations fused: '$nf' (expected some), with MT_CUDA_QUANT_FUSE=0 '$n0' (expected 0)"; }
