@@ -1674,8 +1674,8 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
     MT_CHECK(mt_model_iteration_begin(t->model, (uint64_t)nmb << 32 | (uint64_t)mbs, &run, err));
     if (!run) { /* replayed: its host-side results are the zeros of static shapes, and
                  * the offloaded bytes of the iteration it holds */
-        offload[0] = t->iter_offload[0];
-        offload[1] = t->iter_offload[1];
+        a->offload[0] = t->iter_offload[0];
+        a->offload[1] = t->iter_offload[1];
         return MT_OK;
     }
     mt_model_zero_grad(t->model);
@@ -1696,8 +1696,8 @@ static int run_micro_batches(struct trainer *t, struct pp_acc *a, struct mt_err 
         a->offload[0] += s.offload_d2h_bytes;
         a->offload[1] += s.offload_h2d_bytes;
     }
-    t->iter_offload[0] = offload[0];
-    t->iter_offload[1] = offload[1];
+    t->iter_offload[0] = a->offload[0];
+    t->iter_offload[1] = a->offload[1];
     MT_CHECK(mt_optim_reduce_grads(t->optim, NULL, err));
     if (a->staged) { /* and delayed scaling's histories rolled under the same gate */
         struct mt_step_gate gate;
