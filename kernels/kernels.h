@@ -520,6 +520,10 @@ struct mt_quant_spec {
     enum mt_q_dim along;
     enum mt_q_round rnd;       /* MT_Q_SR: stochastic, element i drawing (seed, stream, i) */
     uint64_t seed;
+    /* backend memory, one uint64, or NULL: the seed there (in place of seed), read when
+     * the quantiser runs, so that a captured graph replays with the seed of its replay
+     * (NVFP4's key, struct mt_quant_ops random_key) */
+    const uint64_t *seed_dev;
     uint32_t stream;
     /* NVFP4 wgrad inputs: the random Hadamard transform along the columns (over rows,
      * the GEMM's reduction) before quantising, signs from (seed, rht_stream); only
@@ -616,6 +620,13 @@ static inline bool mt_quant_spec_transposed(const struct mt_quant_spec *s)
     return s->along == MT_Q_ALONG_COL && (s->scaling == MT_Q_BLOCK_1X128 || s->scaling == MT_Q_NVFP4);
 }
 
+/* The seed s draws its random bits under (kernels/quant.h, struct mt_q_seed). */
+static inline struct mt_q_seed mt_quant_spec_seed(const struct mt_quant_spec *s)
+{
+    struct mt_q_seed r = {s->seed_dev, s->seed};
+    return r;
+}
+
 /* The FP8/FP4 recipes' operations: optional, NULL where a backend does not run the
  * recipes yet (the model refuses fp8_format/fp4_format on it, naming the CPU backend). */
 struct mt_quant_ops {
@@ -670,6 +681,14 @@ struct mt_quant_ops {
     // a NaN (mt_q_tensor_scale gives 1, mt_q_history_scale keeps the scale). Does not
     // wait for the device.
     void (*amax_nan_to_inf)(void *ctx, float *amax, size_t n);
+    // NVFP4's random key, key[MT_Q_KEY_WORDS] of backend memory (kernels/quant.h): a
+    // backward pass begins (end false: key[MT_Q_KEY_SEED] = its seed under base, the
+    // micro-batch the pass's count x dp + dp_rank), or the iteration ends (end true,
+    // unless gate, or NULL, says the step is skipped): mt_q_random_key_step on the
+    // backend, so that a captured iteration advances the key on the device. Does not
+    // wait for the device.
+    void (*random_key)(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                       const struct mt_step_gate *gate);
     // Whether qdq takes a shard of a logical tensor (s->lrows, tensor_amax: its place in
     // the tensor and the tensor's amax) under the FP8 recipes (shards) and under NVFP4
     // (fp4_shards: its stochastic rounding's element indices and fp32 scale in the

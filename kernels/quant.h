@@ -249,6 +249,43 @@ MT_QFN uint32_t mt_q_hadamard_signs(uint64_t seed, uint32_t stream)
     return r[0] & 0xffffu;
 }
 
+/* A draw's seed (struct mt_quant_spec seed and seed_dev): value, or where dev is not
+ * NULL the seed in backend memory there, read where the bits are drawn (on a device by
+ * the kernel as it runs, so that a captured graph's replay draws its own step's bits). */
+struct mt_q_seed {
+    const uint64_t *dev;
+    uint64_t value;
+};
+MT_QFN uint64_t mt_q_seed_value(struct mt_q_seed s) { return s.dev ? *s.dev : s.value; }
+
+/* NVFP4's random key in backend memory (doc/fp8.md, "Random bits"; struct mt_quant_ops
+ * random_key): key[MT_Q_KEY_SEED] the seed of the current backward pass,
+ * key[MT_Q_KEY_ITER] the iteration (optimizer steps taken), key[MT_Q_KEY_NBWD] the
+ * backward passes begun in it. */
+enum { MT_Q_KEY_SEED, MT_Q_KEY_ITER, MT_Q_KEY_NBWD, MT_Q_KEY_WORDS };
+
+/* The seed of the backward pass of micro-batch mb (the step's: j x DP + DP rank for a
+ * rank's j-th) in iteration iter, under the run's base seed. */
+MT_QFN uint64_t mt_q_backward_seed(uint64_t base, uint64_t iter, uint64_t mb)
+{
+    return mt_philox_key_mix(base, (iter << 20) + mb);
+}
+
+/* The key's step (op random_key): end false, a backward pass begins: its seed from the
+ * iteration and the pass, the passes counted; end true, the iteration ends: the next
+ * one's, no pass begun. */
+MT_QFN void mt_q_random_key_step(uint64_t *key, uint64_t base, int dp, int dp_rank, bool end)
+{
+    if (end) {
+        key[MT_Q_KEY_ITER]++;
+        key[MT_Q_KEY_NBWD] = 0;
+        return;
+    }
+    key[MT_Q_KEY_SEED] = mt_q_backward_seed(base, key[MT_Q_KEY_ITER],
+                                            key[MT_Q_KEY_NBWD] * (uint64_t)dp + (uint64_t)dp_rank);
+    key[MT_Q_KEY_NBWD]++;
+}
+
 /* ---- scales shared by the recipes ---- */
 
 /* Tensorwise and delayed scaling: the encode scale fmax / amax / 2^margin (data =

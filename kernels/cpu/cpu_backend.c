@@ -76,6 +76,7 @@ static const struct mt_quant_ops cpu_quant_ops = { .qdq = mt_cpu_qdq, .gemm = mt
                                                    .save = mt_cpu_quant_save,
                                                    .saved_bytes = mt_cpu_quant_saved_bytes,
                                                    .amax_nan_to_inf = mt_cpu_amax_nan_to_inf,
+                                                   .random_key = mt_cpu_random_key,
                                                    .shards = true, .fp4_shards = true };
 
 static struct mt_kernels cpu_kernels = {

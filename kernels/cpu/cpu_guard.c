@@ -732,6 +732,7 @@ static void g_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out
     dev("qdq", "spec->scale", s->scale), dev("qdq", "spec->amax", s->amax);
     if (s->scale) range("qdq", "spec->scale", s->scale, sizeof(float));
     if (s->amax) range("qdq", "spec->amax", s->amax, sizeof(float));
+    dev("qdq", "spec->seed_dev", s->seed_dev);
     dev("qdq", "spec->work", s->work);
     if (s->work) range("qdq", "spec->work", s->work, s->work_bytes);
     RUN(MT_OP_CONVERT, cpu->quant->qdq(ctx, s, out, x));
@@ -746,6 +747,7 @@ static void qgemm_spec(const char *arg, const struct mt_quant_spec *s)
     dev("quantised gemm", "spec->tensor_amax", s->tensor_amax);
     if (s->scale) range("quantised gemm", "spec->scale", s->scale, sizeof(float));
     if (s->amax) range("quantised gemm", "spec->amax", s->amax, sizeof(float));
+    dev("quantised gemm", "spec->seed_dev", s->seed_dev);
     dev("quantised gemm", "spec->work", s->work);
     if (s->work) range("quantised gemm", "spec->work", s->work, s->work_bytes);
     dev("quantised gemm", "spec->saved", s->saved);
@@ -774,6 +776,7 @@ static void g_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct
     tensor("save", "x", x, -1, -1);
     dev("save", "spec->scale", s->scale), dev("save", "spec->amax", s->amax);
     dev("save", "spec->tensor_amax", s->tensor_amax);
+    dev("save", "spec->seed_dev", s->seed_dev);
     dev("save", "saved", saved);
     range("save", "saved", saved, cpu->quant->saved_bytes(s, x.rows, x.cols));
     RUN(MT_OP_CONVERT, cpu->quant->save(ctx, s, saved, x));
@@ -786,9 +789,20 @@ static void g_amax_nan_to_inf(void *ctx, float *amax, size_t n)
     RUN(MT_OP_CONVERT, cpu->quant->amax_nan_to_inf(ctx, amax, n));
 }
 
+static void g_random_key(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                         const struct mt_step_gate *gate)
+{
+    dev("random_key", "key", key);
+    range("random_key", "key", key, sizeof(uint64_t) * MT_Q_KEY_WORDS);
+    if (gate) dev("random_key", "gate->sumsq", gate->sumsq);
+    if (gate && gate->n_loss > 0) dev("random_key", "gate->loss", gate->loss);
+    RUN(MT_OP_CONVERT, cpu->quant->random_key(ctx, key, base, dp, dp_rank, end, gate));
+}
+
 static const struct mt_quant_ops guard_quant_ops = { .qdq = g_qdq, .gemm = g_qgemm, .save = g_save,
                                                      .saved_bytes = mt_cpu_quant_saved_bytes,
                                                      .amax_nan_to_inf = g_amax_nan_to_inf,
+                                                     .random_key = g_random_key,
                                                      .shards = true, .fp4_shards = true };
 
 static void g_scale(void *ctx, float *x, float s, size_t n)

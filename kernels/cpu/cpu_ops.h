@@ -262,6 +262,8 @@ void mt_cpu_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_s
 void mt_cpu_quant_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x);
 size_t mt_cpu_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols);
 void mt_cpu_amax_nan_to_inf(void *ctx, float *amax, size_t n);
+void mt_cpu_random_key(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                       const struct mt_step_gate *gate);
 
 /* cpu_typed.c: the op table's typed entry points (fp32 kernels above behind them) */
 void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha,

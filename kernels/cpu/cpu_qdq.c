@@ -26,14 +26,16 @@ static void quantise(const struct mt_quant_spec *s, struct mt_qtensor *q, const 
     switch (s->scaling) {
     case MT_Q_TENSOR: {
         float scale = s->scale ? *s->scale : mt_q_tensor_scale(amax, elem_max(s->elem), s->margin);
-        rc = mt_quant_tensorwise(q, x, q->cols, scale, s->rnd, s->seed, s->stream, err);
+        rc = mt_quant_tensorwise(q, x, q->cols, scale, s->rnd, mt_q_seed_value(mt_quant_spec_seed(s)),
+                                 s->stream, err);
         break;
     }
     case MT_Q_BLOCK_1X128:
     case MT_Q_BLOCK_128X128: rc = mt_quant_blockwise(q, x, q->cols, 1, err); break;
     case MT_Q_MX: rc = mt_quant_mxfp8(q, x, q->cols, err); break;
     case MT_Q_NVFP4:
-    case MT_Q_NVFP4_2D: rc = mt_quant_nvfp4(q, x, q->cols, s->rnd, s->seed, s->stream, err); break;
+    case MT_Q_NVFP4_2D: rc = mt_quant_nvfp4(q, x, q->cols, s->rnd, mt_q_seed_value(mt_quant_spec_seed(s)), s->stream, err);
+        break;
     }
     if (rc) die("quantise", err);
 }
@@ -154,7 +156,8 @@ static float prepare(const struct mt_quant_spec *s, struct mt_tensor out, struct
             memcpy(&w[i], &u, sizeof u);
         }
     }
-    if (s->rht && R >= 16 && mt_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, s->seed, s->rht_stream, &err))
+    if (s->rht && R >= 16 &&
+        mt_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, mt_q_seed_value(mt_quant_spec_seed(s)), s->rht_stream, &err))
         die("Hadamard transform", &err);
     const float amax = mt_q_amax(w, R, C, C);
     if (s->amax && !(amax <= *s->amax)) *s->amax = amax; /* a NaN is recorded */
@@ -176,6 +179,14 @@ void mt_cpu_qdq(void *ctx, const struct mt_quant_spec *s, struct mt_tensor out, 
         qdq_nvfp4_shard(s, out.data, x.rows, x.cols);
     else
         qdq_dense(s, out.data, x.rows, x.cols, s->tensor_amax ? *s->tensor_amax : amax);
+}
+
+void mt_cpu_random_key(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                       const struct mt_step_gate *gate)
+{
+    (void)ctx;
+    if (end && gate && !mt_q_step_taken(gate->sumsq, gate->loss, gate->loss_stride, gate->n_loss)) return;
+    mt_q_random_key_step(key, base, dp, dp_rank, end);
 }
 
 void mt_cpu_amax_nan_to_inf(void *ctx, float *amax, size_t n)

@@ -27,8 +27,8 @@ static const struct mt_graph_ops cuda_graph_ops = {
 static struct mt_quant_ops cuda_quant_ops = {
     .qdq = mt_cuda_qdq, .gemm = mt_cuda_qgemm, .save = mt_cuda_quant_save,
     .saved_bytes = mt_cuda_quant_saved_bytes, .grouped_gemm = mt_cuda_qgemm_grouped,
-    .amax_nan_to_inf = mt_cuda_amax_nan_to_inf, .shards = true, .fp4_shards = true,
-    .rmsnorm_fwd = mt_cuda_rmsnorm_fwd_q, .swiglu_fwd = mt_cuda_swiglu_fwd_q };
+    .amax_nan_to_inf = mt_cuda_amax_nan_to_inf, .random_key = mt_cuda_random_key, .shards = true,
+    .fp4_shards = true, .rmsnorm_fwd = mt_cuda_rmsnorm_fwd_q, .swiglu_fwd = mt_cuda_swiglu_fwd_q };
 
 /* Environment variable name, read once when the backend starts: unset, empty or 1 (on,
  * the default), or 0: *off. Anything else is an error naming both meanings. */

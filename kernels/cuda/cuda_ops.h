@@ -150,6 +150,8 @@ void mt_cuda_qgemm(void *ctx, bool trans_a, bool trans_b, const struct mt_quant_
 void mt_cuda_quant_save(void *ctx, const struct mt_quant_spec *s, void *saved, struct mt_tensor x);
 size_t mt_cuda_quant_saved_bytes(const struct mt_quant_spec *s, int64_t rows, int64_t cols);
 void mt_cuda_amax_nan_to_inf(void *ctx, float *amax, size_t n);
+void mt_cuda_random_key(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                        const struct mt_step_gate *gate);
 void mt_cuda_qgemm_grouped(void *ctx, int n, bool trans_a, bool trans_b, const struct mt_quant_spec *sa,
                            const struct mt_tensor *a, const struct mt_quant_spec *sb, const struct mt_tensor *b,
                            float beta, const struct mt_tensor *c);

@@ -265,8 +265,8 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
     qdq_load(c, w, x, tr, q->rows);
     if (s->rht && R >= 16) {
         // along the columns of (R, C): along the rows of the transpose (C, R)
-        const int rc = tr ? mt_cuda_q_rht(w, C, R / 16 * 16, R, MT_Q_ALONG_ROW, s->seed, s->rht_stream, c->stream, &err)
-                          : mt_cuda_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, s->seed, s->rht_stream, c->stream, &err);
+        const int rc = tr ? mt_cuda_q_rht(w, C, R / 16 * 16, R, MT_Q_ALONG_ROW, mt_quant_spec_seed(s), s->rht_stream, c->stream, &err)
+                          : mt_cuda_q_rht(w, R / 16 * 16, C, C, MT_Q_ALONG_COL, mt_quant_spec_seed(s), s->rht_stream, c->stream, &err);
         if (rc) qdq_fail(op, "Hadamard transform", &err);
     }
     float *amax = scalars, *tscale = scalars + 1;
@@ -287,14 +287,14 @@ static void qdq_quantise(mt_cuda_ctx *c, const char *op, const struct mt_quant_s
                                        &err))
                 qdq_fail(op, "scale", &err);
         }
-        rc = mt_cuda_quant_tensorwise(q, w, qc, current ? tscale : s->scale, s->rnd, s->seed, s->stream, c->stream,
+        rc = mt_cuda_quant_tensorwise(q, w, qc, current ? tscale : s->scale, s->rnd, mt_quant_spec_seed(s), s->stream, c->stream,
                                       &err);
         break;
     case MT_Q_BLOCK_1X128:
     case MT_Q_BLOCK_128X128: rc = mt_cuda_quant_blockwise(q, w, qc, 1, c->stream, &err); break;
     case MT_Q_MX: rc = mt_cuda_quant_mxfp8(q, w, qc, c->stream, &err); break;
     case MT_Q_NVFP4:
-    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(q, w, qc, s->rnd, s->seed, s->stream, shard ? &place : nullptr, c->stream, &err);
+    case MT_Q_NVFP4_2D: rc = mt_cuda_quant_nvfp4(q, w, qc, s->rnd, mt_quant_spec_seed(s), s->stream, shard ? &place : nullptr, c->stream, &err);
         break;
     }
     if (rc) qdq_fail(op, "quantise", &err);
@@ -1066,7 +1066,7 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
         t.record = s[i].amax;
         t.scale = s[i].scaling == MT_Q_TENSOR ? s[i].scale : nullptr;
         t.tensor_amax = s[i].tensor_amax;
-        t.margin = s[i].margin, t.rnd = s[i].rnd, t.seed = s[i].seed, t.stream_id = s[i].stream;
+        t.margin = s[i].margin, t.rnd = s[i].rnd, t.seed = mt_quant_spec_seed(&s[i]), t.stream_id = s[i].stream;
         // NVFP4: its place in what is quantised (qdq_quantise's), its Hadamard transform
         // along x's columns (the rows of its transpose)
         t.place = !shard ? mt_cuda_q_place{0, 0, o.q.cols, nullptr}
@@ -1074,7 +1074,7 @@ static void qgg_quantise(mt_cuda_ctx *c, const char *arg, const struct mt_quant_
                          : mt_cuda_q_place{s[i].row0, s[i].col0, s[i].lcols, nullptr};
         if (s[i].rht && x[i].rows >= 16) {
             t.rht = 1 + (tr ? MT_Q_ALONG_ROW : MT_Q_ALONG_COL);
-            t.rht_signs = mt_q_hadamard_signs(s[i].seed, s[i].rht_stream);
+            t.rht_stream = s[i].rht_stream;
         }
     }
     mt_with_elem(x[0].dtype, [&](auto tag) {
@@ -1234,4 +1234,24 @@ extern "C" void mt_cuda_amax_history(void *ctx, float *hist, float *hscale, floa
         MT_LAUNCH(1, 1, 0, c->stream, amax_history_advance_kernel)(pos, len, g, gate != nullptr);
         MT_CUDA_LAUNCHED();
     }
+}
+
+// NVFP4's random key (op random_key): one thread, mt_q_random_key_step on the device, so
+// that the quantisers read the seed of the pass that runs and a captured iteration
+// advances the key in its replay, never a kernel parameter frozen at the capture.
+__global__ static void random_key_kernel(uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                                         struct mt_step_gate gate, bool gated)
+{
+    if (end && gated && !mt_q_step_taken(gate.sumsq, gate.loss, gate.loss_stride, gate.n_loss)) return;
+    mt_q_random_key_step(key, base, dp, dp_rank, end);
+}
+
+extern "C" void mt_cuda_random_key(void *ctx, uint64_t *key, uint64_t base, int dp, int dp_rank, bool end,
+                                   const struct mt_step_gate *gate)
+{
+    MT_CUDA_OP(ctx, MT_OP_CONVERT);
+    mt_cuda_ctx *c = mt_cuda(ctx);
+    const struct mt_step_gate g = gate ? *gate : mt_step_gate{};
+    MT_LAUNCH(1, 1, 0, c->stream, random_key_kernel)(key, base, dp, dp_rank, end, g, gate != nullptr);
+    MT_CUDA_LAUNCHED();
 }

@@ -174,14 +174,14 @@ __device__ __forceinline__ void q_tensorwise_elem(int64_t i, uint8_t *data, floa
 
 __global__ static void q_tensorwise_kernel(uint8_t *data, float *dscale, const float *x, int64_t rows, int64_t cols,
                                            int64_t ld, const float *scale, enum mt_q_elem elem, enum mt_q_round rnd,
-                                           uint64_t seed, uint32_t stream_id)
+                                           struct mt_q_seed seed, uint32_t stream_id)
 {
     q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, data, dscale, x, rows, cols, ld, *scale, elem,
-                      rnd, seed, stream_id);
+                      rnd, rnd == MT_Q_SR ? mt_q_seed_value(seed) : 0, stream_id);
 }
 
 extern "C" int mt_cuda_quant_tensorwise(const struct mt_cuda_qtensor *q, const float *x, int64_t ld,
-                                        const float *scale, enum mt_q_round rnd, uint64_t seed, uint32_t stream_id,
+                                        const float *scale, enum mt_q_round rnd, struct mt_q_seed seed, uint32_t stream_id,
                                         cudaStream_t stream, struct mt_err *err)
 {
     int rc = q_check(q, MT_Q_TENSOR, MT_Q_TENSOR, ld, "mt_cuda_quant_tensorwise", err);
@@ -384,10 +384,11 @@ __device__ __forceinline__ void q_nvfp4_block(int64_t t, uint8_t *data, uint8_t 
 
 __global__ static void q_nvfp4_kernel(uint8_t *data, uint8_t *scale8, const float *amax, const float *x, int64_t rows,
                                       int64_t cols, int64_t ld, int64_t scols, int bh, enum mt_q_round rnd,
-                                      uint64_t seed, uint32_t stream_id, int64_t row0, int64_t col0, int64_t icols)
+                                      struct mt_q_seed seed, uint32_t stream_id, int64_t row0, int64_t col0,
+                                      int64_t icols)
 {
     q_nvfp4_block((int64_t)blockIdx.x * blockDim.x + threadIdx.x, data, scale8, *amax, x, rows, cols, ld, scols, bh,
-                  rnd, seed, stream_id, row0, col0, icols);
+                  rnd, rnd == MT_Q_SR ? mt_q_seed_value(seed) : 0, stream_id, row0, col0, icols);
 }
 
 // The per-tensor decode scale, from the amax the quantiser read (same place).
@@ -403,7 +404,7 @@ __device__ __forceinline__ float q_amax_join(float amax, float other)
 __global__ static void q_amax_join_kernel(float *amax, const float *other) { *amax = q_amax_join(*amax, *other); }
 
 extern "C" int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
-                                   uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
+                                   struct mt_q_seed seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
                                    cudaStream_t stream, struct mt_err *err)
 {
     int rc = q_check(q, MT_Q_NVFP4, MT_Q_NVFP4_2D, ld, "mt_cuda_quant_nvfp4", err);
@@ -459,12 +460,14 @@ __device__ __forceinline__ void q_rht_chunk(int64_t t, float *x, int64_t lines, 
 }
 
 __global__ static void q_rht_kernel(float *x, int64_t lines, int64_t chunks, int64_t ld, int along_row,
-                                    uint32_t signs)
+                                    struct mt_q_seed seed, uint32_t stream_id)
 {
-    q_rht_chunk((int64_t)blockIdx.x * blockDim.x + threadIdx.x, x, lines, chunks, ld, along_row, signs);
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= lines * chunks) return;
+    q_rht_chunk(t, x, lines, chunks, ld, along_row, mt_q_hadamard_signs(mt_q_seed_value(seed), stream_id));
 }
 
-extern "C" int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, uint64_t seed,
+extern "C" int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, struct mt_q_seed seed,
                              uint32_t stream_id, cudaStream_t stream, struct mt_err *err)
 {
     const int64_t extent = dim == MT_Q_ALONG_ROW ? cols : rows;
@@ -478,8 +481,8 @@ extern "C" int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, e
                           dim == MT_Q_ALONG_ROW ? "column" : "row", (long long)extent);
     const int64_t lines = dim == MT_Q_ALONG_ROW ? rows : cols, chunks = extent / 16;
     MT_LAUNCH(q_cdiv(lines * chunks, 128), 128, 0, stream, q_rht_kernel)(x, lines, chunks, ld,
-                                                                         dim == MT_Q_ALONG_ROW,
-                                                                         mt_q_hadamard_signs(seed, stream_id));
+                                                                         dim == MT_Q_ALONG_ROW, seed,
+                                                                         stream_id);
     return q_launched("q_rht_kernel", err);
 }
 
@@ -526,7 +529,7 @@ __global__ static void __launch_bounds__(MT_Q_THREADS)
         const float s = t.scale ? *t.scale
                                 : mt_q_tensor_scale(t.tensor_amax ? *t.tensor_amax : b.amax[g], fmax, t.margin);
         q_tensorwise_elem((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale, t.x, q.rows, q.cols, t.ld,
-                          s, b.elem, t.rnd, t.seed, t.stream_id);
+                          s, b.elem, t.rnd, t.rnd == MT_Q_SR ? mt_q_seed_value(t.seed) : 0, t.stream_id);
         break;
     }
     case MT_Q_BLOCK_1X128:
@@ -551,7 +554,8 @@ __global__ static void __launch_bounds__(MT_Q_THREADS)
         const float amax = t.tensor_amax ? q_amax_join(b.amax[g], *t.tensor_amax) : b.amax[g];
         if (blockIdx.x == 0 && threadIdx.x == 0) *q.global = q_nvfp4_decode(amax);
         q_nvfp4_block((int64_t)blockIdx.x * blockDim.x + threadIdx.x, q.data, q.scale8, amax, t.x, q.rows, q.cols,
-                      t.ld, q.scols, S == MT_Q_NVFP4_2D ? 16 : 1, t.rnd, t.seed, t.stream_id, t.place.row0,
+                      t.ld, q.scols, S == MT_Q_NVFP4_2D ? 16 : 1, t.rnd,
+                      t.rnd == MT_Q_SR ? mt_q_seed_value(t.seed) : 0, t.stream_id, t.place.row0,
                       t.place.col0, t.place.lcols);
         break;
     }
@@ -566,7 +570,9 @@ __global__ static void q_batch_rht_kernel(const __grid_constant__ mt_cuda_q_batc
     if (!t.rht) return;
     const bool row = t.rht - 1 == MT_Q_ALONG_ROW;
     const int64_t lines = row ? t.q.rows : t.q.cols, chunks = (row ? t.q.cols : t.q.rows) / 16;
-    q_rht_chunk((int64_t)blockIdx.x * blockDim.x + threadIdx.x, (float *)t.x, lines, chunks, t.ld, row, t.rht_signs);
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= lines * chunks) return;
+    q_rht_chunk(i, (float *)t.x, lines, chunks, t.ld, row, mt_q_hadamard_signs(mt_q_seed_value(t.seed), t.rht_stream));
 }
 
 static int q_batch_check(const struct mt_cuda_q_batch *b, const char *fn, struct mt_err *err)

@@ -65,7 +65,7 @@ int mt_cuda_q_tensor_scale(float *scale, const float *amax, float fmax, int marg
 /* Tensorwise and delayed scaling: mt_quant_tensorwise with the encode scale read from
  * device memory (*scale, from mt_cuda_q_tensor_scale or a history's scale). */
 int mt_cuda_quant_tensorwise(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, const float *scale,
-                             enum mt_q_round rnd, uint64_t seed, uint32_t stream_id, cudaStream_t stream,
+                             enum mt_q_round rnd, struct mt_q_seed seed, uint32_t stream_id, cudaStream_t stream,
                              struct mt_err *err);
 
 /* Delayed scaling's amax history (struct mt_amax_history) with the amaxes and the scale
@@ -109,7 +109,7 @@ int mt_cuda_quant_blockwise(const struct mt_cuda_qtensor *q, const float *x, int
 int mt_cuda_quant_mxfp8(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, cudaStream_t stream,
                         struct mt_err *err);
 int mt_cuda_quant_nvfp4(const struct mt_cuda_qtensor *q, const float *x, int64_t ld, enum mt_q_round rnd,
-                        uint64_t seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
+                        struct mt_q_seed seed, uint32_t stream_id, const struct mt_cuda_q_place *place,
                         cudaStream_t stream, struct mt_err *err);
 
 /* A batch of tensors quantised together, one launch a stage whatever their number (the
@@ -133,10 +133,10 @@ struct mt_cuda_q_item {
     int rht;                  /* NVFP4: 0, or 1 + the mt_q_dim of its Hadamard transform
                                * (mt_cuda_q_rht of x, (q.rows, q.cols / 16 * 16) along
                                * the rows or (q.rows / 16 * 16, q.cols) along the columns) */
-    uint32_t rht_signs;       /* mt_q_hadamard_signs of its seed and stream */
+    uint32_t rht_stream;      /* the signs' stream: mt_q_hadamard_signs(seed, rht_stream) */
     int margin;
-    enum mt_q_round rnd;      /* tensorwise: stochastic rounding's seed and stream */
-    uint64_t seed;
+    enum mt_q_round rnd;      /* stochastic rounding's seed (and the signs') and stream */
+    struct mt_q_seed seed;
     uint32_t stream_id;
 };
 struct mt_cuda_q_batch {
@@ -162,8 +162,9 @@ int mt_cuda_q_batch_amax(const struct mt_cuda_q_batch *b, cudaStream_t stream, s
  * the batch needs it. */
 int mt_cuda_q_batch_quantise(const struct mt_cuda_q_batch *b, int pow2, cudaStream_t stream, struct mt_err *err);
 
-/* NVFP4's random Hadamard transform, in place: mt_q_rht. */
-int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, uint64_t seed,
+/* NVFP4's random Hadamard transform, in place: mt_q_rht (each thread draws the signs from
+ * the seed as it runs: one Philox draw a 16-element chunk). */
+int mt_cuda_q_rht(float *x, int64_t rows, int64_t cols, int64_t ld, enum mt_q_dim dim, struct mt_q_seed seed,
                   uint32_t stream_id, cudaStream_t stream, struct mt_err *err);
 
 /* Block scales in the order cuBLASLt's block-scaled GEMMs read them, for q used as the A

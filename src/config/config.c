@@ -851,15 +851,6 @@ static int check_full_iteration(const struct mt_config *c, const struct mt_layou
                           "%s with &moe router_force_load_balancing: the forced logits are "
                           "copied from host memory in the iteration, which a graph cannot hold; "
                           "remove router_force_load_balancing", pre);
-    if (c->precision.fp4_format[0])
-        return mt_err_set(err, MT_EUNSUPPORTED,
-                          "%s with &precision fp4_format = '%s': NVFP4's stochastic rounding and "
-                          "Hadamard signs draw from a seed of the iteration and backward pass that "
-                          "the host passes to each quantise kernel, which a graph would replay "
-                          "frozen at its capture (the same random bits every step); use an FP8 "
-                          "recipe (fp8_format with fp8_recipe = 'mxfp8', 'blockwise', "
-                          "'tensorwise' or 'delayed' run in the graph), or impl = 'none'",
-                          pre, c->precision.fp4_format);
     return MT_OK;
 }
 

@@ -96,8 +96,14 @@ struct mt_lowp {
     void *fused;
     size_t fused_bytes;         /* taken from the end of wa, 256-aligned */
     /* randomness of stochastic rounding and of the Hadamard signs (MT_RECIPE_NVFP4): keyed by
-     * the training seed, the iteration and the backward pass within it */
+     * the training seed, the iteration and the backward pass within it. The key lives in
+     * backend memory, key_dev[MT_Q_KEY_WORDS] (kernels/quant.h), advanced there by the op
+     * random_key as each backward pass begins and each iteration ends, and the
+     * quantisers read the pass's seed from it (struct mt_quant_spec seed_dev): a captured
+     * backward scope or iteration then draws the bits of its replay, not of its capture.
+     * iter, nbwd and bwd_seed are the host's copy, advanced with it. */
     uint64_t seed;
+    uint64_t *key_dev;
     long long iter;             /* optimizer steps taken (restored with the buffers) */
     int nbwd;                   /* backward passes in this iteration */
     /* data parallelism: this rank's micro-batch j of a step is the step's micro-batch
@@ -153,6 +159,19 @@ static void upload_histories(struct mt_model *m)
     k->op.copy(k->ctx, lp->hscale_dev, lp->hscale_host, sizeof(float) * ns);
     k->op.copy(k->ctx, lp->scale_dev, lp->scale_host, sizeof(float) * ns);
     k->op.memset(k->ctx, lp->amax_dev, 0, sizeof(float) * ns);
+}
+
+/* NVFP4's key from the host's copy to the backend (setup, a checkpoint's load): the
+ * iteration, no backward pass begun. */
+static void upload_key(struct mt_model *m)
+{
+    const struct mt_lowp *lp = m->lp;
+    const struct mt_kernels *k = m->k;
+    uint64_t key[MT_Q_KEY_WORDS] = {0};
+    key[MT_Q_KEY_SEED] = lp->bwd_seed;
+    key[MT_Q_KEY_ITER] = (uint64_t)lp->iter;
+    key[MT_Q_KEY_NBWD] = (uint64_t)lp->nbwd;
+    k->op.copy(k->ctx, lp->key_dev, key, sizeof key);
 }
 
 int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *scratch_bytes,
@@ -273,6 +292,11 @@ int mt_lowp_create(struct mt_model *m, const struct mt_parallel *par, size_t *sc
         for (size_t i = 0; i < ns; i++) lp->hscale_host[i] = 1.0f;
         upload_histories(m);
     }
+    if (lp->recipe == MT_RECIPE_NVFP4) {
+        lp->key_dev = k->op.alloc(k->ctx, sizeof(uint64_t) * MT_Q_KEY_WORDS);
+        if (!lp->key_dev) return mt_err_set(err, MT_ENOMEM, "model: out of memory for the FP8/FP4 state");
+        upload_key(m);
+    }
     lp->nbuf = state_floats(lp);
     return MT_OK;
 }
@@ -286,7 +310,7 @@ void mt_lowp_destroy(struct mt_model *m)
     if (lp->wb) k->op.free(k->ctx, lp->wb);
     if (lp->tamax) k->op.free(k->ctx, lp->tamax);
     free(lp->eg.se), free(lp->eg.a), free(lp->eg.qa);
-    void *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, lp->pos_dev};
+    void *const dev[] = {lp->hist_dev, lp->hscale_dev, lp->scale_dev, lp->amax_dev, lp->pos_dev, lp->key_dev};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) k->op.free(k->ctx, dev[i]);
     free(lp->hist_host);
@@ -303,6 +327,7 @@ size_t mt_lowp_state_bytes(const struct mt_model *m, size_t *device)
     *device = 0;
     if (!lp) return 0;
     *device = 2 * sizeof(float) * (1 + (size_t)m->E_l); /* tamax */
+    if (lp->recipe == MT_RECIPE_NVFP4) *device += sizeof(uint64_t) * MT_Q_KEY_WORDS; /* key_dev */
     if (lp->recipe != MT_RECIPE_DELAYED) return *device;
     const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
     *device += sizeof(float) * ns * (len + 3) + 2 * sizeof(int32_t);
@@ -338,6 +363,7 @@ void mt_lowp_load(struct mt_model *m, const float *in)
     for (int i = 0; i < 4; i++) it |= (uint64_t)in[i] << (16 * i);
     lp->iter = (long long)it;
     lp->nbwd = 0;
+    if (lp->recipe == MT_RECIPE_NVFP4) upload_key(m);
     if (lp->recipe != MT_RECIPE_DELAYED) return;
     const float *s = in + 4;
     const size_t ns = (size_t)lp->nslots * R_COUNT, len = (size_t)lp->hist_len;
@@ -362,8 +388,12 @@ int mt_lowp_amax_all_reduce(const struct mt_kernels *k, void *ctx, struct mt_com
 int mt_model_lowp_roll(struct mt_model *m, const struct mt_step_gate *gate, struct mt_err *err)
 {
     struct mt_lowp *lp = m->lp;
-    if (!lp || lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
+    if (!lp) return MT_OK;
     const struct mt_kernels *k = m->k;
+    /* NVFP4: the next iteration's key, on the backend under the same gate */
+    if (lp->recipe == MT_RECIPE_NVFP4)
+        k->quant->random_key(k->ctx, lp->key_dev, lp->seed, lp->dp, lp->dp_rank, true, gate);
+    if (lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
     const size_t ns = (size_t)lp->nslots * R_COUNT;
     /* the largest over the ranks: data-parallel replicas saw other micro-batches,
      * pipeline stages other layers (their slots hold zeros elsewhere); a step the gate
@@ -384,8 +414,8 @@ int mt_model_lowp_step(struct mt_model *m, bool rolled, struct mt_err *err)
     if (!lp) return MT_OK;
     lp->iter++;
     lp->nbwd = 0;
-    if (lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
     if (!rolled) MT_CHECK(mt_model_lowp_roll(m, NULL, err));
+    if (lp->recipe != MT_RECIPE_DELAYED) return MT_OK;
     /* the host's copy of the position the op advanced */
     lp->hist_latest = (lp->hist_latest + 1) % lp->hist_len;
     if (lp->hist_count < lp->hist_len) lp->hist_count++;
@@ -423,8 +453,11 @@ void mt_lowp_backward_begin(struct mt_model *m, float loss_scale)
                            lp->nslots * R_COUNT, lp->hist_len, NULL, lp->max_algo, lp->fmax,
                            lp->gmax, lp->margin, lp->grad_unit, NULL);
     }
+    if (lp->recipe != MT_RECIPE_NVFP4) return;
     const uint64_t mb = (uint64_t)lp->nbwd++ * (uint64_t)lp->dp + (uint64_t)lp->dp_rank;
-    lp->bwd_seed = mt_rng_key(lp->seed, ((uint64_t)lp->iter << 20) + mb);
+    lp->bwd_seed = mt_q_backward_seed(lp->seed, (uint64_t)lp->iter, mb);
+    const struct mt_kernels *k = m->k;
+    k->quant->random_key(k->ctx, lp->key_dev, lp->seed, lp->dp, lp->dp_rank, false, NULL);
 }
 
 uint64_t mt_lowp_backward_seed(const struct mt_model *m) { return m->lp ? m->lp->bwd_seed : 0; }
@@ -451,7 +484,7 @@ static struct mt_quant_spec spec(const struct mt_pass *p, int s, int role, enum 
     }
     if (lp->recipe == MT_RECIPE_NVFP4) {
         q.rht_stream = (uint32_t)s;
-        q.seed = lp->bwd_seed;
+        q.seed_dev = lp->key_dev + MT_Q_KEY_SEED;
         q.stream = (uint32_t)(((uint64_t)s * R_COUNT + role) * 3 + u);
     }
     return q;

@@ -34,4 +34,15 @@ MT_PHILOX_FN void mt_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2],
     out[3] = c3;
 }
 
+/* util/rng.h's mt_rng_key (a splitmix64 finaliser of a and b), here to be callable on a
+ * device too: NVFP4's backward-pass seeds are mixed by a kernel (kernels/quant.h,
+ * mt_q_backward_seed). */
+MT_PHILOX_FN uint64_t mt_philox_key_mix(uint64_t a, uint64_t b)
+{
+    uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 #endif

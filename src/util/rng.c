@@ -12,13 +12,7 @@ void mt_rng_philox(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint3
     mt_philox4x32_10(ctr, k, out);
 }
 
-uint64_t mt_rng_key(uint64_t a, uint64_t b)
-{
-    uint64_t z = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+uint64_t mt_rng_key(uint64_t a, uint64_t b) { return mt_philox_key_mix(a, b); }
 
 float mt_rng_uniform(uint64_t key, uint64_t stream, uint64_t index)
 {

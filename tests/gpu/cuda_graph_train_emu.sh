@@ -185,10 +185,6 @@ refused "full iteration with overlap_param_gather" \
     "&cuda_graph impl = 'full_iteration' with &parallel overlap_param_gather = .true.: the updated parameters' all-gathers are left in flight" \
     "$tiny" --check --world-size 2 parallel%use_distributed_optimizer=T parallel%overlap_grad_reduce=T \
     parallel%overlap_param_gather=T "cuda_graph%impl='full_iteration'" $pad
-# shellcheck disable=SC2086 # (the FP8 recipes run in it: tests/gpu/cuda_graph_lowp_emu.sh)
-refused "full iteration with NVFP4" \
-    "&cuda_graph impl = 'full_iteration' with &precision fp4_format = 'e2m1'" \
-    "$tiny" --check "cuda_graph%impl='full_iteration'" $pad "precision%fp4_format='e2m1'"
 # shellcheck disable=SC2086
 refused "full iteration with modules" \
     "&cuda_graph modules applies only with impl = 'local' (impl 'full_iteration'" \

@@ -256,7 +256,7 @@ static void quant_one_tensor(const shape &sh, enum edges e)
                 pair p = make_pair(MT_Q_TENSOR, el, MT_Q_ALONG_ROW, rows, cols);
                 const enum mt_q_round rnd = sr ? MT_Q_SR : MT_Q_RN;
                 must(mt_quant_tensorwise(&p.h, x.data(), ld, s, rnd, 77, 5, &err), err, "mt_quant_tensorwise");
-                must(mt_cuda_quant_tensorwise(&p.d, dx, ld, dscale, rnd, 77, 5, nullptr, &err), err, "tensorwise");
+                must(mt_cuda_quant_tensorwise(&p.d, dx, ld, dscale, rnd, mt_q_seed{nullptr, 77}, 5, nullptr, &err), err, "tensorwise");
                 const bool ok = same_bytes(p, why, sizeof why);
                 emu_check(ok, "tensorwise %lldx%lld %s %s margin %d %s: %s", (long long)rows, (long long)cols, en,
                       fmt ? "E5M2" : "E4M3", margin, sr ? "SR" : "RN", why);
@@ -288,7 +288,17 @@ static void quant_one_tensor(const shape &sh, enum edges e)
             pair p = make_pair(two ? MT_Q_NVFP4_2D : MT_Q_NVFP4, MT_Q_ELEM_E2M1, MT_Q_ALONG_ROW, rows, cols);
             const enum mt_q_round rnd = sr ? MT_Q_SR : MT_Q_RN;
             must(mt_quant_nvfp4(&p.h, x.data(), ld, rnd, 0x1234567890ull, 9, &err), err, "mt_quant_nvfp4");
-            must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, 0x1234567890ull, 9, nullptr, nullptr, &err), err, "nvfp4");
+            // stochastic rounding reads its seed from device memory, as the model's
+            // backward passes do (struct mt_quant_spec seed_dev)
+            const uint64_t seed = 0x1234567890ull;
+            uint64_t *dseed = nullptr;
+            if (sr) {
+                CHECK_CUDA(cudaMalloc((void **)&dseed, sizeof seed));
+                CHECK_CUDA(cudaMemcpy(dseed, &seed, sizeof seed, cudaMemcpyHostToDevice));
+            }
+            must(mt_cuda_quant_nvfp4(&p.d, dx, ld, rnd, mt_q_seed{dseed, sr ? 0 : seed}, 9, nullptr, nullptr, &err),
+                 err, "nvfp4");
+            if (dseed) CHECK_CUDA(cudaFree(dseed));
             const bool ok = same_bytes(p, why, sizeof why);
             emu_check(ok, "nvfp4 %s %lldx%lld %s %s: %s", two ? "16x16" : "1x16", (long long)rows, (long long)cols, en,
                   sr ? "SR" : "RN", why);
@@ -340,7 +350,16 @@ static void quant_rht(void)
             float *dx = dev_copy(x.data(), x.size());
             const enum mt_q_dim dim = col ? MT_Q_ALONG_COL : MT_Q_ALONG_ROW;
             must(mt_q_rht(x.data(), sh.rows, sh.cols, ld, dim, 42, 3, &err), err, "mt_q_rht");
-            must(mt_cuda_q_rht(dx, sh.rows, sh.cols, ld, dim, 42, 3, nullptr, &err), err, "rht");
+            // the signs' seed in device memory along the columns (the model's wgrad)
+            const uint64_t seed = 42;
+            uint64_t *dseed = nullptr;
+            if (col) {
+                CHECK_CUDA(cudaMalloc((void **)&dseed, sizeof seed));
+                CHECK_CUDA(cudaMemcpy(dseed, &seed, sizeof seed, cudaMemcpyHostToDevice));
+            }
+            must(mt_cuda_q_rht(dx, sh.rows, sh.cols, ld, dim, mt_q_seed{dseed, col ? 0 : seed}, 3, nullptr, &err), err,
+                 "rht");
+            if (dseed) CHECK_CUDA(cudaFree(dseed));
             const std::vector<float> g = host_copy(dx, x.size());
             int bad = 0;
             for (size_t i = 0; i < x.size(); i++) bad += bits(g[i]) != bits(x[i]);
@@ -350,7 +369,7 @@ static void quant_rht(void)
         }
     struct mt_err err;
     float *dx = static_cast<float *>(dev_alloc(4 * 20 * sizeof(float)));
-    emu_check(mt_cuda_q_rht(dx, 4, 20, 20, MT_Q_ALONG_ROW, 1, 1, nullptr, &err) == MT_EINVAL && strstr(err.msg, "20"),
+    emu_check(mt_cuda_q_rht(dx, 4, 20, 20, MT_Q_ALONG_ROW, mt_q_seed{nullptr, 1}, 1, nullptr, &err) == MT_EINVAL && strstr(err.msg, "20"),
           "random Hadamard transform refuses 20 columns: %s", err.msg);
     CHECK_CUDA(cudaFree(dx));
 }
@@ -617,7 +636,7 @@ static void order_one(enum mt_q_scaling s, enum mt_q_dim along, int64_t rows, in
     const std::vector<float> x = make_tensor(rows, cols, ld, PLAIN);
     float *dx = dev_copy(x.data(), x.size());
     if (s == MT_Q_MX) must(mt_cuda_quant_mxfp8(&p.d, dx, ld, nullptr, &err), err, "mxfp8");
-    else if (el == MT_Q_ELEM_E2M1) must(mt_cuda_quant_nvfp4(&p.d, dx, ld, MT_Q_RN, 0, 0, nullptr, nullptr, &err), err, "nvfp4");
+    else if (el == MT_Q_ELEM_E2M1) must(mt_cuda_quant_nvfp4(&p.d, dx, ld, MT_Q_RN, mt_q_seed{nullptr, 0}, 0, nullptr, nullptr, &err), err, "nvfp4");
     else must(mt_cuda_quant_blockwise(&p.d, dx, ld, 0, nullptr, &err), err, "blockwise");
     int32_t mode;
     size_t bytes;
@@ -713,7 +732,7 @@ static operand quantise(enum mt_q_scaling s, enum mt_q_elem el, enum mt_q_dim al
         must(mt_cuda_q_amax(amax, dx, rows, cols, cols, nullptr, &err), err, "amax");
         must(mt_cuda_q_tensor_scale(sc, amax, el == MT_Q_ELEM_E4M3 ? MT_E4M3_MAX : MT_E5M2_MAX, 0, nullptr, &err), err,
              "tensor scale");
-        must(mt_cuda_quant_tensorwise(&o.p.d, dx, cols, sc, rnd, 1, 2, nullptr, &err), err, "tensorwise");
+        must(mt_cuda_quant_tensorwise(&o.p.d, dx, cols, sc, rnd, mt_q_seed{nullptr, 1}, 2, nullptr, &err), err, "tensorwise");
         must(mt_quant_tensorwise(&o.p.h, x.data(), cols, host_copy(sc, 1)[0], rnd, 1, 2, &err), err, "tensorwise");
         CHECK_CUDA(cudaFree(amax));
         CHECK_CUDA(cudaFree(sc));
@@ -730,7 +749,7 @@ static operand quantise(enum mt_q_scaling s, enum mt_q_elem el, enum mt_q_dim al
         break;
     case MT_Q_NVFP4:
     case MT_Q_NVFP4_2D:
-        must(mt_cuda_quant_nvfp4(&o.p.d, dx, cols, rnd, 5, 6, nullptr, nullptr, &err), err, "nvfp4");
+        must(mt_cuda_quant_nvfp4(&o.p.d, dx, cols, rnd, mt_q_seed{nullptr, 5}, 6, nullptr, nullptr, &err), err, "nvfp4");
         must(mt_quant_nvfp4(&o.p.h, x.data(), cols, rnd, 5, 6, &err), err, "nvfp4");
         break;
     }
