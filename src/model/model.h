@@ -169,7 +169,8 @@ void mt_model_buffers_updated(struct mt_model *m);
  * advances. A collective when delayed scaling runs on several ranks. */
 int mt_model_lowp_step(struct mt_model *m, bool rolled, struct mt_err *err);
 /* Delayed scaling's histories rolled on the backend with the step's amaxes (reduced over
- * every rank), unless gate (or NULL: the step is taken) says the step is skipped: what
+ * every rank), and NVFP4's random key advanced to the next iteration there, unless gate
+ * (or NULL: the step is taken) says the step is skipped: what
  * a captured iteration (&cuda_graph impl = 'full_iteration') runs after its optimizer
  * step, the host then calling mt_model_lowp_step(m, true) for the steps it takes. */
 int mt_model_lowp_roll(struct mt_model *m, const struct mt_step_gate *gate, struct mt_err *err);

@@ -548,9 +548,11 @@ size_t mt_lowp_nbuffers(const struct mt_model *m);
 void mt_lowp_save(const struct mt_model *m, float *out);
 void mt_lowp_load(struct mt_model *m, const float *in);
 /* At the start of each backward pass (loss_scale: its scale of the loss): the seed of
- * its random bits (stochastic rounding of gradients, Hadamard signs), which
- * mt_lowp_backward_seed returns until the next, and delayed scaling's gradient scales
- * for that loss scale. */
+ * its random bits (stochastic rounding of gradients, Hadamard signs), advanced in
+ * backend memory where the quantisers read it (the op random_key) and on the host,
+ * whose copy mt_lowp_backward_seed returns until the next (eagerly; a replayed graph
+ * advances the backend's only), and delayed scaling's gradient scales for that loss
+ * scale. */
 void mt_lowp_backward_begin(struct mt_model *m, float loss_scale);
 /* Whether the iteration can be captured now (delayed scaling: a history entered). */
 int mt_lowp_graph_ready(const struct mt_model *m, struct mt_err *err);
