@@ -1,18 +1,22 @@
 #!/bin/sh
-# Each FP8/FP4 recipe trains the tiny MoE (namelists/tiny_moe.nml: GQA, QK-norm, 4
-# experts top-2, bf16) for 30 iterations of one 8-sequence micro-batch,
-# against bf16 with the same seed and data, at each of three seeds: the loss falls,
-# and the final validation loss (8 batches) relative to bf16's, averaged over the
-# seeds, is within the recipe's target (the issue's: blockwise and mxfp8 0.5%, delayed
-# and tensorwise 1%, nvfp4 3%). Each seed's figures are printed, and the training-loss
-# curves of the first seed (every 5 iterations). The seeds run side by side, each on one
-# thread, its six runs one after another. One seed alone is not a measurement of
-# a recipe's precision: the spread between runs of one precision at this length is
-# about half a percent (doc/fp8.md, "Measured"), as large as the tightest target; the
-# average over seeds is what the targets are asserted on.
+# Each FP8/FP4 recipe trains a small MoE for 30 iterations of one 8-sequence
+# micro-batch, against bf16 with the same seed and data, at each of three seeds: the
+# loss falls, and the final validation loss (8 batches) relative to bf16's, averaged over
+# the seeds, is within the recipe's target (the issue's: blockwise and mxfp8 0.5%,
+# delayed and tensorwise 1%, nvfp4 3%). The model is the namelist in fp8_model if the
+# script that sources this one sets it (tests/train/fp8_recipes_wide.sh: the wider
+# tests/fixtures/train/fp8_wide.nml, whose rows hold several 128-element blocks and a
+# partial one), else the tiny MoE (namelists/tiny_moe.nml: GQA, QK-norm, 4 experts
+# top-2, bf16; hidden 128, a 128-element block is a whole row). Each seed's figures are
+# printed, and the training-loss curves of the first seed (every 5 iterations). The
+# seeds run side by side, each on one thread, its six runs one after another. One seed
+# alone is not a measurement of a recipe's precision: the spread between runs of one
+# precision at this length is about half a percent (doc/fp8.md, "Measured"), as large as
+# the tightest target; the average over seeds is what the targets are asserted on.
 . "$MT_TOP_SRCDIR/tests/train/common.sh"
+model=${fp8_model:-$MT_TOP_SRCDIR/namelists/tiny_moe.nml}
 cd "$tmp"
-tiny="$MT_TOP_SRCDIR/namelists/tiny_moe.nml"
+echo "== model $model"
 SEEDS="1234 1 2"
 COMMON="training%train_iters=30 training%micro_batch_size=8 training%global_batch_size=8
 training%eval_interval=30 training%eval_iters=8
@@ -21,7 +25,7 @@ val() { sed -n 's/.*validation loss at iteration 30 | lm loss value: \([-0-9.eE+
 train() { # train NAME OVERRIDES...
     run=$1; shift
     # shellcheck disable=SC2086 # COMMON is a list of overrides
-    "$MOETRAIN" "$tiny" $COMMON "logging%metrics_file='$run.jsonl'" "$@" > "$run.log" 2>&1 ||
+    "$MOETRAIN" "$model" $COMMON "logging%metrics_file='$run.jsonl'" "$@" > "$run.log" 2>&1 ||
         { cat "$run.log"; echo "FAIL: $run run"; return 1; }
     json_field "$run.jsonl" loss > "$run.curve"
     first=$(head -1 "$run.curve"); last=$(tail -1 "$run.curve")
