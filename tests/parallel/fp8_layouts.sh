@@ -33,7 +33,14 @@
 # Bounds: equivalence.sh's FP8 leg's (loss, norms and routing as without FP8;
 # parameters and moments within 5e-3: an element at a tie between two codes goes either
 # way by the layouts' rounding, and the gradient element it feeds moves by a step of
-# the format).
+# the format). NVFP4's within 5e-2: E2M1 has 8 magnitudes, so one element whose code
+# flips at a tie moves by up to a third of its block's largest, and through the weight
+# gradient's GEMM that is a rank-1 change of one row of dW. Seen with the CPU kernels'
+# AVX2 and AVX-512 levels (kernels/cpu/cpu_isa.h), whose sums round otherwise than the
+# baseline's: one code of dy for v_proj's output channel 25 (layer 0) flipped, Adam's m
+# of that 32 x 32 tensor 1.65e-2 apart in norm, all of it in row 25 (the difference is
+# rank 1), the parameters 1.3e-5, the gradient norm 3.1e-6; NVFP4 shards quantised as
+# tensors of their own (broken on purpose, above) part the parameters by 0.21.
 . "$MT_TOP_SRCDIR/tests/parallel/common.sh"
 need_mpirun
 ROUTE_SCORES_ROUNDED=no # (Routing, above)
@@ -48,6 +55,8 @@ W32="model%num_query_groups=8 moe%shared_expert_intermediate_size=64"
 # recipe overrides (run() sets name)
 while read -r leg recipe; do
     [ -n "$leg" ] || continue
+    TOL_PARAMS=5e-3
+    [ "$leg" = nvfp4 ] && TOL_PARAMS=5e-2 # (Bounds, above)
     # shellcheck disable=SC2086 # lists of overrides
     {
         reference "one_$leg" $ONE $recipe
@@ -66,6 +75,7 @@ blockwise precision%fp8_format='e4m3' precision%fp8_recipe='blockwise' $W128
 mxfp8 precision%fp8_format='e4m3' precision%fp8_recipe='mxfp8' $W32
 nvfp4 precision%fp4_format='e2m1'
 RECIPES
+TOL_PARAMS=5e-3
 # Expert-tensor parallelism: ETP 2 inside the TP group (4 ranks: TP 2 x ETP 2 x DP 2,
 # ZeRO-1), one step against one process: the experts' gate and up split by rows and
 # down by columns over ETP, every ETP rank with all the rows of the TP group's
