@@ -824,8 +824,7 @@ static int check_low_precision(const struct mt_config *c, struct mt_err *err)
  * stages included, is captured whole, as the rest). Recompute, offloading and the
  * expert bias are held (their buffers fixed, their copies and updates device work), so
  * none is refused here. */
-static int check_full_iteration(const struct mt_config *c, const struct mt_layout *l,
-                                bool dropless_moe, struct mt_err *err)
+static int check_full_iteration(const struct mt_config *c, bool dropless_moe, struct mt_err *err)
 {
     const struct mt_config_moe *e = &c->moe;
     const char *pre = "&cuda_graph impl = 'full_iteration'";
@@ -874,7 +873,7 @@ static int check_cuda_graph(struct mt_config *c, const struct mt_layout *l, stru
         return MT_OK;
     }
     if (strcmp(g->impl, "full_iteration") == 0) {
-        MT_CHECK(check_full_iteration(c, l, moe && dropless, err));
+        MT_CHECK(check_full_iteration(c, moe && dropless, err));
         if (g->modules_len)
             return mt_err_set(err, MT_EINVAL,
                               "&cuda_graph modules applies only with impl = 'local' (impl "
