@@ -84,81 +84,69 @@ void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, flo
                          ldc);
 }
 
-/* Group g's GEMM (as mt_cpu_grouped_gemm) split in parts over threads threads, and its
- * part i: what one thread runs of it. */
-static int group_parts(bool trans_a, const int32_t *offsets, int g, int M, int N, int K,
-                       int threads)
-{
-    const int m = offsets[g + 1] - offsets[g];
-    return trans_a ? mt_cpu_gemm_parts(M, N, m, threads) : mt_cpu_gemm_parts(m, N, K, threads);
-}
-
-static void group_part(int i, int parts, bool trans_a, bool trans_b, const int32_t *offsets,
-                       int g, int M, int N, int K, float alpha, const float *A, const float *B,
+/* Rows [lo, hi) of group g's C: its token rows (C (m,N) = A_g op(B_g)), or for a
+ * weight gradient (trans_a) rows of C_g (M,N) = A_g^T B_g, the group's token rows the
+ * reduction, whole in every call. */
+static void group_rows(bool trans_a, bool trans_b, const int32_t *offsets, int g, int lo,
+                       int hi, int M, int N, int K, float alpha, const float *A, const float *B,
                        float beta, float *C)
 {
     const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
     if (!trans_a) {
-        mt_cpu_gemm_part(i, parts, false, trans_b, m, N, K, alpha, A + (size_t)r0 * K, K,
-                         B + (size_t)g * N * K, trans_b ? K : N, beta, C + (size_t)r0 * N, N);
+        mt_cpu_gemm_part(0, 1, false, trans_b, hi - lo, N, K, alpha, A + (size_t)(r0 + lo) * K,
+                         K, B + (size_t)g * N * K, trans_b ? K : N, beta,
+                         C + (size_t)(r0 + lo) * N, N);
     } else {
-        /* weight gradient: C_g (M,N) = A_g^T B_g with the token rows as reduction */
-        mt_cpu_gemm_part(i, parts, true, false, M, N, m, alpha, A + (size_t)r0 * M, M,
-                         B + (size_t)r0 * N, N, beta, C + (size_t)g * M * N, N);
+        mt_cpu_gemm_part(0, 1, true, false, hi - lo, N, m, alpha, A + (size_t)r0 * M + lo, M,
+                         B + (size_t)r0 * N, N, beta, C + ((size_t)g * M + lo) * N, N);
     }
 }
 
-/* Groups may go whole to threads (one call each, no operand packed by two threads for
- * one group) when that leaves the work balanced: each group in order to the thread with
- * the least work so far, the lowest id on a tie, a group's work its rows (+1, so that
- * empty ones spread too: a weight gradient's still scales its C). Balanced: no thread
- * above an even share by more than 1/WHOLE_SLACK. Returns whether they go whole, and
- * sets owner[g] then (threads <= WHOLE_MAX_THREADS, num_groups <= WHOLE_MAX_GROUPS). */
-#define WHOLE_MAX_THREADS 64
-#define WHOLE_MAX_GROUPS 1024
-#define WHOLE_SLACK 8
+/* The groups' work laid end to end, group g as rows of C each costing the same: its
+ * token rows at K each after a fixed cost of GROUP_CALL rows (a call packs the group's
+ * weight whatever its rows: measured, a call of a few rows takes as long as one of some
+ * 100 more), or (trans_a) the M rows of C_g at the group's token count + 1 each (+1: an
+ * empty group's C is still scaled by beta; its operands' packing grows with the tokens
+ * as its arithmetic does). Thread id of a team owns the rows whose work starts in
+ * [id W / team, (id + 1) W / team), W the total: equal shares, the groups in order, at
+ * most team - 1 of them cut in two (a cut on a multiple of GROUP_CUT rows), so that a
+ * weight is packed by one thread but for those. With one thread every group is one
+ * call; a cut group's rows are computed as a dense GEMM's row blocks are
+ * (mt_cpu_gemm_part), each with its whole reduction. */
+#define GROUP_CALL 64
+#define GROUP_CUT 16
 
-static bool whole_groups(const int32_t *offsets, int num_groups, int threads,
-                         unsigned short *owner)
+static int group_cut(long long at, long long start, long long cost, int rows)
 {
-    if (threads > WHOLE_MAX_THREADS || num_groups > WHOLE_MAX_GROUPS || num_groups < threads)
-        return false;
-    long long load[WHOLE_MAX_THREADS] = {0}, total = 0, most = 0;
-    for (int g = 0; g < num_groups; g++) {
-        int t = 0;
-        for (int u = 1; u < threads; u++)
-            if (load[u] < load[t]) t = u;
-        const long long w = (long long)(offsets[g + 1] - offsets[g]) + 1;
-        load[t] += w;
-        total += w;
-        most = load[t] > most ? load[t] : most;
-        owner[g] = (unsigned short)t;
-    }
-    return most * threads * WHOLE_SLACK <= total * (WHOLE_SLACK + 1);
+    if (at <= start) return 0;
+    long long r = (at - start + cost - 1) / cost;
+    if (r >= rows) return rows;
+    r = (r + GROUP_CUT / 2) / GROUP_CUT * GROUP_CUT;
+    return r < rows ? (int)r : rows;
 }
 
-void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, bool trans_b,
-                                int num_groups, const int32_t *offsets, int M, int N, int K,
-                                float alpha, const float *A, const float *B, float beta, float *C)
+void mt_cpu_grouped_gemm_thread(int id, int team, bool trans_a, bool trans_b, int num_groups,
+                                const int32_t *offsets, int M, int N, int K, float alpha,
+                                const float *A, const float *B, float beta, float *C)
 {
-    unsigned short owner[WHOLE_MAX_GROUPS];
-    if (team > 1 && whole_groups(offsets, num_groups, team, owner)) {
-        for (int g = 0; g < num_groups; g++)
-            if (owner[g] == id)
-                group_part(0, 1, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
-        return;
-    }
-    /* else a group too small to split goes whole to one thread, round robin, and the
-     * others are split over the team */
+    if (N <= 0 || (trans_a ? M <= 0 : K < 0)) return;
+    const long long row_cost = K > 0 ? K : 1;
+    long long total = 0;
     for (int g = 0; g < num_groups; g++) {
-        const int parts = group_parts(trans_a, offsets, g, M, N, K, threads);
-        if (parts == 1) {
-            if (g % team == id)
-                group_part(0, 1, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
-            continue;
-        }
-        for (int i = id; i < parts; i += team)
-            group_part(i, parts, trans_a, trans_b, offsets, g, M, N, K, alpha, A, B, beta, C);
+        const long long m = offsets[g + 1] - offsets[g];
+        total += trans_a ? (long long)M * (m + 1) : (m > 0 ? GROUP_CALL + m : 0) * row_cost;
+    }
+    const long long from = total * id / team, to = total * (id + 1) / team;
+    long long start = 0;
+    for (int g = 0; g < num_groups && start < to; g++) {
+        const long long m = offsets[g + 1] - offsets[g];
+        const long long cost = trans_a ? m + 1 : row_cost;
+        const int rows = trans_a ? M : (int)m;
+        if (!trans_a && m > 0) start += GROUP_CALL * row_cost;
+        const int lo = group_cut(from, start, cost, rows), hi = group_cut(to, start, cost, rows);
+        if (hi > lo)
+            group_rows(trans_a, trans_b, offsets, g, lo, hi, M, N, K, alpha, A, B, beta, C);
+        start += cost * rows;
     }
 }
 
@@ -169,12 +157,12 @@ void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
     (void)ctx;
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (threads == 1) {
-        mt_cpu_grouped_gemm_thread(0, 1, 1, trans_a, trans_b, num_groups, offsets, M, N, K,
-                                   alpha, A, B, beta, C);
+        mt_cpu_grouped_gemm_thread(0, 1, trans_a, trans_b, num_groups, offsets, M, N, K, alpha,
+                                   A, B, beta, C);
         return;
     }
     /* one region for all groups: they write disjoint slices of C */
 #pragma omp parallel num_threads(threads)
-    mt_cpu_grouped_gemm_thread(omp_get_thread_num(), omp_get_num_threads(), threads, trans_a,
-                               trans_b, num_groups, offsets, M, N, K, alpha, A, B, beta, C);
+    mt_cpu_grouped_gemm_thread(omp_get_thread_num(), omp_get_num_threads(), trans_a, trans_b,
+                               num_groups, offsets, M, N, K, alpha, A, B, beta, C);
 }

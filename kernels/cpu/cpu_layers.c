@@ -259,6 +259,54 @@ static void att_mask(float *S, int i0, int nq, int j0, int nk)
         for (int c = i0 + r - j0 + 1; c < nk; c++) S[(size_t)r * ATT_BLOCK + c] = -INFINITY;
 }
 
+/* A row of a score tile in ATT_LANES lanes of a fixed width, whatever the vector width
+ * the compiler uses: lane i takes the columns i, i + ATT_LANES, ..., the lanes combined
+ * in one fixed order, so that the sums have the same bits at every CPU kernel level
+ * (a vectorised reduction's order would follow the vector width). */
+#define ATT_LANES 16
+
+static float att_lanes_sum(const float *acc)
+{
+    float h[ATT_LANES / 2];
+    for (int i = 0; i < ATT_LANES / 2; i++) h[i] = acc[i] + acc[i + ATT_LANES / 2];
+    for (int w = ATT_LANES / 4; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) h[i] += h[i + w];
+    return h[0];
+}
+
+/* max(init, x[0..n)) */
+static float att_row_max(const float *x, int n, float init)
+{
+    float acc[ATT_LANES];
+    for (int i = 0; i < ATT_LANES; i++) acc[i] = init;
+    int c = 0;
+    for (; c + ATT_LANES <= n; c += ATT_LANES)
+#pragma omp simd
+        for (int i = 0; i < ATT_LANES; i++) acc[i] = x[c + i] > acc[i] ? x[c + i] : acc[i];
+    for (int i = 0; c + i < n; i++) acc[i] = x[c + i] > acc[i] ? x[c + i] : acc[i];
+    float mx = acc[0];
+    for (int i = 1; i < ATT_LANES; i++) mx = acc[i] > mx ? acc[i] : mx;
+    return mx;
+}
+
+/* x = exp(x - mx) over x[0..n); returns their sum */
+static float att_row_exp(float *x, int n, float mx)
+{
+    float acc[ATT_LANES] = {0};
+    int c = 0;
+    for (; c + ATT_LANES <= n; c += ATT_LANES)
+#pragma omp simd
+        for (int i = 0; i < ATT_LANES; i++) {
+            x[c + i] = mt_cpu_expf(x[c + i] - mx);
+            acc[i] += x[c + i];
+        }
+    for (int i = 0; c + i < n; i++) {
+        x[c + i] = mt_cpu_expf(x[c + i] - mx);
+        acc[i] += x[c + i];
+    }
+    return att_lanes_sum(acc);
+}
+
 /* Bytes of n score tiles. */
 static size_t att_tile_bytes(int n) { return sizeof(float) * (size_t)n * ATT_BLOCK * ATT_BLOCK; }
 
@@ -287,14 +335,9 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
                         att_scores(&a, S, q, k, b, h, i0, nq, j0, nk);
                         att_mask(S, i0, nq, j0, nk);
                         for (int r = 0; r < nq; r++) {
-                            float *Sr = S + (size_t)r * ATT_BLOCK, mx = m[r], sum = 0.0f;
-#pragma omp simd reduction(max : mx)
-                            for (int c = 0; c < nk; c++) mx = Sr[c] > mx ? Sr[c] : mx;
-#pragma omp simd reduction(+ : sum)
-                            for (int c = 0; c < nk; c++) {
-                                Sr[c] = mt_cpu_expf(Sr[c] - mx);
-                                sum += Sr[c];
-                            }
+                            float *Sr = S + (size_t)r * ATT_BLOCK;
+                            const float mx = att_row_max(Sr, nk, m[r]);
+                            const float sum = att_row_exp(Sr, nk, mx);
                             /* rescale what the earlier key blocks left (nothing for kb 0) */
                             float alpha = kb == 0 ? 0.0f : mt_cpu_expf(m[r] - mx);
                             l[r] = l[r] * alpha + sum;

@@ -171,11 +171,11 @@ bool mt_cpu_gemm_range(int i, int parts, int M, int N, int *lo, int *hi);
 void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N, int K,
                       float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                       float *C, int ldc);
-/* Thread id's share (of a team of `team`) of mt_cpu_grouped_gemm split for `threads`;
- * no barrier inside (the groups write disjoint slices of C). */
-void mt_cpu_grouped_gemm_thread(int id, int team, int threads, bool trans_a, bool trans_b,
-                                int num_groups, const int32_t *offsets, int M, int N, int K,
-                                float alpha, const float *A, const float *B, float beta, float *C);
+/* Thread id's share (of a team of `team`) of mt_cpu_grouped_gemm: an equal part of
+ * the work (cpu_dense.c); no barrier inside (the shares write disjoint slices of C). */
+void mt_cpu_grouped_gemm_thread(int id, int team, bool trans_a, bool trans_b, int num_groups,
+                                const int32_t *offsets, int M, int N, int K, float alpha,
+                                const float *A, const float *B, float beta, float *C);
 
 /* cpu_layers.c */
 void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,

@@ -265,7 +265,7 @@ struct gemm_call {
     const int32_t *offsets;
     int M, N, K;
     float alpha, beta;
-    int parts; /* gemm: mt_cpu_gemm's parts; grouped: the thread count it splits for */
+    int parts; /* gemm: mt_cpu_gemm's parts; grouped: the threads it runs on */
 };
 
 /* Thread id's share of widening A and B; true when there was any (a barrier is due
@@ -301,7 +301,7 @@ static void gemm_thread(const struct gemm_io *io, const struct gemm_call *g, int
 #pragma omp barrier
     }
     if (g->G > 0) {
-        mt_cpu_grouped_gemm_thread(id, team, g->parts, g->ta, g->tb, g->G, g->offsets, g->M,
+        mt_cpu_grouped_gemm_thread(id, team, g->ta, g->tb, g->G, g->offsets, g->M,
                                    g->N, g->K, g->alpha, io->a, io->b, g->beta, io->c);
         if (io->tc) {
             if (team > 1) {

@@ -153,19 +153,19 @@ static void test_grouped_gemm(void **state)
     free(s.X); free(s.Wt); free(s.Y); free(s.Wo); free(dX); free(dW); free(dW0);
 }
 
-/* Expert-sized groups (one empty) on 1 and 2 threads: the same bits, forward and
- * weight gradient (2 threads give each group whole to one thread when that balances,
- * so every group is the one call it is on one thread). */
+/* Expert-sized groups (one empty) on 1, 2 and 3 threads: the same bits, forward and
+ * weight gradient (more threads cut some groups in row blocks, each block one call with
+ * the whole reduction, as one thread computes those rows). */
 static void test_grouped_gemm_threads(void **state)
 {
     (void)state;
-    enum { G = 8, N = 192, Kd = 160 };
+    enum { G = 8, N = 192, Kd = 160, TEAMS = 3 };
     const int32_t off[G + 1] = {0, 200, 380, 640, 640, 860, 1100, 1290, 1500};
     const int rows = off[G];
     float *X = fnew((size_t)rows * Kd, 1, 30), *W = fnew((size_t)G * N * Kd, 1, 31);
-    float *Y[2], *dW[2];
+    float *Y[TEAMS], *dW[TEAMS];
     const int saved = omp_get_max_threads();
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < TEAMS; t++) {
         omp_set_num_threads(t + 1);
         Y[t] = fnew((size_t)rows * N, 0, 0);
         dW[t] = fnew((size_t)G * N * Kd, 1, 32);
@@ -175,9 +175,11 @@ static void test_grouped_gemm_threads(void **state)
                        T(X, rows, Kd), 1.0f, T(dW[t], (int64_t)G * N, Kd));
     }
     omp_set_num_threads(saved);
-    assert_true(memcmp(Y[0], Y[1], sizeof(float) * (size_t)rows * N) == 0);
-    assert_true(memcmp(dW[0], dW[1], sizeof(float) * (size_t)G * N * Kd) == 0);
-    for (int t = 0; t < 2; t++) {
+    for (int t = 1; t < TEAMS; t++) {
+        assert_true(memcmp(Y[0], Y[t], sizeof(float) * (size_t)rows * N) == 0);
+        assert_true(memcmp(dW[0], dW[t], sizeof(float) * (size_t)G * N * Kd) == 0);
+    }
+    for (int t = 0; t < TEAMS; t++) {
         free(Y[t]);
         free(dW[t]);
     }
