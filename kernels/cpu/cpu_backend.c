@@ -40,16 +40,59 @@ static void cpu_free(void *ctx, void *p)
     free(p);
 }
 
+/* A fill or copy of BULK_SPLIT bytes or more is split over the OpenMP threads, in
+ * blocks of whole cache lines: one core moves a fraction of the memory bandwidth, and
+ * the others would wait for it (a step zeroes its whole gradient buffer). Overlapping
+ * copies (memmove's case) stay on one thread. */
+#define BULK_SPLIT ((size_t)1 << 20)
+
+static int bulk_parts(size_t bytes)
+{
+    if (bytes < BULK_SPLIT || omp_in_parallel()) return 1;
+    const int threads = omp_get_max_threads();
+    return threads > 1 ? threads : 1;
+}
+
+static void bulk_range(size_t bytes, int i, int parts, size_t *lo, size_t *hi)
+{
+    const size_t lines = (bytes + 63) / 64;
+    *lo = lines * (size_t)i / (size_t)parts * 64;
+    *hi = i + 1 == parts ? bytes : lines * (size_t)(i + 1) / (size_t)parts * 64;
+}
+
 static void cpu_memset(void *ctx, void *p, int byte, size_t bytes)
 {
     (void)ctx;
-    if (bytes) memset(p, byte, bytes);
+    const int parts = bulk_parts(bytes);
+    if (parts == 1) {
+        if (bytes) memset(p, byte, bytes);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(parts)
+    for (int i = 0; i < parts; i++) {
+        size_t lo, hi;
+        bulk_range(bytes, i, parts, &lo, &hi);
+        memset((char *)p + lo, byte, hi - lo);
+    }
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     (void)ctx;
-    if (bytes && dst != src) memmove(dst, src, bytes);
+    if (!bytes || dst == src) return;
+    const char *s = src;
+    char *d = dst;
+    const int parts = s + bytes <= d || d + bytes <= s ? bulk_parts(bytes) : 1;
+    if (parts == 1) {
+        memmove(dst, src, bytes);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(parts)
+    for (int i = 0; i < parts; i++) {
+        size_t lo, hi;
+        bulk_range(bytes, i, parts, &lo, &hi);
+        memcpy(d + lo, s + lo, hi - lo);
+    }
 }
 
 static void cpu_sync(void *ctx) { (void)ctx; }

@@ -78,52 +78,59 @@ void mt_cpu_t_rmsnorm_fwd(void *ctx, struct mt_tensor out, float *rstd, struct m
     mt_cpu_scratch_give(bufs);
 }
 
+/* dw's sum over the rows in blocks of RMS_DW_ROWS rows, whatever the thread count:
+ * each block's rows in order (in the pass that computes dx, so x and dy are read once),
+ * then the blocks' sums in order. */
+#define RMS_DW_ROWS 128
+
 void mt_cpu_t_rmsnorm_bwd(void *ctx, float *dx, float *dw, const float *dout, struct mt_tensor x,
                           struct mt_tensor w, const float *rstd, int N, int C)
 {
     (void)ctx;
     mt_cpu_check_dense("rmsnorm_bwd", x);
     mt_cpu_check_dense("rmsnorm_bwd", w);
+    if (N <= 0 || C <= 0) return;
     const size_t row = sizeof(float) * (size_t)C;
-    /* per thread: the weight, a row of x, and dw's accumulators for its columns */
-    void *bufs = mt_cpu_scratch_threads("rmsnorm_bwd", 3 * row);
+    const int blocks = (N + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
+    float *part = mt_cpu_scratch("rmsnorm_bwd", row * (size_t)blocks);
+    /* per thread: the weight and a row of x */
+    void *bufs = mt_cpu_scratch_threads("rmsnorm_bwd", 2 * row);
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
-     * dx = r (w dy) - x r^3 (sum_c w dy x) / C
-     * One parallel region: rows for dx, then (no barrier between: they share no output)
-     * a block of dw's columns per thread, the rows summed in order for each column. */
+     * dx = r (w dy) - x r^3 (sum_c w dy x) / C,  dw = sum_rows dy x r */
 #pragma omp parallel
     {
-        float *wbuf = mt_cpu_slice(bufs, 3 * row), *xbuf = wbuf + C, *acc = xbuf + C;
+        float *wbuf = mt_cpu_slice(bufs, 2 * row), *xbuf = wbuf + C;
         const float *restrict wc = mt_cpu_span_in(w, 0, (size_t)C, wbuf);
-#pragma omp for schedule(static) nowait
-        for (int n = 0; n < N; n++) {
-            const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C, (size_t)C, xbuf);
-            const float *restrict dn = dout + (size_t)n * C;
-            float *restrict dxn = dx + (size_t)n * C;
-            float r = rstd[n], dot = 0.0f;
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < blocks; blk++) {
+            float *restrict acc = part + (size_t)blk * C;
+            memset(acc, 0, row);
+            const int n1 = (blk + 1) * RMS_DW_ROWS < N ? (blk + 1) * RMS_DW_ROWS : N;
+            for (int n = blk * RMS_DW_ROWS; n < n1; n++) {
+                const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C, (size_t)C, xbuf);
+                const float *restrict dn = dout + (size_t)n * C;
+                float *restrict dxn = dx + (size_t)n * C;
+                float r = rstd[n], dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int c = 0; c < C; c++) dot += wc[c] * dn[c] * xn[c];
-            float k = dot * r * r * r / (float)C;
+                for (int c = 0; c < C; c++) dot += wc[c] * dn[c] * xn[c];
+                float k = dot * r * r * r / (float)C;
 #pragma omp simd
-            for (int c = 0; c < C; c++) dxn[c] += r * wc[c] * dn[c] - k * xn[c];
+                for (int c = 0; c < C; c++) {
+                    dxn[c] += r * wc[c] * dn[c] - k * xn[c];
+                    acc[c] += dn[c] * xn[c] * r;
+                }
+            }
         }
         int c0, c1;
         mt_cpu_split(C, &c0, &c1);
-        if (c1 > c0) {
-            const size_t nc = (size_t)(c1 - c0);
-            memset(acc, 0, sizeof(float) * nc);
-            for (int n = 0; n < N; n++) {
-                const float *restrict xn = mt_cpu_span_in(x, (size_t)n * C + c0, nc, xbuf);
-                const float *restrict dn = dout + (size_t)n * C + c0;
-                const float r = rstd[n];
-#pragma omp simd
-                for (size_t c = 0; c < nc; c++) acc[c] += dn[c] * xn[c] * r;
-            }
-#pragma omp simd
-            for (size_t c = 0; c < nc; c++) dw[c0 + c] += acc[c];
+        for (int c = c0; c < c1; c++) {
+            float sum = 0.0f;
+            for (int blk = 0; blk < blocks; blk++) sum += part[(size_t)blk * C + c];
+            dw[c] += sum;
         }
     }
     mt_cpu_scratch_give(bufs);
+    mt_cpu_scratch_give(part);
 }
 
 /* cos/sin of t * theta^(-2i/D) for t < T, i < D/2, as HF computes them in fp32:

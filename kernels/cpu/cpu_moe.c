@@ -450,10 +450,15 @@ void mt_cpu_t_unpermute_bwd(void *ctx, float *dyp, float *dprob, const float *do
     (void)ctx;
     mt_cpu_check_dense("unpermute_bwd", yp);
     void *bufs = mt_cpu_scratch_threads("unpermute_bwd", sizeof(float) * (size_t)C);
-    memset(dyp, 0, sizeof(float) * (size_t)rows * C);
 #pragma omp parallel
     {
         float *ybuf = mt_cpu_slice(bufs, sizeof(float) * (size_t)C);
+        /* rows no slot names (dropped, padding) get zeros: all cleared first, each
+         * thread a block of rows */
+        int r0, r1;
+        mt_cpu_split(rows, &r0, &r1);
+        if (r1 > r0) memset(dyp + (size_t)r0 * C, 0, sizeof(float) * (size_t)(r1 - r0) * C);
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             const float *d = dout + (size_t)n * C;

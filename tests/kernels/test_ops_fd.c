@@ -849,6 +849,35 @@ static void test_sumsq_threads(void **state)
     free(x);
 }
 
+/* rmsnorm_bwd on 1, 2 and 3 threads: the same bits in dx and in dw, whose sum over
+ * rows runs over fixed blocks of rows (the rows not a multiple of a block). */
+static void test_rmsnorm_bwd_threads(void **state)
+{
+    (void)state;
+    enum { N = 1003, C = 48, TEAMS = 3 };
+    float *x = fnew((size_t)N * C, 1, 40), *wt = fnew(C, 1, 41), *dy = fnew((size_t)N * C, 1, 42);
+    float *y = fnew((size_t)N * C, 0, 0), *rstd = fnew(N, 0, 0);
+    O.rmsnorm_fwd(K->ctx, T(y, N, C), rstd, T(x, N, C), T(wt, 1, C), N, C, 1e-6f);
+    float *dx[TEAMS], *dw[TEAMS];
+    const int saved = omp_get_max_threads();
+    for (int t = 0; t < TEAMS; t++) {
+        omp_set_num_threads(t + 1);
+        dx[t] = fnew((size_t)N * C, 1, 43);
+        dw[t] = fnew(C, 1, 44);
+        O.rmsnorm_bwd(K->ctx, dx[t], dw[t], dy, T(x, N, C), T(wt, 1, C), rstd, N, C);
+    }
+    omp_set_num_threads(saved);
+    for (int t = 1; t < TEAMS; t++) {
+        assert_true(memcmp(dx[0], dx[t], sizeof(float) * (size_t)N * C) == 0);
+        assert_true(memcmp(dw[0], dw[t], sizeof(float) * C) == 0);
+    }
+    for (int t = 0; t < TEAMS; t++) {
+        free(dx[t]);
+        free(dw[t]);
+    }
+    free(x); free(wt); free(dy); free(y); free(rstd);
+}
+
 /* lse_combine: one shard is itself; shards of a split vocabulary combine into the
  * logsumexp of the whole (the cross-entropy of the whole row against its halves).
  * loss_sum: lse - target logit over the valid targets, added to what acc held. */
@@ -912,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_scale_sumsq),
         cmocka_unit_test(test_sumsq_threads),
+        cmocka_unit_test(test_rmsnorm_bwd_threads),
         cmocka_unit_test(test_loss_combine_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
