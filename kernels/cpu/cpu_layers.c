@@ -227,12 +227,14 @@ struct att_shape {
     int B, T, Hq, Hkv, D, rep;
     float scale;
     size_t ldq, ldk; /* floats between consecutive tokens of one head of q, of k */
+    /* with the tile kernel (ATT_TILE_KERNEL): k and v transposed, (B,Hkv,D,T) */
+    const float *kt, *vt;
 };
 
 static struct att_shape att_shape(int B, int T, int Hq, int Hkv, int D)
 {
     return (struct att_shape){B, T, Hq, Hkv, D, Hq / Hkv, 1.0f / sqrtf((float)D),
-                              (size_t)Hq * D, (size_t)Hkv * D};
+                              (size_t)Hq * D, (size_t)Hkv * D, NULL, NULL};
 }
 
 /* Row t of head h in a (B,T,Hq,D) tensor, of group g in a (B,T,Hkv,D) tensor. */
@@ -248,11 +250,117 @@ static size_t att_krow(const struct att_shape *a, int b, int t, int g)
 
 static int att_rows(int T, int blk) { return T - blk * ATT_BLOCK < ATT_BLOCK ? T - blk * ATT_BLOCK : ATT_BLOCK; }
 
+/* The score-shaped tile products (S = scale Q K^T, dP = dO V^T: a reduction over the
+ * head dimension only) are BLAS's least efficient shape (about half its rate here).
+ * With AVX-512 (the x86-64-v4 level) they run in a kernel of their own instead: k and
+ * v transposed once per call to (B,Hkv,D,T), each output row the sum over d in order,
+ * one FMA per term, 4 rows x 64 columns in 16 registers. Other levels call BLAS. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define ATT_TILE_KERNEL 1
+
+/* S (nq,nk; row stride ATT_BLOCK) = scale A Bt, A (nq,D; row stride lda), Bt (D,nk;
+ * row stride ldb), nk <= ATT_BLOCK */
+static void att_tile_nt(float *S, const float *A, size_t lda, const float *Bt, size_t ldb,
+                        int nq, int nk, int D, float scale)
+{
+    const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),
+                    m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1),
+                    m2 = nk >= 48 ? 0xffff : nk <= 32 ? 0 : (__mmask16)((1u << (nk - 32)) - 1),
+                    m3 = nk >= 64 ? 0xffff : nk <= 48 ? 0 : (__mmask16)((1u << (nk - 48)) - 1);
+    const __m512 sc = _mm512_set1_ps(scale);
+    /* written out: a loop over an array of vectors is kept in memory at -O2 */
+#define ATT_ROW_DECL(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0, \
+                               c##i##2 = c##i##0, c##i##3 = c##i##0
+#define ATT_ROW_FMA(i, a)                                                                  \
+    do {                                                                                   \
+        const __m512 ai = _mm512_set1_ps(a);                                               \
+        c##i##0 = _mm512_fmadd_ps(ai, b0, c##i##0), c##i##1 = _mm512_fmadd_ps(ai, b1, c##i##1); \
+        c##i##2 = _mm512_fmadd_ps(ai, b2, c##i##2), c##i##3 = _mm512_fmadd_ps(ai, b3, c##i##3); \
+    } while (0)
+#define ATT_ROW_STORE(i, r)                                                                \
+    do {                                                                                   \
+        float *s_ = S + (size_t)(r) * ATT_BLOCK;                                           \
+        _mm512_mask_storeu_ps(s_, m0, _mm512_mul_ps(c##i##0, sc));                         \
+        _mm512_mask_storeu_ps(s_ + 16, m1, _mm512_mul_ps(c##i##1, sc));                    \
+        _mm512_mask_storeu_ps(s_ + 32, m2, _mm512_mul_ps(c##i##2, sc));                    \
+        _mm512_mask_storeu_ps(s_ + 48, m3, _mm512_mul_ps(c##i##3, sc));                    \
+    } while (0)
+#define ATT_LOAD_B(d)                                                                      \
+    const float *bt = Bt + (size_t)(d) * ldb;                                              \
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, bt), b1 = _mm512_maskz_loadu_ps(m1, bt + 16), \
+                 b2 = _mm512_maskz_loadu_ps(m2, bt + 32), b3 = _mm512_maskz_loadu_ps(m3, bt + 48)
+    int r = 0;
+    for (; r + 4 <= nq; r += 4) {
+        ATT_ROW_DECL(0);
+        ATT_ROW_DECL(1);
+        ATT_ROW_DECL(2);
+        ATT_ROW_DECL(3);
+        const float *a0 = A + (size_t)r * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+        for (int d = 0; d < D; d++) {
+            ATT_LOAD_B(d);
+            ATT_ROW_FMA(0, a0[d]);
+            ATT_ROW_FMA(1, a1[d]);
+            ATT_ROW_FMA(2, a2[d]);
+            ATT_ROW_FMA(3, a3[d]);
+        }
+        ATT_ROW_STORE(0, r);
+        ATT_ROW_STORE(1, r + 1);
+        ATT_ROW_STORE(2, r + 2);
+        ATT_ROW_STORE(3, r + 3);
+    }
+    for (; r < nq; r++) {
+        ATT_ROW_DECL(0);
+        const float *a0 = A + (size_t)r * lda;
+        for (int d = 0; d < D; d++) {
+            ATT_LOAD_B(d);
+            ATT_ROW_FMA(0, a0[d]);
+        }
+        ATT_ROW_STORE(0, r);
+    }
+#undef ATT_ROW_DECL
+#undef ATT_ROW_FMA
+#undef ATT_ROW_STORE
+#undef ATT_LOAD_B
+}
+
+/* x (B,T,Hkv,D) transposed into xt (B,Hkv,D,T), in blocks of ATT_BLOCK tokens */
+static void att_transpose(float *xt, const float *x, const struct att_shape *a)
+{
+    const int nblk = (a->T + ATT_BLOCK - 1) / ATT_BLOCK;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < a->B; b++)
+        for (int g = 0; g < a->Hkv; g++)
+            for (int tb = 0; tb < nblk; tb++) {
+                const int t0 = tb * ATT_BLOCK, nt = att_rows(a->T, tb);
+                float *o = xt + ((size_t)b * a->Hkv + g) * a->D * a->T + t0;
+                const float *xb = x + att_krow(a, b, t0, g);
+                /* the block's rows (ATT_BLOCK x D) stay in L1 while each d is gathered,
+                 * the writes contiguous */
+                for (int d = 0; d < a->D; d++)
+                    for (int t = 0; t < nt; t++) o[(size_t)d * a->T + t] = xb[(size_t)t * a->ldk + d];
+            }
+}
+
+/* group g of batch b's transposed rows j0.. */
+static const float *att_trow(const struct att_shape *a, const float *xt, int b, int g, int j0)
+{
+    return xt + ((size_t)b * a->Hkv + g) * a->D * a->T + j0;
+}
+#endif
+
 /* S (nq,nk; row stride ATT_BLOCK) = scale Q K^T for query rows i0.. of head h and key
  * rows j0.. of its group. */
 static void att_scores(const struct att_shape *a, float *S, const float *q, const float *k,
                        int b, int h, int i0, int nq, int j0, int nk)
 {
+#ifdef ATT_TILE_KERNEL
+    if (a->kt) {
+        att_tile_nt(S, q + att_qrow(a, b, i0, h), a->ldq, att_trow(a, a->kt, b, h / a->rep, j0),
+                    (size_t)a->T, nq, nk, a->D, a->scale);
+        return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, a->D, a->scale,
                 q + att_qrow(a, b, i0, h), (int)a->ldq, k + att_krow(a, b, j0, h / a->rep),
                 (int)a->ldk, 0.0f, S, ATT_BLOCK);
@@ -322,8 +430,13 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
 {
     (void)ctx;
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
-    const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
+    struct att_shape a = att_shape(B, T, Hq, Hkv, D);
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+#ifdef ATT_TILE_KERNEL
+    float *kt = mt_cpu_scratch("attention_fwd", sizeof(float) * (size_t)B * T * Hkv * D);
+    att_transpose(kt, k, &a);
+    a.kt = kt;
+#endif
     void *tiles = mt_cpu_scratch_threads("attention_fwd", att_tile_bytes(1));
 #pragma omp parallel
     {
@@ -368,6 +481,9 @@ void mt_cpu_attention_fwd(void *ctx, float *out, float *lse, const float *q, con
                 }
     }
     mt_cpu_scratch_give(tiles);
+#ifdef ATT_TILE_KERNEL
+    mt_cpu_scratch_give(kt);
+#endif
 }
 
 /* For the tile (query block at i0 of head h, key block at j0): P = exp(S - lse) (0 past
@@ -379,9 +495,15 @@ static void att_tile_grads(const struct att_shape *a, float *P, float *dS, const
 {
     att_scores(a, P, q, k, b, h, i0, nq, j0, nk);
     att_mask(P, i0, nq, j0, nk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, a->D, 1.0f,
-                dout + att_qrow(a, b, i0, h), (int)a->ldq, v + att_krow(a, b, j0, h / a->rep),
-                (int)a->ldk, 0.0f, dS, ATT_BLOCK);
+#ifdef ATT_TILE_KERNEL
+    if (a->vt)
+        att_tile_nt(dS, dout + att_qrow(a, b, i0, h), a->ldq,
+                    att_trow(a, a->vt, b, h / a->rep, j0), (size_t)a->T, nq, nk, a->D, 1.0f);
+    else
+#endif
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, a->D, 1.0f,
+                    dout + att_qrow(a, b, i0, h), (int)a->ldq,
+                    v + att_krow(a, b, j0, h / a->rep), (int)a->ldk, 0.0f, dS, ATT_BLOCK);
     for (int r = 0; r < nq; r++) {
         float *Pr = P + (size_t)r * ATT_BLOCK, *dSr = dS + (size_t)r * ATT_BLOCK;
         const float lr = lse[i0 + r], dr = delta[i0 + r];
@@ -426,8 +548,16 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
 {
     (void)ctx;
     if (B <= 0 || T <= 0 || Hq <= 0 || D <= 0) return;
-    const struct att_shape a = att_shape(B, T, Hq, Hkv, D);
+    struct att_shape a = att_shape(B, T, Hq, Hkv, D);
     const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+#ifdef ATT_TILE_KERNEL
+    const size_t kv = (size_t)B * T * Hkv * D;
+    float *kvt = mt_cpu_scratch("attention_bwd", sizeof(float) * 2 * kv);
+    att_transpose(kvt, k, &a);
+    att_transpose(kvt + kv, v, &a);
+    a.kt = kvt;
+    a.vt = kvt + kv;
+#endif
     /* With a task per (batch, KV group) for every thread twice over, one pass does all:
      * the task walks its heads, key blocks and query blocks (h, kb, qb >= kb), so every
      * dK, dV row sums its tiles in the order of the dK/dV pass below and every dQ row in
@@ -501,6 +631,9 @@ void mt_cpu_attention_bwd(void *ctx, float *dq, float *dk, float *dv, const floa
     }
     mt_cpu_scratch_give(tiles);
     mt_cpu_scratch_give(delta);
+#ifdef ATT_TILE_KERNEL
+    mt_cpu_scratch_give(kvt);
+#endif
 }
 
 void mt_cpu_swiglu_fwd_span(float *restrict out, const float *restrict gate,
