@@ -215,8 +215,10 @@ static void test_attention_reference(void **state)
 {
     (void)state;
     /* 3 blocks with a ragged last one (GQA 2:1), 2 blocks + 1 row (MQA), one short block
-     * (MHA), exactly 2 blocks with head_dim 64 */
-    const int shapes[][5] = {{2, 150, 4, 2, 24}, {1, 129, 3, 1, 8}, {2, 37, 2, 2, 5}, {1, 128, 2, 1, 64}};
+     * (MHA), exactly 2 blocks with head_dim 64; head_dim 40 and 128 (the tile kernel's
+     * masked third vector, and its two column panels) */
+    const int shapes[][5] = {{2, 150, 4, 2, 24}, {1, 129, 3, 1, 8}, {2, 37, 2, 2, 5},
+                             {1, 128, 2, 1, 64}, {1, 70, 2, 2, 40}, {1, 100, 2, 1, 128}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         struct att a;
         att_init(&a, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 70 + 4 * i);
