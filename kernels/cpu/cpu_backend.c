@@ -82,7 +82,8 @@ static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
     if (!bytes || dst == src) return;
     const char *s = src;
     char *d = dst;
-    const int parts = s + bytes <= d || d + bytes <= s ? bulk_parts(bytes) : 1;
+    const uintptr_t us = (uintptr_t)src, ud = (uintptr_t)dst;
+    const int parts = us + bytes <= ud || ud + bytes <= us ? bulk_parts(bytes) : 1;
     if (parts == 1) {
         memmove(dst, src, bytes);
         return;

@@ -878,6 +878,37 @@ static void test_rmsnorm_bwd_threads(void **state)
     free(x); free(wt); free(dy); free(y); free(rstd);
 }
 
+/* memset and copy from 1 MiB up run in blocks over the threads: on 1, 2 and 3 threads,
+ * an odd size, the bytes around the range untouched; an overlapping copy is memmove's. */
+static void test_bulk_fill_copy(void **state)
+{
+    (void)state;
+    const size_t n = (3u << 20) + 5, pad = 64;
+    unsigned char *src = malloc(n), *dst = malloc(n + 2 * pad), *ref = malloc(n + 2 * pad);
+    assert_true(src && dst && ref);
+    for (size_t i = 0; i < n; i++) src[i] = (unsigned char)(i * 131u + 7u);
+    const int saved = omp_get_max_threads();
+    for (int t = 1; t <= 3; t++) {
+        omp_set_num_threads(t);
+        memset(dst, 0xee, n + 2 * pad);
+        O.memset(K->ctx, dst + pad, 0x5a, n);
+        memset(ref, 0xee, n + 2 * pad);
+        memset(ref + pad, 0x5a, n);
+        assert_memory_equal(dst, ref, n + 2 * pad);
+        O.copy(K->ctx, dst + pad, src, n);
+        memcpy(ref + pad, src, n);
+        assert_memory_equal(dst, ref, n + 2 * pad);
+        /* overlapping: move the range up by 3 bytes */
+        O.copy(K->ctx, dst + pad + 3, dst + pad, n - 3);
+        memmove(ref + pad + 3, ref + pad, n - 3);
+        assert_memory_equal(dst, ref, n + 2 * pad);
+    }
+    omp_set_num_threads(saved);
+    free(src);
+    free(dst);
+    free(ref);
+}
+
 /* lse_combine: one shard is itself; shards of a split vocabulary combine into the
  * logsumexp of the whole (the cross-entropy of the whole row against its halves).
  * loss_sum: lse - target logit over the valid targets, added to what acc held. */
@@ -942,6 +973,7 @@ int main(void)
         cmocka_unit_test(test_scale_sumsq),
         cmocka_unit_test(test_sumsq_threads),
         cmocka_unit_test(test_rmsnorm_bwd_threads),
+        cmocka_unit_test(test_bulk_fill_copy),
         cmocka_unit_test(test_loss_combine_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
