@@ -807,6 +807,13 @@ const struct mt_kernels *mt_kernels_cpu(void);
 const char *mt_cpu_isa(void);
 int mt_cpu_isa_check(struct mt_err *err);
 const char *mt_cpu_isa_built(void);
+/* The CPU GEMMs (gemm, grouped_gemm; attention's tiles take the BLAS on every level):
+ * moetrain's own AVX-512 kernel on x86-64-v4, the BLAS below it, or the BLAS on every
+ * level when the environment has MOETRAIN_CPU_GEMM=blas (mt_cpu_isa_check refuses a
+ * value other than auto or blas). mt_cpu_gemm_kernel: "moetrain AVX-512" or "BLAS", as
+ * the running level computes them. */
+bool mt_cpu_gemm_blas(void);
+const char *mt_cpu_gemm_kernel(void);
 
 /* The guard backend (kernels/cpu/cpu_guard.c, `moetrain --backend=guard`): the CPU
  * kernels on emulated device memory. Backend memory is mapped PROT_NONE except while

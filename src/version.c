@@ -183,7 +183,8 @@ void mt_print_version(FILE *out)
 #endif
     struct mt_err isa_err = { 0 };
     if (mt_cpu_isa_check(&isa_err) == MT_OK)
-        fprintf(out, "; CPU kernels: %s, running %s)", mt_cpu_isa_built(), mt_cpu_isa());
+        fprintf(out, "; GEMMs: %s; CPU kernels: %s, running %s)", mt_cpu_gemm_kernel(),
+                mt_cpu_isa_built(), mt_cpu_isa());
     else
         fprintf(out, "; CPU kernels: %s)", isa_err.msg);
 #ifdef HAVE_CUDA

@@ -188,6 +188,7 @@ static bool isa_runs(int i)
 
 static char isa_built[64];
 static int isa_pick = -1;
+static bool gemm_blas;
 
 /* The level to run: MOETRAIN_CPU_ISA's, else the highest built and runnable; an error
  * code (< 0, err set) for a value that names no level, or one not built or not runnable
@@ -227,10 +228,24 @@ static int isa_choose(struct mt_err *err)
                       "or one of %s", want, isa_built);
 }
 
+/* MOETRAIN_CPU_GEMM: unset, empty or auto (the level's GEMM: moetrain's own kernel on
+ * x86-64-v4, the BLAS below it) or blas (the BLAS on every level); an error code for
+ * anything else */
+static int gemm_choose(bool *blas, struct mt_err *err)
+{
+    const char *g = getenv("MOETRAIN_CPU_GEMM");
+    *blas = g && strcmp(g, "blas") == 0;
+    if (!g || !*g || *blas || strcmp(g, "auto") == 0) return MT_OK;
+    return mt_err_set(err, MT_EINVAL,
+                      "MOETRAIN_CPU_GEMM=%s: use auto (or unset it: moetrain's own kernel on "
+                      "x86-64-v4, the BLAS below it) or blas (the BLAS on every level)", g);
+}
+
 int mt_cpu_isa_check(struct mt_err *err)
 {
+    bool blas;
     const int i = isa_choose(err);
-    return i < 0 ? i : MT_OK;
+    return i < 0 ? i : gemm_choose(&blas, err);
 }
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
@@ -239,6 +254,7 @@ static void isa_init(void)
 {
     struct mt_err err = {0};
     isa_pick = isa_choose(&err);
+    if (isa_pick >= 0 && gemm_choose(&gemm_blas, &err) != MT_OK) isa_pick = -1;
     if (isa_pick < 0) {
         fprintf(stderr, "moetrain: %s\n", err.msg);
         abort();
@@ -250,6 +266,18 @@ const char *mt_cpu_isa(void)
 {
     pthread_once(&isa_once, isa_init);
     return isa_names[isa_pick];
+}
+
+bool mt_cpu_gemm_blas(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return gemm_blas;
+}
+
+const char *mt_cpu_gemm_kernel(void)
+{
+    pthread_once(&isa_once, isa_init);
+    return isa_pick == ISA_V4 && !gemm_blas ? "moetrain AVX-512" : "BLAS";
 }
 
 const char *mt_cpu_isa_built(void)

@@ -1,5 +1,6 @@
 /* CPU reference backend: GEMM and grouped GEMM through CBLAS (OpenBLAS, BLIS or MKL:
- * configure --with-blas).
+ * configure --with-blas), or, in the x86-64-v4 build, through moetrain's own AVX-512
+ * kernel (below; MOETRAIN_CPU_GEMM=blas takes the BLAS there too).
  *
  * The BLAS runs single-threaded and the parallelism is ours: C is split into row (or
  * column) blocks, one OpenMP thread per block, each block one sgemm over the full K.
@@ -10,13 +11,221 @@
 #include "kernels/cpu/cpu_ops.h"
 
 #include <omp.h>
+#include <stdlib.h>
 
 #include "kernels/cpu/cpu_blas.h"
 
 /* Below this many multiply-adds one call on one thread is faster than splitting. */
 #define GEMM_SPLIT_MIN_FMA (1 << 18)
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define OWN_GEMM 1
+
+/* moetrain's sgemm for AVX-512 (row-major, C = alpha op(A) op(B) + beta C), blocked as
+ * BLAS libraries are: op(B) packed in KC x NC blocks of NR-column panels, op(A) in
+ * MC x KC blocks of MR-row panels, a 12 x 32 register tile (24 accumulators) per
+ * micro-kernel call (doc/site-install.md has its figures beside the BLAS's: the
+ * training step with MOETRAIN_CPU_GEMM=blas, bench/cpu_step.sh). Every element of C is alpha times each KC-long block's FMA
+ * chain (k in order), added to C block after block: the same whatever rows or columns
+ * a call covers, so row and column splits give the same bits. */
+#define SG_MR 12
+#define SG_NR 32
+#define SG_KC 256
+#define SG_MC 96
+#define SG_NC 2048
+/* Ap (SG_MC x SG_KC and 16 floats of slack, rounded to a cache line), then Bp */
+#define SG_AP_FLOATS ((size_t)SG_MC * SG_KC + 16)
+#define SG_PACK_FLOATS (SG_AP_FLOATS + (size_t)SG_KC * SG_NC)
+
+
+/* each thread's packing buffers, allocated at its first GEMM and kept for the thread's
+ * life (OpenMP's threads live as long as the process) */
+static _Thread_local float *sg_pack;
+
+/* r[0..15] (16 rows of 16) transposed in place */
+static inline void sg_transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+    }
+}
+
+/* Ap: op(A) rows [0, mc) x k [0, kc) from A0 (op(A)'s element (0, 0)), as panels of
+ * SG_MR rows, each kc x SG_MR (a k's SG_MR values together), rows past mc zero. Ap has
+ * room for 16 floats past its end (a k's 12 values are stored as a vector of 16). */
+static void sg_pack_a(float *restrict Ap, const float *A0, int lda, bool trans_a, int mc, int kc)
+{
+    for (int i0 = 0; i0 < mc; i0 += SG_MR, Ap += (size_t)SG_MR * kc) {
+        const int mr = mc - i0 < SG_MR ? mc - i0 : SG_MR;
+        const __mmask16 m = (__mmask16)((1u << mr) - 1);
+        if (trans_a) { /* op(A)(i, k) = A0[k lda + i]: a k's rows are contiguous */
+            for (int k = 0; k < kc; k++)
+                _mm512_storeu_ps(Ap + (size_t)k * SG_MR,
+                                 _mm512_maskz_loadu_ps(m, A0 + (size_t)k * lda + i0));
+            continue;
+        }
+        /* op(A)(i, k) = A0[i lda + k]: 16 k of the panel's rows, transposed */
+        int k0 = 0;
+        for (; k0 + 16 <= kc; k0 += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < mr ? _mm512_loadu_ps(A0 + (size_t)(i0 + i) * lda + k0)
+                              : _mm512_setzero_ps();
+            sg_transpose16(r);
+            for (int k = 0; k < 16; k++) _mm512_storeu_ps(Ap + (size_t)(k0 + k) * SG_MR, r[k]);
+        }
+        for (; k0 < kc; k0++)
+            for (int r = 0; r < SG_MR; r++)
+                Ap[(size_t)k0 * SG_MR + r] = r < mr ? A0[(size_t)(i0 + r) * lda + k0] : 0.0f;
+    }
+}
+
+/* Bp: op(B) k [0, kc) x columns [0, nc) from B0 (op(B)'s element (0, 0)), as panels of
+ * SG_NR columns, each kc x SG_NR, columns past nc zero. */
+static void sg_pack_b(float *restrict Bp, const float *B0, int ldb, bool trans_b, int nc, int kc)
+{
+    for (int j0 = 0; j0 < nc; j0 += SG_NR, Bp += (size_t)SG_NR * kc) {
+        const int nr = nc - j0 < SG_NR ? nc - j0 : SG_NR;
+        if (!trans_b) { /* op(B)(k, j) = B0[k ldb + j]: rows of a panel are contiguous */
+            const __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+            const __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+            for (int k = 0; k < kc; k++) {
+                const float *b = B0 + (size_t)k * ldb + j0;
+                _mm512_store_ps(Bp + (size_t)k * SG_NR, _mm512_maskz_loadu_ps(m0, b));
+                _mm512_store_ps(Bp + (size_t)k * SG_NR + 16, _mm512_maskz_loadu_ps(m1, b + 16));
+            }
+        } else if (nr == SG_NR) { /* op(B)(k, j) = B0[j ldb + k]: 16 x 16 transposes */
+            int k0 = 0;
+            for (; k0 + 16 <= kc; k0 += 16)
+                for (int h = 0; h < 2; h++) {
+                    __m512 r[16];
+                    for (int j = 0; j < 16; j++)
+                        r[j] = _mm512_loadu_ps(B0 + (size_t)(j0 + 16 * h + j) * ldb + k0);
+                    sg_transpose16(r);
+                    for (int k = 0; k < 16; k++)
+                        _mm512_store_ps(Bp + (size_t)(k0 + k) * SG_NR + 16 * h, r[k]);
+                }
+            for (; k0 < kc; k0++)
+                for (int j = 0; j < SG_NR; j++)
+                    Bp[(size_t)k0 * SG_NR + j] = B0[(size_t)(j0 + j) * ldb + k0];
+        } else {
+            for (int k = 0; k < kc; k++)
+                for (int j = 0; j < SG_NR; j++)
+                    Bp[(size_t)k * SG_NR + j] = j < nr ? B0[(size_t)(j0 + j) * ldb + k] : 0.0f;
+        }
+    }
+}
+
+/* The 12 x 32 tile: C (mr x nr of it, row stride ldc) = alpha Ap Bp (overwrite) or
+ * C + alpha Ap Bp (add). */
+static void sg_tile(int kc, const float *restrict ap, const float *restrict bp, float *C,
+                    int ldc, int mr, int nr, float alpha, bool add)
+{
+    __m512 c[SG_MR][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < SG_MR; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < mr; i++) { /* C's lines on their way while the FMAs run */
+        _mm_prefetch((const char *)(C + (size_t)i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + (size_t)i * ldc + 16), _MM_HINT_T0);
+    }
+    for (int k = 0; k < kc; k++, ap += SG_MR, bp += SG_NR) {
+        const __m512 b0 = _mm512_load_ps(bp), b1 = _mm512_load_ps(bp + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < SG_MR; i++) {
+            const __m512 a = _mm512_set1_ps(ap[i]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+    const __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+    const __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+#pragma GCC unroll 12
+    for (int i = 0; i < SG_MR; i++) { /* unrolled: the accumulators stay in registers */
+        if (i == mr) break;
+        float *p = C + (size_t)i * ldc;
+        __m512 v0 = _mm512_mul_ps(al, c[i][0]), v1 = _mm512_mul_ps(al, c[i][1]);
+        if (add) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, p), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, p + 16), v1);
+        }
+        _mm512_mask_storeu_ps(p, m0, v0);
+        _mm512_mask_storeu_ps(p + 16, m1, v1);
+    }
+}
+
+/* C (M x N) = alpha op(A) op(B) + beta C, K > 0; false when the packing buffers cannot
+ * be had (the caller takes the BLAS instead) */
+static bool own_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc)
+{
+    if (!sg_pack) {
+        sg_pack = aligned_alloc(64, sizeof(float) * SG_PACK_FLOATS);
+        if (!sg_pack) return false;
+    }
+    float *const Ap = sg_pack, *const Bp = sg_pack + SG_AP_FLOATS;
+    if (beta != 0.0f && beta != 1.0f)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
+    for (int j0 = 0; j0 < N; j0 += SG_NC) {
+        const int nc = N - j0 < SG_NC ? N - j0 : SG_NC;
+        for (int k0 = 0; k0 < K; k0 += SG_KC) {
+            const int kc = K - k0 < SG_KC ? K - k0 : SG_KC;
+            const bool add = k0 > 0 || beta != 0.0f;
+            sg_pack_b(Bp, trans_b ? B + (size_t)j0 * ldb + k0 : B + (size_t)k0 * ldb + j0, ldb,
+                      trans_b, nc, kc);
+            for (int i0 = 0; i0 < M; i0 += SG_MC) {
+                const int mc = M - i0 < SG_MC ? M - i0 : SG_MC;
+                sg_pack_a(Ap, trans_a ? A + (size_t)k0 * lda + i0 : A + (size_t)i0 * lda + k0,
+                          lda, trans_a, mc, kc);
+                for (int jr = 0; jr < nc; jr += SG_NR)
+                    for (int ir = 0; ir < mc; ir += SG_MR)
+                        sg_tile(kc, Ap + (size_t)ir * kc, Bp + (size_t)jr * kc,
+                                C + (size_t)(i0 + ir) * ldc + j0 + jr, ldc,
+                                mc - ir < SG_MR ? mc - ir : SG_MR, nc - jr < SG_NR ? nc - jr : SG_NR,
+                                alpha, add);
+            }
+        }
+    }
+    return true;
+}
+#endif
+
 void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
+
+/* C = alpha op(A) op(B) + beta C, K > 0, on the calling thread */
+static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+#ifdef OWN_GEMM
+    if (!mt_cpu_gemm_blas() &&
+        own_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        return;
+#endif
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 
 /* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included; beta = 1
  * (a weight gradient accumulated for an expert no token chose) leaves C as it is. */
@@ -55,17 +264,14 @@ void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N
         if (i == 0) gemm_scale(M, N, beta, C, ldc);
         return;
     }
-    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-    const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
     int lo, hi;
     if (mt_cpu_gemm_range(i, parts, M, N, &lo, &hi)) { /* rows lo..hi of op(A) and C */
         const float *Ai = trans_a ? A + lo : A + (size_t)lo * lda;
-        cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
-                    C + (size_t)lo * ldc, ldc);
+        sgemm(trans_a, trans_b, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
+              C + (size_t)lo * ldc, ldc);
     } else { /* columns lo..hi of op(B) and C */
         const float *Bi = trans_b ? B + (size_t)lo * ldb : B + lo;
-        cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo,
-                    ldc);
+        sgemm(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo, ldc);
     }
 }
 

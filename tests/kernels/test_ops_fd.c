@@ -13,6 +13,7 @@
  * losses return a single fp32 scalar of O(0.1) with small gradients, so their roundoff
  * is relatively larger: h = 1e-2 (truncation ~1e-4), same bound. A wrong sign, a
  * missing term or a transposition gives errors of order 1. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -111,6 +112,88 @@ static void test_gemm(void **state)
         check("gemm dC(beta)", gemm_loss, &s, s.C0, dC0, 35, H_LINEAR, TOL_LINEAR);
         free(s.A); free(s.B); free(s.C0); free(s.C); free(s.W); free(dA); free(dB); free(dC0);
     }
+}
+
+/* gemm's values against a double-precision product, on shapes around the blocking of
+ * the x86-64-v4 build's own kernel (a 12 x 32 register tile, K in blocks of 256, N in
+ * blocks of 2048) and of any BLAS: edges of one row or column, K = 1 and K past two
+ * blocks, N past one block; both transposes; strided operands (leading dimensions
+ * larger than the rows, the padding poisoned with NaN and C's left as it was); alpha
+ * and beta of 1 and not; beta = 0 on a C of NaN (BLAS semantics: C is not read). With
+ * moetrain's own kernel, 1, 2 and 3 threads (the larger shapes split C in row or column
+ * blocks) give the same bits; through a BLAS they need not (OpenBLAS takes another
+ * path for a part than for the whole at some sizes), which is only reported.
+ * The bound is fp32 rounding of a K-term sum: 2 K eps32 sum |a b|, plus |beta C| eps32. */
+static void test_gemm_values(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{1, 1, 1},   {13, 33, 17},  {12, 32, 256}, {25, 70, 257},
+                                    {97, 31, 300}, {200, 65, 513}, {5, 2100, 40}, {130, 40, 5},
+                                    {300, 96, 64}};
+    static const float ab[][2] = {{1.0f, 0.0f}, {0.75f, 1.0f}, {1.0f, -0.5f}};
+    const int saved = omp_get_max_threads();
+    const int pad = 3;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int mode = 0; mode < 4; mode++)
+            for (size_t c = 0; c < sizeof ab / sizeof ab[0]; c++) {
+                const int M = shapes[sh][0], N = shapes[sh][1], Kd = shapes[sh][2];
+                const bool ta = mode & 1, tb = mode & 2;
+                const float alpha = ab[c][0], beta = ab[c][1];
+                /* stored A: (K, M) when ta else (M, K); B: (N, K) when tb else (K, N) */
+                const int ar = ta ? Kd : M, ac = ta ? M : Kd, br = tb ? N : Kd, bc = tb ? Kd : N;
+                const int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+                float *A = fnew((size_t)ar * lda, 1, 40 + sh), *B = fnew((size_t)br * ldb, 1, 50 + sh);
+                float *C0 = fnew((size_t)M * ldc, 1, 60 + sh);
+                for (int i = 0; i < ar; i++)
+                    for (int j = ac; j < lda; j++) A[(size_t)i * lda + j] = NAN;
+                for (int i = 0; i < br; i++)
+                    for (int j = bc; j < ldb; j++) B[(size_t)i * ldb + j] = NAN;
+                if (beta == 0.0f)
+                    for (size_t i = 0; i < (size_t)M * ldc; i++) C0[i] = NAN;
+                float *C[3];
+                for (int t = 0; t < 3; t++) {
+                    C[t] = fnew((size_t)M * ldc, 0, 0);
+                    memcpy(C[t], C0, sizeof(float) * (size_t)M * ldc);
+                    omp_set_num_threads(t + 1);
+                    O.gemm(K->ctx, ta, tb, M, N, Kd, alpha, TL(A, ar, ac, lda), TL(B, br, bc, ldb),
+                           beta, TL(C[t], M, N, ldc));
+                }
+                omp_set_num_threads(saved);
+                double worst = 0;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double ref = 0, mag = 0;
+                        for (int k = 0; k < Kd; k++) {
+                            const double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                            const double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                            ref += a * b;
+                            mag += fabs(a * b);
+                        }
+                        const double c0 = beta == 0.0f ? 0.0 : C0[(size_t)i * ldc + j];
+                        ref = alpha * ref + beta * c0;
+                        const double bound = 2.0 * Kd * 6e-8 * fabs(alpha) * mag + 6e-8 * fabs(beta * c0) + 1e-30;
+                        const double e = fabs(C[0][(size_t)i * ldc + j] - ref) / bound;
+                        if (!(e <= worst)) worst = e; /* NaN included */
+                    }
+                if (!(worst <= 1.0))
+                    printf("# gemm M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g: error %.2f of the bound\n",
+                           M, N, Kd, ta, tb, alpha, beta, worst);
+                assert_true(worst <= 1.0);
+                for (int i = 0; i < M; i++) /* C's padding as it was */
+                    assert_true(memcmp(C[0] + (size_t)i * ldc + N, C0 + (size_t)i * ldc + N,
+                                       sizeof(float) * pad) == 0);
+                for (int t = 1; t < 3; t++)
+                    if (memcmp(C[0], C[t], sizeof(float) * (size_t)M * ldc) != 0) {
+                        printf("# gemm M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g: %d threads "
+                               "differ from one (%s)\n", M, N, Kd, ta, tb, alpha, beta, t + 1,
+                               mt_cpu_gemm_kernel());
+                        assert_true(strcmp(mt_cpu_gemm_kernel(), "BLAS") == 0);
+                    }
+                for (int t = 0; t < 3; t++) free(C[t]);
+                free(A);
+                free(B);
+                free(C0);
+            }
 }
 
 /* ---------------------------------------------------------- grouped gemm */
@@ -956,6 +1039,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_complete),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_values),
         cmocka_unit_test(test_grouped_gemm),
         cmocka_unit_test(test_grouped_gemm_threads),
         cmocka_unit_test(test_embedding),
