@@ -799,8 +799,9 @@ const struct mt_kernels *mt_kernels_cpu(void);
  * doc/site-install.md): "baseline" (the build's own flags), "x86-64-v3" (AVX2, FMA) or
  * "x86-64-v4" (AVX-512), the highest of those built that the CPU has, unless the
  * environment's MOETRAIN_CPU_ISA names one. Every level gives the same results up to
- * rounding (a sum's order follows the vector width); each is deterministic for any
- * thread count. mt_cpu_isa_check returns MT_EINVAL when MOETRAIN_CPU_ISA names no
+ * rounding (a sum's order follows the vector width). moetrain's own kernels give the
+ * same bits for any thread count; the BLAS need not, so where it computes the GEMMs
+ * (below x86-64-v4, or with MOETRAIN_CPU_GEMM=blas) the last bits can follow it. mt_cpu_isa_check returns MT_EINVAL when MOETRAIN_CPU_ISA names no
  * level, MT_EUNSUPPORTED when this build or this CPU lacks the one it names, with the
  * message; the CLI calls it first, as mt_kernels_cpu stops the process on such a value.
  * mt_cpu_isa_built: the levels built, e.g. "baseline x86-64-v3 x86-64-v4". */

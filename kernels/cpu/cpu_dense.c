@@ -3,14 +3,19 @@
  * kernel (below; MOETRAIN_CPU_GEMM=blas takes the BLAS there too).
  *
  * The BLAS runs single-threaded and the parallelism is ours: C is split into row (or
- * column) blocks, one OpenMP thread per block, each block one sgemm over the full K.
+ * column) blocks, one OpenMP thread per block, each block one call over the full K.
  * Two thread pools that spin while the other works (OpenBLAS's and OpenMP's) slow
- * each other down several times over; one pool does not. Every element of C is
- * computed by one call with the whole reduction, so results do not depend on the
- * number of threads. */
+ * each other down several times over; one pool does not. With moetrain's kernel an
+ * element of C gets the same bits whichever block computes it, so results do not
+ * depend on the number of threads. A BLAS does not promise that: OpenBLAS takes
+ * another path for a block than for the whole at some sizes (test_gemm_values in
+ * tests/kernels/test_ops_fd.c reports where), so through it the last bits of a result
+ * can follow the thread count. */
 #include "kernels/cpu/cpu_ops.h"
 
 #include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu_blas.h"
@@ -25,26 +30,61 @@
 /* moetrain's sgemm for AVX-512 (row-major, C = alpha op(A) op(B) + beta C), blocked as
  * BLAS libraries are: op(B) packed in KC x NC blocks of NR-column panels, op(A) in
  * MC x KC blocks of MR-row panels, a 12 x 32 register tile (24 accumulators) per
- * micro-kernel call (doc/site-install.md has its figures beside the BLAS's: the
- * training step with MOETRAIN_CPU_GEMM=blas, bench/cpu_step.sh). Every element of C is alpha times each KC-long block's FMA
- * chain (k in order), added to C block after block: the same whatever rows or columns
- * a call covers, so row and column splits give the same bits. */
+ * micro-kernel call (doc/site-install.md has the training step's figures beside the
+ * BLAS's, MOETRAIN_CPU_GEMM=blas, from bench/cpu_step.sh). An element of C is alpha
+ * times each KC-long block's FMA chain (k in order), added to C block after block: the
+ * same whatever rows or columns a call covers, so row and column splits give the same
+ * bits. */
 #define SG_MR 12
 #define SG_NR 32
 #define SG_KC 256
 #define SG_MC 96
 #define SG_NC 2048
-/* Ap (SG_MC x SG_KC and 16 floats of slack, rounded to a cache line), then Bp */
+#define SG_PF 64 /* packing prefetches a row this many floats ahead */
+#define SG_PF_ROWS 8 /* or this many rows ahead */
+/* Ap (SG_MC x SG_KC and 16 floats of slack: a whole number of cache lines), then Bp */
 #define SG_AP_FLOATS ((size_t)SG_MC * SG_KC + 16)
 #define SG_PACK_FLOATS (SG_AP_FLOATS + (size_t)SG_KC * SG_NC)
 
 
-/* each thread's packing buffers, allocated at its first GEMM and kept for the thread's
- * life (OpenMP's threads live as long as the process) */
-static _Thread_local float *sg_pack;
+/* Each thread's packing buffers (SG_PACK_FLOATS), allocated at its first GEMM and freed
+ * when the thread ends (OpenMP's threads usually live as long as the process; a team
+ * of another size may start new ones). NULL when they cannot be had. */
+static pthread_key_t sg_key;
+static bool sg_key_ok;
+static pthread_once_t sg_key_once = PTHREAD_ONCE_INIT;
+static void sg_key_make(void) { sg_key_ok = pthread_key_create(&sg_key, free) == 0; }
+
+static float *sg_buffers(void)
+{
+    pthread_once(&sg_key_once, sg_key_make);
+    if (!sg_key_ok) return NULL;
+    float *p = pthread_getspecific(sg_key);
+    if (!p) {
+        p = aligned_alloc(64, sizeof(float) * SG_PACK_FLOATS);
+        if (p && pthread_setspecific(sg_key, p) != 0) {
+            free(p);
+            p = NULL;
+        }
+    }
+    return p;
+}
+
+/* a prefetch of the line `floats` past p, which may lie past the operand's end (a
+ * prefetch does not fault; the address is an integer's, not a pointer's) */
+static inline void sg_prefetch(const float *p, size_t floats)
+{
+    _mm_prefetch((const char *)((uintptr_t)p + sizeof(float) * floats), _MM_HINT_T0);
+}
+
+/* the first n (clamped to 0..16) of 16 lanes */
+static inline __mmask16 sg_mask(int n)
+{
+    return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
+}
 
 /* r[0..15] (16 rows of 16) transposed in place */
-static inline void sg_transpose16(__m512 r[16])
+static inline __attribute__((always_inline)) void sg_transpose16(__m512 r[16])
 {
     __m512 t[16];
     for (int i = 0; i < 8; i++) {
@@ -77,20 +117,28 @@ static void sg_pack_a(float *restrict Ap, const float *A0, int lda, bool trans_a
 {
     for (int i0 = 0; i0 < mc; i0 += SG_MR, Ap += (size_t)SG_MR * kc) {
         const int mr = mc - i0 < SG_MR ? mc - i0 : SG_MR;
-        const __mmask16 m = (__mmask16)((1u << mr) - 1);
+        const __mmask16 m = sg_mask(mr);
         if (trans_a) { /* op(A)(i, k) = A0[k lda + i]: a k's rows are contiguous */
-            for (int k = 0; k < kc; k++)
-                _mm512_storeu_ps(Ap + (size_t)k * SG_MR,
-                                 _mm512_maskz_loadu_ps(m, A0 + (size_t)k * lda + i0));
+            for (int k = 0; k < kc; k++) {
+                const float *a = A0 + (size_t)k * lda + i0;
+                sg_prefetch(a, (size_t)SG_PF_ROWS * lda);
+                _mm512_storeu_ps(Ap + (size_t)k * SG_MR, _mm512_maskz_loadu_ps(m, a));
+            }
             continue;
         }
         /* op(A)(i, k) = A0[i lda + k]: 16 k of the panel's rows, transposed */
         int k0 = 0;
         for (; k0 + 16 <= kc; k0 += 16) {
             __m512 r[16];
-            for (int i = 0; i < 16; i++)
-                r[i] = i < mr ? _mm512_loadu_ps(A0 + (size_t)(i0 + i) * lda + k0)
-                              : _mm512_setzero_ps();
+            for (int i = 0; i < 16; i++) {
+                if (i >= mr) {
+                    r[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                const float *row = A0 + (size_t)(i0 + i) * lda + k0;
+                sg_prefetch(row, SG_PF);
+                r[i] = _mm512_loadu_ps(row);
+            }
             sg_transpose16(r);
             for (int k = 0; k < 16; k++) _mm512_storeu_ps(Ap + (size_t)(k0 + k) * SG_MR, r[k]);
         }
@@ -107,10 +155,11 @@ static void sg_pack_b(float *restrict Bp, const float *B0, int ldb, bool trans_b
     for (int j0 = 0; j0 < nc; j0 += SG_NR, Bp += (size_t)SG_NR * kc) {
         const int nr = nc - j0 < SG_NR ? nc - j0 : SG_NR;
         if (!trans_b) { /* op(B)(k, j) = B0[k ldb + j]: rows of a panel are contiguous */
-            const __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
-            const __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+            const __mmask16 m0 = sg_mask(nr), m1 = sg_mask(nr - 16);
             for (int k = 0; k < kc; k++) {
                 const float *b = B0 + (size_t)k * ldb + j0;
+                sg_prefetch(b, (size_t)SG_PF_ROWS * ldb);
+                sg_prefetch(b, (size_t)SG_PF_ROWS * ldb + 16);
                 _mm512_store_ps(Bp + (size_t)k * SG_NR, _mm512_maskz_loadu_ps(m0, b));
                 _mm512_store_ps(Bp + (size_t)k * SG_NR + 16, _mm512_maskz_loadu_ps(m1, b + 16));
             }
@@ -119,8 +168,11 @@ static void sg_pack_b(float *restrict Bp, const float *B0, int ldb, bool trans_b
             for (; k0 + 16 <= kc; k0 += 16)
                 for (int h = 0; h < 2; h++) {
                     __m512 r[16];
-                    for (int j = 0; j < 16; j++)
-                        r[j] = _mm512_loadu_ps(B0 + (size_t)(j0 + 16 * h + j) * ldb + k0);
+                    for (int j = 0; j < 16; j++) {
+                        const float *row = B0 + (size_t)(j0 + 16 * h + j) * ldb + k0;
+                        sg_prefetch(row, SG_PF);
+                        r[j] = _mm512_loadu_ps(row);
+                    }
                     sg_transpose16(r);
                     for (int k = 0; k < 16; k++)
                         _mm512_store_ps(Bp + (size_t)(k0 + k) * SG_NR + 16 * h, r[k]);
@@ -158,8 +210,7 @@ static void sg_tile(int kc, const float *restrict ap, const float *restrict bp, 
         }
     }
     const __m512 al = _mm512_set1_ps(alpha);
-    const __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
-    const __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+    const __mmask16 m0 = sg_mask(nr), m1 = sg_mask(nr - 16);
 #pragma GCC unroll 12
     for (int i = 0; i < SG_MR; i++) { /* unrolled: the accumulators stay in registers */
         if (i == mr) break;
@@ -176,15 +227,13 @@ static void sg_tile(int kc, const float *restrict ap, const float *restrict bp, 
 
 /* C (M x N) = alpha op(A) op(B) + beta C, K > 0; false when the packing buffers cannot
  * be had (the caller takes the BLAS instead) */
-static bool own_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+static bool sg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
                       int ldc)
 {
-    if (!sg_pack) {
-        sg_pack = aligned_alloc(64, sizeof(float) * SG_PACK_FLOATS);
-        if (!sg_pack) return false;
-    }
-    float *const Ap = sg_pack, *const Bp = sg_pack + SG_AP_FLOATS;
+    float *const Ap = sg_buffers();
+    if (!Ap) return false;
+    float *const Bp = Ap + SG_AP_FLOATS;
     if (beta != 0.0f && beta != 1.0f)
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
@@ -203,8 +252,8 @@ static bool own_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alp
                     for (int ir = 0; ir < mc; ir += SG_MR)
                         sg_tile(kc, Ap + (size_t)ir * kc, Bp + (size_t)jr * kc,
                                 C + (size_t)(i0 + ir) * ldc + j0 + jr, ldc,
-                                mc - ir < SG_MR ? mc - ir : SG_MR, nc - jr < SG_NR ? nc - jr : SG_NR,
-                                alpha, add);
+                                mc - ir < SG_MR ? mc - ir : SG_MR,
+                                nc - jr < SG_NR ? nc - jr : SG_NR, alpha, add);
             }
         }
     }
@@ -215,12 +264,13 @@ static bool own_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alp
 void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
 
 /* C = alpha op(A) op(B) + beta C, K > 0, on the calling thread */
-static void sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
-                  int lda, const float *B, int ldb, float beta, float *C, int ldc)
+static void gemm_call(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc)
 {
 #ifdef OWN_GEMM
     if (!mt_cpu_gemm_blas() &&
-        own_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        sg_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
         return;
 #endif
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -267,11 +317,11 @@ void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N
     int lo, hi;
     if (mt_cpu_gemm_range(i, parts, M, N, &lo, &hi)) { /* rows lo..hi of op(A) and C */
         const float *Ai = trans_a ? A + lo : A + (size_t)lo * lda;
-        sgemm(trans_a, trans_b, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
+        gemm_call(trans_a, trans_b, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
               C + (size_t)lo * ldc, ldc);
     } else { /* columns lo..hi of op(B) and C */
         const float *Bi = trans_b ? B + (size_t)lo * ldb : B + lo;
-        sgemm(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo, ldc);
+        gemm_call(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo, ldc);
     }
 }
 

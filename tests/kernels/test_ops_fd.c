@@ -142,7 +142,8 @@ static void test_gemm_values(void **state)
                 /* stored A: (K, M) when ta else (M, K); B: (N, K) when tb else (K, N) */
                 const int ar = ta ? Kd : M, ac = ta ? M : Kd, br = tb ? N : Kd, bc = tb ? Kd : N;
                 const int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
-                float *A = fnew((size_t)ar * lda, 1, 40 + sh), *B = fnew((size_t)br * ldb, 1, 50 + sh);
+                float *A = fnew((size_t)ar * lda, 1, 40 + sh);
+                float *B = fnew((size_t)br * ldb, 1, 50 + sh);
                 float *C0 = fnew((size_t)M * ldc, 1, 60 + sh);
                 for (int i = 0; i < ar; i++)
                     for (int j = ac; j < lda; j++) A[(size_t)i * lda + j] = NAN;
@@ -171,13 +172,14 @@ static void test_gemm_values(void **state)
                         }
                         const double c0 = beta == 0.0f ? 0.0 : C0[(size_t)i * ldc + j];
                         ref = alpha * ref + beta * c0;
-                        const double bound = 2.0 * Kd * 6e-8 * fabs(alpha) * mag + 6e-8 * fabs(beta * c0) + 1e-30;
+                        const double bound = 2.0 * Kd * 6e-8 * fabs(alpha) * mag +
+                                             6e-8 * fabs(beta * c0) + 1e-30;
                         const double e = fabs(C[0][(size_t)i * ldc + j] - ref) / bound;
                         if (!(e <= worst)) worst = e; /* NaN included */
                     }
                 if (!(worst <= 1.0))
-                    printf("# gemm M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g: error %.2f of the bound\n",
-                           M, N, Kd, ta, tb, alpha, beta, worst);
+                    printf("# gemm M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g: error %.2f of "
+                           "the bound\n", M, N, Kd, ta, tb, alpha, beta, worst);
                 assert_true(worst <= 1.0);
                 for (int i = 0; i < M; i++) /* C's padding as it was */
                     assert_true(memcmp(C[0] + (size_t)i * ldc + N, C0 + (size_t)i * ldc + N,
