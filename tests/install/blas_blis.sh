@@ -3,7 +3,8 @@
 # of moetrain against BLIS, whose --version names BLIS and the kernels it picked, trains
 # the tiny model to the losses the OpenBLAS build of this tree gives (the same model and
 # data; only the GEMMs' summation order differs, so within 1e-3 relative, far below the
-# loss's fall over the run). Skipped when BLIS is not installed (Debian: libblis-dev,
+# loss's fall over the run). Both run with MOETRAIN_CPU_GEMM=blas, so that every GEMM
+# goes through the BLAS also where moetrain's own kernel would take them (x86-64-v4). Skipped when BLIS is not installed (Debian: libblis-dev,
 # which scripts/install-deps.sh installs).
 . "$MT_TOP_SRCDIR/tests/runtime/common.sh"
 cd "$tmp" || exit 1
@@ -27,7 +28,8 @@ ldd ./moetrain | grep -q 'libblis' || { ldd ./moetrain; fail "moetrain is not li
 ldd ./moetrain | grep -q 'libopenblas' && { ldd ./moetrain; fail "moetrain still links OpenBLAS"; }
 
 losses() { # losses MOETRAIN: the lm loss of each of 8 iterations of tiny_moe
-    MOETRAIN_DATADIR=$MT_TOP_BUILDDIR OMP_NUM_THREADS=2 "$1" "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" \
+    MOETRAIN_CPU_GEMM=blas MOETRAIN_DATADIR=$MT_TOP_BUILDDIR OMP_NUM_THREADS=2 "$1" \
+        "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" \
         training%train_iters=8 optimizer%lr_warmup_iters=2 logging%log_interval=1 training%eval_interval=100 \
         > run.log 2>&1 || { tail -5 run.log; fail "$1: training failed"; }
     sed -n 's/^ iteration .*| lm loss: \([^ ]*\) .*/\1/p' run.log
