@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/cpu_blas.h"
@@ -70,17 +71,33 @@ static float *sg_buffers(void)
     return p;
 }
 
-/* a prefetch of the line `floats` past p, which may lie past the operand's end (a
- * prefetch does not fault; the address is an integer's, not a pointer's) */
-static inline void sg_prefetch(const float *p, size_t floats)
+/* a prefetch of the line holding element i of x, which may lie past the operand's end
+ * (a prefetch does not fault; the address is an integer's, not a pointer's) */
+static inline void sg_prefetch(struct mt_cpu_opnd x, size_t i)
 {
-    _mm_prefetch((const char *)((uintptr_t)p + sizeof(float) * floats), _MM_HINT_T0);
+    _mm_prefetch((const char *)((uintptr_t)x.p + (x.bf16 ? 2 : 4) * i), _MM_HINT_T0);
 }
 
 /* the first n (clamped to 0..16) of 16 lanes */
 static inline __mmask16 sg_mask(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
+}
+
+/* elements i.. of x in the lanes m (16: all), the others zero, as fp32 */
+static inline __m512 sg_load(struct mt_cpu_opnd x, size_t i, __mmask16 m)
+{
+    if (!x.bf16) return _mm512_maskz_loadu_ps(m, (const float *)x.p + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)x.p + i);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline float sg_at(struct mt_cpu_opnd x, size_t i)
+{
+    float f;
+    if (!x.bf16) return ((const float *)x.p)[i];
+    mt_cpu_widen(&f, (const uint16_t *)x.p + i, 1);
+    return f;
 }
 
 /* r[0..15] (16 rows of 16) transposed in place */
@@ -110,23 +127,25 @@ static inline __attribute__((always_inline)) void sg_transpose16(__m512 r[16])
     }
 }
 
-/* Ap: op(A) rows [0, mc) x k [0, kc) from A0 (op(A)'s element (0, 0)), as panels of
- * SG_MR rows, each kc x SG_MR (a k's SG_MR values together), rows past mc zero. Ap has
- * room for 16 floats past its end (a k's 12 values are stored as a vector of 16). */
-static void sg_pack_a(float *restrict Ap, const float *A0, int lda, bool trans_a, int mc, int kc)
+/* Ap: op(A) rows [0, mc) x k [0, kc) from element a0 of A (op(A)'s element (0, 0)), as
+ * panels of SG_MR rows, each kc x SG_MR (a k's SG_MR values together), rows past mc
+ * zero. Ap has room for 16 floats past its end (a k's 12 values are stored as a vector
+ * of 16). */
+static void sg_pack_a(float *restrict Ap, struct mt_cpu_opnd A, size_t a0, int lda, bool trans_a,
+                      int mc, int kc)
 {
     for (int i0 = 0; i0 < mc; i0 += SG_MR, Ap += (size_t)SG_MR * kc) {
         const int mr = mc - i0 < SG_MR ? mc - i0 : SG_MR;
         const __mmask16 m = sg_mask(mr);
-        if (trans_a) { /* op(A)(i, k) = A0[k lda + i]: a k's rows are contiguous */
+        if (trans_a) { /* op(A)(i, k) = A[a0 + k lda + i]: a k's rows are contiguous */
             for (int k = 0; k < kc; k++) {
-                const float *a = A0 + (size_t)k * lda + i0;
-                sg_prefetch(a, (size_t)SG_PF_ROWS * lda);
-                _mm512_storeu_ps(Ap + (size_t)k * SG_MR, _mm512_maskz_loadu_ps(m, a));
+                const size_t at = a0 + (size_t)k * lda + i0;
+                sg_prefetch(A, at + (size_t)SG_PF_ROWS * lda);
+                _mm512_storeu_ps(Ap + (size_t)k * SG_MR, sg_load(A, at, m));
             }
             continue;
         }
-        /* op(A)(i, k) = A0[i lda + k]: 16 k of the panel's rows, transposed */
+        /* op(A)(i, k) = A[a0 + i lda + k]: 16 k of the panel's rows, transposed */
         int k0 = 0;
         for (; k0 + 16 <= kc; k0 += 16) {
             __m512 r[16];
@@ -135,43 +154,45 @@ static void sg_pack_a(float *restrict Ap, const float *A0, int lda, bool trans_a
                     r[i] = _mm512_setzero_ps();
                     continue;
                 }
-                const float *row = A0 + (size_t)(i0 + i) * lda + k0;
-                sg_prefetch(row, SG_PF);
-                r[i] = _mm512_loadu_ps(row);
+                const size_t at = a0 + (size_t)(i0 + i) * lda + k0;
+                sg_prefetch(A, at + SG_PF);
+                r[i] = sg_load(A, at, 0xffff);
             }
             sg_transpose16(r);
             for (int k = 0; k < 16; k++) _mm512_storeu_ps(Ap + (size_t)(k0 + k) * SG_MR, r[k]);
         }
         for (; k0 < kc; k0++)
             for (int r = 0; r < SG_MR; r++)
-                Ap[(size_t)k0 * SG_MR + r] = r < mr ? A0[(size_t)(i0 + r) * lda + k0] : 0.0f;
+                Ap[(size_t)k0 * SG_MR + r] =
+                    r < mr ? sg_at(A, a0 + (size_t)(i0 + r) * lda + k0) : 0.0f;
     }
 }
 
-/* Bp: op(B) k [0, kc) x columns [0, nc) from B0 (op(B)'s element (0, 0)), as panels of
- * SG_NR columns, each kc x SG_NR, columns past nc zero. */
-static void sg_pack_b(float *restrict Bp, const float *B0, int ldb, bool trans_b, int nc, int kc)
+/* Bp: op(B) k [0, kc) x columns [0, nc) from element b0 of B (op(B)'s element (0, 0)),
+ * as panels of SG_NR columns, each kc x SG_NR, columns past nc zero. */
+static void sg_pack_b(float *restrict Bp, struct mt_cpu_opnd B, size_t b0, int ldb, bool trans_b,
+                      int nc, int kc)
 {
     for (int j0 = 0; j0 < nc; j0 += SG_NR, Bp += (size_t)SG_NR * kc) {
         const int nr = nc - j0 < SG_NR ? nc - j0 : SG_NR;
-        if (!trans_b) { /* op(B)(k, j) = B0[k ldb + j]: rows of a panel are contiguous */
+        if (!trans_b) { /* op(B)(k, j) = B[b0 + k ldb + j]: rows of a panel are contiguous */
             const __mmask16 m0 = sg_mask(nr), m1 = sg_mask(nr - 16);
             for (int k = 0; k < kc; k++) {
-                const float *b = B0 + (size_t)k * ldb + j0;
-                sg_prefetch(b, (size_t)SG_PF_ROWS * ldb);
-                sg_prefetch(b, (size_t)SG_PF_ROWS * ldb + 16);
-                _mm512_store_ps(Bp + (size_t)k * SG_NR, _mm512_maskz_loadu_ps(m0, b));
-                _mm512_store_ps(Bp + (size_t)k * SG_NR + 16, _mm512_maskz_loadu_ps(m1, b + 16));
+                const size_t at = b0 + (size_t)k * ldb + j0;
+                sg_prefetch(B, at + (size_t)SG_PF_ROWS * ldb);
+                sg_prefetch(B, at + (size_t)SG_PF_ROWS * ldb + 16);
+                _mm512_store_ps(Bp + (size_t)k * SG_NR, sg_load(B, at, m0));
+                _mm512_store_ps(Bp + (size_t)k * SG_NR + 16, sg_load(B, at + 16, m1));
             }
-        } else if (nr == SG_NR) { /* op(B)(k, j) = B0[j ldb + k]: 16 x 16 transposes */
+        } else if (nr == SG_NR) { /* op(B)(k, j) = B[b0 + j ldb + k]: 16 x 16 transposes */
             int k0 = 0;
             for (; k0 + 16 <= kc; k0 += 16)
                 for (int h = 0; h < 2; h++) {
                     __m512 r[16];
                     for (int j = 0; j < 16; j++) {
-                        const float *row = B0 + (size_t)(j0 + 16 * h + j) * ldb + k0;
-                        sg_prefetch(row, SG_PF);
-                        r[j] = _mm512_loadu_ps(row);
+                        const size_t at = b0 + (size_t)(j0 + 16 * h + j) * ldb + k0;
+                        sg_prefetch(B, at + SG_PF);
+                        r[j] = sg_load(B, at, 0xffff);
                     }
                     sg_transpose16(r);
                     for (int k = 0; k < 16; k++)
@@ -179,11 +200,12 @@ static void sg_pack_b(float *restrict Bp, const float *B0, int ldb, bool trans_b
                 }
             for (; k0 < kc; k0++)
                 for (int j = 0; j < SG_NR; j++)
-                    Bp[(size_t)k0 * SG_NR + j] = B0[(size_t)(j0 + j) * ldb + k0];
+                    Bp[(size_t)k0 * SG_NR + j] = sg_at(B, b0 + (size_t)(j0 + j) * ldb + k0);
         } else {
             for (int k = 0; k < kc; k++)
                 for (int j = 0; j < SG_NR; j++)
-                    Bp[(size_t)k * SG_NR + j] = j < nr ? B0[(size_t)(j0 + j) * ldb + k] : 0.0f;
+                    Bp[(size_t)k * SG_NR + j] =
+                        j < nr ? sg_at(B, b0 + (size_t)(j0 + j) * ldb + k) : 0.0f;
         }
     }
 }
@@ -228,8 +250,8 @@ static void sg_tile(int kc, const float *restrict ap, const float *restrict bp, 
 /* C (M x N) = alpha op(A) op(B) + beta C, K > 0; false when the packing buffers cannot
  * be had (the caller takes the BLAS instead) */
 static bool sg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc)
+                    struct mt_cpu_opnd A, size_t a0, int lda, struct mt_cpu_opnd B, size_t b0,
+                    int ldb, float beta, float *C, int ldc)
 {
     float *const Ap = sg_buffers();
     if (!Ap) return false;
@@ -242,11 +264,11 @@ static bool sg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha
         for (int k0 = 0; k0 < K; k0 += SG_KC) {
             const int kc = K - k0 < SG_KC ? K - k0 : SG_KC;
             const bool add = k0 > 0 || beta != 0.0f;
-            sg_pack_b(Bp, trans_b ? B + (size_t)j0 * ldb + k0 : B + (size_t)k0 * ldb + j0, ldb,
+            sg_pack_b(Bp, B, b0 + (trans_b ? (size_t)j0 * ldb + k0 : (size_t)k0 * ldb + j0), ldb,
                       trans_b, nc, kc);
             for (int i0 = 0; i0 < M; i0 += SG_MC) {
                 const int mc = M - i0 < SG_MC ? M - i0 : SG_MC;
-                sg_pack_a(Ap, trans_a ? A + (size_t)k0 * lda + i0 : A + (size_t)i0 * lda + k0,
+                sg_pack_a(Ap, A, a0 + (trans_a ? (size_t)k0 * lda + i0 : (size_t)i0 * lda + k0),
                           lda, trans_a, mc, kc);
                 for (int jr = 0; jr < nc; jr += SG_NR)
                     for (int ir = 0; ir < mc; ir += SG_MR)
@@ -263,18 +285,33 @@ static bool sg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha
 
 void mt_cpu_blas_init(void) { mt_cpu_blas_single_thread(); }
 
-/* C = alpha op(A) op(B) + beta C, K > 0, on the calling thread */
+bool mt_cpu_gemm_bf16(void)
+{
+#ifdef OWN_GEMM
+    return !mt_cpu_gemm_blas();
+#else
+    return false;
+#endif
+}
+
+/* C = alpha op(A) op(B) + beta C, K > 0, on the calling thread; op(A)'s element (0, 0)
+ * is A's element a0, op(B)'s B's b0 */
 static void gemm_call(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc)
+                      struct mt_cpu_opnd A, size_t a0, int lda, struct mt_cpu_opnd B, size_t b0,
+                      int ldb, float beta, float *C, int ldc)
 {
 #ifdef OWN_GEMM
     if (!mt_cpu_gemm_blas() &&
-        sg_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+        sg_gemm(trans_a, trans_b, M, N, K, alpha, A, a0, lda, B, b0, ldb, beta, C, ldc))
         return;
 #endif
+    if (A.bf16 || B.bf16) { /* the caller asked mt_cpu_gemm_bf16: the buffers were not had */
+        fprintf(stderr, "moetrain: out of memory for the CPU GEMM's packing buffers\n");
+        abort();
+    }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, (const float *)A.p + a0,
+                lda, (const float *)B.p + b0, ldb, beta, C, ldc);
 }
 
 /* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included; beta = 1
@@ -306,8 +343,8 @@ bool mt_cpu_gemm_range(int i, int parts, int M, int N, int *lo, int *hi)
 }
 
 void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N, int K,
-                      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                      float *C, int ldc)
+                      float alpha, struct mt_cpu_opnd A, int lda, struct mt_cpu_opnd B, int ldb,
+                      float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -316,13 +353,22 @@ void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N
     }
     int lo, hi;
     if (mt_cpu_gemm_range(i, parts, M, N, &lo, &hi)) { /* rows lo..hi of op(A) and C */
-        const float *Ai = trans_a ? A + lo : A + (size_t)lo * lda;
-        gemm_call(trans_a, trans_b, hi - lo, N, K, alpha, Ai, lda, B, ldb, beta,
-              C + (size_t)lo * ldc, ldc);
+        gemm_call(trans_a, trans_b, hi - lo, N, K, alpha, A,
+                  trans_a ? (size_t)lo : (size_t)lo * lda, lda, B, 0, ldb, beta,
+                  C + (size_t)lo * ldc, ldc);
     } else { /* columns lo..hi of op(B) and C */
-        const float *Bi = trans_b ? B + (size_t)lo * ldb : B + lo;
-        gemm_call(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bi, ldb, beta, C + lo, ldc);
+        gemm_call(trans_a, trans_b, M, hi - lo, K, alpha, A, 0, lda, B,
+                  trans_b ? (size_t)lo * ldb : (size_t)lo, ldb, beta, C + lo, ldc);
     }
+}
+
+static struct mt_cpu_opnd f32(const float *p) { return (struct mt_cpu_opnd){p, false}; }
+
+/* x from its element i on */
+static struct mt_cpu_opnd opnd_at(struct mt_cpu_opnd x, size_t i)
+{
+    x.p = (const char *)x.p + (x.bf16 ? 2 : 4) * i;
+    return x;
 }
 
 void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -331,30 +377,32 @@ void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, flo
     (void)ctx;
     const int parts = omp_in_parallel() ? 1 : mt_cpu_gemm_parts(M, N, K, omp_get_max_threads());
     if (parts == 1) {
-        mt_cpu_gemm_part(0, 1, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        mt_cpu_gemm_part(0, 1, trans_a, trans_b, M, N, K, alpha, f32(A), lda, f32(B), ldb, beta,
+                         C, ldc);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(parts)
     for (int i = 0; i < parts; i++)
-        mt_cpu_gemm_part(i, parts, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                         ldc);
+        mt_cpu_gemm_part(i, parts, trans_a, trans_b, M, N, K, alpha, f32(A), lda, f32(B), ldb,
+                         beta, C, ldc);
 }
 
 /* Rows [lo, hi) of group g's C: its token rows (C (m,N) = A_g op(B_g)), or for a
  * weight gradient (trans_a) rows of C_g (M,N) = A_g^T B_g, the group's token rows the
  * reduction, whole in every call. */
 static void group_rows(bool trans_a, bool trans_b, const int32_t *offsets, int g, int lo,
-                       int hi, int M, int N, int K, float alpha, const float *A, const float *B,
-                       float beta, float *C)
+                       int hi, int M, int N, int K, float alpha, struct mt_cpu_opnd A,
+                       struct mt_cpu_opnd B, float beta, float *C)
 {
     const int r0 = offsets[g], m = offsets[g + 1] - offsets[g];
     if (!trans_a) {
-        mt_cpu_gemm_part(0, 1, false, trans_b, hi - lo, N, K, alpha, A + (size_t)(r0 + lo) * K,
-                         K, B + (size_t)g * N * K, trans_b ? K : N, beta,
-                         C + (size_t)(r0 + lo) * N, N);
+        mt_cpu_gemm_part(0, 1, false, trans_b, hi - lo, N, K, alpha,
+                         opnd_at(A, (size_t)(r0 + lo) * K), K, opnd_at(B, (size_t)g * N * K),
+                         trans_b ? K : N, beta, C + (size_t)(r0 + lo) * N, N);
     } else {
-        mt_cpu_gemm_part(0, 1, true, false, hi - lo, N, m, alpha, A + (size_t)r0 * M + lo, M,
-                         B + (size_t)r0 * N, N, beta, C + ((size_t)g * M + lo) * N, N);
+        mt_cpu_gemm_part(0, 1, true, false, hi - lo, N, m, alpha,
+                         opnd_at(A, (size_t)r0 * M + lo), M, opnd_at(B, (size_t)r0 * N), N,
+                         beta, C + ((size_t)g * M + lo) * N, N);
     }
 }
 
@@ -383,7 +431,7 @@ static int group_cut(long long at, long long start, long long cost, int rows)
 
 void mt_cpu_grouped_gemm_thread(int id, int team, bool trans_a, bool trans_b, int num_groups,
                                 const int32_t *offsets, int M, int N, int K, float alpha,
-                                const float *A, const float *B, float beta, float *C)
+                                struct mt_cpu_opnd A, struct mt_cpu_opnd B, float beta, float *C)
 {
     if (N <= 0 || (trans_a ? M <= 0 : K < 0)) return;
     const long long row_cost = K > 0 ? K : 1;
@@ -414,11 +462,11 @@ void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
     const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (threads == 1) {
         mt_cpu_grouped_gemm_thread(0, 1, trans_a, trans_b, num_groups, offsets, M, N, K, alpha,
-                                   A, B, beta, C);
+                                   f32(A), f32(B), beta, C);
         return;
     }
     /* one region for all groups: they write disjoint slices of C */
 #pragma omp parallel num_threads(threads)
     mt_cpu_grouped_gemm_thread(omp_get_thread_num(), omp_get_num_threads(), trans_a, trans_b,
-                               num_groups, offsets, M, N, K, alpha, A, B, beta, C);
+                               num_groups, offsets, M, N, K, alpha, f32(A), f32(B), beta, C);
 }

@@ -16,6 +16,7 @@
 #define mt_cpu_blas_init MT_CPU_ISA_NAME(mt_cpu_blas_init)
 #define mt_cpu_gemm MT_CPU_ISA_NAME(mt_cpu_gemm)
 #define mt_cpu_gemm_part MT_CPU_ISA_NAME(mt_cpu_gemm_part)
+#define mt_cpu_gemm_bf16 MT_CPU_ISA_NAME(mt_cpu_gemm_bf16)
 #define mt_cpu_gemm_parts MT_CPU_ISA_NAME(mt_cpu_gemm_parts)
 #define mt_cpu_gemm_range MT_CPU_ISA_NAME(mt_cpu_gemm_range)
 #define mt_cpu_grouped_gemm MT_CPU_ISA_NAME(mt_cpu_grouped_gemm)

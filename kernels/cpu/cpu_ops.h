@@ -162,6 +162,14 @@ void mt_cpu_gemm(void *ctx, bool trans_a, bool trans_b, int M, int N, int K, flo
 void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
                          const int32_t *offsets, int M, int N, int K, float alpha,
                          const float *A, const float *B, float beta, float *C);
+/* An operand of mt_cpu_gemm_part and mt_cpu_grouped_gemm_thread: fp32, or bf16 when
+ * mt_cpu_gemm_bf16() (moetrain's GEMM kernel widens it, exactly, as it packs it; the
+ * BLAS takes fp32 only). */
+struct mt_cpu_opnd {
+    const void *p;
+    bool bf16;
+};
+bool mt_cpu_gemm_bf16(void);
 /* How mt_cpu_gemm splits C (M,N) over `threads` threads: in parts (1: one call), part i
  * covering rows [*lo, *hi) of C when mt_cpu_gemm_range returns true, else those columns;
  * mt_cpu_gemm_part runs part i. A caller with its own region (cpu_typed.c, converting
@@ -169,13 +177,13 @@ void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
 int mt_cpu_gemm_parts(int M, int N, int K, int threads);
 bool mt_cpu_gemm_range(int i, int parts, int M, int N, int *lo, int *hi);
 void mt_cpu_gemm_part(int i, int parts, bool trans_a, bool trans_b, int M, int N, int K,
-                      float alpha, const float *A, int lda, const float *B, int ldb, float beta,
-                      float *C, int ldc);
+                      float alpha, struct mt_cpu_opnd A, int lda, struct mt_cpu_opnd B, int ldb,
+                      float beta, float *C, int ldc);
 /* Thread id's share (of a team of `team`) of mt_cpu_grouped_gemm: an equal part of
  * the work (cpu_dense.c); no barrier inside (the shares write disjoint slices of C). */
 void mt_cpu_grouped_gemm_thread(int id, int team, bool trans_a, bool trans_b, int num_groups,
                                 const int32_t *offsets, int M, int N, int K, float alpha,
-                                const float *A, const float *B, float beta, float *C);
+                                struct mt_cpu_opnd A, struct mt_cpu_opnd B, float beta, float *C);
 
 /* cpu_layers.c */
 void mt_cpu_t_embedding_fwd(void *ctx, struct mt_tensor out, const int32_t *tokens,

@@ -203,26 +203,35 @@ void mt_cpu_t_convert(void *ctx, struct mt_tensor dst, struct mt_tensor src)
 
 /* ---- GEMMs ---------------------------------------------------------------------- */
 
-/* A typed GEMM's operands as fp32: a bf16 A or B widened into scratch (dense), a bf16 C
- * computed into scratch (dense) and rounded into C. The widening and the rounding run in
- * the GEMM's own parallel region, each thread its share, so that a bf16 operand adds
- * neither a region nor a serial pass. */
+/* A typed GEMM's operands: a bf16 A or B as it is where moetrain's GEMM kernel runs
+ * (mt_cpu_gemm_bf16: it widens them as it packs them), else widened into scratch (dense);
+ * a bf16 C computed into scratch (dense) and rounded into C. The widening and the
+ * rounding run in the GEMM's own parallel region, each thread its share, so that a bf16
+ * operand adds neither a region nor a serial pass. */
 struct gemm_io {
     const char *op;
     struct mt_tensor A, B, C;
-    const float *a, *b;
+    struct mt_cpu_opnd a, b;
     float *c;
     int64_t lda, ldb, ldc;
-    float *ta, *tb, *tc; /* scratch, NULL for an fp32 tensor */
+    float *ta, *tb, *tc; /* scratch, NULL for a tensor used as it is */
 };
 
-static float *io_scratch(const char *op, struct mt_tensor t, int64_t *ld)
+/* t's scratch (NULL: none), its leading dimension in *ld; an operand (A, B: `operand`)
+ * in bf16 takes none where the GEMM kernel reads bf16 */
+static float *io_scratch(const char *op, struct mt_tensor t, bool operand, int64_t *ld)
 {
     check_dtype(op, t);
     *ld = t.ld;
-    if (t.dtype == MT_F32) return NULL;
+    if (t.dtype == MT_F32 || (operand && mt_cpu_gemm_bf16())) return NULL;
     *ld = t.cols;
     return take(op, rows_of(t) * cols_of(t));
+}
+
+static struct mt_cpu_opnd io_opnd(const float *scratch, struct mt_tensor t)
+{
+    if (scratch) return (struct mt_cpu_opnd){scratch, false};
+    return (struct mt_cpu_opnd){t.data, t.dtype != MT_F32};
 }
 
 static struct gemm_io io_take(const char *op, struct mt_tensor A, struct mt_tensor B,
@@ -234,11 +243,11 @@ static struct gemm_io io_take(const char *op, struct mt_tensor A, struct mt_tens
         mt_cpu_check_dense(op, C);
     }
     struct gemm_io io = {.op = op, .A = A, .B = B, .C = C};
-    io.ta = io_scratch(op, A, &io.lda);
-    io.tb = io_scratch(op, B, &io.ldb);
-    io.tc = io_scratch(op, C, &io.ldc);
-    io.a = io.ta ? io.ta : A.data;
-    io.b = io.tb ? io.tb : B.data;
+    io.ta = io_scratch(op, A, true, &io.lda);
+    io.tb = io_scratch(op, B, true, &io.ldb);
+    io.tc = io_scratch(op, C, false, &io.ldc);
+    io.a = io_opnd(io.ta, A);
+    io.b = io_opnd(io.tb, B);
     io.c = io.tc ? io.tc : C.data;
     return io;
 }
@@ -341,9 +350,9 @@ void mt_cpu_t_gemm(void *ctx, bool ta, bool tb, int M, int N, int K, float alpha
 {
     if (C.dtype == MT_BF16 && beta != 0.0f) fail("gemm", "a bf16 C takes beta = 0");
     const struct gemm_io io = io_take("gemm", A, B, C, false);
-    if (!io.ta && !io.tb && !io.tc) {
-        mt_cpu_gemm(ctx, ta, tb, M, N, K, alpha, io.a, (int)io.lda, io.b, (int)io.ldb, beta,
-                    io.c, (int)io.ldc);
+    if (!io.a.bf16 && !io.b.bf16 && !io.ta && !io.tb && !io.tc) { /* all fp32 */
+        mt_cpu_gemm(ctx, ta, tb, M, N, K, alpha, io.a.p, (int)io.lda, io.b.p, (int)io.ldb,
+                    beta, io.c, (int)io.ldc);
         return;
     }
     const int parts = omp_in_parallel() ? 1 : mt_cpu_gemm_parts(M, N, K, omp_get_max_threads());
@@ -357,8 +366,8 @@ void mt_cpu_t_grouped_gemm(void *ctx, bool ta, bool tb, int G, const int32_t *of
 {
     if (C.dtype == MT_BF16 && beta != 0.0f) fail("grouped_gemm", "a bf16 C takes beta = 0");
     const struct gemm_io io = io_take("grouped_gemm", A, B, C, true);
-    if (!io.ta && !io.tb && !io.tc) {
-        mt_cpu_grouped_gemm(ctx, ta, tb, G, offsets, M, N, K, alpha, io.a, io.b, beta, io.c);
+    if (!io.a.bf16 && !io.b.bf16 && !io.ta && !io.tb && !io.tc) { /* all fp32 */
+        mt_cpu_grouped_gemm(ctx, ta, tb, G, offsets, M, N, K, alpha, io.a.p, io.b.p, beta, io.c);
         return;
     }
     if (G <= 0) { /* no group: C is not written */

@@ -198,6 +198,75 @@ static void test_gemm_values(void **state)
             }
 }
 
+/* n values of x made bf16 (their top 16 bits) into h, and the same values into x */
+static void to_bf16(uint16_t *h, float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        h[i] = (uint16_t)(u >> 16);
+        u = (uint32_t)h[i] << 16;
+        memcpy(&x[i], &u, sizeof u);
+    }
+}
+
+/* bf16 operands give the bits their fp32 values give (bf16 widens exactly, whether the
+ * GEMM kernel reads bf16 as it packs or the operands are widened first): gemm with A, B
+ * or both bf16, strided (ld past the columns), both transposes, and grouped_gemm with a
+ * bf16 weight (forward) and bf16 activations (weight gradient). */
+static void test_gemm_bf16_operands(void **state)
+{
+    (void)state;
+    static const int shapes[][3] = {{13, 33, 17}, {25, 70, 257}, {200, 65, 513}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int mode = 0; mode < 4; mode++)
+            for (int which = 1; which < 4; which++) { /* 1: A bf16, 2: B, 3: both */
+                const int M = shapes[sh][0], N = shapes[sh][1], Kd = shapes[sh][2];
+                const bool ta = mode & 1, tb = mode & 2;
+                const int ar = ta ? Kd : M, ac = ta ? M : Kd, br = tb ? N : Kd, bc = tb ? Kd : N;
+                const int lda = ac + 5, ldb = bc + 3;
+                float *A = fnew((size_t)ar * lda, 1, 70 + sh);
+                float *B = fnew((size_t)br * ldb, 1, 80 + sh);
+                uint16_t *Ah = calloc((size_t)ar * lda, 2), *Bh = calloc((size_t)br * ldb, 2);
+                assert_non_null(Ah);
+                assert_non_null(Bh);
+                to_bf16(Ah, A, (size_t)ar * lda);
+                to_bf16(Bh, B, (size_t)br * ldb);
+                float *C32 = fnew((size_t)M * N, 0, 0), *C16 = fnew((size_t)M * N, 0, 0);
+                O.gemm(K->ctx, ta, tb, M, N, Kd, 0.5f, TL(A, ar, ac, lda), TL(B, br, bc, ldb), 0.0f,
+                       T(C32, M, N));
+                const struct mt_tensor a16 = mt_tview_ld(Ah, MT_BF16, ar, ac, lda);
+                const struct mt_tensor b16 = mt_tview_ld(Bh, MT_BF16, br, bc, ldb);
+                O.gemm(K->ctx, ta, tb, M, N, Kd, 0.5f, which & 1 ? a16 : TL(A, ar, ac, lda),
+                       which & 2 ? b16 : TL(B, br, bc, ldb), 0.0f, T(C16, M, N));
+                assert_true(memcmp(C32, C16, sizeof(float) * (size_t)M * N) == 0);
+                free(A), free(B), free(Ah), free(Bh), free(C32), free(C16);
+            }
+    enum { G = 5, GN = 48, GK = 300 };
+    const int32_t off[G + 1] = {0, 70, 70, 150, 301, 320};
+    const int rows = off[G];
+    float *X = fnew((size_t)rows * GK, 1, 90), *W = fnew((size_t)G * GN * GK, 1, 91);
+    uint16_t *Xh = calloc((size_t)rows * GK, 2), *Wh = calloc((size_t)G * GN * GK, 2);
+    assert_non_null(Xh);
+    assert_non_null(Wh);
+    to_bf16(Xh, X, (size_t)rows * GK);
+    to_bf16(Wh, W, (size_t)G * GN * GK);
+    float *Y32 = fnew((size_t)rows * GN, 0, 0), *Y16 = fnew((size_t)rows * GN, 0, 0);
+    O.grouped_gemm(K->ctx, false, true, G, off, 0, GN, GK, 1.0f, T(X, rows, GK),
+                   T(W, (int64_t)G * GN, GK), 0.0f, T(Y32, rows, GN));
+    O.grouped_gemm(K->ctx, false, true, G, off, 0, GN, GK, 1.0f, T(X, rows, GK),
+                   mt_tview(Wh, MT_BF16, (int64_t)G * GN, GK), 0.0f, T(Y16, rows, GN));
+    assert_true(memcmp(Y32, Y16, sizeof(float) * (size_t)rows * GN) == 0);
+    float *D32 = fnew((size_t)G * GN * GK, 1, 92), *D16 = fnew((size_t)G * GN * GK, 0, 0);
+    memcpy(D16, D32, sizeof(float) * (size_t)G * GN * GK);
+    O.grouped_gemm(K->ctx, true, false, G, off, GN, GK, 0, 1.0f, T(Y32, rows, GN), T(X, rows, GK),
+                   1.0f, T(D32, (int64_t)G * GN, GK));
+    O.grouped_gemm(K->ctx, true, false, G, off, GN, GK, 0, 1.0f, T(Y32, rows, GN),
+                   mt_tview(Xh, MT_BF16, rows, GK), 1.0f, T(D16, (int64_t)G * GN, GK));
+    assert_true(memcmp(D32, D16, sizeof(float) * (size_t)G * GN * GK) == 0);
+    free(X), free(W), free(Xh), free(Wh), free(Y32), free(Y16), free(D32), free(D16);
+}
+
 /* ---------------------------------------------------------- grouped gemm */
 struct gg_st {
     int G, N, K, rows;
@@ -1047,6 +1116,7 @@ int main(void)
         cmocka_unit_test(test_table_complete),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_gemm_values),
+        cmocka_unit_test(test_gemm_bf16_operands),
         cmocka_unit_test(test_grouped_gemm),
         cmocka_unit_test(test_grouped_gemm_threads),
         cmocka_unit_test(test_embedding),
