@@ -801,18 +801,21 @@ const struct mt_kernels *mt_kernels_cpu(void);
  * environment's MOETRAIN_CPU_ISA names one. Every level gives the same results up to
  * rounding (a sum's order follows the vector width). moetrain's own kernels give the
  * same bits for any thread count; the BLAS need not, so where it computes the GEMMs
- * (below x86-64-v4, or with MOETRAIN_CPU_GEMM=blas) the last bits can follow it. mt_cpu_isa_check returns MT_EINVAL when MOETRAIN_CPU_ISA names no
- * level, MT_EUNSUPPORTED when this build or this CPU lacks the one it names, with the
- * message; the CLI calls it first, as mt_kernels_cpu stops the process on such a value.
+ * (below x86-64-v4, or with MOETRAIN_CPU_GEMM=blas) the last bits can follow it.
+ * mt_cpu_isa_check returns MT_EINVAL when MOETRAIN_CPU_ISA (or MOETRAIN_CPU_GEMM, below)
+ * names no choice, MT_EUNSUPPORTED when this build or this CPU lacks the level it
+ * names, with the message; the CLI calls it first, as mt_kernels_cpu stops the process
+ * on such a value.
  * mt_cpu_isa_built: the levels built, e.g. "baseline x86-64-v3 x86-64-v4". */
 const char *mt_cpu_isa(void);
 int mt_cpu_isa_check(struct mt_err *err);
 const char *mt_cpu_isa_built(void);
-/* The CPU GEMMs (gemm, grouped_gemm; attention's tiles take the BLAS on every level):
- * moetrain's own AVX-512 kernel on x86-64-v4, the BLAS below it, or the BLAS on every
- * level when the environment has MOETRAIN_CPU_GEMM=blas (mt_cpu_isa_check refuses a
- * value other than auto or blas). mt_cpu_gemm_kernel: "moetrain AVX-512" or "BLAS", as
- * the running level computes them. */
+/* The CPU GEMMs (gemm, grouped_gemm; attention's tile products are its own and the
+ * BLAS's): moetrain's own AVX-512 kernel on a level built for AVX-512 (x86-64-v4), the
+ * BLAS on the others, or the BLAS on every level when the environment has
+ * MOETRAIN_CPU_GEMM=blas (auto, empty or unset: the default; mt_cpu_isa_check refuses
+ * any other value). mt_cpu_gemm_blas: whether MOETRAIN_CPU_GEMM=blas;
+ * mt_cpu_gemm_kernel: "moetrain AVX-512" or "BLAS", as the running level computes them. */
 bool mt_cpu_gemm_blas(void);
 const char *mt_cpu_gemm_kernel(void);
 

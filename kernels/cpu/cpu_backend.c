@@ -147,6 +147,8 @@ static struct mt_kernels cpu_kernels = {
 
 void mt_cpu_fill_ops_v3(struct mt_kernel_ops *o);
 void mt_cpu_fill_ops_v4(struct mt_kernel_ops *o);
+bool mt_cpu_gemm_bf16_v3(void);
+bool mt_cpu_gemm_bf16_v4(void);
 
 enum { ISA_BASELINE, ISA_V3, ISA_V4, ISA_COUNT };
 static const char *const isa_names[ISA_COUNT] = {"baseline", "x86-64-v3", "x86-64-v4"};
@@ -159,6 +161,21 @@ static void (*const isa_fill[ISA_COUNT])(struct mt_kernel_ops *) = {
 #endif
 #ifdef MT_CPU_ISA_V4
     mt_cpu_fill_ops_v4,
+#else
+    NULL,
+#endif
+};
+
+/* whether level i's GEMMs run moetrain's own kernel (cpu_dense.c) */
+static bool (*const isa_own_gemm[ISA_COUNT])(void) = {
+    mt_cpu_gemm_bf16,
+#ifdef MT_CPU_ISA_V3
+    mt_cpu_gemm_bf16_v3,
+#else
+    NULL,
+#endif
+#ifdef MT_CPU_ISA_V4
+    mt_cpu_gemm_bf16_v4,
 #else
     NULL,
 #endif
@@ -277,7 +294,7 @@ bool mt_cpu_gemm_blas(void)
 const char *mt_cpu_gemm_kernel(void)
 {
     pthread_once(&isa_once, isa_init);
-    return isa_pick == ISA_V4 && !gemm_blas ? "moetrain AVX-512" : "BLAS";
+    return isa_own_gemm[isa_pick]() ? "moetrain AVX-512" : "BLAS";
 }
 
 const char *mt_cpu_isa_built(void)

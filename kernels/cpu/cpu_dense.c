@@ -47,7 +47,6 @@
 #define SG_AP_FLOATS ((size_t)SG_MC * SG_KC + 16)
 #define SG_PACK_FLOATS (SG_AP_FLOATS + (size_t)SG_KC * SG_NC)
 
-
 /* Each thread's packing buffers (SG_PACK_FLOATS), allocated at its first GEMM and freed
  * when the thread ends (OpenMP's threads usually live as long as the process; a team
  * of another size may start new ones). NULL when they cannot be had. */

@@ -163,8 +163,8 @@ void mt_cpu_grouped_gemm(void *ctx, bool trans_a, bool trans_b, int num_groups,
                          const int32_t *offsets, int M, int N, int K, float alpha,
                          const float *A, const float *B, float beta, float *C);
 /* An operand of mt_cpu_gemm_part and mt_cpu_grouped_gemm_thread: fp32, or bf16 when
- * mt_cpu_gemm_bf16() (moetrain's GEMM kernel widens it, exactly, as it packs it; the
- * BLAS takes fp32 only). */
+ * mt_cpu_gemm_bf16(), true where this level's GEMMs run moetrain's own kernel (it widens
+ * a bf16 operand, exactly, as it packs it; the BLAS takes fp32 only). */
 struct mt_cpu_opnd {
     const void *p;
     bool bf16;

@@ -48,6 +48,22 @@ for lvl in x86-64-v3 x86-64-v4; do
 done
 echo "bad MOETRAIN_CPU_ISA values refused"
 
+# MOETRAIN_CPU_GEMM: --version names the GEMMs' kernel (moetrain's own on x86-64-v4,
+# the BLAS on x86-64-v3 and with blas; a baseline built with its own -march for AVX-512
+# has it too); another value is refused at start
+gemms=$("$MOETRAIN" --version | sed -n 's/.*GEMMs: \([^;]*\);.*/\1/p')
+case "$running:$gemms" in
+"x86-64-v4:moetrain AVX-512" | "x86-64-v3:BLAS" | "baseline:BLAS" | "baseline:moetrain AVX-512") ;;
+*) fail "--version says GEMMs: '$gemms' running $running" ;;
+esac
+MOETRAIN_CPU_GEMM=blas "$MOETRAIN" --version | grep -q "GEMMs: BLAS;" ||
+    fail "MOETRAIN_CPU_GEMM=blas: --version does not say GEMMs: BLAS"
+MOETRAIN_CPU_GEMM=mkl "$MOETRAIN" --check "$MT_TOP_SRCDIR/namelists/tiny_moe.nml" > "$tmp/g.log" 2>&1 &&
+    fail "MOETRAIN_CPU_GEMM=mkl was accepted"
+grep -q "MOETRAIN_CPU_GEMM=mkl: use auto .* or blas" "$tmp/g.log" ||
+    { cat "$tmp/g.log"; fail "no clear error for MOETRAIN_CPU_GEMM=mkl"; }
+echo "GEMMs: $gemms; MOETRAIN_CPU_GEMM=blas takes the BLAS, a bad value is refused"
+
 # the levels this CPU runs: those MOETRAIN_CPU_ISA is accepted for
 runs=""
 for lvl in $built; do
