@@ -24,6 +24,17 @@
 /* Below this many multiply-adds one call on one thread is faster than splitting. */
 #define GEMM_SPLIT_MIN_FMA (1 << 18)
 
+/* C = beta C: for an empty reduction (K = 0; beta = 0 clears, NaN included; beta = 1,
+ * a weight gradient accumulated for an expert no token chose, leaves C as it is), and
+ * before moetrain's kernel adds to C for a beta other than 0 and 1. */
+static void gemm_scale(int M, int N, float beta, float *C, int ldc)
+{
+    if (beta == 1.0f) return;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define OWN_GEMM 1
@@ -74,7 +85,7 @@ static float *sg_buffers(void)
  * (a prefetch does not fault; the address is an integer's, not a pointer's) */
 static inline void sg_prefetch(struct mt_cpu_opnd x, size_t i)
 {
-    _mm_prefetch((const char *)((uintptr_t)x.p + (x.bf16 ? 2 : 4) * i), _MM_HINT_T0);
+    _mm_prefetch((const char *)((uintptr_t)x.p + mt_cpu_opnd_size(x) * i), _MM_HINT_T0);
 }
 
 /* the first n (clamped to 0..16) of 16 lanes */
@@ -255,9 +266,7 @@ static bool sg_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha
     float *const Ap = sg_buffers();
     if (!Ap) return false;
     float *const Bp = Ap + SG_AP_FLOATS;
-    if (beta != 0.0f && beta != 1.0f)
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= beta;
+    if (beta != 0.0f) gemm_scale(M, N, beta, C, ldc);
     for (int j0 = 0; j0 < N; j0 += SG_NC) {
         const int nc = N - j0 < SG_NC ? N - j0 : SG_NC;
         for (int k0 = 0; k0 < K; k0 += SG_KC) {
@@ -313,16 +322,6 @@ static void gemm_call(bool trans_a, bool trans_b, int M, int N, int K, float alp
                 lda, (const float *)B.p + b0, ldb, beta, C, ldc);
 }
 
-/* C = beta C for an empty reduction (K = 0); beta = 0 clears, NaN included; beta = 1
- * (a weight gradient accumulated for an expert no token chose) leaves C as it is. */
-static void gemm_scale(int M, int N, float beta, float *C, int ldc)
-{
-    if (beta == 1.0f) return;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++)
-            C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
-}
-
 int mt_cpu_gemm_parts(int M, int N, int K, int threads)
 {
     if (threads <= 1 || M <= 0 || N <= 0 || K <= 0 || (double)M * N * K < GEMM_SPLIT_MIN_FMA)
@@ -366,7 +365,7 @@ static struct mt_cpu_opnd f32(const float *p) { return (struct mt_cpu_opnd){p, f
 /* x from its element i on */
 static struct mt_cpu_opnd opnd_at(struct mt_cpu_opnd x, size_t i)
 {
-    x.p = (const char *)x.p + (x.bf16 ? 2 : 4) * i;
+    x.p = (const char *)x.p + mt_cpu_opnd_size(x) * i;
     return x;
 }
 

@@ -169,6 +169,7 @@ struct mt_cpu_opnd {
     const void *p;
     bool bf16;
 };
+static inline size_t mt_cpu_opnd_size(struct mt_cpu_opnd x) { return x.bf16 ? 2 : 4; }
 bool mt_cpu_gemm_bf16(void);
 /* How mt_cpu_gemm splits C (M,N) over `threads` threads: in parts (1: one call), part i
  * covering rows [*lo, *hi) of C when mt_cpu_gemm_range returns true, else those columns;
